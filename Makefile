@@ -1,0 +1,62 @@
+# hami-py: the two commands a new user needs are `make up` and `make test`.
+# Everything else here is a step of those two, or a developer convenience.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+UV_VERSION := 0.13.9
+TOOLS_DIR := .hamipy/tools
+UV := $(or $(shell command -v uv 2>/dev/null),$(TOOLS_DIR)/bin/uv)
+RUN := $(UV) run --frozen --no-sync
+
+# Typed packages checked with mypy --strict (services join as their issues land).
+TYPED_PACKAGES := hamipy.protocol hamipy.devcluster
+PYTEST_ARGS ?=
+
+.PHONY: help sync lint typecheck native kube-binaries test unit bench up down clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
+
+$(TOOLS_DIR)/bin/uv:
+	@echo "uv not found: installing uv $(UV_VERSION) into $(TOOLS_DIR)"
+	python3 -m venv $(TOOLS_DIR)
+	$(TOOLS_DIR)/bin/pip install --quiet uv==$(UV_VERSION)
+
+.venv/.synced: $(UV) uv.lock pyproject.toml $(wildcard libs/*/pyproject.toml services/*/pyproject.toml)
+	$(UV) sync --frozen --all-packages
+	@touch $@
+
+sync: .venv/.synced ## install the workspace (all libs and services) from uv.lock
+
+lint: sync ## ruff lint and format check
+	$(RUN) ruff check .
+	$(RUN) ruff format --check .
+
+typecheck: sync ## mypy --strict over the libs and services
+	$(RUN) mypy $(addprefix -p ,$(TYPED_PACKAGES))
+
+native: ## build native/ (libvgpu.so, the fake driver, C test programs)
+	@if [ -f native/Makefile ]; then $(MAKE) -C native; fi
+
+kube-binaries: sync ## build (first run only) and cache etcd, kube-apiserver, kube-scheduler
+	$(RUN) hamipy-devcluster binaries
+
+test: lint typecheck native kube-binaries ## everything CI runs: lint, types, native build, the whole suite
+	$(RUN) pytest $(PYTEST_ARGS)
+
+unit: sync ## the fast unit tests only
+	$(RUN) pytest tests/unit $(PYTEST_ARGS)
+
+bench: sync native ## run the benchmarks; figures go to tests/bench/results/
+	@for b in tests/bench/bench_*.py; do echo ">> $$b"; $(RUN) python $$b; done
+
+up: sync native kube-binaries ## run the whole system locally (stays up until `make down`)
+	$(RUN) hamipy-devcluster up
+
+down: ## stop what `make up` started
+	@if [ -x .venv/bin/hamipy-devcluster ]; then $(RUN) hamipy-devcluster down; else echo "nothing to stop"; fi
+
+clean: down ## remove build outputs and local state (not the cached Kubernetes binaries)
+	rm -rf native/build .hamipy .venv .mypy_cache .ruff_cache .pytest_cache tests/bench/results

@@ -1,0 +1,1 @@
+"""hami-py local Kubernetes control plane for tests and `make up`."""

@@ -1,0 +1,265 @@
+"""Build and cache the Kubernetes control-plane binaries the tests and `make up` run.
+
+There is no Docker and no release download here, only the Go module proxy, so kube-apiserver and
+kube-scheduler are built from `k8s.io/kubernetes` through a small wrapper module that replaces every
+`k8s.io/*` staging module (which the real go.mod points at `./staging/...`) with its published
+`v0.x.y` release. etcd is built the same way from `go.etcd.io/etcd/server/v3`. Binaries are cached
+outside the clone, keyed by version, and binaries already present (``KUBEBUILDER_ASSETS``, ``PATH``)
+are reused when their ``--version`` matches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+KUBERNETES_VERSION = "v1.34.4"
+ETCD_VERSION = "v3.6.5"
+GO_PROXY_PROBE_TIMEOUT_S = 20.0
+
+_STAGING_REPLACE = re.compile(r"^\s*(k8s\.io/[\w.-]+)\s*=>\s*\./staging/src/\S+\s*$", re.MULTILINE)
+
+
+class BinaryBuildError(RuntimeError):
+    """The control-plane binaries could not be found or built; the message says why."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ControlPlaneBinaries:
+    """Paths of the three binaries a devcluster runs."""
+
+    etcd: Path
+    kube_apiserver: Path
+    kube_scheduler: Path
+
+
+def cache_root() -> Path:
+    """Where built binaries live: outside the clone, so fresh clones reuse them."""
+    override = os.environ.get("HAMIPY_CACHE_DIR")
+    if override:
+        return Path(override)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "hamipy"
+
+
+def _kube_minor(version: str) -> str:
+    return "v0." + version.removeprefix("v1.")
+
+
+def _run_version(binary: Path) -> str:
+    try:
+        proc = subprocess.run(
+            [str(binary), "--version"], capture_output=True, text=True, timeout=30, check=False
+        )
+    except OSError:
+        return ""
+    return proc.stdout + proc.stderr
+
+
+def version_matches(binary: Path, want: str) -> bool:
+    """True if `binary --version` names exactly the release `want` (e.g. ``v1.34.4`` or ``v3.6.5``)."""
+    if not binary.is_file() or not os.access(binary, os.X_OK):
+        return False
+    out = _run_version(binary)
+    bare = want.removeprefix("v")
+    # kube: "Kubernetes v1.34.4"; etcd: "etcd Version: 3.6.5"
+    return re.search(rf"(?<![\w.])v?{re.escape(bare)}(?![\w.])", out) is not None
+
+
+def _candidates(name: str) -> list[Path]:
+    found: list[Path] = []
+    assets = os.environ.get("KUBEBUILDER_ASSETS")
+    if assets:
+        found.append(Path(assets) / name)
+    on_path = shutil.which(name)
+    if on_path:
+        found.append(Path(on_path))
+    return found
+
+
+def _find_existing(name: str, version: str, cached: Path) -> Path | None:
+    for path in [*_candidates(name), cached]:
+        if version_matches(path, version):
+            return path
+    return None
+
+
+def _progress(msg: str) -> None:
+    print(f"[devcluster] {msg}", file=sys.stderr, flush=True)
+
+
+def check_proxy() -> None:
+    """Fail early, with a clear message, when the Go module proxy is unreachable."""
+    proxy = os.environ.get("GOPROXY", "https://proxy.golang.org").split(",")[0].split("|")[0]
+    if proxy in ("off", "direct") or not proxy.startswith("http"):
+        return
+    url = f"{proxy.rstrip('/')}/k8s.io/kubernetes/@v/{KUBERNETES_VERSION}.info"
+    try:
+        with urllib.request.urlopen(url, timeout=GO_PROXY_PROBE_TIMEOUT_S) as resp:
+            resp.read()
+    except (urllib.error.URLError, TimeoutError, OSError) as exc:
+        raise BinaryBuildError(
+            f"cannot reach the Go module proxy at {proxy} ({exc}); the control-plane binaries are "
+            "built from it on first use. Set GOPROXY to a reachable proxy, or point "
+            "KUBEBUILDER_ASSETS at a directory holding etcd, kube-apiserver and kube-scheduler "
+            f"({KUBERNETES_VERSION}, etcd {ETCD_VERSION})."
+        ) from exc
+
+
+def _go(args: list[str], *, cwd: Path, env: dict[str, str], what: str) -> None:
+    """Run a go command, streaming a compact progress line per 25 packages compiled."""
+    _progress(f"{what}: go {' '.join(args)}")
+    proc = subprocess.Popen(
+        ["go", *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    assert proc.stdout is not None
+    tail: list[str] = []
+    count = 0
+    for line in proc.stdout:
+        line = line.rstrip()
+        tail = (tail + [line])[-40:]
+        count += 1
+        if count % 25 == 0:
+            _progress(f"{what}: {count} steps ({line[:90]})")
+    if proc.wait() != 0:
+        raise BinaryBuildError(f"{what} failed (go {' '.join(args)}):\n" + "\n".join(tail))
+
+
+def _go_env(workdir: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("GOFLAGS", "-mod=mod")
+    env["CGO_ENABLED"] = "0"
+    env["GOWORK"] = "off"
+    env.setdefault("GOTOOLCHAIN", "local")
+    return env
+
+
+def _kube_ldflags(version: str) -> str:
+    major, minor = version.removeprefix("v").split(".")[:2]
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    flags = []
+    for pkg in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
+        flags += [
+            f"-X {pkg}.gitVersion={version}",
+            f"-X {pkg}.gitMajor={major}",
+            f"-X {pkg}.gitMinor={minor}",
+            f"-X {pkg}.gitTreeState=clean",
+            f"-X {pkg}.buildDate={now}",
+        ]
+    return "-s -w " + " ".join(flags)
+
+
+def _staging_modules(kubernetes_gomod: str) -> list[str]:
+    mods = _STAGING_REPLACE.findall(kubernetes_gomod)
+    if not mods:
+        raise BinaryBuildError("no staging replace directives found in k8s.io/kubernetes go.mod")
+    return sorted(set(mods))
+
+
+def build_kubernetes(dest: Path, version: str = KUBERNETES_VERSION) -> None:
+    """Build kube-apiserver and kube-scheduler at `version` into `dest`."""
+    work = cache_root() / "build" / f"kubernetes-{version}"
+    work.mkdir(parents=True, exist_ok=True)
+    env = _go_env(work)
+    (work / "go.mod").write_text("module hamipy.local/kubebuild\n\ngo 1.24\n")
+    _go(["mod", "download", "-json", f"k8s.io/kubernetes@{version}"], cwd=work, env=env,
+        what="download k8s.io/kubernetes")
+    info = subprocess.run(
+        ["go", "mod", "download", "-json", f"k8s.io/kubernetes@{version}"],
+        cwd=work, env=env, capture_output=True, text=True, check=True, timeout=600,
+    )
+    gomod = Path(json.loads(info.stdout)["GoMod"]).read_text()
+    staging = _staging_modules(gomod)
+    lines = ["module hamipy.local/kubebuild", "", "go 1.24", "", f"require k8s.io/kubernetes {version}", ""]
+    lines += ["replace ("] + [f"\t{m} => {m} {_kube_minor(version)}" for m in staging] + [")", ""]
+    (work / "go.mod").write_text("\n".join(lines))
+    (work / "go.sum").unlink(missing_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="kubebin-", dir=work))
+    _go(
+        ["build", "-v", "-trimpath", "-ldflags", _kube_ldflags(version), "-o", str(tmp) + "/",
+         "k8s.io/kubernetes/cmd/kube-apiserver", "k8s.io/kubernetes/cmd/kube-scheduler"],
+        cwd=work, env=env, what=f"build kubernetes {version}",
+    )
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in ("kube-apiserver", "kube-scheduler"):
+        os.replace(tmp / name, dest / name)
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def build_etcd(dest: Path, version: str = ETCD_VERSION) -> None:
+    """Build etcd at `version` into `dest`."""
+    work = cache_root() / "build" / f"etcd-{version}"
+    work.mkdir(parents=True, exist_ok=True)
+    env = _go_env(work)
+    (work / "go.mod").write_text(
+        f"module hamipy.local/etcdbuild\n\ngo 1.24\n\nrequire go.etcd.io/etcd/server/v3 {version}\n"
+    )
+    (work / "go.sum").unlink(missing_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="etcdbin-", dir=work))
+    _go(["build", "-v", "-trimpath", "-ldflags", "-s -w", "-o", str(tmp / "etcd"), "go.etcd.io/etcd/server/v3"],
+        cwd=work, env=env, what=f"build etcd {version}")
+    dest.mkdir(parents=True, exist_ok=True)
+    os.replace(tmp / "etcd", dest / "etcd")
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def ensure_binaries() -> ControlPlaneBinaries:
+    """Return the three binaries, building (once per machine) whatever is missing."""
+    kube_dir = cache_root() / "bin" / f"kubernetes-{KUBERNETES_VERSION}"
+    etcd_dir = cache_root() / "bin" / f"etcd-{ETCD_VERSION}"
+    if shutil.which("go") is None and not (
+        _find_existing("kube-apiserver", KUBERNETES_VERSION, kube_dir / "kube-apiserver")
+        and _find_existing("etcd", ETCD_VERSION, etcd_dir / "etcd")
+    ):
+        raise BinaryBuildError("Go is not installed and no cached control-plane binaries were found")
+    etcd = _find_existing("etcd", ETCD_VERSION, etcd_dir / "etcd")
+    apiserver = _find_existing("kube-apiserver", KUBERNETES_VERSION, kube_dir / "kube-apiserver")
+    scheduler = _find_existing("kube-scheduler", KUBERNETES_VERSION, kube_dir / "kube-scheduler")
+    if etcd is None or apiserver is None or scheduler is None:
+        check_proxy()
+    if etcd is None:
+        _progress(f"building etcd {ETCD_VERSION} into {etcd_dir} (first run on this machine only)")
+        build_etcd(etcd_dir)
+        etcd = etcd_dir / "etcd"
+    if apiserver is None or scheduler is None:
+        _progress(
+            f"building kube-apiserver and kube-scheduler {KUBERNETES_VERSION} into {kube_dir} "
+            "(first run on this machine only; about 15-25 minutes on 2 cores)"
+        )
+        build_kubernetes(kube_dir)
+        apiserver, scheduler = kube_dir / "kube-apiserver", kube_dir / "kube-scheduler"
+    for path, want in ((etcd, ETCD_VERSION), (apiserver, KUBERNETES_VERSION), (scheduler, KUBERNETES_VERSION)):
+        if not version_matches(path, want):
+            raise BinaryBuildError(f"{path} does not report version {want}: {_run_version(path)[:200]!r}")
+    return ControlPlaneBinaries(etcd=etcd, kube_apiserver=apiserver, kube_scheduler=scheduler)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="hamipy-devcluster-binaries",
+        description="Build (once) and print the cached control-plane binaries.",
+    )
+    parser.parse_args(argv)
+    try:
+        bins = ensure_binaries()
+    except BinaryBuildError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    for field in dataclasses.fields(bins):
+        print(f"{field.name}={getattr(bins, field.name)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,48 @@
+"""The two device records every format is built from.
+
+``DeviceInfo`` is one physical GPU as a node registers it (hami-wire.md section 1);
+``ContainerDevice`` is one GPU slice handed to one container (section 2).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal, NewType
+
+GpuUuid = NewType("GpuUuid", str)
+DeviceMode = Literal["hami-core", "mig", "mps"]
+DEVICE_MODES: tuple[DeviceMode, ...] = ("hami-core", "mig", "mps")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DeviceInfo:
+    """One physical GPU of a node, as in ``hami.io/node-nvidia-register``.
+
+    ``devmem`` is MiB already multiplied by memory scaling; ``devcore`` is 100 times core scaling;
+    ``count`` is the split count (how many containers may share the GPU).
+    """
+
+    id: str
+    index: int
+    count: int
+    devmem: int
+    devcore: int
+    type: str
+    numa: int
+    mode: str
+    health: bool
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ContainerDevice:
+    """One GPU slice of one container: UUID, vendor type, memory MiB and cores percent."""
+
+    uuid: str
+    type: str
+    usedmem: int
+    usedcores: int
+
+
+# One container's devices; a pod's list has one slot per container (init containers first).
+ContainerDevices = list[ContainerDevice]
+PodDevices = list[list[ContainerDevice]]

@@ -1,0 +1,48 @@
+"""Annotation, label and resource keys of the HAMi wire protocol (hami-wire.md sections 1-3)."""
+
+from __future__ import annotations
+
+from typing import Final
+
+# Node annotations (section 1)
+NODE_REGISTER: Final = "hami.io/node-nvidia-register"
+NODE_HANDSHAKE: Final = "hami.io/node-handshake"
+NODE_LOCK: Final = "hami.io/mutex.lock"
+NODE_SCORE: Final = "hami.io/node-nvidia-score"
+DEVICE_CORDON: Final = "hami.io/device-cordon"
+
+# Pod annotations written by the scheduler and the device plugin (section 2)
+VGPU_NODE: Final = "hami.io/vgpu-node"
+VGPU_TIME: Final = "hami.io/vgpu-time"
+DEVICES_TO_ALLOCATE: Final = "hami.io/vgpu-devices-to-allocate"
+DEVICES_ALLOCATED: Final = "hami.io/vgpu-devices-allocated"
+BIND_PHASE: Final = "hami.io/bind-phase"
+BIND_TIME: Final = "hami.io/bind-time"
+
+# Pod label mirroring VGPU_NODE (the monitor selects on it)
+VGPU_NODE_LABEL: Final = VGPU_NODE
+
+# Pod annotations set by users (section 2)
+USE_GPU_TYPE: Final = "nvidia.com/use-gputype"
+NOUSE_GPU_TYPE: Final = "nvidia.com/nouse-gputype"
+USE_GPU_UUID: Final = "nvidia.com/use-gpuuuid"
+NOUSE_GPU_UUID: Final = "nvidia.com/nouse-gpuuuid"
+NUMA_BIND: Final = "nvidia.com/numa-bind"
+VGPU_MODE: Final = "nvidia.com/vgpu-mode"
+NODE_SCHEDULER_POLICY: Final = "hami.io/node-scheduler-policy"
+GPU_SCHEDULER_POLICY: Final = "hami.io/gpu-scheduler-policy"
+DEVICE_SCORING_WEIGHTS: Final = "hami.io/device-scoring-weights"
+
+# Our own addition (decision 6: new keys only): W3C trace context of the pod's journey.
+TRACE_CONTEXT: Final = "hami-py.io/traceparent"
+
+# Default resource names (section 3; configurable)
+RESOURCE_COUNT: Final = "nvidia.com/gpu"
+RESOURCE_COUNT_ALT: Final = "nvidia.com/vgpu"
+RESOURCE_MEMORY: Final = "nvidia.com/gpumem"
+RESOURCE_MEMORY_PERCENTAGE: Final = "nvidia.com/gpumem-percentage"
+RESOURCE_CORES: Final = "nvidia.com/gpucores"
+RESOURCE_PRIORITY: Final = "nvidia.com/priority"
+
+# Device vendor string in pod device lists
+DEVICE_VENDOR_NVIDIA: Final = "NVIDIA"
