@@ -11,8 +11,11 @@ are reused when their ``--version`` matches.
 from __future__ import annotations
 
 import argparse
+import collections
+import contextlib
 import dataclasses
 import datetime
+import fcntl
 import json
 import os
 import re
@@ -20,19 +23,19 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
+
+from hamipy.devcluster.errors import BinaryBuildError
 
 KUBERNETES_VERSION = "v1.34.4"
 ETCD_VERSION = "v3.6.5"
 GO_PROXY_PROBE_TIMEOUT_S = 20.0
 
 _STAGING_REPLACE = re.compile(r"^\s*(k8s\.io/[\w.-]+)\s*=>\s*\./staging/src/\S+\s*$", re.MULTILINE)
-
-
-class BinaryBuildError(RuntimeError):
-    """The control-plane binaries could not be found or built; the message says why."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +98,11 @@ def _find_existing(name: str, version: str, cached: Path) -> Path | None:
     return None
 
 
+def _elapsed(began: float) -> str:
+    minutes, seconds = divmod(int(time.monotonic() - began), 60)
+    return f"{minutes}m{seconds:02d}s"
+
+
 def _progress(msg: str) -> None:
     print(f"[devcluster] {msg}", file=sys.stderr, flush=True)
 
@@ -124,12 +132,10 @@ def _go(args: list[str], *, cwd: Path, env: dict[str, str], what: str) -> None:
         ["go", *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     assert proc.stdout is not None
-    tail: list[str] = []
-    count = 0
-    for line in proc.stdout:
-        line = line.rstrip()
-        tail = (tail + [line])[-40:]
-        count += 1
+    tail: collections.deque[str] = collections.deque(maxlen=40)
+    for count, raw in enumerate(proc.stdout, start=1):
+        line = raw.rstrip()
+        tail.append(line)
         if count % 25 == 0:
             _progress(f"{what}: {count} steps ({line[:90]})")
     if proc.wait() != 0:
@@ -173,11 +179,20 @@ def build_kubernetes(dest: Path, version: str = KUBERNETES_VERSION) -> None:
     work.mkdir(parents=True, exist_ok=True)
     env = _go_env(work)
     (work / "go.mod").write_text("module hamipy.local/kubebuild\n\ngo 1.24\n")
-    _go(["mod", "download", "-json", f"k8s.io/kubernetes@{version}"], cwd=work, env=env,
-        what="download k8s.io/kubernetes")
+    _go(
+        ["mod", "download", "-json", f"k8s.io/kubernetes@{version}"],
+        cwd=work,
+        env=env,
+        what="download k8s.io/kubernetes",
+    )
     info = subprocess.run(
         ["go", "mod", "download", "-json", f"k8s.io/kubernetes@{version}"],
-        cwd=work, env=env, capture_output=True, text=True, check=True, timeout=600,
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=600,
     )
     gomod = Path(json.loads(info.stdout)["GoMod"]).read_text()
     staging = _staging_modules(gomod)
@@ -187,9 +202,20 @@ def build_kubernetes(dest: Path, version: str = KUBERNETES_VERSION) -> None:
     (work / "go.sum").unlink(missing_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="kubebin-", dir=work))
     _go(
-        ["build", "-v", "-trimpath", "-ldflags", _kube_ldflags(version), "-o", str(tmp) + "/",
-         "k8s.io/kubernetes/cmd/kube-apiserver", "k8s.io/kubernetes/cmd/kube-scheduler"],
-        cwd=work, env=env, what=f"build kubernetes {version}",
+        [
+            "build",
+            "-v",
+            "-trimpath",
+            "-ldflags",
+            _kube_ldflags(version),
+            "-o",
+            str(tmp) + "/",
+            "k8s.io/kubernetes/cmd/kube-apiserver",
+            "k8s.io/kubernetes/cmd/kube-scheduler",
+        ],
+        cwd=work,
+        env=env,
+        what=f"build kubernetes {version}",
     )
     dest.mkdir(parents=True, exist_ok=True)
     for name in ("kube-apiserver", "kube-scheduler"):
@@ -207,41 +233,90 @@ def build_etcd(dest: Path, version: str = ETCD_VERSION) -> None:
     )
     (work / "go.sum").unlink(missing_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="etcdbin-", dir=work))
-    _go(["build", "-v", "-trimpath", "-ldflags", "-s -w", "-o", str(tmp / "etcd"), "go.etcd.io/etcd/server/v3"],
-        cwd=work, env=env, what=f"build etcd {version}")
+    _go(
+        [
+            "build",
+            "-v",
+            "-trimpath",
+            "-ldflags",
+            "-s -w",
+            "-o",
+            str(tmp / "etcd"),
+            "go.etcd.io/etcd/server/v3",
+        ],
+        cwd=work,
+        env=env,
+        what=f"build etcd {version}",
+    )
     dest.mkdir(parents=True, exist_ok=True)
     os.replace(tmp / "etcd", dest / "etcd")
     shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _build_lock() -> Iterator[None]:
+    """One build per machine at a time (pytest and `make up` may both ask on a fresh machine)."""
+    root = cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    with (root / "build.lock").open("w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _progress(f"another process is building the binaries; waiting for its lock {root / 'build.lock'}")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _verified(path: Path, want: str) -> Path:
+    if not version_matches(path, want):
+        raise BinaryBuildError(f"{path} does not report version {want}: {_run_version(path)[:200]!r}")
+    return path
 
 
 def ensure_binaries() -> ControlPlaneBinaries:
     """Return the three binaries, building (once per machine) whatever is missing."""
     kube_dir = cache_root() / "bin" / f"kubernetes-{KUBERNETES_VERSION}"
     etcd_dir = cache_root() / "bin" / f"etcd-{ETCD_VERSION}"
-    if shutil.which("go") is None and not (
-        _find_existing("kube-apiserver", KUBERNETES_VERSION, kube_dir / "kube-apiserver")
-        and _find_existing("etcd", ETCD_VERSION, etcd_dir / "etcd")
-    ):
-        raise BinaryBuildError("Go is not installed and no cached control-plane binaries were found")
-    etcd = _find_existing("etcd", ETCD_VERSION, etcd_dir / "etcd")
-    apiserver = _find_existing("kube-apiserver", KUBERNETES_VERSION, kube_dir / "kube-apiserver")
-    scheduler = _find_existing("kube-scheduler", KUBERNETES_VERSION, kube_dir / "kube-scheduler")
-    if etcd is None or apiserver is None or scheduler is None:
-        check_proxy()
-    if etcd is None:
-        _progress(f"building etcd {ETCD_VERSION} into {etcd_dir} (first run on this machine only)")
-        build_etcd(etcd_dir)
-        etcd = etcd_dir / "etcd"
-    if apiserver is None or scheduler is None:
-        _progress(
-            f"building kube-apiserver and kube-scheduler {KUBERNETES_VERSION} into {kube_dir} "
-            "(first run on this machine only; about 15-25 minutes on 2 cores)"
+
+    def find() -> tuple[Path | None, Path | None, Path | None]:
+        return (
+            _find_existing("etcd", ETCD_VERSION, etcd_dir / "etcd"),
+            _find_existing("kube-apiserver", KUBERNETES_VERSION, kube_dir / "kube-apiserver"),
+            _find_existing("kube-scheduler", KUBERNETES_VERSION, kube_dir / "kube-scheduler"),
         )
-        build_kubernetes(kube_dir)
-        apiserver, scheduler = kube_dir / "kube-apiserver", kube_dir / "kube-scheduler"
-    for path, want in ((etcd, ETCD_VERSION), (apiserver, KUBERNETES_VERSION), (scheduler, KUBERNETES_VERSION)):
-        if not version_matches(path, want):
-            raise BinaryBuildError(f"{path} does not report version {want}: {_run_version(path)[:200]!r}")
+
+    etcd, apiserver, scheduler = find()
+    if etcd is not None and apiserver is not None and scheduler is not None:
+        return ControlPlaneBinaries(etcd=etcd, kube_apiserver=apiserver, kube_scheduler=scheduler)
+    if shutil.which("go") is None:
+        raise BinaryBuildError(
+            "Go is not installed and no matching control-plane binaries were found (cache "
+            f"{cache_root() / 'bin'}, KUBEBUILDER_ASSETS, PATH); install Go or point KUBEBUILDER_ASSETS "
+            f"at etcd {ETCD_VERSION}, kube-apiserver and kube-scheduler {KUBERNETES_VERSION}"
+        )
+    with _build_lock():
+        etcd, apiserver, scheduler = find()  # another process may have built them while we waited
+        if etcd is None or apiserver is None or scheduler is None:
+            check_proxy()
+        if etcd is None:
+            _progress(f"building etcd {ETCD_VERSION} into {etcd_dir} (first run on this machine only)")
+            began = time.monotonic()
+            build_etcd(etcd_dir)
+            _progress(f"built etcd {ETCD_VERSION} in {_elapsed(began)}")
+            etcd = _verified(etcd_dir / "etcd", ETCD_VERSION)
+        if apiserver is None or scheduler is None:
+            _progress(
+                f"building kube-apiserver and kube-scheduler {KUBERNETES_VERSION} into {kube_dir} "
+                "(first run on this machine only; about 6-10 minutes on 2 cores)"
+            )
+            began = time.monotonic()
+            build_kubernetes(kube_dir)
+            _progress(f"built kube-apiserver and kube-scheduler {KUBERNETES_VERSION} in {_elapsed(began)}")
+            apiserver = _verified(kube_dir / "kube-apiserver", KUBERNETES_VERSION)
+            scheduler = _verified(kube_dir / "kube-scheduler", KUBERNETES_VERSION)
     return ControlPlaneBinaries(etcd=etcd, kube_apiserver=apiserver, kube_scheduler=scheduler)
 
 

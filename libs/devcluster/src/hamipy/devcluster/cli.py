@@ -1,0 +1,333 @@
+"""``hamipy-devcluster``: build the binaries, and run a local control plane in the background.
+
+    hamipy-devcluster binaries     build (first time) and print the control-plane binaries
+    hamipy-devcluster up           start etcd, kube-apiserver, kube-scheduler and 3 simulated nodes
+    hamipy-devcluster status       say whether it is up and where
+    hamipy-devcluster down         stop everything `up` started and remove its state
+
+`up` starts a detached daemon (``hamipy-devcluster _serve``) that owns the processes (they die with
+it) and keeps the simulated nodes' heartbeats going; it records itself in ``<state-dir>/state.json``
+(default ``.hamipy/``, ignored by git), with the cluster files and logs in ``<state-dir>/cluster/``
+and the admin kubeconfig at ``<state-dir>/kubeconfig``. `down` stops the daemon (SIGTERM, then
+SIGKILL of whatever is left, checked against the recorded pids) and removes those files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import importlib
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from hamipy.devcluster.errors import ClusterStateError, DevClusterError
+from hamipy.devcluster.processes import kill_group, pid_alive, port_is_listening, tail
+
+log = logging.getLogger("hamipy.devcluster.cli")
+
+STATE_FILE = "state.json"
+KUBECONFIG_FILE = "kubeconfig"
+DAEMON_LOG = "devcluster.log"
+CLUSTER_DIR = "cluster"
+DEFAULT_NODES = 3
+# First `up` on a machine may also wait for etcd/apiserver to settle on a loaded box.
+UP_TIMEOUT_S = 120.0
+# The daemon's graceful stop (nodes, schedulers, apiserver, etcd) takes ~2 s; this is headroom.
+DOWN_GRACE_S = 30.0
+# How often `up`'s daemon makes sure every namespace has its `default` ServiceAccount.
+SA_SYNC_INTERVAL_S = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class State:
+    """What `up` leaves behind for `down` and `status`."""
+
+    daemon_pid: int
+    server: str
+    kubeconfig: str
+    workdir: str
+    process_pids: dict[str, int]
+    ports: list[int]
+    nodes: list[str]
+
+    def write(self, state_dir: Path) -> None:
+        tmp = state_dir / (STATE_FILE + ".tmp")
+        tmp.write_text(json.dumps(dataclasses.asdict(self), indent=2) + "\n")
+        os.replace(tmp, state_dir / STATE_FILE)
+
+    @classmethod
+    def read(cls, state_dir: Path) -> State | None:
+        path = state_dir / STATE_FILE
+        try:
+            data = json.loads(path.read_text())
+            return cls(**data)
+        except FileNotFoundError:
+            return None
+        except (ValueError, TypeError) as exc:
+            raise ClusterStateError(f"{path} is not a devcluster state file ({exc}); remove it") from exc
+
+
+def _is_our_daemon(pid: int) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"hamipy" in cmdline and b"_serve" in cmdline and pid_alive(pid)
+
+
+def _remove_state(state_dir: Path) -> None:
+    for name in (STATE_FILE, KUBECONFIG_FILE, DAEMON_LOG):
+        (state_dir / name).unlink(missing_ok=True)
+    shutil.rmtree(state_dir / CLUSTER_DIR, ignore_errors=True)
+
+
+# -- up ------------------------------------------------------------------------------------
+
+
+def cmd_up(state_dir: Path, *, nodes: int, timeout_s: float) -> int:
+    from hamipy.devcluster.binaries import ensure_binaries
+
+    state = State.read(state_dir)
+    if state is not None:
+        if _is_our_daemon(state.daemon_pid):
+            raise ClusterStateError(
+                f"devcluster is already up (daemon pid {state.daemon_pid}, {state.server}); "
+                f"KUBECONFIG={state.kubeconfig}. Run `make down` first to restart it."
+            )
+        print(f"[devcluster] removing stale state of a devcluster that is gone (pid {state.daemon_pid})")
+        _stop_leftovers(state)
+        _remove_state(state_dir)
+    # Build in the foreground so the first run's progress shows in the terminal.
+    ensure_binaries()
+    state_dir.mkdir(parents=True, exist_ok=True)
+    _remove_state(state_dir)
+    daemon_log = state_dir / DAEMON_LOG
+    with daemon_log.open("ab") as out:
+        daemon = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "hamipy.devcluster.cli",
+                "--state-dir",
+                str(state_dir),
+                "_serve",
+                "--nodes",
+                str(nodes),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+        )
+    deadline = time.monotonic() + timeout_s
+    while True:
+        code = daemon.poll()
+        if code is not None:
+            raise DevClusterError(
+                f"devcluster daemon exited with code {code} while starting; its log ({daemon_log}):\n"
+                + tail(daemon_log)
+            )
+        state = State.read(state_dir)
+        if state is not None:
+            break
+        if time.monotonic() > deadline:
+            kill_group(daemon.pid, waiter=daemon.wait)
+            raise DevClusterError(f"devcluster not up after {timeout_s:g}s; log:\n{tail(daemon_log)}")
+        time.sleep(0.1)
+    kubectl = shutil.which("kubectl")
+    kubeconfig = Path(state.kubeconfig).resolve()
+    print(
+        f"devcluster is up: {state.server} with {len(state.nodes)} simulated nodes ({', '.join(state.nodes)})"
+    )
+    print(f"  export KUBECONFIG={kubeconfig}")
+    print("  kubectl get nodes")
+    if kubectl is None:
+        print("  (kubectl is not installed here; any Kubernetes client can use that kubeconfig)")
+    print(f"logs: {Path(state.workdir).resolve() / 'logs'} and {daemon_log.resolve()}")
+    print("stop it with: make down   (or: uv run hamipy-devcluster down)")
+    return 0
+
+
+# -- the daemon ----------------------------------------------------------------------------
+
+
+def cmd_serve(state_dir: Path, *, nodes: int) -> int:
+    """Run the cluster in the foreground until SIGTERM/SIGINT; `up` starts this detached."""
+    from hamipy.devcluster.cluster import ClusterSettings, DevCluster
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # kubernetes_asyncio takes ~3 s to import; do it while the control plane starts.
+    threading.Thread(
+        target=importlib.import_module, args=("kubernetes_asyncio.client",), name="import-k8s", daemon=True
+    ).start()
+    settings = ClusterSettings(workdir=state_dir / CLUSTER_DIR, keep_dir=True)
+    with DevCluster(settings) as cluster:
+        log.info("control plane up in %.1fs at %s", cluster.start_seconds, cluster.access.server)
+        shutil.copyfile(cluster.access.kubeconfig, state_dir / KUBECONFIG_FILE)
+        (state_dir / KUBECONFIG_FILE).chmod(0o600)
+        asyncio.run(_serve_nodes(cluster, state_dir, nodes))
+    log.info("devcluster stopped")
+    return 0
+
+
+async def _serve_nodes(cluster: Any, state_dir: Path, count: int) -> None:
+    from hamipy.devcluster.kubeobjects import ensure_default_service_account
+    from hamipy.devcluster.nodes import NodePool, NodeSpec
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with cluster.api_client() as api, NodePool(api) as pool:
+        names = [f"hamipy-node-{i}" for i in range(count)]
+        for name in names:
+            await pool.add(NodeSpec(name=name))
+        await ensure_default_service_account(api, "default")
+        State(
+            daemon_pid=os.getpid(),
+            server=cluster.access.server,
+            kubeconfig=str(state_dir / KUBECONFIG_FILE),
+            workdir=str(cluster.workdir),
+            process_pids={name: proc.pid for name, proc in cluster.processes.items() if proc.pid},
+            ports=cluster.ports,
+            nodes=names,
+        ).write(state_dir)
+        log.info("ready: %d simulated nodes", count)
+        sync = asyncio.create_task(_service_account_sync(api, stop), name="devcluster-serviceaccounts")
+        await stop.wait()
+        log.info("stopping")
+        sync.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sync
+
+
+async def _service_account_sync(api: Any, stop: asyncio.Event) -> None:
+    """The ServiceAccount controller's one job we need: a `default` ServiceAccount in every namespace."""
+    from kubernetes_asyncio.client import CoreV1Api
+
+    from hamipy.devcluster.kubeobjects import API_TIMEOUT_S, ensure_default_service_account
+
+    done: set[str] = set()
+    while not stop.is_set():
+        try:
+            listed = await CoreV1Api(api).list_namespace(_request_timeout=API_TIMEOUT_S)
+            for ns in listed.items:
+                name = ns.metadata.name
+                if name not in done and ns.status.phase == "Active":
+                    await ensure_default_service_account(api, name)
+                    done.add(name)
+        except Exception:
+            log.exception("serviceaccount sync failed; retrying")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=SA_SYNC_INTERVAL_S)
+
+
+# -- down / status -------------------------------------------------------------------------
+
+
+def _stop_leftovers(state: State) -> None:
+    """Kill any recorded control-plane process still alive (only if it still is what we started)."""
+    for pid in state.process_pids.values():
+        try:
+            exe = os.readlink(f"/proc/{pid}/exe")
+        except OSError:
+            continue
+        if Path(exe).name.startswith(("etcd", "kube-")):
+            kill_group(pid, grace_s=1.0)
+
+
+def cmd_down(state_dir: Path) -> int:
+    state = State.read(state_dir)
+    if state is None:
+        print(f"devcluster is not up (no {state_dir / STATE_FILE}); nothing to stop")
+        return 0
+    if _is_our_daemon(state.daemon_pid):
+        kill_group(state.daemon_pid, grace_s=DOWN_GRACE_S)
+    _stop_leftovers(state)
+    busy = [port for port in state.ports if port_is_listening(port)]
+    _remove_state(state_dir)
+    if busy:
+        raise DevClusterError(f"devcluster stopped but ports {busy} still listen; check `ss -ltnp`")
+    print(f"devcluster stopped ({state.server}); state removed from {state_dir}")
+    return 0
+
+
+def cmd_status(state_dir: Path) -> int:
+    state = State.read(state_dir)
+    if state is None or not _is_our_daemon(state.daemon_pid):
+        print("devcluster is not up" + (" (stale state; `down` removes it)" if state else ""))
+        return 1
+    print(f"devcluster is up: {state.server} (daemon pid {state.daemon_pid})")
+    print(f"  export KUBECONFIG={Path(state.kubeconfig).resolve()}")
+    for name, pid in sorted(state.process_pids.items()):
+        print(f"  {name}: pid {pid} {'running' if pid_alive(pid) else 'GONE'}")
+    return 0
+
+
+def cmd_binaries() -> int:
+    from hamipy.devcluster.binaries import ensure_binaries
+
+    bins = ensure_binaries()
+    for field in dataclasses.fields(bins):
+        print(f"{field.name}={getattr(bins, field.name)}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hamipy-devcluster",
+        description="A real local Kubernetes control plane (etcd, kube-apiserver, kube-scheduler) "
+        "with simulated nodes, for tests and `make up`.",
+    )
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=Path(os.environ.get("HAMIPY_STATE_DIR", ".hamipy")),
+        help="where `up` keeps its state, kubeconfig and logs (default: .hamipy, or $HAMIPY_STATE_DIR)",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("binaries", help="build (first time only) and print the control-plane binaries")
+    up = sub.add_parser("up", help="start the cluster with simulated nodes in the background")
+    up.add_argument("--nodes", type=int, default=DEFAULT_NODES, help="simulated nodes (default 3)")
+    up.add_argument(
+        "--timeout", type=float, default=UP_TIMEOUT_S, help="seconds to wait for it (default 120)"
+    )
+    sub.add_parser("down", help="stop what `up` started and remove its state")
+    sub.add_parser("status", help="say whether the cluster is up")
+    serve = sub.add_parser("_serve")  # the daemon `up` starts; not for direct use
+    serve.add_argument("--nodes", type=int, default=DEFAULT_NODES)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    state_dir: Path = args.state_dir.absolute()
+    try:
+        if args.command == "binaries":
+            return cmd_binaries()
+        if args.command == "up":
+            return cmd_up(state_dir, nodes=args.nodes, timeout_s=args.timeout)
+        if args.command == "down":
+            return cmd_down(state_dir)
+        if args.command == "status":
+            return cmd_status(state_dir)
+        return cmd_serve(state_dir, nodes=args.nodes)
+    except DevClusterError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,125 @@
+"""pytest fixtures for tests against the real local control plane.
+
+Loaded in every pytest session (entry point ``pytest11``), so importing it is cheap: nothing is
+built or started until a test asks for a fixture.
+
+- ``devcluster`` (session): a running `DevCluster` (binaries built at collection end, when an
+  ``integration``-marked test is selected, so the build is not cut by the test timeout) with the
+  ``default-scheduler``; ``HAMIPY_DEVCLUSTER_KEEP=1`` keeps its directory (logs) after the run.
+- ``kube_client``: an admin kubernetes_asyncio ``ApiClient``, closed after the test.
+- ``namespace``: a fresh namespace with its ``default`` ServiceAccount, deleted after the test.
+- ``node_pool``: a `NodePool` for this test's simulated nodes, removed after the test.
+- ``hami_scheduler``: a function that (re)starts the ``hami-scheduler`` kube-scheduler with an
+  extender config; it is stopped after the test.
+
+When a test that used ``devcluster`` fails, the tail of each control-plane log is attached to its
+report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from hamipy.devcluster.cluster import DevCluster
+    from hamipy.devcluster.config import ExtenderConfig
+    from hamipy.devcluster.nodes import NodePool
+
+KEEP_ENV = "HAMIPY_DEVCLUSTER_KEEP"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "integration: needs the real local control plane (built on first use)")
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Build the binaries (first run only) before any test runs, if an integration test was selected.
+
+    Here, outside every test, the build is not cut short by the per-test timeout, and its progress
+    is shown (capture suspended).
+    """
+    if not any(item.get_closest_marker("integration") for item in session.items):
+        return
+    from hamipy.devcluster.binaries import ensure_binaries
+    from hamipy.devcluster.errors import BinaryBuildError
+
+    capman = session.config.pluginmanager.getplugin("capturemanager")
+    ctx = capman.global_and_fixture_disabled() if capman is not None else contextlib.nullcontext()
+    with ctx:
+        try:
+            ensure_binaries()
+        except BinaryBuildError as exc:
+            pytest.exit(f"integration tests need the control-plane binaries: {exc}", returncode=1)
+
+
+@pytest.fixture(scope="session")
+def devcluster() -> Iterator[DevCluster]:
+    """A running control plane shared by the whole session."""
+    from hamipy.devcluster.binaries import ensure_binaries
+    from hamipy.devcluster.cluster import ClusterSettings, DevCluster
+
+    binaries = ensure_binaries()
+    keep = os.environ.get(KEEP_ENV, "") not in ("", "0")
+    with DevCluster(
+        ClusterSettings(percentage_of_nodes_to_score=100, keep_dir=keep), binaries=binaries
+    ) as cluster:
+        yield cluster
+        if keep:
+            print(f"\n[devcluster] kept {cluster.workdir} ({KEEP_ENV} set)")
+
+
+@pytest.fixture
+async def kube_client(devcluster: DevCluster) -> AsyncIterator[Any]:
+    """An admin kubernetes_asyncio ApiClient on `devcluster`."""
+    async with devcluster.api_client() as api:
+        yield api
+
+
+@pytest.fixture
+async def namespace(kube_client: Any) -> AsyncIterator[str]:
+    """A fresh namespace, ready for pods; it and its pods are deleted after the test."""
+    from hamipy.devcluster.kubeobjects import create_namespace, delete_namespace
+
+    name = await create_namespace(kube_client)
+    yield name
+    await delete_namespace(kube_client, name)
+
+
+@pytest.fixture
+async def node_pool(kube_client: Any) -> AsyncIterator[NodePool]:
+    """This test's simulated nodes (add with ``await node_pool.add(NodeSpec(...))``); deleted after."""
+    from hamipy.devcluster.nodes import NodePool
+
+    async with NodePool(kube_client) as pool:
+        yield pool
+
+
+@pytest.fixture
+def hami_scheduler(devcluster: DevCluster) -> Iterator[Callable[..., Any]]:
+    """``hami_scheduler(extender, percentage_of_nodes_to_score=None)`` (re)starts the hami-scheduler."""
+    from hamipy.devcluster.config import SchedulerConfig
+
+    def start(extender: ExtenderConfig, *, percentage_of_nodes_to_score: int | None = 100) -> Any:
+        config = SchedulerConfig.hami(extender, percentage_of_nodes_to_score=percentage_of_nodes_to_score)
+        return devcluster.start_scheduler(config, name="hami")
+
+    yield start
+    devcluster.stop_scheduler("hami")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
+    report = yield
+    funcargs = getattr(item, "funcargs", {})
+    cluster = funcargs.get("devcluster")
+    if report.failed and cluster is not None:
+        from hamipy.devcluster.processes import tail
+
+        for name in cluster.processes:
+            report.sections.append((f"devcluster log: {name}", tail(cluster.log_path(name), 30)))
+    return report

@@ -1,0 +1,288 @@
+"""The Allocate response for one container: env and mounts (hami-wire.md section 4).
+
+This is what makes a shared GPU a slice: the env tells the interposer (``libvgpu.so``, HAMi-core or
+ours) its limits, and the mounts put the interposer into every process of the container and give
+it a per-container directory for its shared region file. Pure: the caller makes the cache id
+(``uuid.uuid4()``) and creates the host directories.
+
+Facts taken from HAMi's device plugin (``pkg/device-plugin/nvidiadevice/nvinternal/plugin/server.go``,
+``Allocate``), where ``HOOK_PATH`` is ``/usr/local`` and ``/vgpu`` is appended; our ``hook_path`` is
+that whole directory, ``/usr/local/vgpu``:
+
+- ``NVIDIA_VISIBLE_DEVICES``: the container's GPU UUIDs joined with ``,``.
+- ``CUDA_DEVICE_MEMORY_LIMIT_<i>``: ``<MiB>m`` for the container's i-th device.
+- ``CUDA_DEVICE_SM_LIMIT``: the cores of the container's *first* device. The scheduler gives every
+  device of a container the same cores, so upstream sets one value; should they ever differ, we also
+  set ``CUDA_DEVICE_SM_LIMIT_<i>`` per device, which the interposer prefers (section 5).
+- ``CUDA_DEVICE_MEMORY_SHARED_CACHE``: ``<hook>/<uuid4>.cache``, a path inside the container, in the
+  per-container directory mounted at ``<hook>``.
+- ``CUDA_OVERSUBSCRIBE=true`` when memory scaling > 1.
+- ``GPU_CORE_UTILIZATION_POLICY``: ``disable`` when the node disables the core limit (upstream's
+  Allocate); else the configured policy when it is not ``default`` (upstream's webhook puts it in the
+  container's env; here it travels with the other limits). Unset means ``default``.
+- ``LIBCUDA_LOG_LEVEL``: set only when configured (upstream: ``libCudaLogLevel``, node-overridable).
+- Mounts: ``<hook>/libvgpu.so`` read-only at the same path; the host directory
+  ``<hook>/containers/<podUID>_<containerName>`` read-write at ``<hook>``; ``/tmp/vgpulock``
+  read-write (HAMi-core serialises device initialisation across containers with a lock file there);
+  ``<hook>/ld.so.preload`` read-only at ``/etc/ld.so.preload`` unless the container's env sets
+  ``CUDA_DISABLE_CONTROL`` to a true value (Go ``ParseBool``: ``1``, ``t``, ``true``, ...).
+  Container paths equal host paths under ``<hook>`` so the one ``ld.so.preload`` file names the
+  interposer correctly on both sides.
+- Upstream also mounts a license and a validator binary when ``<hook>/license`` exists; that is a
+  commercial add-on and is left out.
+
+Refused with ``ProtocolError`` (upstream passes them through): no devices, more than 16 devices
+(the interposer tracks 16), memory of 0 MiB or less (the interposer reads 0 as *no limit*), cores
+outside 0-100, and pod UIDs, container names or cache ids that are not plain file names (they
+become host paths).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, Final, Literal, get_args
+
+from hamipy.protocol.devices import ContainerDevice
+from hamipy.protocol.errors import ProtocolError
+
+__all__ = [
+    "CORE_POLICIES",
+    "DEFAULT_HOOK_PATH",
+    "ENV_CORE_POLICY",
+    "ENV_DISABLE_CONTROL",
+    "ENV_LOG_LEVEL",
+    "ENV_MEMORY_LIMIT",
+    "ENV_OVERSUBSCRIBE",
+    "ENV_SHARED_CACHE",
+    "ENV_SM_LIMIT",
+    "ENV_TASK_PRIORITY",
+    "ENV_VISIBLE_DEVICES",
+    "LD_SO_PRELOAD",
+    "LOCK_DIR",
+    "MAX_DEVICES",
+    "ContainerAllocation",
+    "CorePolicy",
+    "Mount",
+    "allocation_env",
+    "allocation_mounts",
+    "container_allocation",
+    "control_disabled",
+    "memory_limit_bytes",
+    "region_host_dir",
+    "shared_cache_path",
+]
+
+CorePolicy = Literal["default", "force", "disable"]
+CORE_POLICIES: Final[tuple[CorePolicy, ...]] = get_args(CorePolicy)
+
+DEFAULT_HOOK_PATH: Final = "/usr/local/vgpu"
+LOCK_DIR: Final = "/tmp/vgpulock"
+LD_SO_PRELOAD: Final = "/etc/ld.so.preload"
+MAX_DEVICES: Final = 16
+"""Devices the interposer and the region file track (``CUDA_DEVICE_MEMORY_LIMIT_0..15``)."""
+
+ENV_VISIBLE_DEVICES: Final = "NVIDIA_VISIBLE_DEVICES"
+ENV_MEMORY_LIMIT: Final = "CUDA_DEVICE_MEMORY_LIMIT"
+ENV_SM_LIMIT: Final = "CUDA_DEVICE_SM_LIMIT"
+ENV_SHARED_CACHE: Final = "CUDA_DEVICE_MEMORY_SHARED_CACHE"
+ENV_OVERSUBSCRIBE: Final = "CUDA_OVERSUBSCRIBE"
+ENV_CORE_POLICY: Final = "GPU_CORE_UTILIZATION_POLICY"
+ENV_LOG_LEVEL: Final = "LIBCUDA_LOG_LEVEL"
+ENV_DISABLE_CONTROL: Final = "CUDA_DISABLE_CONTROL"
+ENV_TASK_PRIORITY: Final = "CUDA_TASK_PRIORITY"
+"""Set by the webhook from ``nvidia.com/priority`` (section 4), read by the interposer (default 1)."""
+
+_LIBRARY: Final = "libvgpu.so"
+_PRELOAD: Final = "ld.so.preload"
+# Go strconv.ParseBool's true spellings, as upstream reads CUDA_DISABLE_CONTROL.
+_TRUE: Final = frozenset({"1", "t", "T", "TRUE", "true", "True"})
+# A plain file name: starts with a letter or digit (so never "." or ".."), no "/".
+_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
+_LIMIT: Final = re.compile(r"([0-9]{1,20})([kKmMgG]?)")
+_LIMIT_SHIFT: Final = {"": 0, "k": 10, "m": 20, "g": 30}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Mount:
+    """One device plugin ``Mount``: a host path bound at a container path."""
+
+    container_path: str
+    host_path: str
+    read_only: bool
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ContainerAllocation:
+    """One ``ContainerAllocateResponse``'s env and mounts."""
+
+    envs: Mapping[str, str]
+    mounts: tuple[Mount, ...]
+
+
+def _hook(hook_path: str) -> str:
+    if not hook_path.startswith("/") or "\0" in hook_path or "/../" in f"{hook_path}/":
+        raise ProtocolError("hookPath", hook_path, "must be an absolute path without '..'")
+    return hook_path.rstrip("/") or "/"
+
+
+def _name(field: str, value: str) -> str:
+    if not isinstance(value, str) or _NAME.fullmatch(value) is None:
+        raise ProtocolError(field, value, "must be a plain file name (letters, digits, '.', '_', '-')")
+    return value
+
+
+def region_host_dir(hook_path: str, pod_uid: str, container_name: str) -> str:
+    """The host directory holding one container's region file:
+    ``<hook>/containers/<podUID>_<containerName>``."""
+    hook = _hook(hook_path)
+    return f"{hook}/containers/{_name('pod uid', pod_uid)}_{_name('container name', container_name)}"
+
+
+def shared_cache_path(hook_path: str, cache_id: str) -> str:
+    """The region file's path inside the container: ``<hook>/<cache_id>.cache``."""
+    return f"{_hook(hook_path)}/{_name('cache id', cache_id)}.cache"
+
+
+def control_disabled(container_env: Sequence[Mapping[str, Any]] | None) -> bool:
+    """Whether the container's ``env`` (its list of ``{name, value}``) sets ``CUDA_DISABLE_CONTROL``
+    to a true value; an entry taking its value from elsewhere (``valueFrom``) cannot be read here
+    and does not count, as upstream."""
+    for entry in container_env or ():
+        if (
+            isinstance(entry, Mapping)
+            and entry.get("name") == ENV_DISABLE_CONTROL
+            and entry.get("value") in _TRUE
+        ):
+            return True
+    return False
+
+
+def _check_devices(devices: Sequence[ContainerDevice]) -> None:
+    if not devices:
+        raise ProtocolError("devices", list(devices), "a container allocation needs at least one device")
+    if len(devices) > MAX_DEVICES:
+        raise ProtocolError("devices", len(devices), f"the interposer tracks at most {MAX_DEVICES} devices")
+    for i, dev in enumerate(devices):
+        if dev.usedmem <= 0:
+            raise ProtocolError(
+                f"devices[{i}].usedmem", dev.usedmem, "must be positive (0 MiB would mean no memory limit)"
+            )
+        if not 0 <= dev.usedcores <= 100:
+            raise ProtocolError(f"devices[{i}].usedcores", dev.usedcores, "must be 0-100")
+        if not dev.uuid or "," in dev.uuid:
+            raise ProtocolError(f"devices[{i}].uuid", dev.uuid, "must be a non-empty UUID without ','")
+
+
+def allocation_env(
+    devices: Sequence[ContainerDevice],
+    *,
+    cache_id: str,
+    hook_path: str = DEFAULT_HOOK_PATH,
+    memory_scaling: float = 1.0,
+    core_policy: CorePolicy = "default",
+    disable_core_limit: bool = False,
+    log_level: int | None = None,
+) -> dict[str, str]:
+    """The env of one container's Allocate response (module docstring has the rules)."""
+    _check_devices(devices)
+    if core_policy not in CORE_POLICIES:
+        raise ProtocolError("gpuCorePolicy", core_policy, f"must be one of {', '.join(CORE_POLICIES)}")
+    if log_level is not None and not 0 <= log_level <= 4:
+        raise ProtocolError("libCudaLogLevel", log_level, "must be 0-4")
+
+    env = {ENV_VISIBLE_DEVICES: ",".join(dev.uuid for dev in devices)}
+    for i, dev in enumerate(devices):
+        env[f"{ENV_MEMORY_LIMIT}_{i}"] = f"{dev.usedmem}m"
+    env[ENV_SM_LIMIT] = str(devices[0].usedcores)
+    if len({dev.usedcores for dev in devices}) > 1:
+        for i, dev in enumerate(devices):
+            env[f"{ENV_SM_LIMIT}_{i}"] = str(dev.usedcores)
+    env[ENV_SHARED_CACHE] = shared_cache_path(hook_path, cache_id)
+    if memory_scaling > 1:
+        env[ENV_OVERSUBSCRIBE] = "true"
+    if disable_core_limit:
+        env[ENV_CORE_POLICY] = "disable"
+    elif core_policy != "default":
+        env[ENV_CORE_POLICY] = core_policy
+    if log_level is not None:
+        env[ENV_LOG_LEVEL] = str(log_level)
+    return env
+
+
+def allocation_mounts(
+    *,
+    hook_path: str = DEFAULT_HOOK_PATH,
+    pod_uid: str,
+    container_name: str,
+    disable_control: bool = False,
+    lock_dir: str | None = LOCK_DIR,
+) -> list[Mount]:
+    """The mounts of one container's Allocate response, in upstream's order.
+
+    ``disable_control`` (see ``control_disabled``) leaves out ``/etc/ld.so.preload``; ``lock_dir``
+    None leaves out the HAMi-core lock directory (an interposer that does not use it).
+    """
+    hook = _hook(hook_path)
+    mounts = [
+        Mount(container_path=f"{hook}/{_LIBRARY}", host_path=f"{hook}/{_LIBRARY}", read_only=True),
+        Mount(
+            container_path=hook,
+            host_path=region_host_dir(hook, pod_uid, container_name),
+            read_only=False,
+        ),
+    ]
+    if lock_dir is not None:
+        mounts.append(Mount(container_path=lock_dir, host_path=lock_dir, read_only=False))
+    if not disable_control:
+        mounts.append(Mount(container_path=LD_SO_PRELOAD, host_path=f"{hook}/{_PRELOAD}", read_only=True))
+    return mounts
+
+
+def container_allocation(
+    devices: Sequence[ContainerDevice],
+    *,
+    pod_uid: str,
+    container_name: str,
+    container_env: Sequence[Mapping[str, Any]] | None,
+    cache_id: str,
+    hook_path: str = DEFAULT_HOOK_PATH,
+    memory_scaling: float = 1.0,
+    core_policy: CorePolicy = "default",
+    disable_core_limit: bool = False,
+    log_level: int | None = None,
+    lock_dir: str | None = LOCK_DIR,
+) -> ContainerAllocation:
+    """Env and mounts together, for the container named ``container_name`` whose pod-spec ``env``
+    is ``container_env``."""
+    envs = allocation_env(
+        devices,
+        cache_id=cache_id,
+        hook_path=hook_path,
+        memory_scaling=memory_scaling,
+        core_policy=core_policy,
+        disable_core_limit=disable_core_limit,
+        log_level=log_level,
+    )
+    mounts = allocation_mounts(
+        hook_path=hook_path,
+        pod_uid=pod_uid,
+        container_name=container_name,
+        disable_control=control_disabled(container_env),
+        lock_dir=lock_dir,
+    )
+    return ContainerAllocation(envs=envs, mounts=tuple(mounts))
+
+
+def memory_limit_bytes(value: str) -> int:
+    """Bytes of a ``CUDA_DEVICE_MEMORY_LIMIT[_<n>]`` value as the interposer reads it (section 5):
+    digits with an optional ``k``/``m``/``g`` suffix in powers of 1024, either case; 0 means no
+    limit. ``"3000m"`` is 3,145,728,000."""
+    match = _LIMIT.fullmatch(value.strip()) if isinstance(value, str) else None
+    if match is None:
+        raise ProtocolError(ENV_MEMORY_LIMIT, value, "must be digits with an optional k, m or g suffix")
+    number = int(match[1]) << _LIMIT_SHIFT[match[2].lower()]
+    if number >= 2**64:
+        raise ProtocolError(ENV_MEMORY_LIMIT, value, "does not fit in 64 bits")
+    return number

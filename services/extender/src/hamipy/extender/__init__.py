@@ -1,0 +1,1 @@
+"""hami-py scheduler extender."""

@@ -1,0 +1,137 @@
+"""One admission, end to end but without HTTP: body in, HTTP status and JSON answer out.
+
+Decodes the review, opens the admission span (continuing the pod's trace when it already carries
+one), runs the pure ``mutation.decide``, encodes the answer in the version asked, and reports the
+outcome to the log, the metrics and the span. The server only moves bytes; the benchmark times
+exactly this.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from hamipy.telemetry import pod_trace_context, traceparent_of
+from hamipy.webhook.admission import AdmissionReview, BadReview, Review, decode_review, encode_response
+from hamipy.webhook.mutation import Decision, MutationSettings, decide
+from hamipy.webhook.telemetry import Telemetry
+
+__all__ = ["Admitter", "Answer", "pod_identity"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Answer:
+    """What to send back: the HTTP status and the JSON body (an AdmissionReview, or for a bad
+    request an error object ``{"error": reason, "message": ...}``)."""
+
+    status: int
+    body: bytes
+    decision: Decision | None = None
+
+
+def pod_identity(review: Review) -> dict[str, str]:
+    """namespace/name/uid for logs. At creation a pod may have only ``generateName``, shown as
+    ``prefix*``; ``uid`` is the admission request's (the pod has none yet)."""
+    request = review.request
+    pod = review.pod or {}
+    metadata = pod.get("metadata")
+    metadata = metadata if isinstance(metadata, dict) else {}
+    name = request.get("name") or metadata.get("name")
+    if not name and isinstance(metadata.get("generateName"), str):
+        name = f"{metadata['generateName']}*"
+    namespace = request.get("namespace") or metadata.get("namespace") or ""
+    return {"namespace": str(namespace), "name": str(name or ""), "uid": review.uid}
+
+
+def _dump(doc: AdmissionReview | dict[str, str]) -> bytes:
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+class Admitter:
+    """Answers AdmissionReview bodies with ``settings``, reporting through ``telemetry``."""
+
+    def __init__(self, settings: MutationSettings, telemetry: Telemetry) -> None:
+        self.settings = settings
+        self.telemetry = telemetry
+
+    def bad_request(self, reason: str, message: str, *, remote: str | None = None) -> Answer:
+        """The HTTP 400 answer for a request we cannot read, logged and counted."""
+        self.telemetry.metrics.bad_requests.labels(reason=reason).inc()
+        self.telemetry.logger.warning("bad admission request", reason=reason, error=message, remote=remote)
+        return Answer(400, _dump({"error": reason, "message": message}))
+
+    def admit(self, body: bytes, *, remote: str | None = None) -> Answer:
+        """Answer one request body."""
+        started = time.perf_counter()
+        try:
+            review = decode_review(body)
+        except BadReview as exc:
+            return self.bad_request(exc.reason, str(exc), remote=remote)
+
+        identity = pod_identity(review)
+        parent = self._parent_context(review)
+        tel = self.telemetry
+        with tel.tracer.start_as_current_span(
+            "webhook.admission",
+            context=parent,
+            kind=SpanKind.SERVER,
+            attributes={
+                "k8s.namespace.name": identity["namespace"],
+                "k8s.pod.name": identity["name"],
+                "hamipy.admission.uid": review.uid,
+                "hamipy.admission.operation": str(review.request.get("operation", "")),
+            },
+        ) as span:
+            try:
+                decision = self._decide(review, traceparent_of(span))
+            except Exception as exc:
+                # Fail closed: a GPU pod must not slip past unmutated because of a bug here.
+                span.record_exception(exc)
+                span.set_status(Status(StatusCode.ERROR, "admission failed"))
+                tel.metrics.admissions.labels(outcome="error", reason="exception").inc()
+                tel.logger.exception("admission failed", **identity)
+                doc = encode_response(
+                    review, allowed=False, code=500, message=f"hami-py webhook internal error: {exc!r}"
+                )
+                tel.metrics.admission_seconds.labels(outcome="error").observe(time.perf_counter() - started)
+                return Answer(200, _dump(doc))
+            span.set_attribute("hamipy.admission.outcome", decision.outcome)
+            span.set_attribute("hamipy.admission.reason", decision.reason)
+            doc = encode_response(
+                review, allowed=decision.allowed, patch=decision.patch, message=decision.message
+            )
+            answer = Answer(200, _dump(doc), decision)
+
+        elapsed = time.perf_counter() - started
+        tel.metrics.admissions.labels(outcome=decision.outcome, reason=decision.reason).inc()
+        tel.metrics.admission_seconds.labels(outcome=decision.outcome).observe(elapsed)
+        fields: dict[str, Any] = {
+            **identity,
+            "outcome": decision.outcome,
+            "reason": decision.reason,
+            "patch_ops": len(decision.patch),
+            "duration_ms": round(elapsed * 1000, 3),
+        }
+        if decision.outcome == "refused":
+            tel.logger.warning("pod refused", message=decision.message, **fields)
+        else:
+            tel.logger.info("pod admitted", **fields)
+        return answer
+
+    def _parent_context(self, review: Review) -> otel_context.Context | None:
+        """The pod's existing trace context (annotation ``keys.TRACE_CONTEXT``), if any."""
+        return pod_trace_context(review.pod) if review.pod else None
+
+    def _decide(self, review: Review, traceparent: str | None) -> Decision:
+        if not review.is_pod:
+            return Decision("allowed", "not_pod")
+        operation = review.request.get("operation", "CREATE")
+        pod = review.pod
+        if operation != "CREATE" or pod is None:
+            return Decision("allowed", "not_create")
+        return decide(pod, self.settings, trace_context=traceparent)

@@ -1,0 +1,327 @@
+"""What the webhook does to a pod: a pure function from a pod and settings to a decision.
+
+The rules follow HAMi's webhook (``pkg/scheduler/webhook.go``, NVIDIA ``MutateAdmission``) with the
+request parsing and defaulting taken from ``hamipy.protocol.resources`` (hami-wire.md section 3):
+
+1. A pod that names none of our resources (``requests_any_gpu``) is allowed unchanged.
+2. A pod naming another scheduler is left alone, except ``default-scheduler`` (what the apiserver
+   fills in when a pod names none) while ``overwrite_default_scheduler`` is on.
+3. Every container's GPU quantities must be whole, non-negative and in range, or the pod is refused
+   with the message ``hamipy.protocol`` gives (naming the container and the value).
+4. A pod that, after the defaults, asks for no GPU is allowed unchanged.
+5. A GPU pod with a privileged container, or with ``spec.nodeName`` already set, is refused: the
+   first would see every GPU of its node, the second would bypass the GPU-aware scheduler.
+6. Otherwise the patch sets ``schedulerName``, adds the count/exclusive-cores defaults, the
+   ``CUDA_TASK_PRIORITY`` and ``GPU_CORE_UTILIZATION_POLICY`` env of GPU containers,
+   ``NVIDIA_VISIBLE_DEVICES=none`` on containers without a GPU (``overwrite_env``), the runtime
+   class (when configured and unset), and the pod's trace context annotation (when absent).
+
+Unlike upstream, which appends env entries on every admission, each change is made only when the
+pod lacks it, so mutating the mutated pod yields an empty patch (``reinvocationPolicy: IfNeeded``
+and retried admissions are harmless). Init containers get the same treatment as containers, as in
+current upstream: they take device-list slots too (hami-wire.md section 2).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any, Final, Literal, NamedTuple
+
+from hamipy.protocol import keys
+from hamipy.protocol.allocation_env import (
+    ENV_CORE_POLICY,
+    ENV_TASK_PRIORITY,
+    ENV_VISIBLE_DEVICES,
+    CorePolicy,
+)
+from hamipy.protocol.config import Config
+from hamipy.protocol.errors import ProtocolError
+from hamipy.protocol.resources import (
+    RequestDefaults,
+    ResourceNames,
+    container_label,
+    container_request,
+    requests_any_gpu,
+    validate_webhook_container,
+    webhook_container_defaults,
+)
+from hamipy.webhook.admission import PatchOp
+
+__all__ = [
+    "DEFAULT_SCHEDULER",
+    "ENV_TASK_PRIORITY",
+    "Decision",
+    "MutationSettings",
+    "Outcome",
+    "Reason",
+    "decide",
+    "pointer_token",
+]
+
+DEFAULT_SCHEDULER: Final = "default-scheduler"
+# hami-wire.md section 4: "The webhook adds CUDA_TASK_PRIORITY from nvidia.com/priority". Not yet a
+# constant of hamipy.protocol.allocation_env (reported as a gap); kept here until it is.
+VISIBLE_NONE: Final = "none"
+
+Outcome = Literal["mutated", "allowed", "refused"]
+Reason = Literal[
+    "not_pod",
+    "not_create",
+    "not_gpu_pod",
+    "other_scheduler",
+    "no_gpu_asked",
+    "patched",
+    "unchanged",
+    "invalid_resource",
+    "privileged",
+    "node_name",
+]
+_CONTAINER_KINDS: Final = ("initContainers", "containers")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MutationSettings:
+    """What the webhook needs of the configuration (``from_config`` builds it from the shared one)."""
+
+    scheduler_name: str = "hami-scheduler"
+    """The scheduler GPU pods are sent to (the kube-scheduler profile that calls our extender)."""
+    overwrite_default_scheduler: bool = True
+    """Take pods naming ``default-scheduler`` too: the apiserver fills it in for pods naming none."""
+    names: ResourceNames = dataclasses.field(default_factory=ResourceNames)
+    """Our extended resource names."""
+    request_defaults: RequestDefaults = dataclasses.field(default_factory=RequestDefaults)
+    """Default memory and cores, used to check a pod's asks the way the scheduler will read them."""
+    default_gpu_count: int = 1
+    """vGPUs added to a container asking for memory or cores without a count; 0 turns that off."""
+    gpu_core_policy: CorePolicy = "default"
+    """``GPU_CORE_UTILIZATION_POLICY`` given to GPU containers; ``default`` adds nothing (as HAMi)."""
+    overwrite_env: bool = False
+    """Add ``NVIDIA_VISIBLE_DEVICES=none`` to containers of a GPU pod that ask for no GPU, so the
+    NVIDIA runtime does not hand them every GPU of the node. Off by default, as in HAMi."""
+    runtime_class_name: str | None = None
+    """``runtimeClassName`` given to GPU pods that set none (e.g. ``nvidia``); None leaves it."""
+
+    @classmethod
+    def from_config(
+        cls, config: Config, *, overwrite_env: bool = False, runtime_class_name: str | None = None
+    ) -> MutationSettings:
+        """Settings from the shared configuration; the two webhook-only settings come from flags."""
+        nvidia = config.nvidia
+        return cls(
+            scheduler_name=config.scheduler_name,
+            overwrite_default_scheduler=config.force_overwrite_default_scheduler,
+            names=nvidia.resource_names,
+            request_defaults=nvidia.request_defaults,
+            default_gpu_count=nvidia.default_gpu_num,
+            gpu_core_policy=nvidia.gpu_core_policy,
+            overwrite_env=overwrite_env or nvidia.overwrite_env,
+            runtime_class_name=runtime_class_name or None,
+        )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Decision:
+    """The answer for one pod: ``outcome`` and a fixed ``reason`` (metric labels), the JSONPatch
+    (only when mutated) and, for a refusal, the message shown to the user."""
+
+    outcome: Outcome
+    reason: Reason
+    patch: tuple[PatchOp, ...] = ()
+    message: str = ""
+
+    @property
+    def allowed(self) -> bool:
+        return self.outcome != "refused"
+
+
+class _Plan(NamedTuple):
+    """One container: where it is, what it is, and what the webhook adds to it."""
+
+    path: str
+    container: Mapping[str, Any]
+    label: str
+    add_limits: Mapping[str, str]
+    asks: bool
+    task_priority: int | None
+
+
+def pointer_token(key: str) -> str:
+    """One JSON Pointer reference token (RFC 6901): ``~`` as ``~0``, then ``/`` as ``~1``."""
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def _containers(spec: Mapping[str, Any], kind: str) -> Sequence[Mapping[str, Any]]:
+    items = spec.get(kind)
+    if not isinstance(items, list):
+        return ()
+    return [c if isinstance(c, dict) else {} for c in items]
+
+
+def _is_privileged(container: Mapping[str, Any]) -> bool:
+    context = container.get("securityContext")
+    return isinstance(context, dict) and context.get("privileged") is True
+
+
+class _Patch:
+    """Collects JSONPatch operations against the original pod, creating parents once."""
+
+    def __init__(self) -> None:
+        self.ops: list[PatchOp] = []
+
+    def set_member(self, parent: str, obj: Mapping[str, Any] | None, key: str, value: Any) -> None:
+        """Set ``obj[key] = value`` where ``obj`` is found at pointer ``parent`` (None: absent)."""
+        path = f"{parent}/{pointer_token(key)}"
+        if obj is not None and obj.get(key) is not None:
+            self.ops.append({"op": "replace", "path": path, "value": value})
+        else:
+            self.ops.append({"op": "add", "path": path, "value": value})
+
+    def add_map_entries(
+        self, parent: str, container: Mapping[str, Any], key: str, entries: Mapping[str, Any]
+    ) -> None:
+        """Add ``entries`` to the map at ``container[key]``, creating the map when absent."""
+        current = container.get(key)
+        if not isinstance(current, dict):
+            self.ops.append({"op": "add", "path": f"{parent}/{pointer_token(key)}", "value": dict(entries)})
+            return
+        base = f"{parent}/{pointer_token(key)}"
+        for name, value in entries.items():
+            self.ops.append({"op": "add", "path": f"{base}/{pointer_token(name)}", "value": value})
+
+    def set_env(self, parent: str, container: Mapping[str, Any], wanted: Mapping[str, str]) -> None:
+        """Make the container's env hold ``wanted`` (name -> value), touching nothing else."""
+        if not wanted:
+            return
+        env = container.get("env")
+        if not isinstance(env, list):
+            entries = [{"name": name, "value": value} for name, value in wanted.items()]
+            self.ops.append({"op": "add", "path": f"{parent}/env", "value": entries})
+            return
+        positions = {e.get("name"): i for i, e in enumerate(env) if isinstance(e, dict)}
+        for name, value in wanted.items():
+            index = positions.get(name)
+            entry = {"name": name, "value": value}
+            if index is None:
+                self.ops.append({"op": "add", "path": f"{parent}/env/-", "value": entry})
+            elif env[index] != entry:
+                self.ops.append({"op": "replace", "path": f"{parent}/env/{index}", "value": entry})
+
+
+def decide(
+    pod: Mapping[str, Any], settings: MutationSettings, *, trace_context: str | None = None
+) -> Decision:
+    """The decision for a pod being created (rules in the module docstring).
+
+    ``trace_context`` is the W3C ``traceparent`` of the admission span; it is recorded in the pod
+    annotation ``keys.TRACE_CONTEXT`` unless the pod already carries one.
+    """
+    names = settings.names
+    if not requests_any_gpu(pod, names):
+        return Decision("allowed", "not_gpu_pod")
+    spec = pod.get("spec")
+    if not isinstance(spec, dict):  # requests_any_gpu found containers, so spec is a mapping
+        return Decision("allowed", "not_gpu_pod")
+
+    scheduler = spec.get("schedulerName")
+    if (
+        isinstance(scheduler, str)
+        and scheduler
+        and scheduler != settings.scheduler_name
+        and not (scheduler == DEFAULT_SCHEDULER and settings.overwrite_default_scheduler)
+    ):
+        return Decision("allowed", "other_scheduler")
+
+    # Validate every container and work out, per container, what it asks after the defaults.
+    plans: list[_Plan] = []
+    try:
+        for kind in _CONTAINER_KINDS:
+            for index, container in enumerate(_containers(spec, kind)):
+                label = container_label(kind, index, container)
+                validate_webhook_container(container, names=names, label=label)
+                defaults = webhook_container_defaults(
+                    container, names=names, default_gpu_count=settings.default_gpu_count, label=label
+                )
+                asks = defaults.has_resource or (
+                    container_request(container, names=names, defaults=settings.request_defaults, label=label)
+                    is not None
+                )
+                plans.append(
+                    _Plan(
+                        f"/spec/{kind}/{index}",
+                        container,
+                        label,
+                        defaults.add_limits,
+                        asks,
+                        defaults.task_priority,
+                    )
+                )
+    except ProtocolError as exc:
+        return Decision("refused", "invalid_resource", message=f"invalid GPU request: {exc}")
+
+    if not any(plan.asks for plan in plans):
+        return Decision("allowed", "no_gpu_asked")
+
+    for plan in plans:
+        if _is_privileged(plan.container):
+            return Decision(
+                "refused",
+                "privileged",
+                message=(
+                    f"container {plan.label} is privileged: a privileged container sees every GPU of "
+                    "its node, so a pod asking for shared GPUs may not have one"
+                ),
+            )
+    node_name = spec.get("nodeName")
+    if node_name:
+        return Decision(
+            "refused",
+            "node_name",
+            message=(
+                f"spec.nodeName is already set ({node_name!r}): a pod asking for shared GPUs must be placed "
+                f"by {settings.scheduler_name}, which chooses its GPUs; remove spec.nodeName"
+            ),
+        )
+
+    patch = _Patch()
+    if scheduler != settings.scheduler_name:
+        patch.set_member("/spec", spec, "schedulerName", settings.scheduler_name)
+    if settings.runtime_class_name and not spec.get("runtimeClassName"):
+        patch.set_member("/spec", spec, "runtimeClassName", settings.runtime_class_name)
+    metadata = pod.get("metadata")
+    metadata = metadata if isinstance(metadata, dict) else None
+    annotations = metadata.get("annotations") if metadata is not None else None
+    if trace_context and not (isinstance(annotations, dict) and annotations.get(keys.TRACE_CONTEXT)):
+        if metadata is None:
+            patch.ops.append(
+                {
+                    "op": "add",
+                    "path": "/metadata",
+                    "value": {"annotations": {keys.TRACE_CONTEXT: trace_context}},
+                }
+            )
+        else:
+            patch.add_map_entries("/metadata", metadata, "annotations", {keys.TRACE_CONTEXT: trace_context})
+
+    for plan in plans:
+        path = plan.path
+        if plan.add_limits:
+            resources = plan.container.get("resources")
+            if isinstance(resources, dict):
+                patch.add_map_entries(f"{path}/resources", resources, "limits", plan.add_limits)
+            else:
+                patch.ops.append(
+                    {"op": "add", "path": f"{path}/resources", "value": {"limits": dict(plan.add_limits)}}
+                )
+        env: dict[str, str] = {}
+        if plan.task_priority is not None:
+            env[ENV_TASK_PRIORITY] = str(plan.task_priority)
+        if plan.asks and settings.gpu_core_policy != "default":
+            env[ENV_CORE_POLICY] = settings.gpu_core_policy
+        if not plan.asks and settings.overwrite_env:
+            env[ENV_VISIBLE_DEVICES] = VISIBLE_NONE
+        patch.set_env(path, plan.container, env)
+
+    if not patch.ops:
+        return Decision("allowed", "unchanged")
+    return Decision("mutated", "patched", patch=tuple(patch.ops))

@@ -1,0 +1,293 @@
+"""The HTTPS server the kube-apiserver calls: ``POST /webhook``, health, readiness and metrics.
+
+TLS comes from a certificate and key on disk (a mounted Secret), reloaded when the files change:
+every handshake runs an SNI callback (OpenSSL calls it with or without SNI) that, at most once per
+``cert_check_interval_s``, compares the files' stat stamps and loads a fresh ``SSLContext`` when
+they changed. A half-written rotation (certificate and key that do not match) is logged, counted and
+retried on the next check while the old pair keeps serving.
+
+    Exception
+     └── CertificateError     the serving certificate or key cannot be loaded at start-up
+
+Bodies over ``max_body_bytes``, and bodies that are not an AdmissionReview, get HTTP 400 with a
+reason (``admitting.Admitter.bad_request``); the server keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import ssl
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Final, Self
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from hamipy.webhook.admitting import Admitter
+
+__all__ = [
+    "ADMITTER",
+    "MAX_BODY",
+    "READY",
+    "CertificateError",
+    "CertificateStore",
+    "ServerSettings",
+    "WebhookServer",
+    "make_app",
+    "make_probe_app",
+]
+
+ADMITTER: Final = web.AppKey("admitter", Admitter)
+READY: Final = web.AppKey("ready", asyncio.Event)
+MAX_BODY: Final = web.AppKey("max_body_bytes", int)
+_JSON: Final = "application/json"
+
+
+class CertificateError(Exception):
+    """The serving certificate or key could not be loaded."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ServerSettings:
+    """Where and how to serve."""
+
+    cert_file: Path
+    """PEM serving certificate (chain) for the Service DNS names (``tls.crt`` of the Secret)."""
+    key_file: Path
+    """PEM private key of ``cert_file`` (``tls.key``)."""
+    host: str = "0.0.0.0"
+    """Listen address; all interfaces, as a pod serves its Service."""
+    port: int = 8443
+    """HTTPS port (0 picks a free one). Unprivileged, so the container needs no capability."""
+    metrics_port: int | None = None
+    """Optional plain-HTTP port for ``/metrics``, ``/healthz``, ``/readyz`` (Prometheus and probes
+    without TLS); None serves them on the HTTPS port only."""
+    max_body_bytes: int = 4 * 1024 * 1024
+    """Largest request body read. The apiserver caps an object at about 1.5 MiB in etcd and a
+    request at 3 MiB; 4 MiB leaves room for the review around it."""
+    cert_check_interval_s: float = 1.0
+    """Least time between two checks of the certificate files (on a handshake)."""
+    shutdown_timeout_s: float = 10.0
+    """Time in-flight admissions get to finish after SIGTERM (the apiserver's timeout is <= 30 s)."""
+
+
+def _stamp(path: Path) -> tuple[int, int, int]:
+    st = os.stat(path)
+    return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+
+class CertificateStore:
+    """The serving TLS context, reloaded from ``cert_file``/``key_file`` when they change.
+
+    ``on_reload(ok, error)`` is called after each reload attempt (for the log and a counter).
+    """
+
+    def __init__(
+        self,
+        cert_file: Path,
+        key_file: Path,
+        *,
+        check_interval_s: float = 1.0,
+        on_reload: Callable[[bool, str | None], None] | None = None,
+    ) -> None:
+        self.cert_file = cert_file
+        self.key_file = key_file
+        self.check_interval_s = check_interval_s
+        self._on_reload = on_reload
+        try:
+            self._stamps = (_stamp(cert_file), _stamp(key_file))
+            self._current = self._load()
+        except (OSError, ssl.SSLError) as exc:
+            raise CertificateError(
+                f"cannot load serving certificate {cert_file} / key {key_file}: {exc}"
+            ) from exc
+        self._checked = time.monotonic()
+        self.ssl_context = self._current
+        self.ssl_context.sni_callback = self._on_hello
+        self.reloads = 0
+
+    def _load(self) -> ssl.SSLContext:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        ctx.load_cert_chain(self.cert_file, self.key_file)
+        return ctx
+
+    @property
+    def current(self) -> ssl.SSLContext:
+        """The context new connections are served with."""
+        return self._current
+
+    def refresh(self) -> bool:
+        """Reload now if the files changed; True when a new certificate was loaded."""
+        self._checked = time.monotonic()
+        try:
+            stamps = (_stamp(self.cert_file), _stamp(self.key_file))
+        except OSError as exc:  # mid-rotation (symlink swap) or removed: keep serving the old pair
+            self._report(False, f"cannot stat certificate files: {exc}")
+            return False
+        if stamps == self._stamps:
+            return False
+        try:
+            fresh = self._load()
+        except (OSError, ssl.SSLError) as exc:
+            self._report(False, f"cannot load new certificate: {exc}")
+            return False
+        self._stamps = stamps
+        self._current = fresh
+        self.reloads += 1
+        self._report(True, None)
+        return True
+
+    def _report(self, ok: bool, error: str | None) -> None:
+        if self._on_reload is not None:
+            self._on_reload(ok, error)
+
+    def _on_hello(self, sslobj: ssl.SSLObject, server_name: str | None, ctx: ssl.SSLContext) -> None:
+        if time.monotonic() - self._checked >= self.check_interval_s:
+            self.refresh()
+        if self._current is not ctx:
+            sslobj.context = self._current
+
+
+# -- handlers ---------------------------------------------------------------------------------------------
+
+
+async def _webhook(request: web.Request) -> web.Response:
+    admitter = request.app[ADMITTER]
+    try:
+        body = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        limit = request.app[MAX_BODY]
+        answer = admitter.bad_request(
+            "too_large", f"request body larger than {limit} bytes", remote=request.remote
+        )
+        return web.Response(status=answer.status, body=answer.body, content_type=_JSON)
+    answer = admitter.admit(body, remote=request.remote)
+    return web.Response(status=answer.status, body=answer.body, content_type=_JSON)
+
+
+async def _healthz(request: web.Request) -> web.Response:
+    return web.Response(text="ok")
+
+
+async def _readyz(request: web.Request) -> web.Response:
+    if request.app[READY].is_set():
+        return web.Response(text="ok")
+    return web.Response(status=503, text="not ready")
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    body = request.app[ADMITTER].telemetry.metrics.render()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def make_app(
+    admitter: Admitter, *, max_body_bytes: int = 4 * 1024 * 1024, ready: asyncio.Event | None = None
+) -> web.Application:
+    """The webhook application: ``POST /webhook``, ``GET /healthz``, ``/readyz``, ``/metrics``.
+
+    ``ready`` is shared with the probe app; the server sets it once listening and clears it when
+    shutting down, so readiness fails before in-flight requests are drained.
+    """
+    app = web.Application(client_max_size=max_body_bytes)
+    app[ADMITTER] = admitter
+    app[MAX_BODY] = max_body_bytes
+    app[READY] = ready if ready is not None else asyncio.Event()
+    app.router.add_post("/webhook", _webhook)
+    _add_probes(app)
+    return app
+
+
+def make_probe_app(admitter: Admitter, *, ready: asyncio.Event) -> web.Application:
+    """``/metrics``, ``/healthz`` and ``/readyz`` alone, for the optional plain-HTTP port."""
+    app = web.Application(client_max_size=1024)
+    app[ADMITTER] = admitter
+    app[READY] = ready
+    _add_probes(app)
+    return app
+
+
+def _add_probes(app: web.Application) -> None:
+    app.router.add_get("/healthz", _healthz)
+    app.router.add_get("/readyz", _readyz)
+    app.router.add_get("/metrics", _metrics)
+
+
+class WebhookServer:
+    """The running server (``async with WebhookServer(settings, admitter) as server``).
+
+    ``port`` is the bound HTTPS port (useful with port 0), ``metrics_port`` the plain one.
+    """
+
+    def __init__(self, settings: ServerSettings, admitter: Admitter) -> None:
+        self.settings = settings
+        self.admitter = admitter
+        self.ready = asyncio.Event()
+        telemetry = admitter.telemetry
+
+        def on_reload(ok: bool, error: str | None) -> None:
+            telemetry.metrics.certificate_reloads.labels(result="ok" if ok else "failed").inc()
+            if ok:
+                telemetry.logger.info("serving certificate reloaded", cert_file=str(settings.cert_file))
+            else:
+                telemetry.logger.error("serving certificate reload failed", error=error)
+
+        self.certificates = CertificateStore(
+            settings.cert_file,
+            settings.key_file,
+            check_interval_s=settings.cert_check_interval_s,
+            on_reload=on_reload,
+        )
+        self._runners: list[web.AppRunner] = []
+        self.port = 0
+        self.metrics_port: int | None = None
+
+    async def start(self) -> None:
+        s = self.settings
+        app = make_app(self.admitter, max_body_bytes=s.max_body_bytes, ready=self.ready)
+        app.cleanup_ctx.append(self._telemetry_ctx)
+        self.port = await self._start_site(app, s.port, self.certificates.ssl_context)
+        if s.metrics_port is not None:
+            self.metrics_port = await self._start_site(
+                make_probe_app(self.admitter, ready=self.ready), s.metrics_port, None
+            )
+        self.ready.set()
+        self.admitter.telemetry.logger.info(
+            "webhook serving", host=s.host, port=self.port, metrics_port=self.metrics_port
+        )
+
+    async def _start_site(self, app: web.Application, port: int, ssl_context: ssl.SSLContext | None) -> int:
+        runner = web.AppRunner(app, shutdown_timeout=self.settings.shutdown_timeout_s, access_log=None)
+        await runner.setup()
+        self._runners.append(runner)
+        site = web.TCPSite(runner, self.settings.host, port, ssl_context=ssl_context)
+        await site.start()
+        address = runner.addresses[-1]
+        return int(address[1])
+
+    async def _telemetry_ctx(self, app: web.Application) -> AsyncIterator[None]:
+        yield
+        # Flushes pending spans to the exporter (if any); blocking, so off the loop.
+        await asyncio.to_thread(self.admitter.telemetry.shutdown)
+
+    async def stop(self) -> None:
+        """Fail readiness, then drain and close (probe port last, so probes see the drain)."""
+        self.ready.clear()
+        for runner in self._runners:
+            await runner.cleanup()
+        self._runners.clear()
+        self.admitter.telemetry.logger.info("webhook stopped")
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()

@@ -1,0 +1,439 @@
+"""mutation.decide: every webhook rule, refusals with their messages, and idempotency."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from webhook_jsonpatch import apply_patch
+
+from hamipy.protocol import keys
+from hamipy.protocol.config import load_config
+from hamipy.protocol.resources import ResourceNames
+from hamipy.webhook.mutation import Decision, MutationSettings, decide, pointer_token
+
+TRACE = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+DEFAULTS = MutationSettings()
+
+
+def pod(*containers: dict[str, Any], init: list[dict[str, Any]] | None = None, **spec: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"containers": list(containers), **spec}
+    if init is not None:
+        body["initContainers"] = init
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "ns"}, "spec": body}
+
+
+def ctr(name: str = "cuda", limits: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
+    c: dict[str, Any] = {"name": name, "image": "img", **extra}
+    if limits is not None:
+        c["resources"] = {"limits": limits}
+    return c
+
+
+def mutate(p: dict[str, Any], s: MutationSettings = DEFAULTS, trace: str | None = TRACE) -> dict[str, Any]:
+    decision = decide(p, s, trace_context=trace)
+    assert decision.allowed, decision.message
+    return apply_patch(p, [dict(op) for op in decision.patch])
+
+
+GPU_POD = pod(
+    ctr(limits={"nvidia.com/gpu": "1", "nvidia.com/gpumem": "4096"}), schedulerName="default-scheduler"
+)
+
+
+# -- which pods are touched -------------------------------------------------------------------------
+
+
+def test_non_gpu_pod_is_allowed_unchanged() -> None:
+    p = pod(ctr(limits={"cpu": "1", "memory": "1Gi"}), schedulerName="default-scheduler")
+    assert decide(p, DEFAULTS, trace_context=TRACE) == Decision("allowed", "not_gpu_pod")
+
+
+def test_non_gpu_privileged_pod_with_node_name_is_allowed_unchanged() -> None:
+    p = pod(ctr(securityContext={"privileged": True}), nodeName="n1")
+    assert decide(p, DEFAULTS) == Decision("allowed", "not_gpu_pod")
+
+
+def test_gpu_pod_with_default_scheduler_goes_to_hami_scheduler() -> None:
+    out = mutate(GPU_POD)
+    assert out["spec"]["schedulerName"] == "hami-scheduler"
+
+
+def test_gpu_pod_without_scheduler_name_gets_one_added() -> None:
+    p = pod(ctr(limits={"nvidia.com/gpu": "1"}))
+    decision = decide(p, DEFAULTS)
+    assert {"op": "add", "path": "/spec/schedulerName", "value": "hami-scheduler"} in decision.patch
+
+
+def test_configured_scheduler_name_is_used() -> None:
+    out = mutate(GPU_POD, MutationSettings(scheduler_name="gpu-sched"))
+    assert out["spec"]["schedulerName"] == "gpu-sched"
+
+
+def test_default_scheduler_left_alone_when_overwrite_is_off() -> None:
+    s = MutationSettings(overwrite_default_scheduler=False)
+    assert decide(GPU_POD, s) == Decision("allowed", "other_scheduler")
+
+
+def test_pod_naming_another_scheduler_is_left_alone() -> None:
+    p = pod(ctr(limits={"nvidia.com/gpu": "1"}), schedulerName="volcano", nodeName="n1")
+    assert decide(p, DEFAULTS) == Decision("allowed", "other_scheduler")
+
+
+def test_pod_already_naming_our_scheduler_still_gets_defaults() -> None:
+    p = pod(ctr(limits={"nvidia.com/gpumem": "1000"}), schedulerName="hami-scheduler")
+    out = mutate(p)
+    assert out["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+
+
+def test_names_only_in_requests_count_as_gpu_pod() -> None:
+    p = pod({"name": "c", "resources": {"requests": {"nvidia.com/gpu": "1"}}})
+    out = mutate(p)
+    assert out["spec"]["schedulerName"] == "hami-scheduler"
+
+
+def test_configured_resource_names_are_used() -> None:
+    names = ResourceNames(count="example.com/vgpu", memory="example.com/vmem")
+    s = MutationSettings(names=names)
+    assert decide(GPU_POD, s).reason == "not_gpu_pod"
+    out = mutate(pod(ctr(limits={"example.com/vmem": "100"})), s)
+    assert out["spec"]["containers"][0]["resources"]["limits"]["example.com/vgpu"] == "1"
+
+
+# -- resource defaults (hami-wire.md section 3) ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("limits", "added"),
+    [
+        pytest.param({"nvidia.com/gpumem": "3000"}, {"nvidia.com/gpu": "1"}, id="memory-only-gets-count"),
+        pytest.param({"nvidia.com/gpucores": "30"}, {"nvidia.com/gpu": "1"}, id="cores-only-gets-count"),
+        pytest.param(
+            {"nvidia.com/gpumem-percentage": "50"}, {"nvidia.com/gpu": "1"}, id="percentage-only-gets-count"
+        ),
+        pytest.param(
+            {"nvidia.com/gpumem-percentage": "100"},
+            {"nvidia.com/gpu": "1", "nvidia.com/gpucores": "100"},
+            id="whole-percentage-is-exclusive",
+        ),
+        pytest.param({"nvidia.com/gpu": "2"}, {"nvidia.com/gpucores": "100"}, id="count-alone-is-exclusive"),
+        pytest.param(
+            {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1024"}, {}, id="count-and-memory-no-cores"
+        ),
+        pytest.param({"nvidia.com/gpu": "1", "nvidia.com/gpucores": "0"}, {}, id="explicit-cores-kept"),
+    ],
+)
+def test_resource_defaults(limits: dict[str, str], added: dict[str, str]) -> None:
+    out = mutate(pod(ctr(limits=dict(limits))))
+    assert out["spec"]["containers"][0]["resources"]["limits"] == {**limits, **added}
+
+
+def test_default_gpu_count_zero_adds_no_count_and_pod_is_left_alone() -> None:
+    p = pod(ctr(limits={"nvidia.com/gpumem": "3000"}))
+    assert decide(p, MutationSettings(default_gpu_count=0)) == Decision("allowed", "no_gpu_asked")
+
+
+def test_configured_default_gpu_count() -> None:
+    out = mutate(pod(ctr(limits={"nvidia.com/gpucores": "20"})), MutationSettings(default_gpu_count=2))
+    assert out["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "2"
+
+
+def test_init_containers_get_defaults_too() -> None:
+    p = pod(ctr("main", limits={"cpu": "1"}), init=[ctr("warmup", limits={"nvidia.com/gpumem": "100"})])
+    out = mutate(p)
+    assert out["spec"]["initContainers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert out["spec"]["containers"][0]["resources"]["limits"] == {"cpu": "1"}
+
+
+@pytest.mark.parametrize(
+    "resources",
+    [
+        pytest.param({"limits": None, "requests": {"nvidia.com/gpu": "1"}}, id="limits-null"),
+        pytest.param({"requests": {"nvidia.com/gpu": "1"}}, id="limits-absent"),
+    ],
+)
+def test_missing_limits_map_is_created(resources: dict[str, Any]) -> None:
+    out = mutate(pod({"name": "c", "resources": resources}))
+    assert out["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpucores": "100"}
+
+
+# -- env ------------------------------------------------------------------------------------------------
+
+
+def env_of(out: dict[str, Any], index: int = 0, kind: str = "containers") -> dict[str, str]:
+    return {e["name"]: e.get("value") for e in out["spec"][kind][index].get("env", [])}
+
+
+def test_priority_becomes_cuda_task_priority() -> None:
+    out = mutate(pod(ctr(limits={"nvidia.com/gpu": "1", "nvidia.com/priority": "0"})))
+    assert env_of(out) == {"CUDA_TASK_PRIORITY": "0"}
+
+
+def test_priority_env_is_appended_to_existing_env() -> None:
+    c = ctr(limits={"nvidia.com/gpu": "1", "nvidia.com/priority": "1"}, env=[{"name": "A", "value": "x"}])
+    decision = decide(pod(c), DEFAULTS)
+    assert {
+        "op": "add",
+        "path": "/spec/containers/0/env/-",
+        "value": {"name": "CUDA_TASK_PRIORITY", "value": "1"},
+    } in decision.patch
+    assert env_of(apply_patch(pod(c), [dict(o) for o in decision.patch])) == {
+        "A": "x",
+        "CUDA_TASK_PRIORITY": "1",
+    }
+
+
+def test_user_priority_env_is_replaced_by_the_resource_value() -> None:
+    c = ctr(
+        limits={"nvidia.com/gpu": "1", "nvidia.com/priority": "0"},
+        env=[{"name": "CUDA_TASK_PRIORITY", "value": "1"}, {"name": "B", "value": "y"}],
+    )
+    out = mutate(pod(c))
+    assert out["spec"]["containers"][0]["env"] == [
+        {"name": "CUDA_TASK_PRIORITY", "value": "0"},
+        {"name": "B", "value": "y"},
+    ]
+
+
+@pytest.mark.parametrize("policy", ["force", "disable"])
+def test_core_policy_env_on_gpu_containers_only(policy: str) -> None:
+    p = pod(ctr("gpu", limits={"nvidia.com/gpu": "1"}), ctr("sidecar", limits={"cpu": "1"}))
+    out = mutate(p, MutationSettings(gpu_core_policy=policy))  # type: ignore[arg-type]
+    assert env_of(out, 0) == {"GPU_CORE_UTILIZATION_POLICY": policy}
+    assert env_of(out, 1) == {}
+
+
+def test_default_core_policy_adds_no_env() -> None:
+    out = mutate(pod(ctr(limits={"nvidia.com/gpu": "1"})))
+    assert "env" not in out["spec"]["containers"][0]
+
+
+def test_overwrite_env_hides_gpus_from_containers_without_one() -> None:
+    p = pod(
+        ctr("gpu", limits={"nvidia.com/gpu": "1"}),
+        ctr("sidecar", env=[{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]),
+        init=[ctr("init")],
+    )
+    out = mutate(p, MutationSettings(overwrite_env=True))
+    assert env_of(out, 0) == {}
+    assert env_of(out, 1) == {"NVIDIA_VISIBLE_DEVICES": "none"}
+    assert env_of(out, 0, "initContainers") == {"NVIDIA_VISIBLE_DEVICES": "none"}
+
+
+def test_overwrite_env_off_by_default() -> None:
+    out = mutate(pod(ctr("gpu", limits={"nvidia.com/gpu": "1"}), ctr("sidecar")))
+    assert "env" not in out["spec"]["containers"][1]
+
+
+# -- runtime class, trace annotation ------------------------------------------------------------------
+
+
+def test_runtime_class_set_only_when_configured_and_unset() -> None:
+    s = MutationSettings(runtime_class_name="nvidia")
+    assert mutate(GPU_POD, s)["spec"]["runtimeClassName"] == "nvidia"
+    assert "runtimeClassName" not in mutate(GPU_POD)["spec"]
+    own = copy.deepcopy(GPU_POD)
+    own["spec"]["runtimeClassName"] = "kata"
+    assert mutate(own, s)["spec"]["runtimeClassName"] == "kata"
+
+
+def test_trace_context_annotation_created_when_no_annotations() -> None:
+    decision = decide(GPU_POD, DEFAULTS, trace_context=TRACE)
+    assert {
+        "op": "add",
+        "path": "/metadata/annotations",
+        "value": {keys.TRACE_CONTEXT: TRACE},
+    } in decision.patch
+
+
+def test_trace_context_annotation_key_is_escaped() -> None:
+    p = copy.deepcopy(GPU_POD)
+    p["metadata"]["annotations"] = {"a": "b"}
+    decision = decide(p, DEFAULTS, trace_context=TRACE)
+    assert {
+        "op": "add",
+        "path": "/metadata/annotations/hami-py.io~1traceparent",
+        "value": TRACE,
+    } in decision.patch
+    assert mutate(p)["metadata"]["annotations"] == {"a": "b", keys.TRACE_CONTEXT: TRACE}
+
+
+def test_existing_trace_context_is_kept() -> None:
+    p = copy.deepcopy(GPU_POD)
+    p["metadata"]["annotations"] = {keys.TRACE_CONTEXT: "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}
+    assert mutate(p)["metadata"]["annotations"] == p["metadata"]["annotations"]
+
+
+def test_no_trace_context_no_annotation() -> None:
+    assert "annotations" not in mutate(GPU_POD, trace=None)["metadata"]
+
+
+@pytest.mark.parametrize(
+    ("key", "token"),
+    [("a/b", "a~1b"), ("a~b", "a~0b"), ("~/", "~0~1"), ("~1", "~01"), ("plain", "plain")],
+)
+def test_pointer_token_escapes_rfc6901(key: str, token: str) -> None:
+    assert pointer_token(key) == token
+
+
+# -- refusals --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["containers", "initContainers"])
+def test_privileged_container_in_gpu_pod_is_refused(kind: str) -> None:
+    priv = ctr("debugger", securityContext={"privileged": True})
+    gpu = ctr("cuda", limits={"nvidia.com/gpu": "1"})
+    p = pod(gpu, priv) if kind == "containers" else pod(gpu, init=[priv])
+    decision = decide(p, DEFAULTS)
+    assert (decision.outcome, decision.reason) == ("refused", "privileged")
+    assert "debugger" in decision.message
+    assert "privileged" in decision.message
+    assert decision.patch == ()
+
+
+def test_unprivileged_security_context_is_fine() -> None:
+    p = pod(ctr(limits={"nvidia.com/gpu": "1"}, securityContext={"privileged": False, "runAsUser": 1000}))
+    assert decide(p, DEFAULTS).outcome == "mutated"
+
+
+def test_gpu_pod_with_node_name_is_refused() -> None:
+    p = pod(ctr(limits={"nvidia.com/gpu": "1"}), nodeName="gpu-node-3")
+    decision = decide(p, DEFAULTS)
+    assert (decision.outcome, decision.reason) == ("refused", "node_name")
+    assert "gpu-node-3" in decision.message
+    assert "nodeName" in decision.message
+
+
+@pytest.mark.parametrize(
+    ("limits", "shown"),
+    [
+        pytest.param({"nvidia.com/gpumem-percentage": "101"}, "101", id="percentage-over-100"),
+        pytest.param(
+            {"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "-5"}, "-5", id="percentage-negative"
+        ),
+        pytest.param({"nvidia.com/gpu": "-1"}, "-1", id="negative-count"),
+        pytest.param({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "0.5"}, "0.5", id="fraction-memory"),
+        pytest.param({"nvidia.com/gpu": "1", "nvidia.com/gpucores": "1500m"}, "1500m", id="milli-cores"),
+        pytest.param({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "lots"}, "lots", id="garbage"),
+        pytest.param({"nvidia.com/gpu": "1", "nvidia.com/priority": "-1"}, "-1", id="negative-priority"),
+    ],
+)
+def test_bad_quantities_are_refused_naming_container_and_value(limits: dict[str, str], shown: str) -> None:
+    p = pod(ctr("ok", limits={"nvidia.com/gpu": "1"}), ctr("trainer", limits=limits))
+    decision = decide(p, DEFAULTS)
+    assert (decision.outcome, decision.reason) == ("refused", "invalid_resource")
+    assert "trainer" in decision.message
+    assert shown in decision.message
+    name = next(iter(k for k in limits if k != "nvidia.com/gpu" or len(limits) == 1))
+    assert name in decision.message
+
+
+def test_bad_quantity_in_requests_is_refused() -> None:
+    c = {"name": "c", "resources": {"requests": {"nvidia.com/gpumem": "-3"}}}
+    assert decide(pod(c), DEFAULTS).reason == "invalid_resource"
+
+
+def test_bad_quantity_of_other_scheduler_pod_is_not_our_business() -> None:
+    p = pod(ctr(limits={"nvidia.com/gpu": "-1"}), schedulerName="volcano")
+    assert decide(p, DEFAULTS).reason == "other_scheduler"
+
+
+# -- settings from the shared configuration -------------------------------------------------------------
+
+
+def test_settings_from_config() -> None:
+    config = load_config(
+        """
+        schedulerName: my-sched
+        forceOverwriteDefaultScheduler: false
+        nvidia:
+          resourceCountName: example.com/vgpu
+          defaultGPUNum: 2
+          gpuCorePolicy: force
+          defaultMemory: 1000
+        """
+    )
+    s = MutationSettings.from_config(config, overwrite_env=True, runtime_class_name="nvidia")
+    assert s.scheduler_name == "my-sched"
+    assert not s.overwrite_default_scheduler
+    assert s.names.count == "example.com/vgpu"
+    assert s.default_gpu_count == 2
+    assert s.gpu_core_policy == "force"
+    assert s.request_defaults.memory_mib == 1000
+    assert s.overwrite_env
+    assert s.runtime_class_name == "nvidia"
+
+
+def test_default_settings_match_default_config() -> None:
+    assert MutationSettings.from_config(load_config("")) == MutationSettings()
+
+
+# -- idempotency ------------------------------------------------------------------------------------------
+
+FULL = MutationSettings(gpu_core_policy="force", overwrite_env=True, runtime_class_name="nvidia")
+
+_quantity = st.sampled_from(["1", "2", "50", "100", "4096"])
+_our = st.dictionaries(
+    st.sampled_from(
+        [
+            "nvidia.com/gpu",
+            "nvidia.com/gpumem",
+            "nvidia.com/gpumem-percentage",
+            "nvidia.com/gpucores",
+            "nvidia.com/priority",
+        ]
+    ),
+    _quantity,
+    max_size=4,
+)
+
+
+@st.composite
+def containers(draw: st.DrawFn, prefix: str) -> list[dict[str, Any]]:
+    out = []
+    for i in range(draw(st.integers(0, 3))):
+        c: dict[str, Any] = {"name": f"{prefix}{i}", "image": "img"}
+        limits: dict[str, str] = draw(_our)
+        if "nvidia.com/gpumem-percentage" in limits and limits["nvidia.com/gpumem-percentage"] == "4096":
+            limits["nvidia.com/gpumem-percentage"] = "100"
+        if limits or draw(st.booleans()):
+            c["resources"] = {"limits": limits}
+        if draw(st.booleans()):
+            c["env"] = [{"name": "X", "value": "y"}]
+        out.append(c)
+    return out
+
+
+@st.composite
+def pods(draw: st.DrawFn) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": "p"}
+    if draw(st.booleans()):
+        metadata["annotations"] = {"team/x": "1"}
+    spec: dict[str, Any] = {"containers": draw(containers("c")) or [{"name": "main"}]}
+    init = draw(containers("i"))
+    if init:
+        spec["initContainers"] = init
+    spec["schedulerName"] = draw(st.sampled_from(["default-scheduler", "hami-scheduler"]))
+    return {"metadata": metadata, "spec": spec}
+
+
+@settings(max_examples=300, deadline=None)
+@given(pods(), st.sampled_from([DEFAULTS, FULL]))
+def test_mutating_the_mutated_pod_yields_nothing(p: dict[str, Any], s: MutationSettings) -> None:
+    first = decide(p, s, trace_context=TRACE)
+    assert first.allowed, first.message
+    mutated = apply_patch(p, [dict(op) for op in first.patch])
+    second = decide(mutated, s, trace_context="00-" + "3" * 32 + "-" + "4" * 16 + "-01")
+    assert second.patch == ()
+    assert second.reason in ("unchanged", "not_gpu_pod", "no_gpu_asked")
+
+
+@settings(max_examples=200, deadline=None)
+@given(pods())
+def test_decide_never_changes_its_input(p: dict[str, Any]) -> None:
+    before = copy.deepcopy(p)
+    decide(p, FULL, trace_context=TRACE)
+    assert p == before
