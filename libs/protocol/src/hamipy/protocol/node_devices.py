@@ -1,0 +1,396 @@
+"""``hami.io/node-nvidia-register``: the GPUs a node's device plugin registers (hami-wire.md section 1).
+
+Two forms reach the decoder, told apart by their first non-blank character (``[`` or ``{``: JSON):
+
+- JSON (HAMi >= 2.8), what upstream's ``MarshalNodeDevices`` writes: ``json.Marshal`` of
+  ``[]*DeviceInfo`` (``pkg/device/devices.go``). The Go struct fixes the keys, their order and types:
+
+  ====================  ==========  ======================================
+  key (in this order)   Go type     here
+  ====================  ==========  ======================================
+  ``id``                string      non-empty, unique; no blank, ``,:;``
+  ``index``             uint        0 .. 2**64-1
+  ``count``             int32       0 .. 2**31-1
+  ``devmem``            int32       0 .. 2**31-1
+  ``devcore``           int32       0 .. 2**31-1
+  ``type``              string      any string
+  ``numa``              int         0 .. 2**63-1
+  ``mode``              string      ``hami-core``, ``mig``, ``mps``
+  ``migProfiles``       []object    accepted, ignored (MIG comes later)
+  ``migtemplate``       []object    accepted, ignored (deprecated)
+  ``health``            bool
+  ``devicevendor``      string      accepted, ignored (set by the reader)
+  ``custominfo``        object      accepted, ignored
+  ====================  ==========  ======================================
+
+  Every tag has ``omitempty``: a zero value is left out, so a missing ``health`` is false, a missing
+  ``index``/``numa``/``count`` is 0 and a missing ``type`` is ``""``. Like Go's ``json.Unmarshal``,
+  keys match ASCII-case-insensitively (upstream's own tests write ``"ID"``, ``"Count"``) and unknown
+  keys (``devicepairscore`` of older releases, other vendors' extras) are ignored. Unlike Go, a
+  ``null``, a float, a bool where a number belongs, a negative number or one past the Go type's range
+  is an error, never a silent zero.
+
+- Legacy (HAMi <= 2.7, upstream's ``DecodeNodeDevices``/``EncodeNodeDevices``): devices each ended
+  by ``:``, fields by ``,``: ``UUID,count,devmem,devcore,type,numa,health`` or, with two more fields,
+  ``...,health,index,mode``. ``health`` takes Go's ``strconv.ParseBool`` spellings; numbers are
+  plain decimal digits (``index`` and ``numa`` within int64, as upstream's ``Atoi``). Upstream
+  skips empty entries anywhere; here only the last device's ``:`` may be left out, and a doubled
+  ``::`` is an error (no upstream writer produces one).
+
+A missing or empty ``mode`` means ``hami-core``: upstream's legacy decoder defaults it so, and the
+NVIDIA plugin registers ``hami-core`` unless MIG or MPS is configured. An empty value is an error
+in both forms, as upstream's decoders also refuse it (a node without GPUs registers ``[]``), and so
+is a value over ``MAX_VALUE_BYTES``.
+
+``encode_node_devices`` writes the JSON form byte for byte as Go would: struct key order,
+``omitempty``, no blanks, Go's escaping of ``<``, ``>``, ``&``, U+2028 and U+2029 as ``\\u003c`` and
+so on, and ``[]`` for no devices (upstream marshals a non-nil empty slice).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Sequence
+from typing import Any, Final, NoReturn
+
+from hamipy.protocol import keys
+from hamipy.protocol.devices import DEVICE_MODES, DeviceInfo
+from hamipy.protocol.errors import ProtocolError
+
+__all__ = [
+    "DEFAULT_MODE",
+    "MAX_VALUE_BYTES",
+    "decode_node_devices",
+    "encode_node_devices",
+]
+
+# Kubernetes refuses objects whose annotations total more than 256 KiB, so no larger value is real;
+# the bound keeps a hostile value from costing a parse.
+MAX_VALUE_BYTES: Final = 256 * 1024
+DEFAULT_MODE: Final = "hami-core"
+
+_KEY: Final = keys.NODE_REGISTER
+_INT32_MAX: Final = 2**31 - 1
+_INT64_MAX: Final = 2**63 - 1
+_UINT64_MAX: Final = 2**64 - 1
+
+# The integer fields and the largest value each one's Go type holds.
+_INT_FIELDS: Final = {
+    "index": _UINT64_MAX,
+    "count": _INT32_MAX,
+    "devmem": _INT32_MAX,
+    "devcore": _INT32_MAX,
+    "numa": _INT64_MAX,
+}
+# The fields we decode, in the Go struct's order, and those we accept and ignore.
+_FIELDS: Final = ("id", "index", "count", "devmem", "devcore", "type", "numa", "mode", "health")
+_IGNORED: Final = ("migProfiles", "migtemplate", "devicevendor", "custominfo", "devicepairscore")
+_KNOWN: Final = frozenset(_FIELDS + _IGNORED)
+_FOLDED: Final = {name.lower(): name for name in _KNOWN}
+_MODES: Final = frozenset(DEVICE_MODES)
+_MODES_OR_EMPTY: Final = frozenset((*DEVICE_MODES, ""))
+
+# An id ends up in pod device lists (``UUID,NVIDIA,mem,cores:``), so their separators and blanks
+# are refused where the id enters.
+_BAD_ID_CHAR: Final = re.compile(r"[\s,:;]").search
+
+# DeviceInfo is a frozen slots dataclass whose __init__ sets each field through object.__setattr__:
+# that doubles the decoder's cost. Its __init__ does nothing else (checked here, so that a future
+# __post_init__ or default is never skipped), so the decoder sets the slots directly.
+_SETTERS: Final = tuple(DeviceInfo.__dict__[name].__set__ for name in _FIELDS)
+_DIRECT: Final = (
+    tuple(f.name for f in dataclasses.fields(DeviceInfo)) == _FIELDS
+    and not hasattr(DeviceInfo, "__post_init__")
+    and hasattr(DeviceInfo, "__slots__")
+)
+
+# Go's strconv.ParseBool, which upstream's legacy decoder uses for health.
+_GO_BOOL: Final = dict.fromkeys(("1", "t", "T", "TRUE", "true", "True"), True) | dict.fromkeys(
+    ("0", "f", "F", "FALSE", "false", "False"), False
+)
+
+# encoding/json escapes these even inside strings; Python's json does not.
+_GO_ESCAPES: Final = str.maketrans(
+    {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+)
+
+
+def decode_node_devices(value: str) -> list[DeviceInfo]:
+    """Decode a ``hami.io/node-nvidia-register`` value, JSON or legacy form, strictly.
+
+    Raises ``ProtocolError`` naming the device and field (``hami.io/node-nvidia-register[2].devmem``).
+    """
+    _check_size(value)
+    # '{' too, so that a lone object gets a JSON error rather than a legacy one.
+    if value.lstrip()[:1] in ("[", "{"):
+        return _decode_json(value)
+    return _decode_legacy(value)
+
+
+def encode_node_devices(devices: Sequence[DeviceInfo]) -> str:
+    """The JSON form of ``devices``, exactly as upstream's ``MarshalNodeDevices`` writes it.
+
+    Refuses (``ProtocolError``) a device that the decoder would refuse, so nothing written here is
+    unreadable.
+    """
+    parts: list[str] = []
+    for i, dev in enumerate(devices):
+        _check_encodable(i, dev)
+        out = ['{"id":', _go_string(dev.id)]
+        if dev.index:
+            out.append(f',"index":{dev.index}')
+        if dev.count:
+            out.append(f',"count":{dev.count}')
+        if dev.devmem:
+            out.append(f',"devmem":{dev.devmem}')
+        if dev.devcore:
+            out.append(f',"devcore":{dev.devcore}')
+        if dev.type:
+            out.append(',"type":')
+            out.append(_go_string(dev.type))
+        if dev.numa:
+            out.append(f',"numa":{dev.numa}')
+        out.append(',"mode":')
+        out.append(_go_string(dev.mode))
+        if dev.health:
+            out.append(',"health":true')
+        out.append("}")
+        parts.append("".join(out))
+    _check_ids([dev.id for dev in devices])
+    encoded = "[" + ",".join(parts) + "]"
+    _check_size(encoded)
+    return encoded
+
+
+# -- JSON form ---------------------------------------------------------------------------------------
+
+
+def _decode_json(value: str) -> list[DeviceInfo]:
+    try:
+        raw = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise ProtocolError(_KEY, value, f"not valid JSON: {exc.msg} at offset {exc.pos}") from exc
+    except RecursionError as exc:
+        raise ProtocolError(_KEY, value, "JSON nested too deeply") from exc
+    if type(raw) is not list:
+        raise ProtocolError(_KEY, raw, "expected a JSON array of devices")
+
+    devices: list[DeviceInfo] = []
+    append = devices.append
+    ids: list[str] = []
+    known = _KNOWN.issuperset
+    modes = _MODES_OR_EMPTY
+    u64, i64, i32 = _UINT64_MAX, _INT64_MAX, _INT32_MAX
+    new = object.__new__
+    s_id, s_index, s_count, s_devmem, s_devcore, s_type, s_numa, s_mode, s_health = _SETTERS
+    # The hot path: one combined check per device; _explain_json pinpoints a failure.
+    for i, obj in enumerate(raw):
+        if type(obj) is not dict:
+            raise ProtocolError(f"{_KEY}[{i}]", obj, "expected a JSON object")
+        if not known(obj):
+            obj = _fold_keys(obj)
+        get = obj.get
+        id_ = get("id", "")
+        index = get("index", 0)
+        count = get("count", 0)
+        devmem = get("devmem", 0)
+        devcore = get("devcore", 0)
+        type_ = get("type", "")
+        numa = get("numa", 0)
+        mode = get("mode", "")
+        health = get("health", False)
+        if not (
+            type(id_) is str
+            and id_
+            and type(index) is int
+            and type(count) is int
+            and type(devmem) is int
+            and type(devcore) is int
+            and type(type_) is str
+            and type(numa) is int
+            and type(mode) is str
+            and type(health) is bool
+            and 0 <= index <= u64
+            and 0 <= count <= i32
+            and 0 <= devmem <= i32
+            and 0 <= devcore <= i32
+            and 0 <= numa <= i64
+            and mode in modes
+        ):
+            _explain_json(i, obj)
+        ids.append(id_)
+        if _DIRECT:
+            dev = new(DeviceInfo)
+            s_id(dev, id_)
+            s_index(dev, index)
+            s_count(dev, count)
+            s_devmem(dev, devmem)
+            s_devcore(dev, devcore)
+            s_type(dev, type_)
+            s_numa(dev, numa)
+            s_mode(dev, mode or DEFAULT_MODE)
+            s_health(dev, health)
+        else:  # pragma: no cover (only if DeviceInfo grows more than its fields)
+            dev = DeviceInfo(id_, index, count, devmem, devcore, type_, numa, mode or DEFAULT_MODE, health)
+        append(dev)
+    _check_ids(ids)
+    return devices
+
+
+def _fold_keys(obj: dict[str, Any]) -> dict[str, Any]:
+    """Go's json.Unmarshal matching: exact key, else case-insensitive; later keys win; unknown ignored."""
+    folded: dict[str, Any] = {}
+    for key, val in obj.items():
+        name = key if key in _KNOWN else _FOLDED.get(key.lower())
+        if name is not None:
+            folded[name] = val
+    return folded
+
+
+def _explain_json(i: int, obj: dict[str, Any]) -> NoReturn:
+    """Raise the ProtocolError for the first bad field of device ``i``."""
+    for name in _FIELDS:
+        if name not in obj:
+            continue
+        val = obj[name]
+        field = f"{_KEY}[{i}].{name}"
+        if name in _INT_FIELDS:
+            _check_int(field, val, _INT_FIELDS[name])
+        elif name == "health":
+            if type(val) is not bool:
+                raise ProtocolError(field, val, "expected a JSON boolean")
+        elif type(val) is not str:
+            raise ProtocolError(field, val, "expected a JSON string")
+        elif name == "id" and not val:
+            raise ProtocolError(field, val, "device id is empty")
+        elif name == "mode" and val not in _MODES_OR_EMPTY:
+            raise ProtocolError(field, val, f"unknown mode; expected one of {', '.join(DEVICE_MODES)}")
+    if "id" not in obj:
+        raise ProtocolError(f"{_KEY}[{i}].id", obj, "device id missing")
+    raise AssertionError("unreachable: device passed every check")  # pragma: no cover
+
+
+def _check_int(field: str, val: object, maximum: int) -> None:
+    if type(val) is not int:
+        kind = {bool: "boolean", float: "fraction", str: "string"}.get(type(val), type(val).__name__)
+        raise ProtocolError(field, val, f"expected an integer, got a {kind}")
+    if val < 0:
+        raise ProtocolError(field, val, "must not be negative")
+    if val > maximum:
+        raise ProtocolError(field, val, f"out of range (at most {maximum})")
+
+
+def _check_ids(ids: list[str]) -> None:
+    """Bad characters and duplicates, checked over all ids at once; only a hit pays for finding which."""
+    if _BAD_ID_CHAR("".join(ids)):
+        for i, id_ in enumerate(ids):
+            _check_id(i, id_)
+    if len(set(ids)) != len(ids):
+        seen: set[str] = set()
+        for i, id_ in enumerate(ids):
+            if id_ in seen:
+                raise ProtocolError(f"{_KEY}[{i}].id", id_, "device id registered twice")
+            seen.add(id_)
+
+
+def _check_id(i: int, id_: str) -> None:
+    if not id_:
+        raise ProtocolError(f"{_KEY}[{i}].id", id_, "device id missing or empty")
+    if _BAD_ID_CHAR(id_):
+        raise ProtocolError(f"{_KEY}[{i}].id", id_, "device id holds a blank, ',', ':' or ';'")
+
+
+# -- legacy form -------------------------------------------------------------------------------------
+
+
+def _decode_legacy(value: str) -> list[DeviceInfo]:
+    entries = value.split(":")
+    if entries[-1] == "":
+        entries.pop()  # the terminator of the last device
+    if not entries:
+        raise ProtocolError(_KEY, value, "no device in the value")
+    devices: list[DeviceInfo] = []
+    for i, entry in enumerate(entries):
+        items = entry.split(",")
+        if len(items) not in (7, 9):
+            what = "empty device entry (doubled ':')" if not entry else f"{len(items)} fields"
+            raise ProtocolError(f"{_KEY}[{i}]", entry, f"{what}; expected 7 or 9 fields")
+        _check_id(i, items[0])
+        health = _GO_BOOL.get(items[6])
+        if health is None:
+            raise ProtocolError(f"{_KEY}[{i}].health", items[6], "expected true or false")
+        index, mode = 0, DEFAULT_MODE
+        if len(items) == 9:
+            index = _legacy_int(i, "index", items[7], _INT64_MAX)
+            mode = items[8] or DEFAULT_MODE
+            if mode not in _MODES:
+                raise ProtocolError(
+                    f"{_KEY}[{i}].mode", mode, f"unknown mode; expected one of {', '.join(DEVICE_MODES)}"
+                )
+        devices.append(
+            DeviceInfo(
+                id=items[0],
+                index=index,
+                count=_legacy_int(i, "count", items[1], _INT32_MAX),
+                devmem=_legacy_int(i, "devmem", items[2], _INT32_MAX),
+                devcore=_legacy_int(i, "devcore", items[3], _INT32_MAX),
+                type=items[4],
+                numa=_legacy_int(i, "numa", items[5], _INT64_MAX),
+                mode=mode,
+                health=health,
+            )
+        )
+    _check_ids([dev.id for dev in devices])
+    return devices
+
+
+def _legacy_int(i: int, name: str, text: str, maximum: int) -> int:
+    # isascii+isdigit: int() alone would take blanks, '_', signs and non-ASCII digits.
+    if not (text.isascii() and text.isdigit()):
+        reason = "must not be negative" if text[:1] == "-" and text[1:].isdigit() else "not a decimal integer"
+        raise ProtocolError(f"{_KEY}[{i}].{name}", text, reason)
+    val = int(text)
+    if val > maximum:
+        raise ProtocolError(f"{_KEY}[{i}].{name}", text, f"out of range (at most {maximum})")
+    return val
+
+
+# -- shared ------------------------------------------------------------------------------------------
+
+
+def _check_size(value: str) -> None:
+    # Characters never outnumber UTF-8 bytes, so the byte count is only needed for non-ASCII text.
+    if len(value) > MAX_VALUE_BYTES or (not value.isascii() and len(value.encode()) > MAX_VALUE_BYTES):
+        raise ProtocolError(_KEY, value, f"value longer than {MAX_VALUE_BYTES} bytes")
+
+
+def _check_encodable(i: int, dev: DeviceInfo) -> None:
+    if type(dev.id) is not str:
+        raise ProtocolError(f"{_KEY}[{i}].id", dev.id, "expected a string")
+    _check_id(i, dev.id)
+    _check_utf8(f"{_KEY}[{i}].id", dev.id)
+    for name, maximum in _INT_FIELDS.items():
+        _check_int(f"{_KEY}[{i}].{name}", getattr(dev, name), maximum)
+    if type(dev.type) is not str:
+        raise ProtocolError(f"{_KEY}[{i}].type", dev.type, "expected a string")
+    if dev.mode not in _MODES:
+        raise ProtocolError(
+            f"{_KEY}[{i}].mode", dev.mode, f"unknown mode; expected one of {', '.join(DEVICE_MODES)}"
+        )
+    if type(dev.health) is not bool:
+        raise ProtocolError(f"{_KEY}[{i}].health", dev.health, "expected a boolean")
+    _check_utf8(f"{_KEY}[{i}].type", dev.type)
+
+
+def _check_utf8(field: str, text: str) -> None:
+    # A lone surrogate cannot be written as UTF-8 (Go would silently write U+FFFD instead).
+    try:
+        text.encode()
+    except UnicodeEncodeError as exc:
+        raise ProtocolError(field, text, "not encodable as UTF-8") from exc
+
+
+def _go_string(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False).translate(_GO_ESCAPES)
