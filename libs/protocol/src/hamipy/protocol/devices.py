@@ -9,6 +9,16 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal, NewType
 
+__all__ = [
+    "DEVICE_MODES",
+    "ContainerDevice",
+    "ContainerDevices",
+    "DeviceInfo",
+    "DeviceMode",
+    "GpuUuid",
+    "PodDevices",
+]
+
 GpuUuid = NewType("GpuUuid", str)
 DeviceMode = Literal["hami-core", "mig", "mps"]
 DEVICE_MODES: tuple[DeviceMode, ...] = ("hami-core", "mig", "mps")

@@ -9,6 +9,8 @@ safely; nothing malformed is ever decoded to zeros.
 
 from __future__ import annotations
 
+__all__ = ["ProtocolError"]
+
 _MAX_SHOWN = 200
 
 

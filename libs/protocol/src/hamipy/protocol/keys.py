@@ -4,6 +4,38 @@ from __future__ import annotations
 
 from typing import Final
 
+__all__ = [
+    "BIND_PHASE",
+    "BIND_TIME",
+    "DEVICES_ALLOCATED",
+    "DEVICES_TO_ALLOCATE",
+    "DEVICE_CORDON",
+    "DEVICE_SCORING_WEIGHTS",
+    "DEVICE_VENDOR_NVIDIA",
+    "GPU_SCHEDULER_POLICY",
+    "NODE_HANDSHAKE",
+    "NODE_LOCK",
+    "NODE_REGISTER",
+    "NODE_SCHEDULER_POLICY",
+    "NODE_SCORE",
+    "NOUSE_GPU_TYPE",
+    "NOUSE_GPU_UUID",
+    "NUMA_BIND",
+    "RESOURCE_CORES",
+    "RESOURCE_COUNT",
+    "RESOURCE_COUNT_ALT",
+    "RESOURCE_MEMORY",
+    "RESOURCE_MEMORY_PERCENTAGE",
+    "RESOURCE_PRIORITY",
+    "TRACE_CONTEXT",
+    "USE_GPU_TYPE",
+    "USE_GPU_UUID",
+    "VGPU_MODE",
+    "VGPU_NODE",
+    "VGPU_NODE_LABEL",
+    "VGPU_TIME",
+]
+
 # Node annotations (section 1)
 NODE_REGISTER: Final = "hami.io/node-nvidia-register"
 NODE_HANDSHAKE: Final = "hami.io/node-handshake"
