@@ -1,0 +1,168 @@
+/* Parser for the fake driver's configuration file (format in fake.h). */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fake.h"
+
+int fake_parse_bytes(const char *text, uint64_t *out) {
+    if (text == NULL || *text < '0' || *text > '9') return -1;
+    errno = 0;
+    char *end = NULL;
+    unsigned long long value = strtoull(text, &end, 10);
+    if (errno != 0) return -1;
+    unsigned shift = 0;
+    if (*end == 'k' || *end == 'K') shift = 10;
+    if (*end == 'm' || *end == 'M') shift = 20;
+    if (*end == 'g' || *end == 'G') shift = 30;
+    if (shift != 0) end++;
+    if (*end != '\0' || (shift != 0 && value > (UINT64_MAX >> shift))) return -1;
+    *out = (uint64_t)value << shift;
+    return 0;
+}
+
+int fake_parse_uuid(const char *text, unsigned char out[16]) {
+    if (strncmp(text, "GPU-", 4) != 0) return -1;
+    const char *p = text + 4;
+    int n = 0;
+    while (*p != '\0' && n < 16) {
+        if (*p == '-') {
+            p++;
+            continue;
+        }
+        unsigned byte = 0;
+        if (sscanf(p, "%2x", &byte) != 1 || p[1] == '\0' || p[1] == '-') return -1;
+        out[n++] = (unsigned char)byte;
+        p += 2;
+    }
+    return (n == 16 && *p == '\0') ? 0 : -1;
+}
+
+static void default_gpu(struct fake_gpu *gpu, int index) {
+    memset(gpu, 0, sizeof *gpu);
+    snprintf(gpu->uuid, sizeof gpu->uuid, "GPU-fa4e0000-0000-4000-8000-%012x", index);
+    snprintf(gpu->name, sizeof gpu->name, "NVIDIA Fake GPU");
+    gpu->memory = 16ULL << 30;
+    snprintf(gpu->pci, sizeof gpu->pci, "00000000:%02X:00.0", index + 1);
+    gpu->healthy = 1;
+    gpu->xid = 79;
+}
+
+static int fail(const struct fake_config *cfg, int line, const char *what, const char *text) {
+    fprintf(stderr, "hami-py fake driver: %s:%d: %s: %.80s\n", cfg->path, line, what, text);
+    return -1;
+}
+
+/* Next `key=value` of a gpu line (value optionally "quoted"); NULL at the end. */
+static char *next_pair(char **cursor, char **value) {
+    char *p = *cursor;
+    while (*p == ' ' || *p == '\t') p++;
+    if (*p == '\0') return NULL;
+    char *key = p;
+    while (*p != '\0' && *p != '=' && *p != ' ') p++;
+    if (*p != '=') return NULL;
+    *p++ = '\0';
+    if (*p == '"') {
+        *value = ++p;
+        while (*p != '\0' && *p != '"') p++;
+        if (*p == '"') *p++ = '\0';
+    } else {
+        *value = p;
+        while (*p != '\0' && *p != ' ' && *p != '\t') p++;
+        if (*p != '\0') *p++ = '\0';
+    }
+    *cursor = p;
+    return key;
+}
+
+static int parse_gpu(struct fake_config *cfg, int lineno, char *rest) {
+    if (cfg->count >= FAKE_MAX_GPUS) return fail(cfg, lineno, "too many gpus", rest);
+    struct fake_gpu *gpu = &cfg->gpus[cfg->count];
+    default_gpu(gpu, cfg->count);
+    char *value = NULL, *key = NULL;
+    while ((key = next_pair(&rest, &value)) != NULL) {
+        unsigned char bytes[16];
+        if (strcmp(key, "uuid") == 0) {
+            if (fake_parse_uuid(value, bytes) != 0) return fail(cfg, lineno, "bad uuid (GPU-8-4-4-4-12 hex)", value);
+            snprintf(gpu->uuid, sizeof gpu->uuid, "%s", value);
+        } else if (strcmp(key, "name") == 0) {
+            snprintf(gpu->name, sizeof gpu->name, "%s", value);
+        } else if (strcmp(key, "memory") == 0) {
+            if (fake_parse_bytes(value, &gpu->memory) != 0) return fail(cfg, lineno, "bad memory", value);
+        } else if (strcmp(key, "numa") == 0) {
+            gpu->numa = atoi(value);
+        } else if (strcmp(key, "pci") == 0) {
+            snprintf(gpu->pci, sizeof gpu->pci, "%s", value);
+        } else if (strcmp(key, "healthy") == 0) {
+            gpu->healthy = strcmp(value, "false") != 0 && strcmp(value, "0") != 0;
+        } else if (strcmp(key, "xid") == 0) {
+            gpu->xid = (unsigned)strtoul(value, NULL, 10);
+        } else {
+            return fail(cfg, lineno, "unknown gpu key", key);
+        }
+    }
+    if (*rest != '\0') return fail(cfg, lineno, "expected key=value", rest);
+    cfg->count++;
+    return 0;
+}
+
+static char *trim(char *s) {
+    while (*s == ' ' || *s == '\t') s++;
+    char *end = s + strlen(s);
+    while (end > s && (end[-1] == ' ' || end[-1] == '\t' || end[-1] == '\n' || end[-1] == '\r')) *--end = '\0';
+    return s;
+}
+
+int fake_config_load(struct fake_config *cfg) {
+    memset(cfg, 0, sizeof *cfg);
+    snprintf(cfg->driver_version, sizeof cfg->driver_version, "550.54.15");
+    cfg->cuda_version = 12040;
+    const char *path = getenv("HAMIPY_FAKE_GPU_CONFIG");
+    if (path == NULL || *path == '\0') {
+        cfg->count = 1;
+        default_gpu(&cfg->gpus[0], 0);
+        snprintf(cfg->state_path, sizeof cfg->state_path, "/tmp/hamipy-fake-gpu.state");
+        return 0;
+    }
+    snprintf(cfg->path, sizeof cfg->path, "%s", path);
+    snprintf(cfg->state_path, sizeof cfg->state_path, "%s.state", path);
+    FILE *f = fopen(path, "re");
+    if (f == NULL) {
+        fprintf(stderr, "hami-py fake driver: cannot read HAMIPY_FAKE_GPU_CONFIG=%s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    char buf[1024];
+    int lineno = 0, rc = 0;
+    while (rc == 0 && fgets(buf, sizeof buf, f) != NULL) {
+        lineno++;
+        char *hash = strchr(buf, '#');
+        if (hash != NULL && memchr(buf, '"', (size_t)(hash - buf)) == NULL) *hash = '\0';
+        char *line = trim(buf);
+        if (*line == '\0') continue;
+        if (strncmp(line, "gpu", 3) == 0 && (line[3] == ' ' || line[3] == '\t' || line[3] == '\0')) {
+            rc = parse_gpu(cfg, lineno, line + 3);
+            continue;
+        }
+        char *eq = strchr(line, '=');
+        if (eq == NULL) {
+            rc = fail(cfg, lineno, "expected `key = value` or a gpu line", line);
+            break;
+        }
+        *eq = '\0';
+        char *key = trim(line), *value = trim(eq + 1);
+        if (strcmp(key, "driver_version") == 0) {
+            snprintf(cfg->driver_version, sizeof cfg->driver_version, "%s", value);
+        } else if (strcmp(key, "cuda_version") == 0) {
+            cfg->cuda_version = atoi(value);
+        } else if (strcmp(key, "context_memory") == 0) {
+            if (fake_parse_bytes(value, &cfg->context_memory) != 0) rc = fail(cfg, lineno, "bad context_memory", value);
+        } else if (strcmp(key, "state") == 0) {
+            snprintf(cfg->state_path, sizeof cfg->state_path, "%s", value);
+        } else {
+            rc = fail(cfg, lineno, "unknown key", key);
+        }
+    }
+    fclose(f);
+    return rc;
+}

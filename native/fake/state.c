@@ -1,0 +1,164 @@
+/* The fake driver's state shared by all processes using one configuration: how many bytes each
+ * live process holds on each fake GPU, so NVML in another process (the device plugin, the
+ * monitor) sees real usage and process lists. Entries of dead processes are ignored and reused. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "fake.h"
+
+#define STATE_MAGIC 0x46414b45u
+
+static int own = -1;
+
+static uint64_t start_time(pid_t pid, int *gone) {
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    *gone = 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        *gone = errno == ENOENT;
+        return 0;
+    }
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return 0;
+    buf[n] = '\0';
+    char *p = strrchr(buf, ')');
+    if (p == NULL || p[1] == '\0') return 0;
+    p += 2;
+    *gone = (*p == 'Z' || *p == 'X');
+    for (int field = 3; field < 22 && p != NULL; field++) {
+        p = strchr(p, ' ');
+        if (p != NULL) p++;
+    }
+    return p == NULL ? 0 : strtoull(p, NULL, 10);
+}
+
+static int alive(const struct fake_state *st, int i) {
+    pid_t pid = st->procs[i].pid;
+    if (pid <= 0) return 0;
+    if (kill(pid, 0) == -1 && errno == ESRCH) return 0;
+    int gone = 0;
+    uint64_t started = start_time(pid, &gone);
+    return !gone && !(started != 0 && st->procs[i].start != 0 && started != st->procs[i].start);
+}
+
+static void lock(struct fake_state *st) {
+    if (pthread_mutex_lock(&st->mu) == EOWNERDEAD) pthread_mutex_consistent(&st->mu);
+}
+
+static void unlock(struct fake_state *st) { pthread_mutex_unlock(&st->mu); }
+
+struct fake_state *fake_state_attach(const struct fake_config *cfg, int claim) {
+    int fd = open(cfg->state_path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    if (fd < 0) {
+        fprintf(stderr, "hami-py fake driver: cannot open state %s: %s\n", cfg->state_path, strerror(errno));
+        return NULL;
+    }
+    (void)fchmod(fd, 0666);
+    flock(fd, LOCK_EX);
+    struct stat sb;
+    if (fstat(fd, &sb) == 0 && (size_t)sb.st_size < sizeof(struct fake_state) &&
+        ftruncate(fd, sizeof(struct fake_state)) != 0) {
+        flock(fd, LOCK_UN);
+        close(fd);
+        return NULL;
+    }
+    struct fake_state *st = mmap(NULL, sizeof *st, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (st == MAP_FAILED) {
+        flock(fd, LOCK_UN);
+        close(fd);
+        return NULL;
+    }
+    if (st->magic != STATE_MAGIC) {
+        memset(st, 0, sizeof *st);
+        pthread_mutexattr_t attr;
+        pthread_mutexattr_init(&attr);
+        pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
+        pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
+        pthread_mutex_init(&st->mu, &attr);
+        pthread_mutexattr_destroy(&attr);
+        st->magic = STATE_MAGIC;
+    }
+    flock(fd, LOCK_UN);
+    close(fd);
+    if (claim) {
+        lock(st);
+        pid_t self = getpid();
+        int gone = 0;
+        for (int i = 0; i < FAKE_MAX_PROCS && own < 0; i++) {
+            if (st->procs[i].pid == self || !alive(st, i)) {
+                memset(&st->procs[i], 0, sizeof st->procs[i]);
+                st->procs[i].pid = self;
+                st->procs[i].start = start_time(self, &gone);
+                own = i;
+            }
+        }
+        unlock(st);
+        if (own < 0) fprintf(stderr, "hami-py fake driver: no free process entry in %s\n", cfg->state_path);
+    }
+    return st;
+}
+
+int fake_state_charge(struct fake_state *st, int dev, uint64_t bytes, uint64_t physical) {
+    if (own < 0) return -1;
+    lock(st);
+    uint64_t used = 0;
+    for (int i = 0; i < FAKE_MAX_PROCS; i++) {
+        if (st->procs[i].used[dev] != 0 && (i == own || alive(st, i))) used += st->procs[i].used[dev];
+    }
+    int rc = (bytes > physical || used > physical - bytes) ? -1 : 0;
+    if (rc == 0) st->procs[own].used[dev] += bytes;
+    unlock(st);
+    return rc;
+}
+
+void fake_state_uncharge(struct fake_state *st, int dev, uint64_t bytes) {
+    if (own < 0) return;
+    lock(st);
+    uint64_t *used = &st->procs[own].used[dev];
+    *used = *used > bytes ? *used - bytes : 0;
+    unlock(st);
+}
+
+void fake_state_leave(struct fake_state *st) {
+    if (own < 0) return;
+    lock(st);
+    memset(&st->procs[own], 0, sizeof st->procs[own]);
+    unlock(st);
+    own = -1;
+}
+
+uint64_t fake_state_used(struct fake_state *st, int dev) {
+    uint64_t used = 0;
+    lock(st);
+    for (int i = 0; i < FAKE_MAX_PROCS; i++) {
+        if (st->procs[i].used[dev] != 0 && alive(st, i)) used += st->procs[i].used[dev];
+    }
+    unlock(st);
+    return used;
+}
+
+unsigned fake_state_procs(struct fake_state *st, int dev, unsigned max, unsigned *pids, uint64_t *used) {
+    unsigned n = 0;
+    lock(st);
+    for (int i = 0; i < FAKE_MAX_PROCS; i++) {
+        if (st->procs[i].used[dev] == 0 || !alive(st, i)) continue;
+        if (n < max) {
+            pids[n] = (unsigned)st->procs[i].pid;
+            used[n] = st->procs[i].used[dev];
+        }
+        n++;
+    }
+    unlock(st);
+    return n;
+}

@@ -1,0 +1,56 @@
+"""Fixtures for the native tests: build native/ once (a failed build fails the tests), and make
+simulated containers whose processes run under LD_PRELOAD=libvgpu.so over the fake driver."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+from native_support import BUILD, BUILD_NAME, NATIVE, TWO_GPUS, Container, ContainerFactory, preload_value
+
+
+@pytest.fixture(scope="session")
+def native_build() -> Path:
+    """native/ built with make (incremental); a failed build fails the tests, never skips them."""
+    target = ["asan"] if BUILD_NAME == "build-asan" else []
+    proc = subprocess.run(
+        ["make", "-C", str(NATIVE), *target], capture_output=True, text=True, timeout=900, check=False
+    )
+    if proc.returncode != 0:
+        pytest.fail(f"make -C native failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+    return BUILD
+
+
+@pytest.fixture
+def make_container(native_build: Path, tmp_path: Path) -> ContainerFactory:
+    """A factory: make_container(limits={"CUDA_DEVICE_MEMORY_LIMIT_0": "64m"}, gpus=..., preload=True)."""
+    counter = iter(range(1000))
+
+    def factory(
+        *,
+        limits: Mapping[str, str] | None = None,
+        gpus: str = TWO_GPUS,
+        extra_config: str = "",
+        preload: bool = True,
+    ) -> Container:
+        workdir = tmp_path / f"container{next(counter)}"
+        workdir.mkdir()
+        config = workdir / "gpus.conf"
+        config.write_text(extra_config + gpus)
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HAMIPY_FAKE_GPU_CONFIG": str(config),
+            "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(workdir / "vgpu.cache"),
+            "LD_LIBRARY_PATH": str(native_build / "fake"),
+            "ASAN_OPTIONS": "detect_leaks=0",
+            **(limits or {}),
+        }
+        preloads = preload_value(native_build, interposer=preload)
+        if preloads:
+            env["LD_PRELOAD"] = preloads
+        return Container(build=native_build, workdir=workdir, env=env)
+
+    return factory

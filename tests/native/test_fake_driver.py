@@ -1,0 +1,82 @@
+"""The fake libnvidia-ml.so.1 answers pynvml discovery from its configuration file, shows the fake
+libcuda's allocations across processes, and reports unhealthy GPUs as XID events."""
+
+from __future__ import annotations
+
+import pytest
+from native_support import (
+    GPU0_UUID,
+    GPU1_UUID,
+    ContainerFactory,
+    MiB,
+    expect_ok,
+    run_python,
+    stop,
+    wait_for_line,
+)
+
+pytestmark = pytest.mark.native
+
+DISCOVERY = """
+import pynvml
+pynvml.nvmlInit()
+print(pynvml.nvmlSystemGetDriverVersion(), pynvml.nvmlSystemGetCudaDriverVersion())
+for i in range(pynvml.nvmlDeviceGetCount()):
+    h = pynvml.nvmlDeviceGetHandleByIndex(i)
+    procs = [(p.pid, p.usedGpuMemory) for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)]
+    name = pynvml.nvmlDeviceGetName(h).replace(" ", "_")
+    print(pynvml.nvmlDeviceGetIndex(h), pynvml.nvmlDeviceGetUUID(h), name,
+          pynvml.nvmlDeviceGetMemoryInfo(h).total, pynvml.nvmlDeviceGetMemoryInfo(h).used,
+          pynvml.nvmlDeviceGetPciInfo(h).busId, pynvml.nvmlDeviceGetNumaNodeId(h),
+          pynvml.nvmlDeviceGetMinorNumber(h), procs)
+pynvml.nvmlShutdown()
+"""
+
+XID_WATCH = """
+import pynvml
+pynvml.nvmlInit()
+events = pynvml.nvmlEventSetCreate()
+for i in range(pynvml.nvmlDeviceGetCount()):
+    handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+    pynvml.nvmlDeviceRegisterEvents(handle, pynvml.nvmlEventTypeXidCriticalError, events)
+data = pynvml.nvmlEventSetWait(events, 5000)
+print(pynvml.nvmlDeviceGetUUID(data.device), data.eventType, data.eventData)
+try:
+    pynvml.nvmlEventSetWait(events, 100)
+except pynvml.NVMLError_Timeout:
+    print("timeout")
+"""
+
+
+def test_pynvml_discovery(make_container: ContainerFactory) -> None:
+    versions = "driver_version = 535.104.05\ncuda_version = 12020\n"
+    container = make_container(preload=False, extra_config=versions)
+    lines = expect_ok(run_python(container, DISCOVERY)).splitlines()
+    assert lines[0] == "535.104.05 12020"
+    assert lines[1] == f"0 {GPU0_UUID} NVIDIA_A100-SXM4-80GB {1024 * MiB} 0 00000000:3B:00.0 1 0 []"
+    assert lines[2] == f"1 {GPU1_UUID} NVIDIA_H100_80GB_HBM3 {2048 * MiB} 0 00000000:86:00.0 0 1 []"
+
+
+def test_process_list_and_usage_cross_processes(make_container: ContainerFactory) -> None:
+    container = make_container(preload=False)
+    holder = container.popen("region_peer", "hold", "40")
+    try:
+        wait_for_line(holder, "held")
+        lines = expect_ok(run_python(container, DISCOVERY)).splitlines()
+        assert f"{1024 * MiB} {40 * MiB}" in lines[1]
+        assert lines[1].endswith(f"[({holder.pid}, {40 * MiB})]")
+    finally:
+        stop(holder)
+
+
+def test_unhealthy_gpu_raises_one_xid_event(make_container: ContainerFactory) -> None:
+    gpus = f"gpu uuid={GPU0_UUID} memory=1g\ngpu uuid={GPU1_UUID} memory=1g healthy=false xid=48\n"
+    container = make_container(preload=False, gpus=gpus)
+    assert expect_ok(run_python(container, XID_WATCH)).splitlines() == [f"{GPU1_UUID} 8 48", "timeout"]
+
+
+def test_bad_config_is_reported(make_container: ContainerFactory) -> None:
+    container = make_container(preload=False, gpus="gpu memory=lots\n")
+    proc = run_python(container, "import pynvml; pynvml.nvmlInit()")
+    assert proc.returncode != 0
+    assert "gpus.conf:1: bad memory: lots" in proc.stderr
