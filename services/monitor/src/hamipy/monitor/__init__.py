@@ -1,0 +1,1 @@
+"""hami-py node monitor."""
