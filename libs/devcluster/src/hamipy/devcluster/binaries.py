@@ -33,6 +33,7 @@ from hamipy.devcluster.errors import BinaryBuildError
 
 KUBERNETES_VERSION = "v1.34.4"
 ETCD_VERSION = "v3.6.5"
+HELM_VERSION = "v3.22.0"
 GO_PROXY_PROBE_TIMEOUT_S = 20.0
 
 _STAGING_REPLACE = re.compile(r"^\s*(k8s\.io/[\w.-]+)\s*=>\s*\./staging/src/\S+\s*$", re.MULTILINE)
@@ -320,6 +321,57 @@ def ensure_binaries() -> ControlPlaneBinaries:
     return ControlPlaneBinaries(etcd=etcd, kube_apiserver=apiserver, kube_scheduler=scheduler)
 
 
+def _helm_version_matches(helm: Path, want: str = HELM_VERSION) -> bool:
+    if not helm.is_file() or not os.access(helm, os.X_OK):
+        return False
+    try:
+        out = subprocess.run(
+            [str(helm), "version", "--short"], capture_output=True, text=True, timeout=30, check=False
+        ).stdout
+    except OSError:
+        return False
+    # "v3.22.0+g<commit>" or "v3.22.0"
+    return out.strip().split("+")[0] == want
+
+
+def ensure_helm() -> Path:
+    """Return a helm binary at HELM_VERSION (for rendering the chart), building it once per machine
+    from the Go module proxy (helm's module has no replace directives, so `go install` works)."""
+    cached = cache_root() / "bin" / f"helm-{HELM_VERSION}" / "helm"
+    on_path = shutil.which("helm")
+    for path in ([Path(on_path)] if on_path else []) + [cached]:
+        if _helm_version_matches(path):
+            return path
+    if shutil.which("go") is None:
+        raise BinaryBuildError(
+            f"Go is not installed and no helm {HELM_VERSION} was found on PATH or in {cached}"
+        )
+    with _build_lock():
+        if _helm_version_matches(cached):
+            return cached
+        check_proxy()
+        began = time.monotonic()
+        _progress(f"building helm {HELM_VERSION} into {cached.parent} (first run on this machine only)")
+        tmp = Path(tempfile.mkdtemp(prefix="helmbin-", dir=cache_root()))
+        env = _go_env(tmp)
+        env["GOBIN"] = str(tmp)
+        env["GOFLAGS"] = "-mod=mod -trimpath"
+        ldflags = f"-s -w -X helm.sh/helm/v3/internal/version.version={HELM_VERSION}"
+        _go(
+            ["install", "-v", "-ldflags", ldflags, f"helm.sh/helm/v3/cmd/helm@{HELM_VERSION}"],
+            cwd=tmp,
+            env=env,
+            what=f"build helm {HELM_VERSION}",
+        )
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(tmp / "helm", cached)
+        shutil.rmtree(tmp, ignore_errors=True)
+        _progress(f"built helm {HELM_VERSION} in {_elapsed(began)}")
+    if not _helm_version_matches(cached):
+        raise BinaryBuildError(f"{cached} does not report helm {HELM_VERSION}")
+    return cached
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="hamipy-devcluster-binaries",
@@ -328,11 +380,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.parse_args(argv)
     try:
         bins = ensure_binaries()
+        helm = ensure_helm()
     except BinaryBuildError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     for field in dataclasses.fields(bins):
         print(f"{field.name}={getattr(bins, field.name)}")
+    print(f"helm={helm}")
     return 0
 
 

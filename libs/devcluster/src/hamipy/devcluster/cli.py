@@ -277,12 +277,9 @@ def cmd_status(state_dir: Path) -> int:
 
 
 def cmd_binaries() -> int:
-    from hamipy.devcluster.binaries import ensure_binaries
+    from hamipy.devcluster import binaries
 
-    bins = ensure_binaries()
-    for field in dataclasses.fields(bins):
-        print(f"{field.name}={getattr(bins, field.name)}")
-    return 0
+    return binaries.main([])
 
 
 def build_parser() -> argparse.ArgumentParser:
