@@ -1,0 +1,202 @@
+"""The filter decision over many nodes (pure).
+
+HAMi mode (``decide(..., all_feasible=False)``): nodes that pass a cheap summary check (usable,
+enough GPUs with a free slot, enough memory on the freest GPU, a GPU type the pod accepts; each
+O(1) from ``NodeState``'s summary) are ranked by node policy and fitted best first; the first that
+fits is the choice. Nothing else is fitted on that path, which keeps a filter over thousands of
+nodes in the low milliseconds. Only when no node fits is every node explained: its reasons
+(``1/8 CardInsufficientMemory``) and whether it could never fit even empty (unresolvable).
+
+Cooperative mode (``all_feasible=True``): every node is fitted and all that fit are returned with
+their node scores, for ``/prioritize`` and kube-scheduler's own scoring.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
+
+from hamipy.extender.fitting import Fit, PodAsk, fit_pod
+from hamipy.extender.model import ClusterModel, NodeState
+from hamipy.extender.scoring import Policy
+from hamipy.protocol.config import Config
+from hamipy.protocol.devices import PodDevices
+from hamipy.protocol.pod_preferences import ScoringWeights, preferences_of, type_allowed
+from hamipy.protocol.resources import pod_requests
+
+__all__ = [
+    "NODE_ALLOCATION_UNKNOWN",
+    "NODE_HANDSHAKE_TIMEOUT",
+    "NODE_REGISTER_MALFORMED",
+    "NODE_UNREGISTERED",
+    "Decision",
+    "build_ask",
+    "decide",
+    "summarize",
+]
+
+NODE_UNREGISTERED: Final = "NodeUnregistered"
+NODE_REGISTER_MALFORMED: Final = "NodeRegisterMalformed"
+NODE_ALLOCATION_UNKNOWN: Final = "NodeAllocationUnknown"
+NODE_HANDSHAKE_TIMEOUT: Final = "NodeHandshakeTimeout"
+
+
+@dataclasses.dataclass(slots=True)
+class Decision:
+    """A filter's outcome: the chosen node and devices (HAMi mode), every feasible node (cooperative),
+    and, for nodes that were explained, their reasons."""
+
+    node: str | None = None
+    devices: PodDevices | None = None
+    feasible: list[tuple[str, PodDevices, float]] = dataclasses.field(default_factory=list)
+    failed: dict[str, str] = dataclasses.field(default_factory=dict)
+    unresolvable: dict[str, str] = dataclasses.field(default_factory=dict)
+    fitted: int = 0
+    """How many nodes got a full fit (the rest were ranked out or skipped by the summary check)."""
+
+
+def _policy(chain: Iterable[str], default: Policy) -> Policy:
+    for item in chain:
+        if item == "binpack":
+            return "binpack"
+        if item == "spread":
+            return "spread"
+    return default
+
+
+def build_ask(pod: Mapping[str, Any], config: Config) -> PodAsk:
+    """The pod's asks and preferences; raises ``ProtocolError`` on a malformed pod."""
+    nv = config.nvidia
+    prefs = preferences_of(pod)
+    return PodAsk(
+        requests=pod_requests(pod, names=nv.resource_names, defaults=nv.request_defaults),
+        prefs=prefs,
+        node_policy=prefs.node_policy or config.node_scheduler_policy,
+        gpu_policy=_policy(prefs.gpu_policy, _policy(config.gpu_scheduler_policy, "spread")),
+        weights=prefs.scoring_weights or ScoringWeights(),
+    )
+
+
+def _types_ok(ask: PodAsk, type_key: tuple[str, ...], cache: dict[tuple[str, ...], bool]) -> bool:
+    ok = cache.get(type_key)
+    if ok is None:
+        ok = any(type_allowed(ask.prefs, t) for t in type_key)
+        cache[type_key] = ok
+    return ok
+
+
+def decide(
+    model: ClusterModel,
+    ask: PodAsk,
+    names: Iterable[str],
+    *,
+    now: float,
+    all_feasible: bool = False,
+) -> Decision:
+    """Choose (or list) nodes among ``names`` for ``ask``; see the module docstring."""
+    get = model.nodes.get
+    cache: dict[tuple[str, ...], bool] = {}
+    decision = Decision()
+    names = list(names)
+    candidates: list[tuple[float, str, NodeState]] = []
+    append = candidates.append
+    binpack = ask.node_policy == "binpack"
+    max_count, max_mem = ask.max_count, ask.max_memory_mib
+    typed = bool(ask.prefs.use_types or ask.prefs.nouse_types)
+    # The summary check, inlined (it runs once per node per filter): enough GPUs with a free slot,
+    # enough memory on the freest, usable (NodeState.usable), a GPU type the pod accepts.
+    for name in names:
+        node = get(name)
+        if (
+            node is None
+            or node.free_slot_gpus < max_count
+            or node.max_free_mem < max_mem
+            or not node.registered
+            or node.problem is not None
+            or node.bad_pods
+            or (node.requesting_since is not None and node.dead(now))
+            or (typed and not _types_ok(ask, node.type_key, cache))
+        ):
+            continue
+        append((-node.score if binpack else node.score, name, node))
+    if all_feasible:
+        for _, name, node in candidates:
+            fit = fit_pod(node, ask)
+            decision.fitted += 1
+            if fit.devices is not None:
+                decision.feasible.append((name, fit.devices, node.score))
+        feasible = {name for name, _, _ in decision.feasible}
+        if not feasible:
+            _explain(model, ask, names, now, decision)
+        return decision
+    heapq.heapify(candidates)
+    while candidates:
+        _, name, node = heapq.heappop(candidates)
+        fit = fit_pod(node, ask)
+        decision.fitted += 1
+        if fit.devices is not None:
+            decision.node, decision.devices = name, fit.devices
+            return decision
+    _explain(model, ask, names, now, decision)
+    return decision
+
+
+def _explain(model: ClusterModel, ask: PodAsk, names: Iterable[str], now: float, decision: Decision) -> None:
+    # Whether a node could ever fit depends only on its GPUs' shape (not their UUIDs, unless the
+    # pod names UUIDs): one empty fit per shape, not per node.
+    by_uuid = bool(ask.prefs.use_uuids or ask.prefs.nouse_uuids)
+    ever: dict[tuple[tuple[Any, ...], ...], bool] = {}
+    for name in names:
+        node = model.nodes.get(name)
+        if node is None or not node.registered:
+            decision.unresolvable[name] = NODE_UNREGISTERED
+        elif node.problem is not None:
+            decision.unresolvable[name] = NODE_REGISTER_MALFORMED
+        elif node.bad_pods:
+            decision.failed[name] = NODE_ALLOCATION_UNKNOWN
+        elif node.dead(now):
+            decision.failed[name] = NODE_HANDSHAKE_TIMEOUT
+        else:
+            fit: Fit = fit_pod(node, ask)
+            if fit.ok:
+                continue  # fits after all (only possible when asked twice); not a failure
+            text = fit.reason_text() or "NodeUnfitPod"
+            shape = tuple(
+                (
+                    g.uuid if by_uuid else "",
+                    g.count,
+                    g.devmem,
+                    g.devcore,
+                    g.type,
+                    g.mode,
+                    g.numa,
+                    g.health,
+                    g.cordoned,
+                )
+                for g in node.gpus
+            )
+            possible = ever.get(shape)
+            if possible is None:
+                possible = ever[shape] = fit_pod(node, ask, empty=True).ok
+            if possible:
+                decision.failed[name] = text
+            else:
+                decision.unresolvable[name] = text
+
+
+def summarize(failed: Mapping[str, str], unresolvable: Mapping[str, str], *, limit: int = 5) -> str:
+    """Reasons counted per cause across nodes, as HAMi's FilteringFailed events word them:
+    ``3 nodes CardInsufficientMemory(n1,n2,n3); 1 nodes NodeUnregistered(n4)``."""
+    by_cause: dict[str, list[str]] = defaultdict(list)
+    for name, text in (*failed.items(), *unresolvable.items()):
+        for part in text.split(", "):
+            cause = part.split(" ", 1)[-1]
+            by_cause[cause].append(name)
+    parts = []
+    for cause, nodes in sorted(by_cause.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        shown = ",".join(sorted(nodes)[:limit]) + (",..." if len(nodes) > limit else "")
+        parts.append(f"{len(nodes)} nodes {cause}({shown})")
+    return "; ".join(parts)

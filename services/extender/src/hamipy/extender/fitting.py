@@ -1,0 +1,240 @@
+"""Whether a pod fits a node's GPUs, and on which ones (pure).
+
+The checks are hami-wire.md sections 2-3 in HAMi's order (``pkg/device/nvidia/device.go`` ``Fit``),
+each failing GPU counted under HAMi's reason name:
+
+=================================  ===========================================================
+``CardNotHealth``                  the GPU registered unhealthy
+``CardCordoned``                   the GPU is named in ``hami.io/device-cordon`` (our name)
+``CardTypeMismatch``               use/nouse-gputype or vgpu-mode exclude it
+``CardUuidMismatch``               use/nouse-gpuuuid exclude it
+``CardTimeSlicingExhausted``       every slot (split count) taken
+``CardInsufficientMemory``         not enough memory left (MiB or percentage of ``devmem``)
+``CardInsufficientCore``           not enough cores left
+``ExclusiveDeviceAllocateConflict``  cores = 100 asked on a GPU that has a user
+``CardComputeUnitsExhausted``      cores = 0 asked on a GPU whose cores are all taken
+``NumaNotFit``                     numa-bind: no NUMA node has enough fitting GPUs
+``AllocatedCardsInsufficientRequest``  some GPUs fit, fewer than the container asks
+``NodeInsufficientDevice``         the node has fewer GPUs than one container asks
+=================================  ===========================================================
+
+A pod's init containers are each fitted alone on the node as it is (they run one after the other),
+its regular containers one after the other on the node with the previous ones' devices taken, as
+HAMi's ``scoreNode`` does; the device list has one slot per container, init containers first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from collections.abc import Sequence
+from typing import Final
+
+from hamipy.extender.model import Gpu, NodeState
+from hamipy.extender.scoring import Policy, gpu_order
+from hamipy.protocol import keys
+from hamipy.protocol.devices import ContainerDevice, PodDevices
+from hamipy.protocol.pod_preferences import (
+    PodPreferences,
+    ScoringWeights,
+    mode_allowed,
+    type_allowed,
+    uuid_allowed,
+)
+from hamipy.protocol.resources import (
+    ContainerRequest,
+    PodRequests,
+    exclusive_conflict,
+    memory_for_device,
+    zero_core_conflict,
+)
+
+__all__ = [
+    "ALLOCATED_INSUFFICIENT",
+    "CARD_CORDONED",
+    "NODE_INSUFFICIENT_DEVICE",
+    "NUMA_NOT_FIT",
+    "Fit",
+    "PodAsk",
+    "fit_pod",
+    "format_reasons",
+]
+
+CARD_NOT_HEALTH: Final = "CardNotHealth"
+CARD_CORDONED: Final = "CardCordoned"
+CARD_TYPE_MISMATCH: Final = "CardTypeMismatch"
+CARD_UUID_MISMATCH: Final = "CardUuidMismatch"
+CARD_SLOTS_EXHAUSTED: Final = "CardTimeSlicingExhausted"
+CARD_MEMORY: Final = "CardInsufficientMemory"
+CARD_CORE: Final = "CardInsufficientCore"
+EXCLUSIVE_CONFLICT: Final = "ExclusiveDeviceAllocateConflict"
+COMPUTE_EXHAUSTED: Final = "CardComputeUnitsExhausted"
+NUMA_NOT_FIT: Final = "NumaNotFit"
+ALLOCATED_INSUFFICIENT: Final = "AllocatedCardsInsufficientRequest"
+NODE_INSUFFICIENT_DEVICE: Final = "NodeInsufficientDevice"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PodAsk:
+    """Everything a fit needs about a pod, resolved once per filter."""
+
+    requests: PodRequests
+    prefs: PodPreferences
+    node_policy: Policy
+    gpu_policy: Policy
+    weights: ScoringWeights
+
+    @property
+    def slots(self) -> tuple[ContainerRequest | None, ...]:
+        return self.requests.slots
+
+    @property
+    def n_init(self) -> int:
+        return len(self.requests.init)
+
+    @property
+    def max_count(self) -> int:
+        """The most GPUs one container asks (a node needs at least this many with a free slot)."""
+        return max((r.count for r in self.slots if r is not None), default=0)
+
+    @property
+    def max_memory_mib(self) -> int:
+        """The most fixed MiB one container asks per GPU (0 when all ask percentages)."""
+        return max((r.memory_mib or 0 for r in self.slots if r is not None), default=0)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Fit:
+    """``devices`` when the pod fits (one slot per container), else ``reasons`` (cause -> GPUs)."""
+
+    devices: PodDevices | None
+    reasons: Counter[str]
+    n_gpus: int
+
+    @property
+    def ok(self) -> bool:
+        return self.devices is not None
+
+    def reason_text(self) -> str:
+        return format_reasons(self.reasons, self.n_gpus)
+
+
+def format_reasons(reasons: Counter[str], n_gpus: int) -> str:
+    """HAMi's ``GenReason``: ``1/8 CardInsufficientMemory, 7/8 CardTimeSlicingExhausted``."""
+    return ", ".join(f"{count}/{n_gpus} {reason}" for reason, count in sorted(reasons.items()))
+
+
+def _check(gpu: Gpu, used: list[int], req: ContainerRequest, prefs: PodPreferences) -> str | None:
+    """The reason ``gpu`` cannot take ``req`` now, or None when it can."""
+    if not gpu.health:
+        return CARD_NOT_HEALTH
+    if gpu.cordoned:
+        return CARD_CORDONED
+    if not type_allowed(prefs, gpu.type) or not mode_allowed(prefs, gpu.mode):
+        return CARD_TYPE_MISMATCH
+    if not uuid_allowed(prefs, gpu.uuid):
+        return CARD_UUID_MISMATCH
+    slots, mem, cores = used
+    if slots >= gpu.count:
+        return CARD_SLOTS_EXHAUSTED
+    if gpu.devmem - mem < memory_for_device(req, gpu.devmem):
+        return CARD_MEMORY
+    if gpu.devcore - cores < req.cores:
+        return CARD_CORE
+    if exclusive_conflict(req.cores, device_used=slots, device_totalcore=gpu.devcore):
+        return EXCLUSIVE_CONFLICT
+    if zero_core_conflict(req.cores, device_usedcores=cores, device_totalcore=gpu.devcore):
+        return COMPUTE_EXHAUSTED
+    return None
+
+
+def _fit_container(
+    gpus: Sequence[Gpu],
+    used: list[list[int]],
+    req: ContainerRequest,
+    ask: PodAsk,
+    preferred: Sequence[str],
+    reasons: Counter[str],
+) -> list[int] | None:
+    """Positions of the GPUs chosen for one container, or None (``reasons`` filled in)."""
+    if req.count > len(gpus):
+        reasons[NODE_INSUFFICIENT_DEVICE] += 1
+        return None
+    order = gpu_order(gpus, used, req, policy=ask.gpu_policy, weights=ask.weights)
+    if preferred:
+        position = {g.uuid: i for i, g in enumerate(gpus)}
+        first = [position[u] for u in preferred if u in position]
+        order = first + [i for i in order if i not in first]
+    verdicts = {i: _check(gpus[i], used[i], req, ask.prefs) for i in order}
+    if ask.prefs.numa_bind:
+        groups: dict[int, list[int]] = {}
+        for i in order:
+            groups.setdefault(gpus[i].numa, []).append(i)
+        best = 0
+        for members in groups.values():
+            fitting = [i for i in members if verdicts[i] is None]
+            if len(fitting) >= req.count:
+                return fitting[: req.count]
+            best = max(best, len(fitting))
+        _count(verdicts, reasons)
+        if sum(1 for v in verdicts.values() if v is None) >= req.count:
+            reasons[NUMA_NOT_FIT] += best
+        elif best:
+            reasons[ALLOCATED_INSUFFICIENT] += best
+        return None
+    chosen = [i for i in order if verdicts[i] is None][: req.count]
+    if len(chosen) == req.count:
+        return chosen
+    _count(verdicts, reasons)
+    if chosen:
+        reasons[ALLOCATED_INSUFFICIENT] += len(chosen)
+    return None
+
+
+def _count(verdicts: dict[int, str | None], reasons: Counter[str]) -> None:
+    for verdict in verdicts.values():
+        if verdict is not None:
+            reasons[verdict] += 1
+
+
+def _take(
+    gpus: Sequence[Gpu], used: list[list[int]], chosen: list[int], req: ContainerRequest
+) -> list[ContainerDevice]:
+    devices = []
+    for i in chosen:
+        gpu = gpus[i]
+        mem = memory_for_device(req, gpu.devmem)
+        used[i][0] += 1
+        used[i][1] += mem
+        used[i][2] += req.cores
+        devices.append(ContainerDevice(gpu.uuid, keys.DEVICE_VENDOR_NVIDIA, mem, req.cores))
+    return devices
+
+
+def fit_pod(
+    node: NodeState,
+    ask: PodAsk,
+    *,
+    empty: bool = False,
+    preferred: PodDevices | None = None,
+) -> Fit:
+    """Fit every container of the pod on ``node``'s GPUs as they are used now (``empty``: as if
+    nothing were allocated, to tell "never fits" from "not now"). ``preferred`` (an earlier
+    decision) is tried first, GPU by GPU, so a re-check keeps it where it still fits."""
+    gpus = node.gpus
+    base = [[0, 0, 0] if empty else [g.used_slots, g.used_mem, g.used_cores] for g in gpus]
+    reasons: Counter[str] = Counter()
+    devices: PodDevices = []
+    app_used = [list(u) for u in base]
+    for slot, req in enumerate(ask.slots):
+        if req is None:
+            devices.append([])
+            continue
+        initial = slot < ask.n_init
+        used = [list(u) for u in base] if initial else app_used
+        wanted = [d.uuid for d in preferred[slot]] if preferred and slot < len(preferred) else []
+        chosen = _fit_container(gpus, used, req, ask, wanted, reasons)
+        if chosen is None:
+            return Fit(None, reasons, len(gpus))
+        devices.append(_take(gpus, used, chosen, req))
+    return Fit(devices, reasons, len(gpus))

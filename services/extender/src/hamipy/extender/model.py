@@ -1,0 +1,576 @@
+"""The extender's in-memory cluster model: nodes, their GPUs and what is allocated on each GPU.
+
+Pure: it is fed raw Node and Pod JSON (watch events, list results) and filter/bind decisions, and
+answers from memory; nothing here does I/O. Every change is incremental: a pod event touches only
+that pod's contribution, a node event only that node.
+
+Usage on a GPU is the sum of *contributions*, one per pod UID, each either
+
+- ``allocated``: the pod's ``hami.io/vgpu-devices-allocated`` annotation (pods not finished: phase
+  not Succeeded/Failed, no deletionTimestamp), on the node of ``spec.nodeName`` or, while it is being
+  bound, ``hami.io/vgpu-node``; or
+- ``reserved``: a filter/bind decision not yet visible in the pod, dropped after a time-to-live.
+
+An allocation counts init containers by their peak and regular containers summed
+(``pod_usage``), as the device plugin serves them: init containers run one after the other and
+finish before the others start.
+
+Malformed input is never read as zero: a malformed register annotation makes the node offer nothing
+(``NodeState.problem``); a malformed allocation on a node makes that node offer nothing until the
+pod is gone (``NodeState.bad_pods``), since what it holds is unknown. Each is returned as a
+``Problem`` for the caller to log, count and report as an Event.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any, Final, Literal, NewType
+
+from hamipy.protocol import keys
+from hamipy.protocol.devices import ContainerDevice, DeviceInfo, PodDevices
+from hamipy.protocol.errors import ProtocolError
+from hamipy.protocol.node_devices import decode_node_devices
+from hamipy.protocol.node_handshake import HANDSHAKE_TIMEOUT, parse_handshake
+from hamipy.protocol.pod_devices import decode_pod_devices
+from hamipy.protocol.quantities import parse_quantity
+
+__all__ = [
+    "ClusterModel",
+    "Contribution",
+    "EventType",
+    "Gpu",
+    "NodeName",
+    "NodeState",
+    "PodUid",
+    "Problem",
+    "Usage",
+    "node_from_json",
+    "pod_finished",
+    "pod_usage",
+]
+
+NodeName = NewType("NodeName", str)
+PodUid = NewType("PodUid", str)
+EventType = Literal["ADDED", "MODIFIED", "DELETED"]
+Source = Literal["allocated", "reserved"]
+# (slots, memory MiB, cores percent) taken on one GPU.
+Usage = tuple[int, int, int]
+
+_FINISHED: Final = frozenset({"Succeeded", "Failed"})
+_DEAD_AFTER_S: Final = HANDSHAKE_TIMEOUT.total_seconds()
+
+
+@dataclasses.dataclass(slots=True)
+class Gpu:
+    """One physical GPU of a node and what is allocated on it."""
+
+    uuid: str
+    index: int
+    count: int
+    devmem: int
+    devcore: int
+    type: str
+    type_upper: str
+    numa: int
+    mode: str
+    health: bool
+    cordoned: bool = False
+    used_slots: int = 0
+    used_mem: int = 0
+    used_cores: int = 0
+
+    @classmethod
+    def of(cls, dev: DeviceInfo, *, cordoned: bool = False) -> Gpu:
+        return cls(
+            uuid=dev.id,
+            index=dev.index,
+            count=dev.count,
+            devmem=dev.devmem,
+            devcore=dev.devcore,
+            type=dev.type,
+            type_upper=dev.type.upper(),
+            numa=dev.numa,
+            mode=dev.mode,
+            health=dev.health,
+            cordoned=cordoned,
+        )
+
+
+@dataclasses.dataclass(slots=True)
+class NodeState:
+    """One node as the scheduler sees it. ``gpus`` are ordered by NVML index.
+
+    The summary fields (``score``, ``free_slot_gpus``, ``max_free_mem``, ``type_key``) are kept
+    current by the model so that a filter can rank and skip nodes without looking at their GPUs.
+    """
+
+    name: str
+    gpus: list[Gpu] = dataclasses.field(default_factory=list)
+    by_uuid: dict[str, Gpu] = dataclasses.field(default_factory=dict)
+    registered: bool = False
+    problem: str | None = None
+    """Why the node offers nothing although it registered (malformed register annotation)."""
+    bad_pods: set[PodUid] = dataclasses.field(default_factory=set)
+    """Pods on this node whose allocation annotation is malformed: the node offers nothing."""
+    allocatable_gpus: int = 0
+    requesting_since: float | None = None
+    """Epoch seconds of a pending ``Requesting_`` handshake, None when none is pending."""
+    handshake: str | None = None
+    register_value: str | None = None
+    cordon_value: str | None = None
+    lock_value: str | None = None
+    score: float = 0.0
+    free_slot_gpus: int = 0
+    max_free_mem: int = 0
+    type_key: tuple[str, ...] = ()
+
+    def usable(self, now: float) -> bool:
+        """Registered, decodable, alive (handshake rule) and holding no malformed allocation."""
+        return self.registered and self.problem is None and not self.bad_pods and not self.dead(now)
+
+    def dead(self, now: float) -> bool:
+        """Upstream's liveness rule: a Requesting_ stamp unanswered for 60 s, no GPU allocatable."""
+        since = self.requesting_since
+        return since is not None and self.allocatable_gpus <= 0 and now >= since + _DEAD_AFTER_S
+
+    def refresh_summary(self) -> None:
+        slots = cores = mem = 0
+        total_slots = total_cores = total_mem = 0
+        free_slot_gpus = 0
+        max_free_mem = 0
+        for gpu in self.gpus:
+            slots += gpu.used_slots
+            cores += gpu.used_cores
+            mem += gpu.used_mem
+            total_slots += gpu.count
+            total_cores += gpu.devcore
+            total_mem += gpu.devmem
+            if gpu.health and not gpu.cordoned and gpu.used_slots < gpu.count:
+                free_slot_gpus += 1
+                max_free_mem = max(max_free_mem, gpu.devmem - gpu.used_mem)
+        # HAMi's node score (policy.NodeScore.ComputeScore): usage ratios before placement.
+        self.score = (
+            (slots / total_slots if total_slots else 0.0)
+            + (cores / total_cores if total_cores else 0.0)
+            + (mem / total_mem if total_mem else 0.0)
+        )
+        self.free_slot_gpus = free_slot_gpus
+        self.max_free_mem = max_free_mem
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Contribution:
+    """What one pod takes on one node: its device list and the per-GPU usage derived from it."""
+
+    uid: PodUid
+    namespace: str
+    name: str
+    node: NodeName
+    devices: PodDevices
+    n_init: int
+    usage: Mapping[str, Usage]
+    source: Source
+    expires_at: float | None = None
+    raw: str | None = None
+    """The annotation an allocation was decoded from (to skip unchanged pods)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Problem:
+    """A malformed object: ``kind`` Node or Pod, its identity, and what was wrong."""
+
+    kind: Literal["Node", "Pod"]
+    name: str
+    namespace: str
+    uid: str
+    field: str
+    reason: str
+
+
+def pod_usage(devices: Sequence[Sequence[ContainerDevice]], n_init: int) -> dict[str, Usage]:
+    """Per-GPU usage of a device list: init containers by their peak, regular ones summed, and the
+    larger of the two per dimension (as HAMi's ``applyPeakUsage``)."""
+    init_peak: dict[str, list[int]] = {}
+    apps: dict[str, list[int]] = {}
+    for i, slot in enumerate(devices):
+        if i < n_init:
+            per: dict[str, list[int]] = {}
+            for dev in slot:
+                acc = per.setdefault(dev.uuid, [0, 0, 0])
+                acc[0] += 1
+                acc[1] += dev.usedmem
+                acc[2] += dev.usedcores
+            for uuid, (s, m, c) in per.items():
+                peak = init_peak.setdefault(uuid, [0, 0, 0])
+                peak[0], peak[1], peak[2] = max(peak[0], s), max(peak[1], m), max(peak[2], c)
+        else:
+            for dev in slot:
+                acc = apps.setdefault(dev.uuid, [0, 0, 0])
+                acc[0] += 1
+                acc[1] += dev.usedmem
+                acc[2] += dev.usedcores
+    usage: dict[str, Usage] = {}
+    for uuid in init_peak.keys() | apps.keys():
+        a = init_peak.get(uuid, [0, 0, 0])
+        b = apps.get(uuid, [0, 0, 0])
+        usage[uuid] = (max(a[0], b[0]), max(a[1], b[1]), max(a[2], b[2]))
+    return usage
+
+
+def pod_finished(pod: Mapping[str, Any]) -> bool:
+    """Succeeded, Failed or being deleted: its GPUs are free again."""
+    meta = pod.get("metadata") or {}
+    status = pod.get("status") or {}
+    return bool(meta.get("deletionTimestamp")) or status.get("phase") in _FINISHED
+
+
+def _annotations(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    return (obj.get("metadata") or {}).get("annotations") or {}
+
+
+def _cordoned(value: str | None) -> frozenset[str]:
+    # TODO(hamipy.protocol): no codec for hami.io/device-cordon yet; it is a plain comma list.
+    if not value:
+        return frozenset()
+    return frozenset(item.strip() for item in value.split(",") if item.strip())
+
+
+def _read_liveness(state: NodeState, node: Mapping[str, Any], count_resource: str) -> None:
+    """Lock, allocatable GPU count and handshake: the fields that change without the GPUs."""
+    ann = _annotations(node)
+    lock = ann.get(keys.NODE_LOCK)
+    state.lock_value = lock if isinstance(lock, str) else None
+    state.allocatable_gpus = 0
+    alloc = ((node.get("status") or {}).get("allocatable") or {}).get(count_resource)
+    if alloc is not None:
+        try:
+            state.allocatable_gpus = parse_quantity(alloc, resource=count_resource)
+        except ProtocolError:
+            state.allocatable_gpus = 0
+    handshake = ann.get(keys.NODE_HANDSHAKE)
+    state.handshake = handshake if isinstance(handshake, str) else None
+    state.requesting_since = None
+    if state.handshake:
+        try:
+            parsed = parse_handshake(state.handshake)
+        except ProtocolError:
+            # Upstream reads an unparsable stamp as healthy; so do we (the plugin rewrites it).
+            return
+        if parsed.kind == "Requesting":
+            state.requesting_since = parsed.time.timestamp()
+
+
+def node_from_json(
+    node: Mapping[str, Any], *, count_resource: str = keys.RESOURCE_COUNT
+) -> tuple[NodeState, Problem | None]:
+    """A fresh ``NodeState`` (no usage yet) from a Node object, and the problem with it if any."""
+    meta = node.get("metadata") or {}
+    name = str(meta.get("name", ""))
+    ann = _annotations(node)
+    state = NodeState(name=name)
+    problem: Problem | None = None
+    register = ann.get(keys.NODE_REGISTER)
+    state.register_value = register if isinstance(register, str) else None
+    state.cordon_value = ann.get(keys.DEVICE_CORDON)
+    _read_liveness(state, node, count_resource)
+    if state.register_value is not None:
+        state.registered = True
+        try:
+            devices = decode_node_devices(state.register_value)
+        except ProtocolError as exc:
+            state.problem = f"malformed {keys.NODE_REGISTER}: {exc}"
+            problem = Problem("Node", name, "", str(meta.get("uid", "")), exc.field, str(exc))
+        else:
+            cordon = _cordoned(state.cordon_value)
+            state.gpus = sorted((Gpu.of(d, cordoned=d.id in cordon) for d in devices), key=lambda g: g.index)
+            state.by_uuid = {g.uuid: g for g in state.gpus}
+            state.type_key = tuple(sorted({g.type_upper for g in state.gpus}))
+    state.refresh_summary()
+    return state, problem
+
+
+@dataclasses.dataclass(slots=True)
+class _PodInfo:
+    uid: PodUid
+    namespace: str
+    name: str
+    node: NodeName | None
+    allocated: str | None
+    n_init: int
+    finished: bool
+
+
+def _pod_info(pod: Mapping[str, Any]) -> _PodInfo:
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    ann = meta.get("annotations") or {}
+    node = spec.get("nodeName") or ann.get(keys.VGPU_NODE) or None
+    allocated = ann.get(keys.DEVICES_ALLOCATED)
+    return _PodInfo(
+        uid=PodUid(str(meta.get("uid", ""))),
+        namespace=str(meta.get("namespace", "")),
+        name=str(meta.get("name", "")),
+        node=NodeName(str(node)) if node else None,
+        allocated=allocated if isinstance(allocated, str) and allocated else None,
+        n_init=len(spec.get("initContainers") or []),
+        finished=pod_finished(pod),
+    )
+
+
+class ClusterModel:
+    """Nodes and contributions, updated incrementally; see the module docstring."""
+
+    def __init__(self, *, count_resource: str = keys.RESOURCE_COUNT) -> None:
+        self.count_resource = count_resource
+        self.nodes: dict[str, NodeState] = {}
+        self.contributions: dict[PodUid, Contribution] = {}
+        self._by_node: dict[str, set[PodUid]] = {}
+        self._expiry: list[tuple[float, str]] = []
+        # Pods seen with a malformed allocation: uid -> node, so the node recovers when they go.
+        self._bad: dict[PodUid, NodeName] = {}
+        self.nodes_synced = False
+        self.pods_synced = False
+        self.generation = 0
+        """Bumped on every change (the metrics collector and tests use it)."""
+
+    @property
+    def synced(self) -> bool:
+        return self.nodes_synced and self.pods_synced
+
+    # -- nodes ----------------------------------------------------------------------------------
+
+    def apply_node(self, event: EventType, node: Mapping[str, Any]) -> list[Problem]:
+        """Apply one Node watch event."""
+        name = str((node.get("metadata") or {}).get("name", ""))
+        self.generation += 1
+        if event == "DELETED":
+            self.nodes.pop(name, None)
+            return []
+        old = self.nodes.get(name)
+        ann = _annotations(node)
+        if (
+            old is not None
+            and old.register_value == ann.get(keys.NODE_REGISTER)
+            and old.cordon_value == ann.get(keys.DEVICE_CORDON)
+        ):
+            # Only liveness/lock fields changed: keep the GPUs and their usage.
+            _read_liveness(old, node, self.count_resource)
+            return []
+        state, problem = node_from_json(node, count_resource=self.count_resource)
+        if old is not None:
+            state.bad_pods = old.bad_pods
+        self.nodes[name] = state
+        self._recount(state)
+        return [problem] if problem else []
+
+    def replace_nodes(self, nodes: Iterable[Mapping[str, Any]]) -> list[Problem]:
+        """A full list: apply each, and forget nodes not in it."""
+        problems: list[Problem] = []
+        seen: set[str] = set()
+        for node in nodes:
+            seen.add(str((node.get("metadata") or {}).get("name", "")))
+            problems += self.apply_node("MODIFIED", node)
+        for name in list(self.nodes):
+            if name not in seen:
+                del self.nodes[name]
+        self.nodes_synced = True
+        return problems
+
+    def _recount(self, state: NodeState) -> None:
+        for gpu in state.gpus:
+            gpu.used_slots = gpu.used_mem = gpu.used_cores = 0
+        for uid in self._by_node.get(state.name, ()):
+            self._add_usage(state, self.contributions[uid].usage, 1)
+        state.refresh_summary()
+
+    @staticmethod
+    def _add_usage(state: NodeState, usage: Mapping[str, Usage], sign: int) -> None:
+        by_uuid = state.by_uuid
+        for uuid, (slots, mem, cores) in usage.items():
+            gpu = by_uuid.get(uuid)
+            if gpu is None:
+                continue  # a GPU the node no longer registers takes nothing from the others
+            gpu.used_slots += sign * slots
+            gpu.used_mem += sign * mem
+            gpu.used_cores += sign * cores
+
+    # -- contributions --------------------------------------------------------------------------
+
+    def _set(self, contribution: Contribution | None, uid: PodUid) -> None:
+        old = self.contributions.pop(uid, None)
+        if old is not None:
+            self._by_node[old.node].discard(uid)
+            state = self.nodes.get(old.node)
+            if state is not None:
+                self._add_usage(state, old.usage, -1)
+                if contribution is None or contribution.node != old.node:
+                    state.refresh_summary()
+        if contribution is not None:
+            self.contributions[uid] = contribution
+            self._by_node.setdefault(contribution.node, set()).add(uid)
+            state = self.nodes.get(contribution.node)
+            if state is not None:
+                self._add_usage(state, contribution.usage, 1)
+                state.refresh_summary()
+            if contribution.expires_at is not None:
+                heapq.heappush(self._expiry, (contribution.expires_at, uid))
+        self.generation += 1
+
+    def _set_bad(self, uid: PodUid, node: NodeName | None) -> None:
+        old = self._bad.pop(uid, None)
+        if old is not None and old in self.nodes:
+            self.nodes[old].bad_pods.discard(uid)
+        if node is not None:
+            self._bad[uid] = node
+            state = self.nodes.get(node)
+            if state is None:
+                state = NodeState(name=node)
+                self.nodes[node] = state
+            state.bad_pods.add(uid)
+
+    def apply_pod(self, event: EventType, pod: Mapping[str, Any]) -> list[Problem]:
+        """Apply one Pod watch event."""
+        info = _pod_info(pod)
+        uid = info.uid
+        if event == "DELETED" or info.finished:
+            self._set_bad(uid, None)
+            if uid in self.contributions:
+                self._set(None, uid)
+            return []
+        if info.allocated is None or info.node is None:
+            self._set_bad(uid, None)
+            current = self.contributions.get(uid)
+            if current is not None and current.source == "allocated":
+                self._set(None, uid)  # annotations removed (a failed bind cleaned up)
+            return []
+        current = self.contributions.get(uid)
+        if (
+            current is not None
+            and current.source == "allocated"
+            and current.node == info.node
+            and current.raw == info.allocated
+        ):
+            return []
+        try:
+            devices = decode_pod_devices(info.allocated, field=keys.DEVICES_ALLOCATED)
+        except ProtocolError as exc:
+            self._set(None, uid)
+            self._set_bad(uid, info.node)
+            return [Problem("Pod", info.name, info.namespace, uid, exc.field, str(exc))]
+        self._set_bad(uid, None)
+        self._set(
+            Contribution(
+                uid=uid,
+                namespace=info.namespace,
+                name=info.name,
+                node=info.node,
+                devices=devices,
+                n_init=info.n_init,
+                usage=pod_usage(devices, info.n_init),
+                source="allocated",
+                expires_at=None,
+                raw=info.allocated,
+            ),
+            uid,
+        )
+        return []
+
+    def replace_pods(self, pods: Iterable[Mapping[str, Any]]) -> list[Problem]:
+        """A full list: apply each; allocations of pods not in it are dropped (reservations stay)."""
+        problems: list[Problem] = []
+        seen: set[str] = set()
+        for pod in pods:
+            seen.add(str((pod.get("metadata") or {}).get("uid", "")))
+            problems += self.apply_pod("MODIFIED", pod)
+        for uid, contribution in list(self.contributions.items()):
+            if contribution.source == "allocated" and uid not in seen:
+                self._set(None, uid)
+        for uid in list(self._bad):
+            if uid not in seen:
+                self._set_bad(uid, None)
+        self.pods_synced = True
+        return problems
+
+    def reserve(
+        self,
+        *,
+        uid: PodUid,
+        namespace: str,
+        name: str,
+        node: NodeName,
+        devices: PodDevices,
+        n_init: int,
+        expires_at: float,
+    ) -> None:
+        """Record a decision at once, so the next filter sees it; replaces the pod's previous one."""
+        self._set(
+            Contribution(
+                uid=uid,
+                namespace=namespace,
+                name=name,
+                node=node,
+                devices=devices,
+                n_init=n_init,
+                usage=pod_usage(devices, n_init),
+                source="reserved",
+                expires_at=expires_at,
+            ),
+            uid,
+        )
+
+    def allocate(
+        self,
+        *,
+        uid: PodUid,
+        namespace: str,
+        name: str,
+        node: NodeName,
+        devices: PodDevices,
+        n_init: int,
+        raw: str,
+    ) -> None:
+        """Record an allocation written by our bind before its watch event arrives (the event,
+        carrying the same ``raw`` annotation, is then a no-op)."""
+        self._set(
+            Contribution(
+                uid=uid,
+                namespace=namespace,
+                name=name,
+                node=node,
+                devices=devices,
+                n_init=n_init,
+                usage=pod_usage(devices, n_init),
+                source="allocated",
+                raw=raw,
+            ),
+            uid,
+        )
+
+    def release(self, uid: PodUid, *, only_reserved: bool = True) -> None:
+        """Drop the pod's reservation (or, with ``only_reserved=False``, whatever it holds)."""
+        current = self.contributions.get(uid)
+        if current is not None and (current.source == "reserved" or not only_reserved):
+            self._set(None, uid)
+
+    def expire(self, now: float) -> int:
+        """Drop reservations whose time is up; returns how many."""
+        dropped = 0
+        heap = self._expiry
+        while heap and heap[0][0] <= now:
+            at, uid = heapq.heappop(heap)
+            current = self.contributions.get(PodUid(uid))
+            if current is not None and current.source == "reserved" and current.expires_at == at:
+                self._set(None, PodUid(uid))
+                dropped += 1
+        return dropped
+
+    def pods_on(self, node: str) -> list[Contribution]:
+        return [self.contributions[uid] for uid in self._by_node.get(node, ())]
+
+
+def now_epoch() -> float:
+    """Wall-clock seconds (handshake stamps are wall-clock times)."""
+    return datetime.now(UTC).timestamp()

@@ -1,0 +1,46 @@
+"""Settings of the extender beyond the shared configuration (hamipy.protocol.config.Config)."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import timedelta
+
+from hamipy.protocol.node_lock import NODE_LOCK_TIMEOUT
+
+__all__ = ["ExtenderSettings"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ExtenderSettings:
+    """How the extender decides, binds and watches. Times are in seconds."""
+
+    cooperative: bool = False
+    """False (HAMi mode): /filter returns the one node chosen and reserves its GPUs at once. True:
+    /filter returns every feasible node, /prioritize scores them and GPUs are chosen at bind, so
+    kube-scheduler's own scoring (preferred affinity, topology spread) still counts."""
+    release_lock_after_bind: bool = True
+    """True: hold ``hami.io/mutex.lock`` only for the bind critical section (re-check, annotate,
+    Binding), so binds on one node follow each other in milliseconds. False (HAMi-compatible):
+    leave it for the device plugin to release after Allocate, as HAMi's device plugin expects."""
+    bind_timeout_s: float = 20.0
+    """How long a bind may wait for a node lock held by another pod. Keep it below the scheduler's
+    extender ``httpTimeout`` (HAMi deploys 30 s) so the answer, not a timeout, reaches it."""
+    lock_expiry: timedelta = NODE_LOCK_TIMEOUT
+    """Age past which a lock is broken whoever holds it (upstream: 5 minutes)."""
+    reservation_ttl_s: float = 60.0
+    """How long a filter's reservation counts without a bind confirming it. Longer than a normal
+    filter -> bind gap (milliseconds to the bind wait), short enough that a pod the scheduler gave
+    up on frees its GPUs soon."""
+    api_timeout_s: float = 10.0
+    """Per Kubernetes API call (not watches)."""
+    watch_timeout_s: float = 300.0
+    """Server-side watch duration before a clean reconnect (``timeoutSeconds``)."""
+    watch_inactivity_s: float = 330.0
+    """A watch that sends nothing (not even a bookmark) this long is dropped and restarted."""
+    handshake_interval_s: float = 30.0
+    """How often the ``Requesting_`` handshake is stamped on nodes that need it; 0 disables it."""
+    max_body_bytes: int = 16 * 1024 * 1024
+    """Largest request body: ExtenderArgs with ``Nodes`` (nodeCacheCapable false) carries every node
+    object, about 5-10 KiB each."""
+    event_queue_size: int = 1000
+    """Kubernetes Events waiting to be posted; beyond it new ones are dropped (and counted)."""

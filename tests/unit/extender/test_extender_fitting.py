@@ -1,0 +1,313 @@
+"""Every fit rule and policy, on the model fed with Node/Pod JSON (pure, no cluster)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from extender_fakes import container, gpu, node, pod
+
+from hamipy.extender.filtering import build_ask, decide, summarize
+from hamipy.extender.fitting import fit_pod
+from hamipy.extender.model import ClusterModel, NodeName, PodUid
+from hamipy.extender.scoring import prioritize_score
+from hamipy.protocol import keys
+from hamipy.protocol.config import Config
+from hamipy.protocol.pod_devices import encode_pod_devices
+
+CONFIG = Config()
+NOW = 1_000_000.0
+
+
+def model_with(*nodes: dict[str, Any]) -> ClusterModel:
+    model = ClusterModel()
+    model.replace_nodes(nodes)
+    model.replace_pods([])
+    return model
+
+
+def fit(model: ClusterModel, name: str, p: dict[str, Any]) -> Any:
+    return fit_pod(model.nodes[name], build_ask(p, CONFIG))
+
+
+def uuids(devices: Any) -> list[list[str]]:
+    return [[d.uuid for d in slot] for slot in devices]
+
+
+# -- per-GPU rules -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("device", "limits", "annotations", "reason"),
+    [
+        pytest.param(gpu("G", health=False), {"gpu": "1", "mem": "10"}, {}, "CardNotHealth", id="unhealthy"),
+        pytest.param(
+            gpu("G", mem=100), {"gpu": "1", "mem": "200"}, {}, "CardInsufficientMemory", id="memory"
+        ),
+        pytest.param(
+            gpu("G", count=0), {"gpu": "1", "mem": "10"}, {}, "CardTimeSlicingExhausted", id="slots"
+        ),
+        pytest.param(gpu("G", core=50), {"gpu": "1", "cores": "60"}, {}, "CardInsufficientCore", id="cores"),
+        pytest.param(
+            gpu("G"),
+            {"gpu": "1", "mem": "10"},
+            {keys.USE_GPU_TYPE: "A100"},
+            "CardTypeMismatch",
+            id="use-type",
+        ),
+        pytest.param(
+            gpu("G"),
+            {"gpu": "1", "mem": "10"},
+            {keys.NOUSE_GPU_TYPE: "v100"},
+            "CardTypeMismatch",
+            id="nouse-type",
+        ),
+        pytest.param(
+            gpu("G"),
+            {"gpu": "1", "mem": "10"},
+            {keys.USE_GPU_UUID: "GPU-X"},
+            "CardUuidMismatch",
+            id="use-uuid",
+        ),
+        pytest.param(
+            gpu("G"), {"gpu": "1", "mem": "10"}, {keys.NOUSE_GPU_UUID: "G"}, "CardUuidMismatch", id="nouse"
+        ),
+        pytest.param(
+            gpu("G"), {"gpu": "1", "mem": "10"}, {keys.VGPU_MODE: "mig"}, "CardTypeMismatch", id="mode"
+        ),
+        pytest.param(gpu("G"), {"gpu": "2", "mem": "10"}, {}, "NodeInsufficientDevice", id="too-many-gpus"),
+    ],
+)
+def test_single_gpu_rule_refuses_with_hami_reason(
+    device: Any, limits: dict[str, str], annotations: dict[str, str], reason: str
+) -> None:
+    model = model_with(node("n", [device]))
+    result = fit(model, "n", pod("p", container(**limits), annotations=annotations))
+    assert not result.ok
+    assert reason in result.reason_text()
+
+
+def test_cordoned_gpu_is_skipped() -> None:
+    model = model_with(node("n", [gpu("A", 0), gpu("B", 1)], annotations={keys.DEVICE_CORDON: "A"}))
+    result = fit(model, "n", pod("p", container(gpu="2", mem="10")))
+    assert not result.ok
+    assert "1/2 CardCordoned" in result.reason_text()
+    assert "1/2 AllocatedCardsInsufficientRequest" in result.reason_text()
+
+
+def test_type_selector_picks_matching_gpu() -> None:
+    model = model_with(node("n", [gpu("A", 0, type_="NVIDIA-A100"), gpu("B", 1, type_="NVIDIA-T4")]))
+    result = fit(model, "n", pod("p", container(gpu="1", mem="10"), annotations={keys.USE_GPU_TYPE: "t4"}))
+    assert uuids(result.devices) == [["B"]]
+
+
+def test_uuid_selector_picks_named_gpu() -> None:
+    model = model_with(node("n", [gpu("A", 0), gpu("B", 1), gpu("C", 2)]))
+    result = fit(model, "n", pod("p", container(gpu="1", mem="10"), annotations={keys.USE_GPU_UUID: "C"}))
+    assert uuids(result.devices) == [["C"]]
+
+
+def allocated(name: str, node_name: str, value: str, **kw: Any) -> dict[str, Any]:
+    return pod(name, node_name=node_name, annotations={keys.DEVICES_ALLOCATED: value}, phase="Running", **kw)
+
+
+def test_exclusive_cores_refused_on_used_gpu_and_block_others() -> None:
+    model = model_with(node("n", [gpu("A", 0)]))
+    model.apply_pod("ADDED", allocated("a", "n", "A,NVIDIA,100,0:;"))
+    result = fit(model, "n", pod("p", container(gpu="1", mem="10", cores="100")))
+    assert "ExclusiveDeviceAllocateConflict" in result.reason_text()
+    model2 = model_with(node("n", [gpu("A", 0)]))
+    model2.apply_pod("ADDED", allocated("x", "n", "A,NVIDIA,100,100:;"))
+    zero = fit(model2, "n", pod("p", container(gpu="1", mem="10")))
+    assert "CardInsufficientCore" not in zero.reason_text()
+    assert "CardComputeUnitsExhausted" in zero.reason_text()
+
+
+def test_memory_percentage_is_resolved_per_gpu() -> None:
+    model = model_with(node("n", [gpu("A", 0, mem=10000)]))
+    result = fit(model, "n", pod("p", container(gpu="1", pct="30")))
+    assert result.devices[0][0].usedmem == 3000
+    model.apply_pod("ADDED", allocated("a", "n", "A,NVIDIA,8000,0:;"))
+    assert "CardInsufficientMemory" in fit(model, "n", pod("p", container(gpu="1", pct="30"))).reason_text()
+
+
+def test_no_memory_asked_takes_whole_gpu() -> None:
+    model = model_with(node("n", [gpu("A", 0, mem=10000)]))
+    result = fit(model, "n", pod("p", container(gpu="1")))
+    assert result.devices[0][0].usedmem == 10000
+
+
+def test_two_gpus_in_one_container_are_distinct() -> None:
+    model = model_with(node("n", [gpu("A", 0), gpu("B", 1), gpu("C", 2)]))
+    result = fit(model, "n", pod("p", container(gpu="2", mem="100")))
+    assert len(set(uuids(result.devices)[0])) == 2
+
+
+def test_numa_bind_keeps_a_container_on_one_numa_node() -> None:
+    devices = [gpu("A", 0, numa=0), gpu("B", 1, numa=1), gpu("C", 2, numa=1)]
+    model = model_with(node("n", devices))
+    bound = fit(model, "n", pod("p", container(gpu="2", mem="10"), annotations={keys.NUMA_BIND: "true"}))
+    assert sorted(uuids(bound.devices)[0]) == ["B", "C"]
+    three = fit(model, "n", pod("p", container(gpu="3", mem="10"), annotations={keys.NUMA_BIND: "true"}))
+    assert "NumaNotFit" in three.reason_text()
+
+
+def test_containers_add_up_and_init_containers_count_by_peak() -> None:
+    model = model_with(node("n", [gpu("A", 0, mem=10000)]))
+    two = pod("p", container("a", gpu="1", mem="6000"), container("b", gpu="1", mem="6000"))
+    assert "CardInsufficientMemory" in fit(model, "n", two).reason_text()
+    with_init = pod(
+        "p",
+        container("a", gpu="1", mem="5000"),
+        container("b", gpu="1", mem="5000"),
+        init=[container("i", gpu="1", mem="9000"), container("plain")],
+    )
+    result = fit(model, "n", with_init)
+    assert [len(s) for s in result.devices] == [1, 0, 1, 1]
+    # The allocation counts 10000 (apps) not 19000 (all).
+    model.apply_pod(
+        "ADDED",
+        allocated(
+            "q",
+            "n",
+            encode_pod_devices(result.devices),
+            init=[container("i", gpu="1"), container("plain")],
+        ),
+    )
+    assert model.nodes["n"].gpus[0].used_mem == 10000
+
+
+# -- policies ---------------------------------------------------------------------------------------
+
+
+def test_gpu_policy_binpack_vs_spread() -> None:
+    model = model_with(node("n", [gpu("A", 0), gpu("B", 1)]))
+    model.apply_pod("ADDED", allocated("a", "n", "B,NVIDIA,1000,0:;"))
+    spread = pod("p", container(gpu="1", mem="100"), annotations={keys.GPU_SCHEDULER_POLICY: "spread"})
+    binpack = pod("p", container(gpu="1", mem="100"), annotations={keys.GPU_SCHEDULER_POLICY: "binpack"})
+    assert uuids(fit(model, "n", spread).devices) == [["A"]]
+    assert uuids(fit(model, "n", binpack).devices) == [["B"]]
+
+
+@pytest.mark.parametrize(("policy", "expected"), [("binpack", "busy"), ("spread", "idle")])
+def test_node_policy_binpack_vs_spread(policy: str, expected: str) -> None:
+    model = model_with(node("busy"), node("idle"))
+    model.apply_pod("ADDED", allocated("a", "busy", "GPU-busy-0,NVIDIA,1000,10:;"))
+    p = pod("p", container(gpu="1", mem="100"), annotations={keys.NODE_SCHEDULER_POLICY: policy})
+    decision = decide(model, build_ask(p, CONFIG), ["busy", "idle"], now=NOW)
+    assert decision.node == expected
+
+
+def test_config_default_policies_apply_without_annotations() -> None:
+    config = Config(node_scheduler_policy="spread", gpu_scheduler_policy=("binpack",))
+    ask = build_ask(pod("p"), config)
+    assert (ask.node_policy, ask.gpu_policy) == ("spread", "binpack")
+
+
+def test_prioritize_score_ranges() -> None:
+    assert prioritize_score(0.0, "spread") == 10
+    assert prioritize_score(0.0, "binpack") == 0
+    assert prioritize_score(3.0, "binpack") == 10
+
+
+# -- filter decisions and reasons --------------------------------------------------------------------
+
+
+def test_reservation_is_seen_by_the_next_filter() -> None:
+    model = model_with(node("n", [gpu("A", 0, count=1)]))
+    ask = build_ask(pod("p"), CONFIG)
+    first = decide(model, ask, ["n"], now=NOW)
+    assert first.node == "n"
+    model.reserve(
+        uid=PodUid("u1"),
+        namespace="ns",
+        name="p",
+        node=NodeName("n"),
+        devices=first.devices,
+        n_init=0,
+        expires_at=5,
+    )
+    second = decide(model, ask, ["n"], now=NOW)
+    assert second.node is None
+    assert second.failed == {"n": "1/1 CardTimeSlicingExhausted"}
+    assert model.expire(10) == 1
+    assert decide(model, ask, ["n"], now=NOW).node == "n"
+
+
+def test_reasons_counted_per_cause_and_unresolvable_nodes() -> None:
+    model = model_with(node("small", [gpu("A", 0, mem=100)]), node("one", [gpu("B", 0)]))
+    ask = build_ask(pod("p", container(gpu="2", mem="1000")), CONFIG)
+    decision = decide(model, ask, ["small", "one", "ghost"], now=NOW)
+    assert decision.node is None
+    assert decision.unresolvable == {
+        "small": "1/1 NodeInsufficientDevice",
+        "one": "1/1 NodeInsufficientDevice",
+        "ghost": "NodeUnregistered",
+    }
+    assert summarize(decision.failed, decision.unresolvable).startswith(
+        "2 nodes NodeInsufficientDevice(one,small)"
+    )
+
+
+def test_cooperative_returns_every_feasible_node() -> None:
+    model = model_with(node("a"), node("b"), node("c", [gpu("X", 0, mem=10)]))
+    decision = decide(model, build_ask(pod("p"), CONFIG), ["a", "b", "c"], now=NOW, all_feasible=True)
+    assert sorted(n for n, _, _ in decision.feasible) == ["a", "b"]
+
+
+# -- model safety -----------------------------------------------------------------------------------
+
+
+def test_malformed_register_offers_nothing_and_is_reported() -> None:
+    bad = node("n")
+    bad["metadata"]["annotations"][keys.NODE_REGISTER] = "[{not json"
+    model = ClusterModel()
+    problems = model.replace_nodes([bad])
+    assert problems
+    assert problems[0].kind == "Node"
+    decision = decide(model, build_ask(pod("p"), CONFIG), ["n"], now=NOW)
+    assert decision.unresolvable == {"n": "NodeRegisterMalformed"}
+
+
+def test_malformed_allocation_makes_its_node_unusable_until_the_pod_goes() -> None:
+    model = model_with(node("n"))
+    bad = allocated("bad", "n", "GPU-n-0,NVIDIA,-5,0:;")
+    problems = model.apply_pod("ADDED", bad)
+    assert problems
+    assert problems[0].kind == "Pod"
+    ask = build_ask(pod("p"), CONFIG)
+    assert decide(model, ask, ["n"], now=NOW).failed == {"n": "NodeAllocationUnknown"}
+    model.apply_pod("DELETED", bad)
+    assert decide(model, ask, ["n"], now=NOW).node == "n"
+
+
+def test_finished_and_deleted_pods_free_their_gpus() -> None:
+    model = model_with(node("n", [gpu("A", 0)]))
+    running = allocated("a", "n", "A,NVIDIA,1000,10:;")
+    model.apply_pod("ADDED", running)
+    assert model.nodes["n"].gpus[0].used_mem == 1000
+    done = {**running, "status": {"phase": "Succeeded"}}
+    model.apply_pod("MODIFIED", done)
+    assert model.nodes["n"].gpus[0].used_mem == 0
+
+
+def test_register_change_keeps_usage_of_remaining_gpus() -> None:
+    model = model_with(node("n", [gpu("A", 0), gpu("B", 1)]))
+    model.apply_pod("ADDED", allocated("a", "n", "A,NVIDIA,1000,10:;"))
+    model.apply_node("MODIFIED", node("n", [gpu("A", 0, mem=2000), gpu("C", 1)]))
+    state = model.nodes["n"]
+    assert [(g.uuid, g.used_mem) for g in state.gpus] == [("A", 1000), ("C", 0)]
+
+
+def test_dead_node_by_handshake_rule() -> None:
+    n = node("n", annotations={keys.NODE_HANDSHAKE: "Requesting_1970-01-01 00:00:00"})
+    n["status"]["allocatable"][keys.RESOURCE_COUNT] = "0"
+    model = model_with(n)
+    decision = decide(model, build_ask(pod("p"), CONFIG), ["n"], now=NOW)
+    assert decision.failed == {"n": "NodeHandshakeTimeout"}
+
+
+def test_pod_without_gpu_ask_and_malformed_ask() -> None:
+    assert not build_ask(pod("p", container()), CONFIG).requests.any
+    with pytest.raises(ValueError, match="gpumem"):
+        build_ask(pod("p", container(gpu="1", mem="0.5")), CONFIG)
