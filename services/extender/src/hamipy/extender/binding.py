@@ -1,0 +1,327 @@
+"""``/bind``: where correctness is enforced (DESIGN.md decision 5).
+
+For one pod and the node kube-scheduler chose:
+
+1. read the pod (its asks; a pod already bound there is a retried bind and succeeds);
+2. take the node lock ``hami.io/mutex.lock`` in HAMi's format with a resourceVersion-guarded patch.
+   A lock held by another pod is waited for (bounded by ``bind_timeout_s``, below the scheduler's
+   httpTimeout) instead of failing; one that is expired, malformed, or whose owner pod is gone,
+   finished or already served (``bind-phase`` success/failed) is broken. Binds of one replica on
+   one node also queue on an in-process mutex, so they do not poll each other;
+3. under the lock, rebuild the node's usage from *fresh* API state: the Node, and every pod bound to
+   it or annotated for it (``spec.nodeName`` and the ``hami.io/vgpu-node`` label, which our bind
+   writes together with the allocation), so that binds by other replicas and pods the watch has not
+   delivered yet are counted; re-check the filter's devices there and re-plan on that node if they
+   no longer fit;
+4. patch the pod (``hami.io/vgpu-node`` annotation and label, ``vgpu-time``,
+   ``vgpu-devices-to-allocate``, ``vgpu-devices-allocated``, ``bind-phase=allocating``,
+   ``bind-time``; the pod's UID as precondition) and create the Binding;
+5. release the lock at once (``release_lock_after_bind``) or leave it for the device plugin
+   (HAMi-compatible).
+
+On failure the lock (if ours) and the reservation are released, annotations already written are
+removed, and ``BindRefused``/``KubeError`` tells the caller why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from hamipy.extender.errors import BindRefused, Conflict, KubeError, LockTimeout, NotFound
+from hamipy.extender.filtering import build_ask
+from hamipy.extender.fitting import fit_pod
+from hamipy.extender.kube import (
+    KubeApi,
+    create_binding,
+    get_node,
+    get_pod,
+    list_pods,
+    patch_node,
+    patch_pod,
+)
+from hamipy.extender.model import ClusterModel, NodeName, PodUid, now_epoch, pod_finished
+from hamipy.extender.settings import ExtenderSettings
+from hamipy.extender.telemetry import Telemetry
+from hamipy.protocol import keys
+from hamipy.protocol.config import Config
+from hamipy.protocol.errors import ProtocolError
+from hamipy.protocol.node_lock import NodeLock, format_node_lock, lock_expired, owned_by, parse_node_lock
+from hamipy.protocol.pod_devices import encode_pod_devices
+
+__all__ = ["Binder"]
+
+_FIRST_DELAY_S: Final = 0.02
+_MAX_DELAY_S: Final = 0.25
+_DONE_PHASES: Final = frozenset({"success", "failed"})
+_LABEL_MAX: Final = 63
+_ALLOCATION_KEYS: Final = (
+    keys.VGPU_NODE,
+    keys.VGPU_TIME,
+    keys.DEVICES_TO_ALLOCATE,
+    keys.DEVICES_ALLOCATED,
+    keys.BIND_PHASE,
+    keys.BIND_TIME,
+)
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta: Mapping[str, Any] = obj.get("metadata") or {}
+    return meta
+
+
+class Binder:
+    """Binds pods; one per extender instance (it holds the per-node in-process mutexes)."""
+
+    def __init__(
+        self,
+        *,
+        api: KubeApi,
+        model: ClusterModel,
+        config: Config,
+        settings: ExtenderSettings,
+        telemetry: Telemetry,
+        wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.api = api
+        self.model = model
+        self.config = config
+        self.settings = settings
+        self.telemetry = telemetry
+        self.wall_clock = wall_clock
+        self._mutexes: dict[str, asyncio.Lock] = {}
+
+    async def bind(self, *, namespace: str, name: str, uid: str, node: str) -> None:
+        """Bind ``namespace/name`` to ``node``; raises ``BindRefused`` or ``KubeError``."""
+        timeout = self.settings.api_timeout_s
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.bind_timeout_s
+        try:
+            pod = await get_pod(self.api, namespace, name, timeout_s=timeout)
+        except NotFound:
+            self.model.release(PodUid(uid))
+            raise BindRefused(f"pod {namespace}/{name} no longer exists") from None
+        if uid and _meta(pod).get("uid") != uid:
+            self.model.release(PodUid(uid))
+            raise BindRefused(f"pod {namespace}/{name} was replaced (uid {_meta(pod).get('uid')}, not {uid})")
+        bound = (pod.get("spec") or {}).get("nodeName")
+        if bound:
+            if bound == node:
+                return  # a retried bind that already happened
+            raise BindRefused(f"pod {namespace}/{name} is already bound to {bound}")
+        try:
+            ask = build_ask(pod, self.config)
+        except ProtocolError as exc:
+            self.model.release(PodUid(uid))
+            raise BindRefused(f"pod asks malformed resources: {exc}") from exc
+        if not ask.requests.any:
+            await create_binding(self.api, namespace, name, uid, node, timeout_s=timeout)
+            return
+        mutex = self._mutexes.setdefault(node, asyncio.Lock())
+        try:
+            async with asyncio.timeout_at(deadline):
+                await mutex.acquire()
+        except TimeoutError:
+            self.model.release(PodUid(uid))
+            raise LockTimeout(
+                f"node {node} is busy binding other pods; gave up after {self.settings.bind_timeout_s:g}s"
+            ) from None
+        locked = False
+        patched = False
+        try:
+            node_obj = await self._acquire(node, namespace, name, deadline)
+            locked = True
+            state = await self._fresh_state(node_obj, exclude=str(_meta(pod).get("uid", "")))
+            if not state.usable(now_epoch()):
+                why = state.problem or (
+                    f"a pod on it has a malformed {keys.DEVICES_ALLOCATED}"
+                    if state.bad_pods
+                    else "handshake timed out"
+                )
+                raise BindRefused(f"node {node} cannot take GPU pods now: {why}")
+            reservation = self.model.contributions.get(PodUid(uid))
+            preferred = reservation.devices if reservation is not None and reservation.node == node else None
+            fit = fit_pod(state, ask, preferred=preferred)
+            if fit.devices is None:
+                raise BindRefused(f"pod no longer fits node {node}: {fit.reason_text()}")
+            devices = fit.devices
+            encoded = encode_pod_devices(devices, field=keys.DEVICES_ALLOCATED)
+            stamp = str(int(self.wall_clock().timestamp()))
+            body: dict[str, Any] = {
+                "metadata": {
+                    "uid": _meta(pod).get("uid"),
+                    "annotations": {
+                        keys.VGPU_NODE: node,
+                        keys.VGPU_TIME: stamp,
+                        keys.DEVICES_TO_ALLOCATE: encoded,
+                        keys.DEVICES_ALLOCATED: encoded,
+                        keys.BIND_PHASE: "allocating",
+                        keys.BIND_TIME: stamp,
+                    },
+                }
+            }
+            if len(node) <= _LABEL_MAX:
+                body["metadata"]["labels"] = {keys.VGPU_NODE_LABEL: node}
+            patched = True
+            await patch_pod(self.api, namespace, name, body, timeout_s=timeout)
+            await create_binding(self.api, namespace, name, uid, node, timeout_s=timeout)
+            self.model.allocate(
+                uid=PodUid(uid),
+                namespace=namespace,
+                name=name,
+                node=NodeName(node),
+                devices=devices,
+                n_init=ask.n_init,
+                raw=encoded,
+            )
+            patched = False
+        except BaseException:
+            self.model.release(PodUid(uid), only_reserved=False)
+            if patched:
+                await self._unannotate(namespace, name)
+            if locked:
+                await self._release(node, namespace, name)
+                locked = False
+            raise
+        finally:
+            mutex.release()
+        if locked and self.settings.release_lock_after_bind:
+            await self._release(node, namespace, name)
+
+    # -- the node lock ---------------------------------------------------------------------------
+
+    async def _acquire(self, node: str, namespace: str, name: str, deadline: float) -> dict[str, Any]:
+        loop = asyncio.get_running_loop()
+        timeout = self.settings.api_timeout_s
+        delay = _FIRST_DELAY_S
+        waited = False
+        while True:
+            try:
+                obj = await get_node(self.api, node, timeout_s=timeout)
+            except NotFound:
+                raise BindRefused(f"node {node} no longer exists") from None
+            meta = _meta(obj)
+            value = (meta.get("annotations") or {}).get(keys.NODE_LOCK)
+            holder = value
+            breaking: str | None = None
+            if value:
+                breaking, holder = await self._breakable(value, namespace, name)
+                if breaking == "mine":
+                    return obj
+            if not value or breaking:
+                mine = format_node_lock(NodeLock(self.wall_clock().replace(microsecond=0), namespace, name))
+                try:
+                    obj = await patch_node(
+                        self.api,
+                        node,
+                        {keys.NODE_LOCK: mine},
+                        resource_version=str(meta.get("resourceVersion")),
+                        timeout_s=timeout,
+                    )
+                except Conflict:
+                    continue  # someone wrote the node first: look again
+                if breaking:
+                    self.telemetry.metrics.lock_breaks.labels(reason=breaking).inc()
+                    self.telemetry.logger.info("node lock broken", node=node, lock=value, reason=breaking)
+                return obj
+            if not waited:
+                waited = True
+                self.telemetry.metrics.lock_waits.inc()
+            if loop.time() + delay >= deadline:
+                raise LockTimeout(
+                    f"node {node} stayed locked by {holder} for {self.settings.bind_timeout_s:g}s"
+                )
+            await asyncio.sleep(delay * (0.5 + random.random()))  # backoff, jittered across binders
+            delay = min(delay * 2, _MAX_DELAY_S)
+
+    async def _breakable(self, value: str, namespace: str, name: str) -> tuple[str | None, str]:
+        """(``"mine"`` | a break reason | None, who holds it) for a lock value."""
+        try:
+            lock = parse_node_lock(value)
+        except ProtocolError:
+            return "malformed", value
+        if owned_by(lock, namespace=namespace, name=name):
+            return "mine", value
+        holder = f"{lock.namespace}/{lock.name}" if lock.namespace else f"a lock taken at {value}"
+        if lock_expired(lock, now=self.wall_clock(), timeout=self.settings.lock_expiry):
+            return "expired", holder
+        if lock.namespace is None or lock.name is None:
+            return None, holder
+        try:
+            owner = await get_pod(self.api, lock.namespace, lock.name, timeout_s=self.settings.api_timeout_s)
+        except NotFound:
+            return "owner-gone", holder
+        if pod_finished(owner):
+            return "owner-gone", holder
+        if (_meta(owner).get("annotations") or {}).get(keys.BIND_PHASE) in _DONE_PHASES:
+            return "owner-done", holder
+        return None, holder
+
+    async def _release(self, node: str, namespace: str, name: str) -> None:
+        """Remove our lock, if it is still ours; best effort (an expired lock is broken anyway)."""
+        for _ in range(5):
+            try:
+                obj = await get_node(self.api, node, timeout_s=self.settings.api_timeout_s)
+                meta = _meta(obj)
+                value = (meta.get("annotations") or {}).get(keys.NODE_LOCK)
+                if not value:
+                    return
+                try:
+                    if not owned_by(parse_node_lock(value), namespace=namespace, name=name):
+                        return
+                except ProtocolError:
+                    return
+                await patch_node(
+                    self.api,
+                    node,
+                    {keys.NODE_LOCK: None},
+                    resource_version=str(meta.get("resourceVersion")),
+                    timeout_s=self.settings.api_timeout_s,
+                )
+                return
+            except Conflict:
+                continue
+            except KubeError as exc:
+                self.telemetry.logger.warning("node lock not released", node=node, error=str(exc))
+                return
+
+    # -- fresh state -----------------------------------------------------------------------------
+
+    async def _fresh_state(self, node_obj: Mapping[str, Any], *, exclude: str) -> Any:
+        node = str(_meta(node_obj).get("name"))
+        timeout = self.settings.api_timeout_s
+        queries: list[list[tuple[str, str]]] = [[("fieldSelector", f"spec.nodeName={node}")]]
+        if len(node) <= _LABEL_MAX:
+            queries.append([("labelSelector", f"{keys.VGPU_NODE_LABEL}={node}")])
+        results = await asyncio.gather(*(list_pods(self.api, query=q, timeout_s=timeout) for q in queries))
+        fresh = ClusterModel(count_resource=self.model.count_resource)
+        fresh.apply_node("ADDED", node_obj)
+        seen: set[str] = {exclude}
+        for pods in results:
+            for pod in pods:
+                uid = str(_meta(pod).get("uid", ""))
+                if uid in seen:
+                    continue
+                seen.add(uid)
+                fresh.apply_pod("ADDED", pod)
+        return fresh.nodes[node]
+
+    async def _unannotate(self, namespace: str, name: str) -> None:
+        body = {
+            "metadata": {
+                "annotations": dict.fromkeys(_ALLOCATION_KEYS),
+                "labels": {keys.VGPU_NODE_LABEL: None},
+            }
+        }
+        try:
+            await patch_pod(self.api, namespace, name, body, timeout_s=self.settings.api_timeout_s)
+        except KubeError as exc:
+            self.telemetry.logger.warning(
+                "allocation annotations not removed after a failed bind",
+                namespace=namespace,
+                pod=name,
+                error=str(exc),
+            )

@@ -1,0 +1,125 @@
+"""The safety invariant, checked against the cluster itself: no GPU has more memory, cores or slots
+allocated than it has (DESIGN.md decision 5).
+
+Reads every node's ``hami.io/node-nvidia-register`` and every not-finished pod's
+``hami.io/vgpu-devices-allocated`` from the API (not from any extender's model) and adds the pods'
+usage per GPU by the same peak rule the device plugin serves by (``model.pod_usage``). Used by tests
+and by ``hamipy-extender check``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from hamipy.extender.kube import KubeApi, list_all
+from hamipy.extender.model import pod_finished, pod_usage
+from hamipy.protocol import keys
+from hamipy.protocol.errors import ProtocolError
+from hamipy.protocol.node_devices import decode_node_devices
+from hamipy.protocol.pod_devices import decode_pod_devices
+
+__all__ = ["Report", "Violation", "check_cluster", "check_objects"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Violation:
+    """One GPU over capacity (``what`` slots/memory/cores), or an unreadable annotation."""
+
+    node: str
+    device: str
+    what: str
+    allocated: int
+    capacity: int
+    pods: tuple[str, ...]
+
+    def __str__(self) -> str:
+        return (
+            f"{self.node}/{self.device}: {self.what} {self.allocated} > {self.capacity} "
+            f"(pods {', '.join(self.pods)})"
+        )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Report:
+    violations: tuple[Violation, ...]
+    nodes: int
+    gpus: int
+    pods: int
+    """Pods holding an allocation."""
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "nodes": self.nodes,
+            "gpus": self.gpus,
+            "pods": self.pods,
+            "violations": [str(v) for v in self.violations],
+        }
+
+
+def check_objects(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]]) -> Report:
+    """The invariant over given Node and Pod objects."""
+    capacity: dict[tuple[str, str], tuple[int, int, int]] = {}
+    violations: list[Violation] = []
+    node_count = 0
+    for node_obj in nodes:
+        meta = node_obj.get("metadata") or {}
+        value = (meta.get("annotations") or {}).get(keys.NODE_REGISTER)
+        if value is None:
+            continue
+        node_count += 1
+        try:
+            registered = decode_node_devices(value)
+        except ProtocolError as exc:
+            violations.append(Violation(meta.get("name", ""), "-", f"unreadable register: {exc}", 0, 0, ()))
+            continue
+        for dev in registered:
+            capacity[(meta.get("name", ""), dev.id)] = (dev.count, dev.devmem, dev.devcore)
+    used: dict[tuple[str, str], list[int]] = {}
+    holders: dict[tuple[str, str], list[str]] = {}
+    pod_count = 0
+    for pod in pods:
+        pod_meta = pod.get("metadata") or {}
+        ann = pod_meta.get("annotations") or {}
+        value = ann.get(keys.DEVICES_ALLOCATED)
+        node_name = (pod.get("spec") or {}).get("nodeName") or ann.get(keys.VGPU_NODE)
+        if not value or not node_name or pod_finished(pod):
+            continue
+        node = str(node_name)
+        ident = f"{pod_meta.get('namespace')}/{pod_meta.get('name')}"
+        try:
+            devices = decode_pod_devices(value, field=keys.DEVICES_ALLOCATED)
+        except ProtocolError as exc:
+            violations.append(
+                Violation(node, "-", f"unreadable allocation of {ident}: {exc}", 0, 0, (ident,))
+            )
+            continue
+        pod_count += 1
+        n_init = len((pod.get("spec") or {}).get("initContainers") or [])
+        for uuid, (slots, mem, cores) in pod_usage(devices, n_init).items():
+            acc = used.setdefault((node, uuid), [0, 0, 0])
+            acc[0] += slots
+            acc[1] += mem
+            acc[2] += cores
+            holders.setdefault((node, uuid), []).append(ident)
+    for key, (slots, mem, cores) in sorted(used.items()):
+        cap = capacity.get(key)
+        if cap is None:
+            continue  # a GPU no longer registered: nothing to exceed
+        for what, got, limit in (("slots", slots, cap[0]), ("memory", mem, cap[1]), ("cores", cores, cap[2])):
+            if got > limit:
+                violations.append(Violation(key[0], key[1], what, got, limit, tuple(holders[key])))
+    return Report(tuple(violations), node_count, len(capacity), pod_count)
+
+
+async def check_cluster(api: KubeApi, *, timeout_s: float = 30.0) -> Report:
+    """The invariant over the cluster as the API server has it now."""
+    nodes, _ = await list_all(api, "/api/v1/nodes", timeout_s=timeout_s)
+    pods, _ = await list_all(api, "/api/v1/pods", timeout_s=timeout_s)
+    return check_objects(nodes, pods)

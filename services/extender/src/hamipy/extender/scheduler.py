@@ -1,0 +1,267 @@
+"""The extender verbs over decoded JSON: ExtenderArgs in, ExtenderFilterResult out (and the same for
+prioritize and bind), with reservations, metrics, Events and spans around the pure decision.
+
+``filter`` and ``prioritize`` are synchronous and make no API call: they read and update the model
+only. Events are queued (``EventSink``), never awaited here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+from opentelemetry import trace
+
+from hamipy.extender.binding import Binder
+from hamipy.extender.errors import BindRefused, KubeError
+from hamipy.extender.events import EventSink, involved_pod
+from hamipy.extender.filtering import Decision, build_ask, decide, summarize
+from hamipy.extender.model import ClusterModel, NodeName, PodUid, now_epoch
+from hamipy.extender.scoring import prioritize_score
+from hamipy.extender.settings import ExtenderSettings
+from hamipy.extender.telemetry import Telemetry
+from hamipy.protocol import keys
+from hamipy.protocol.config import Config
+from hamipy.protocol.errors import ProtocolError
+from hamipy.telemetry import pod_trace_context
+
+__all__ = ["BadRequest", "Scheduler"]
+
+FILTERING_SUCCEED: Final = "FilteringSucceed"
+FILTERING_FAILED: Final = "FilteringFailed"
+BINDING_FAILED: Final = "BindingFailed"
+# Pods filtered but not (yet) bound whose trace context is remembered; oldest dropped beyond it.
+_MAX_TRACEPARENTS: Final = 10_000
+
+
+class BadRequest(ValueError):
+    """The body is not the extender argument it should be (answered with HTTP 400)."""
+
+
+def _node_names(args: Mapping[str, Any]) -> tuple[list[str], list[Any] | None]:
+    """The candidate names, and the node objects when the scheduler sent them (not cache-capable)."""
+    names = args.get("NodeNames")
+    if names is not None:
+        if not isinstance(names, list) or not set(map(type, names)) <= {str}:
+            raise BadRequest("NodeNames must be a list of strings")
+        return names, None
+    nodes = args.get("Nodes")
+    items = (nodes or {}).get("items") if isinstance(nodes, dict) else None
+    if items is None:
+        return [], None
+    if not isinstance(items, list) or not all(isinstance(n, dict) for n in items):
+        raise BadRequest("Nodes.items must be a list of Node objects")
+    return [str((n.get("metadata") or {}).get("name", "")) for n in items], items
+
+
+def _pod(args: Any) -> dict[str, Any]:
+    if not isinstance(args, dict):
+        raise BadRequest("the body must be a JSON object")
+    pod = args.get("Pod")
+    if not isinstance(pod, dict) or not isinstance(pod.get("metadata"), dict):
+        raise BadRequest("Pod missing or not an object")
+    return pod
+
+
+class Scheduler:
+    """One extender's decisions: ``filter``, ``prioritize``, ``bind``."""
+
+    def __init__(
+        self,
+        *,
+        model: ClusterModel,
+        config: Config,
+        settings: ExtenderSettings,
+        telemetry: Telemetry,
+        events: EventSink,
+        binder: Binder | None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.model = model
+        self.config = config
+        self.settings = settings
+        self.telemetry = telemetry
+        self.events = events
+        self.binder = binder
+        self.clock = clock
+        self._traceparents: dict[str, str] = {}
+
+    # -- filter ----------------------------------------------------------------------------------
+
+    def filter(self, args: Any) -> dict[str, Any]:
+        """ExtenderArgs -> ExtenderFilterResult."""
+        started = time.perf_counter()
+        pod = _pod(args)
+        names, items = _node_names(args)
+        meta = pod["metadata"]
+        tracer = self.telemetry.tracer
+        with tracer.start_as_current_span("extender.filter", context=pod_trace_context(pod)) as span:
+            span.set_attribute("k8s.pod.name", str(meta.get("name", "")))
+            span.set_attribute("k8s.namespace.name", str(meta.get("namespace", "")))
+            span.set_attribute("hamipy.nodes", len(names))
+            result, outcome, reason = self._filter(pod, names, items)
+            span.set_attribute("hamipy.outcome", outcome)
+            if outcome == "failed":
+                span.set_status(trace.StatusCode.ERROR, reason)
+        metrics = self.telemetry.metrics
+        metrics.filter_seconds.labels(result=outcome).observe(time.perf_counter() - started)
+        metrics.decisions.labels(verb="filter", result=outcome, reason=reason.split(" ", 1)[0][:64]).inc()
+        return result
+
+    def _filter(
+        self, pod: dict[str, Any], names: list[str], items: list[Any] | None
+    ) -> tuple[dict[str, Any], str, str]:
+        meta = pod["metadata"]
+        uid = PodUid(str(meta.get("uid", "")))
+        involved = involved_pod(pod)
+        traceparent = (meta.get("annotations") or {}).get(keys.TRACE_CONTEXT)
+        if isinstance(traceparent, str):
+            if len(self._traceparents) >= _MAX_TRACEPARENTS:
+                self._traceparents.pop(next(iter(self._traceparents)))
+            self._traceparents[uid] = traceparent
+        if items is not None:
+            # Not cache-capable: the objects sent are authoritative for nodes we have not seen yet.
+            for item in items:
+                if str((item.get("metadata") or {}).get("name", "")) not in self.model.nodes:
+                    self.model.apply_node("ADDED", item)
+        try:
+            ask = build_ask(pod, self.config)
+        except ProtocolError as exc:
+            reason = f"InvalidRequest: {exc}"
+            self.events.emit(involved, FILTERING_FAILED, reason, warning=True)
+            return (
+                self._result(names, items, [], {}, dict.fromkeys(names, reason)),
+                "failed",
+                "InvalidRequest",
+            )
+        if not ask.requests.any:
+            return self._result(names, items, names, {}, {}), "passthrough", "NoGPURequest"
+        now_mono = self.clock()
+        self.model.expire(now_mono)
+        if not (pod.get("spec") or {}).get("nodeName"):
+            # Being (re)scheduled: whatever it held before is replaced by this decision.
+            self.model.release(uid, only_reserved=False)
+        decision: Decision = decide(
+            self.model, ask, names, now=now_epoch(), all_feasible=self.settings.cooperative
+        )
+        if self.settings.cooperative and decision.feasible:
+            chosen = [name for name, _, _ in decision.feasible]
+            return self._result(names, items, chosen, decision.failed, decision.unresolvable), "fit", "Fit"
+        if decision.node is not None and decision.devices is not None:
+            self.model.reserve(
+                uid=uid,
+                namespace=str(meta.get("namespace", "")),
+                name=str(meta.get("name", "")),
+                node=NodeName(decision.node),
+                devices=decision.devices,
+                n_init=ask.n_init,
+                expires_at=now_mono + self.settings.reservation_ttl_s,
+            )
+            self.events.emit(
+                involved,
+                FILTERING_SUCCEED,
+                f"chose node {decision.node} among {len(names)} ({decision.fitted} fitted)",
+            )
+            return (
+                self._result(names, items, [decision.node], decision.failed, decision.unresolvable),
+                "fit",
+                "Fit",
+            )
+        summary = summarize(decision.failed, decision.unresolvable)
+        self.events.emit(
+            involved, FILTERING_FAILED, f"no node fits the pod's GPU request: {summary}", warning=True
+        )
+        top = (summary.split(" nodes ", 1)[-1].split("(", 1)[0]) if summary else "NoNodes"
+        return self._result(names, items, [], decision.failed, decision.unresolvable), "failed", top
+
+    @staticmethod
+    def _result(
+        names: list[str],
+        items: list[Any] | None,
+        chosen: list[str],
+        failed: Mapping[str, str],
+        unresolvable: Mapping[str, str],
+    ) -> dict[str, Any]:
+        result: dict[str, Any] = {
+            "FailedNodes": dict(failed),
+            "FailedAndUnresolvableNodes": dict(unresolvable),
+            "Error": "",
+        }
+        if items is not None:
+            keep = set(chosen)
+            result["Nodes"] = {
+                "items": [n for n in items if str((n.get("metadata") or {}).get("name", "")) in keep]
+            }
+            result["NodeNames"] = None
+        else:
+            result["NodeNames"] = chosen
+            result["Nodes"] = None
+        return result
+
+    # -- prioritize ------------------------------------------------------------------------------
+
+    def prioritize(self, args: Any) -> list[dict[str, Any]]:
+        """ExtenderArgs -> HostPriorityList (0-10 from the node policy)."""
+        started = time.perf_counter()
+        pod = _pod(args)
+        names, _ = _node_names(args)
+        try:
+            policy = build_ask(pod, self.config).node_policy
+        except ProtocolError:
+            policy = self.config.node_scheduler_policy
+        out = []
+        for name in names:
+            node = self.model.nodes.get(name)
+            score = prioritize_score(node.score, policy) if node is not None else 0
+            out.append({"Host": name, "Score": score})
+        self.telemetry.metrics.filter_seconds.labels(result="prioritize").observe(
+            time.perf_counter() - started
+        )
+        return out
+
+    # -- bind ------------------------------------------------------------------------------------
+
+    async def bind(self, args: Any) -> dict[str, Any]:
+        """ExtenderBindingArgs -> ExtenderBindingResult."""
+        if not isinstance(args, dict):
+            raise BadRequest("the body must be a JSON object")
+        try:
+            namespace, name = str(args["PodNamespace"]), str(args["PodName"])
+            uid, node = str(args.get("PodUID") or ""), str(args["Node"])
+        except KeyError as exc:
+            raise BadRequest(f"ExtenderBindingArgs misses {exc}") from None
+        if self.binder is None:
+            return {"Error": "this extender has no API access to bind with"}
+        started = time.perf_counter()
+        involved = {"kind": "Pod", "name": name, "namespace": namespace, "uid": uid}
+        # Bind gets no Pod: its trace context is the one the filter read, remembered per pod UID.
+        traceparent = self._traceparents.pop(uid, None)
+        pod_for_trace = (
+            {"metadata": {"annotations": {keys.TRACE_CONTEXT: traceparent}}} if traceparent else {}
+        )
+        with self.telemetry.tracer.start_as_current_span(
+            "extender.bind", context=pod_trace_context(pod_for_trace)
+        ) as span:
+            span.set_attribute("k8s.pod.name", name)
+            span.set_attribute("k8s.namespace.name", namespace)
+            span.set_attribute("k8s.node.name", node)
+            error, outcome = "", "bound"
+            try:
+                await self.binder.bind(namespace=namespace, name=name, uid=uid, node=node)
+            except BindRefused as exc:
+                error, outcome = exc.reason, "refused"
+            except KubeError as exc:
+                error, outcome = f"API error while binding to {node}: {exc}", "error"
+            if error:
+                span.set_status(trace.StatusCode.ERROR, error)
+        self.telemetry.metrics.bind_seconds.labels(result=outcome).observe(time.perf_counter() - started)
+        self.telemetry.metrics.decisions.labels(verb="bind", result=outcome, reason=outcome).inc()
+        if error:
+            self.telemetry.logger.warning(
+                "bind failed", namespace=namespace, pod=name, uid=uid, node=node, error=error
+            )
+            self.events.emit(involved, BINDING_FAILED, error, warning=True)
+        else:
+            self.telemetry.logger.info("bound", namespace=namespace, pod=name, uid=uid, node=node)
+        return {"Error": error}

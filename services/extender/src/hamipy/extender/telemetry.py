@@ -1,0 +1,190 @@
+"""Logs, metrics and traces of the extender (DESIGN.md decision 8), with no module-level state.
+
+Metrics live on a per-instance ``CollectorRegistry`` (several extenders in one test process do not
+share counters):
+
+- HAMi's scheduler metrics (hami-wire.md section 7, same names and labels), computed from the model
+  at scrape time by ``GpuCollector``: nothing is updated on the filter path.
+- ``hamipy_extender_filter_duration_seconds`` / ``..._bind_duration_seconds`` (by result),
+  ``hamipy_extender_decisions`` (verb, result, reason), ``hamipy_extender_malformed_annotations``
+  (kind, field), ``hamipy_extender_events_dropped``, ``hamipy_extender_watch_restarts`` (resource,
+  cause), ``hamipy_extender_lock_waits`` / ``..._lock_breaks`` (reason).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping
+from typing import Final, TextIO
+
+import structlog
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.trace import Tracer
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from hamipy.extender.model import ClusterModel
+from hamipy.telemetry import make_logger, make_tracer_provider
+
+__all__ = ["SERVICE_NAME", "GpuCollector", "Metrics", "Telemetry"]
+
+SERVICE_NAME: Final = "hamipy-extender"
+_MIB: Final = 1024 * 1024
+_GPU_LABELS: Final = ["node", "device_uuid", "device_index", "device_type"]
+_VGPU_LABELS: Final = ["namespace", "node", "pod", "container_index", "device_uuid"]
+# Filter is CPU work of well under a millisecond to a few; bind waits on the API and on node locks.
+_FILTER_BUCKETS: Final = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0)
+_BIND_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class GpuCollector(Collector):
+    """HAMi's scheduler gauges, read from the model when Prometheus scrapes."""
+
+    def __init__(self, model: ClusterModel) -> None:
+        self.model = model
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        def family(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, doc, labels=labels)
+
+        mem_limit = family(
+            "hami_gpu_memory_limit_bytes", "Device memory limit for a certain GPU", _GPU_LABELS
+        )
+        core_limit = family("hami_gpu_core_limit_ratio", "Device core limit for a certain GPU", _GPU_LABELS)
+        mem_alloc = family(
+            "hami_gpu_memory_allocated_bytes", "Device memory allocated for a certain GPU", _GPU_LABELS
+        )
+        shared = family("hami_gpu_shared_count", "Number of containers sharing this GPU", _GPU_LABELS)
+        core_alloc = family(
+            "hami_gpu_core_allocated_ratio", "Device cores allocated for a certain GPU (0-100)", _GPU_LABELS
+        )
+        overview = family(
+            "hami_node_gpu_overview", "GPU overview on a certain node: memory allocated in bytes", _GPU_LABELS
+        )
+        mem_ratio = family(
+            "hami_node_gpu_memory_allocated_ratio",
+            "GPU memory allocated ratio (0-1) on a certain GPU",
+            _GPU_LABELS,
+        )
+        for node in self.model.nodes.values():
+            for gpu in node.gpus:
+                labels = [node.name, gpu.uuid, str(gpu.index), gpu.type]
+                mem_limit.add_metric(labels, gpu.devmem * _MIB)
+                core_limit.add_metric(labels, gpu.devcore)
+                mem_alloc.add_metric(labels, gpu.used_mem * _MIB)
+                shared.add_metric(labels, gpu.used_slots)
+                core_alloc.add_metric(labels, gpu.used_cores)
+                overview.add_metric(labels, gpu.used_mem * _MIB)
+                mem_ratio.add_metric(labels, gpu.used_mem / gpu.devmem if gpu.devmem else 0.0)
+        vmem = family(
+            "hami_vgpu_memory_allocated_bytes", "vGPU memory allocated to a container", _VGPU_LABELS
+        )
+        vcore = family("hami_vgpu_core_allocated_ratio", "vGPU cores allocated to a container", _VGPU_LABELS)
+        for c in self.model.contributions.values():
+            for index, slot in enumerate(c.devices):
+                for dev in slot:
+                    labels = [c.namespace, c.node, c.name, str(index), dev.uuid]
+                    vmem.add_metric(labels, dev.usedmem * _MIB)
+                    vcore.add_metric(labels, dev.usedcores)
+        yield from (mem_limit, core_limit, mem_alloc, shared, core_alloc, overview, mem_ratio, vmem, vcore)
+
+
+class Metrics:
+    """The extender's own metrics, plus the GPU collector once a model is attached."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.filter_seconds = Histogram(
+            "hamipy_extender_filter_duration_seconds",
+            "Time to answer one /filter (or /prioritize), by result.",
+            ["result"],
+            buckets=_FILTER_BUCKETS,
+            registry=r,
+        )
+        self.bind_seconds = Histogram(
+            "hamipy_extender_bind_duration_seconds",
+            "Time to answer one /bind, lock waits included, by result.",
+            ["result"],
+            buckets=_BIND_BUCKETS,
+            registry=r,
+        )
+        self.decisions = Counter(
+            "hamipy_extender_decisions",
+            "Filter and bind decisions by verb, result and reason.",
+            ["verb", "result", "reason"],
+            registry=r,
+        )
+        self.malformed = Counter(
+            "hamipy_extender_malformed_annotations",
+            "Malformed annotations met on nodes and pods (their capacity is not offered).",
+            ["kind", "field"],
+            registry=r,
+        )
+        self.events_dropped = Counter(
+            "hamipy_extender_events_dropped",
+            "Kubernetes Events not posted (queue full or API error).",
+            ["reason"],
+            registry=r,
+        )
+        self.watch_restarts = Counter(
+            "hamipy_extender_watch_restarts",
+            "Watches restarted, by resource and cause (gone, error, inactivity, closed).",
+            ["resource", "cause"],
+            registry=r,
+        )
+        self.lock_waits = Counter(
+            "hamipy_extender_lock_waits", "Binds that found their node locked and waited.", registry=r
+        )
+        self.lock_breaks = Counter(
+            "hamipy_extender_lock_breaks",
+            "Node locks broken, by reason (expired, owner-gone, owner-done, malformed).",
+            ["reason"],
+            registry=r,
+        )
+        self._collector: GpuCollector | None = None
+
+    def attach(self, model: ClusterModel) -> None:
+        """Serve the GPU gauges from ``model``."""
+        if self._collector is None:
+            self._collector = GpuCollector(model)
+            self.registry.register(self._collector)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class Telemetry:
+    """Logger, metrics and tracer of one extender."""
+
+    def __init__(
+        self,
+        *,
+        logger: structlog.typing.FilteringBoundLogger,
+        metrics: Metrics,
+        tracer_provider: TracerProvider,
+    ) -> None:
+        self.logger = logger
+        self.metrics = metrics
+        self.tracer_provider = tracer_provider
+        self.tracer: Tracer = tracer_provider.get_tracer("hamipy.extender")
+
+    @classmethod
+    def create(
+        cls,
+        env: Mapping[str, str],
+        *,
+        stream: TextIO | None = None,
+        level: int = logging.INFO,
+        processor: SpanProcessor | None = None,
+    ) -> Telemetry:
+        return cls(
+            logger=make_logger(SERVICE_NAME, stream, level=level),
+            metrics=Metrics(),
+            tracer_provider=make_tracer_provider(SERVICE_NAME, env, processor=processor),
+        )
+
+    def shutdown(self) -> None:
+        """Flush and stop span export (blocking: call it off the event loop)."""
+        self.tracer_provider.shutdown()

@@ -1,0 +1,273 @@
+"""Bind against an in-memory API server: lock taking, waiting, breaking, fresh re-check, cleanup."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import io
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from extender_fakes import FakeKube, container, gpu, node, pod
+
+from hamipy.devcluster.waiting import wait_for
+from hamipy.extender.binding import Binder
+from hamipy.extender.errors import BindRefused, LockTimeout
+from hamipy.extender.events import EventSink
+from hamipy.extender.invariant import check_cluster
+from hamipy.extender.model import ClusterModel
+from hamipy.extender.scheduler import Scheduler
+from hamipy.extender.settings import ExtenderSettings
+from hamipy.extender.telemetry import Telemetry
+from hamipy.extender.watching import Watcher, stamp_once
+from hamipy.protocol import keys
+from hamipy.protocol.config import Config
+from hamipy.protocol.node_lock import NodeLock, format_node_lock, parse_node_lock
+
+SETTINGS = ExtenderSettings(bind_timeout_s=1.0, api_timeout_s=1.0)
+
+
+@dataclasses.dataclass
+class Rig:
+    kube: FakeKube
+    model: ClusterModel
+    binder: Binder
+    scheduler: Scheduler
+    telemetry: Telemetry
+
+
+def rig(settings: ExtenderSettings = SETTINGS, *nodes: dict[str, Any]) -> Rig:
+    kube = FakeKube()
+    for n in nodes or (node("n", [gpu("A", 0, count=2)]),):
+        kube.add_node(n)
+    model = ClusterModel()
+    model.replace_nodes(kube.nodes.values())
+    model.replace_pods([])
+    telemetry = Telemetry.create({}, stream=io.StringIO())
+    binder = Binder(api=kube, model=model, config=Config(), settings=settings, telemetry=telemetry)
+    events = EventSink(None, telemetry)
+    scheduler = Scheduler(
+        model=model, config=Config(), settings=settings, telemetry=telemetry, events=events, binder=binder
+    )
+    return Rig(kube, model, binder, scheduler, telemetry)
+
+
+def bind_args(p: dict[str, Any], node_name: str = "n") -> dict[str, str]:
+    meta = p["metadata"]
+    return {
+        "PodName": meta["name"],
+        "PodNamespace": meta["namespace"],
+        "PodUID": meta["uid"],
+        "Node": node_name,
+    }
+
+
+async def test_bind_writes_annotations_label_binding_and_releases_lock() -> None:
+    r = rig()
+    p = pod("p", container(gpu="1", mem="1000", cores="20"))
+    r.kube.add_pod(p)
+    result = r.scheduler.filter({"Pod": p, "NodeNames": ["n"]})
+    assert result["NodeNames"] == ["n"]
+    assert (await r.scheduler.bind(bind_args(p)))["Error"] == ""
+    stored = r.kube.pods[("ns", "p")]
+    ann = stored["metadata"]["annotations"]
+    assert ann[keys.DEVICES_ALLOCATED] == ann[keys.DEVICES_TO_ALLOCATE] == "A,NVIDIA,1000,20:;"
+    assert ann[keys.VGPU_NODE] == "n"
+    assert ann[keys.BIND_PHASE] == "allocating"
+    assert ann[keys.VGPU_TIME] == ann[keys.BIND_TIME]
+    assert stored["metadata"]["labels"][keys.VGPU_NODE_LABEL] == "n"
+    assert stored["spec"]["nodeName"] == "n"
+    assert keys.NODE_LOCK not in r.kube.nodes["n"]["metadata"]["annotations"]
+    assert r.model.contributions["uid-ns-p"].source == "allocated"
+
+
+async def test_hami_compatible_mode_leaves_the_lock_for_the_device_plugin() -> None:
+    r = rig(dataclasses.replace(SETTINGS, release_lock_after_bind=False))
+    p = pod("p")
+    r.kube.add_pod(p)
+    await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+    lock = parse_node_lock(r.kube.nodes["n"]["metadata"]["annotations"][keys.NODE_LOCK])
+    assert (lock.namespace, lock.name) == ("ns", "p")
+
+
+async def test_bind_rechecks_fresh_state_and_replans() -> None:
+    r = rig(SETTINGS, node("n", [gpu("A", 0, count=1), gpu("B", 1, count=1)]))
+    p = pod("p")
+    r.kube.add_pod(p)
+    r.scheduler.filter({"Pod": p, "NodeNames": ["n"]})
+    chosen = r.model.contributions["uid-ns-p"].devices[0][0].uuid
+    other = "B" if chosen == "A" else "A"
+    # Another replica bound a pod onto the chosen GPU meanwhile: this model has not seen it.
+    r.kube.add_pod(
+        pod(
+            "q",
+            node_name="n",
+            annotations={keys.DEVICES_ALLOCATED: f"{chosen},NVIDIA,1000,0:;"},
+            phase="Running",
+        )
+    )
+    await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+    assert r.kube.pods[("ns", "p")]["metadata"]["annotations"][keys.DEVICES_ALLOCATED].startswith(other)
+    assert (await check_cluster(r.kube)).ok
+
+
+async def test_bind_refused_when_nothing_fits_any_more_and_cleans_up() -> None:
+    r = rig(SETTINGS, node("n", [gpu("A", 0, count=1)]))
+    p = pod("p")
+    r.kube.add_pod(p)
+    r.scheduler.filter({"Pod": p, "NodeNames": ["n"]})
+    r.kube.add_pod(
+        pod("q", node_name="n", annotations={keys.DEVICES_ALLOCATED: "A,NVIDIA,1,0:;"}, phase="Running")
+    )
+    result = await r.scheduler.bind(bind_args(p))
+    assert "1/1 CardTimeSlicingExhausted" in result["Error"]
+    assert "uid-ns-p" not in r.model.contributions
+    assert keys.NODE_LOCK not in r.kube.nodes["n"]["metadata"]["annotations"]
+    assert r.scheduler.events.recorded[-1].reason == "BindingFailed"
+
+
+async def test_failed_binding_removes_written_annotations() -> None:
+    from hamipy.extender.errors import KubeError
+
+    r = rig()
+    p = pod("p")
+    r.kube.add_pod(p)
+    r.kube.fail[("POST", "/api/v1/namespaces/ns/pods/p/binding")] = KubeError("boom", status=500)
+    result = await r.scheduler.bind(bind_args(p))
+    assert "boom" in result["Error"]
+    ann = r.kube.pods[("ns", "p")]["metadata"]["annotations"]
+    assert keys.DEVICES_ALLOCATED not in ann
+    assert keys.NODE_LOCK not in r.kube.nodes["n"]["metadata"]["annotations"]
+
+
+def locked_by(r: Rig, namespace: str, name: str, when: datetime) -> None:
+    value = format_node_lock(NodeLock(when.replace(microsecond=0), namespace, name))
+    r.kube.nodes["n"]["metadata"]["annotations"][keys.NODE_LOCK] = value
+
+
+@pytest.mark.parametrize(
+    ("owner", "age", "reason"),
+    [
+        pytest.param(None, 0, "owner-gone", id="owner-deleted"),
+        pytest.param("Succeeded", 0, "owner-gone", id="owner-finished"),
+        pytest.param("success", 0, "owner-done", id="owner-served"),
+        pytest.param("Running", 600, "expired", id="expired"),
+    ],
+)
+async def test_stale_locks_are_broken(owner: str | None, age: int, reason: str) -> None:
+    r = rig()
+    locked_by(r, "ns", "old", datetime.now(UTC) - timedelta(seconds=age))
+    if owner in ("Succeeded", "Running"):
+        r.kube.add_pod(pod("old", node_name="n", phase=owner))
+    elif owner == "success":
+        r.kube.add_pod(pod("old", node_name="n", phase="Running", annotations={keys.BIND_PHASE: "success"}))
+    p = pod("p")
+    r.kube.add_pod(p)
+    await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+    assert r.kube.pods[("ns", "p")]["spec"]["nodeName"] == "n"
+    assert r.telemetry.metrics.lock_breaks.labels(reason=reason)._value.get() == 1
+
+
+async def test_live_lock_is_waited_for_then_times_out() -> None:
+    r = rig(dataclasses.replace(SETTINGS, bind_timeout_s=0.3))
+    locked_by(r, "ns", "holder", datetime.now(UTC))
+    r.kube.add_pod(pod("holder", phase="Pending"))
+    r.kube.add_pod(pod("p"))
+    with pytest.raises(LockTimeout, match="ns/holder"):
+        await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+
+
+async def test_waiting_bind_proceeds_once_the_lock_is_released() -> None:
+    r = rig()
+    locked_by(r, "ns", "holder", datetime.now(UTC))
+    r.kube.add_pod(pod("holder", phase="Pending"))
+    r.kube.add_pod(pod("p"))
+    task = asyncio.create_task(r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n"))
+    await wait_for(lambda: r.telemetry.metrics.lock_waits._value.get() > 0, timeout=2, interval=0.01)
+    del r.kube.nodes["n"]["metadata"]["annotations"][keys.NODE_LOCK]
+    await asyncio.wait_for(task, 2)
+    assert r.kube.pods[("ns", "p")]["spec"]["nodeName"] == "n"
+
+
+async def test_concurrent_binds_never_overcommit() -> None:
+    r = rig(SETTINGS, node("n", [gpu("A", 0, count=3)]))
+    pods = [pod(f"p{i}") for i in range(6)]
+    for p in pods:
+        r.kube.add_pod(p)
+    results = await asyncio.gather(*(r.scheduler.bind(bind_args(p)) for p in pods))
+    assert sum(1 for res in results if res["Error"] == "") == 3
+    assert (await check_cluster(r.kube)).ok
+
+
+async def test_bind_of_unknown_or_replaced_pod_is_refused() -> None:
+    r = rig()
+    with pytest.raises(BindRefused, match="no longer exists"):
+        await r.binder.bind(namespace="ns", name="nope", uid="x", node="n")
+    r.kube.add_pod(pod("p"))
+    with pytest.raises(BindRefused, match="replaced"):
+        await r.binder.bind(namespace="ns", name="p", uid="other", node="n")
+
+
+async def test_pod_without_gpu_is_bound_without_lock() -> None:
+    r = rig()
+    r.kube.add_pod(pod("p", container()))
+    await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+    assert ("PATCH", "/api/v1/nodes/n") not in r.kube.calls
+
+
+async def test_invariant_reports_overcommit() -> None:
+    r = rig(SETTINGS, node("n", [gpu("A", 0, count=1, mem=1000)]))
+    for name in ("a", "b"):
+        r.kube.add_pod(
+            pod(
+                name, node_name="n", annotations={keys.DEVICES_ALLOCATED: "A,NVIDIA,600,0:;"}, phase="Running"
+            )
+        )
+    report = await check_cluster(r.kube)
+    assert {v.what for v in report.violations} == {"slots", "memory"}
+
+
+async def test_watcher_lists_then_applies_events_and_relists_on_gone() -> None:
+    r = rig()
+    events = EventSink(None, r.telemetry)
+    model = ClusterModel()
+    watcher = Watcher(
+        "pods", api=r.kube, model=model, settings=SETTINGS, telemetry=r.telemetry, events=events
+    )
+    await watcher.list_once()
+    assert model.pods_synced
+    running = pod("a", node_name="n", annotations={keys.DEVICES_ALLOCATED: "A,NVIDIA,5,0:;"}, phase="Running")
+    running["metadata"]["resourceVersion"] = "7"
+    r.kube.watch_events = [
+        [
+            {"type": "ADDED", "object": running},
+            {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "9"}}},
+        ],
+        [{"type": "ERROR", "object": {"code": 410, "message": "too old"}}],
+    ]
+    await watcher.watch_once()
+    assert watcher.resource_version == "9"
+    assert "uid-ns-a" in model.contributions
+    from hamipy.extender.errors import Gone
+
+    with pytest.raises(Gone):
+        await watcher.watch_once()
+
+
+async def test_handshake_stamped_only_where_needed() -> None:
+    r = rig(
+        SETTINGS, node("n"), node("m", annotations={keys.NODE_HANDSHAKE: "Requesting_2025-01-01 00:00:00"})
+    )
+    r.model.replace_nodes(r.kube.nodes.values())
+    stamped = await stamp_once(
+        api=r.kube,
+        model=r.model,
+        settings=SETTINGS,
+        telemetry=r.telemetry,
+        now=datetime(2025, 6, 1, tzinfo=UTC),
+    )
+    assert stamped == 1
+    assert (
+        r.kube.nodes["n"]["metadata"]["annotations"][keys.NODE_HANDSHAKE] == "Requesting_2025-06-01 00:00:00"
+    )

@@ -1,0 +1,186 @@
+"""The HTTP surface: routes, bad requests, readiness, metrics, the non-cache-capable form, CLI."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+from extender_fakes import container, gpu, node, pod
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+import hamipy.extender.cli as cli
+from hamipy.extender.server import ExtenderServer
+from hamipy.extender.settings import ExtenderSettings
+from hamipy.extender.telemetry import Telemetry
+from hamipy.protocol import keys
+from hamipy.protocol.config import Config
+
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[tuple[ExtenderServer, InMemorySpanExporter]]:
+    exporter = InMemorySpanExporter()
+    telemetry = Telemetry.create({}, stream=io.StringIO(), processor=SimpleSpanProcessor(exporter))
+    srv = ExtenderServer(
+        config=Config(), settings=ExtenderSettings(cooperative=False), telemetry=telemetry, api=None
+    )
+    await srv.start()
+    yield srv, exporter
+    await srv.stop()
+
+
+async def post(srv: ExtenderServer, path: str, body: Any) -> tuple[int, Any]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session,
+        session.post(srv.url + path, data=data) as resp,
+    ):
+        return resp.status, await resp.json()
+
+
+async def get(srv: ExtenderServer, path: str) -> tuple[int, str]:
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session,
+        session.get(srv.url + path) as resp,
+    ):
+        return resp.status, await resp.text()
+
+
+async def test_readiness_follows_the_model_sync(server: Any) -> None:
+    srv, _ = server
+    assert (await get(srv, "/healthz"))[0] == 200
+    assert (await get(srv, "/readyz"))[0] == 503
+    srv.model.replace_nodes([])
+    srv.model.replace_pods([])
+    assert (await get(srv, "/readyz"))[0] == 200
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param(b"{not json", id="not-json"),
+        pytest.param([], id="not-object"),
+        pytest.param({"Pod": None}, id="no-pod"),
+        pytest.param({"Pod": {"metadata": {}}, "NodeNames": "n"}, id="bad-nodenames"),
+    ],
+)
+async def test_bad_filter_requests_get_400_with_reason(server: Any, body: Any) -> None:
+    srv, _ = server
+    status, answer = await post(srv, "/filter", body)
+    assert status == 400
+    assert answer["Error"]
+
+
+async def test_filter_chooses_reserves_and_traces(server: Any) -> None:
+    srv, exporter = server
+    srv.model.replace_nodes([node("a"), node("b")])
+    p = pod("p", container(gpu="1", mem="1000"), annotations={keys.TRACE_CONTEXT: TRACEPARENT})
+    status, answer = await post(srv, "/filter", {"Pod": p, "NodeNames": ["a", "b"]})
+    assert status == 200
+    assert answer["NodeNames"] in (["a"], ["b"])
+    assert srv.model.contributions["uid-ns-p"].source == "reserved"
+    span = next(s for s in exporter.get_finished_spans() if s.name == "extender.filter")
+    assert format(span.context.trace_id, "032x") == "0af7651916cd43dd8448eb211c80319c"
+    assert srv.events.recorded[-1].reason == "FilteringSucceed"
+
+
+async def test_filter_failure_explains_and_emits_event(server: Any) -> None:
+    srv, _ = server
+    srv.model.replace_nodes([node("a", [gpu("A", 0, mem=100)])])
+    _, answer = await post(srv, "/filter", {"Pod": pod("p"), "NodeNames": ["a"]})
+    assert answer["NodeNames"] == []
+    assert answer["FailedAndUnresolvableNodes"] == {"a": "1/1 CardInsufficientMemory"}
+    assert srv.events.recorded[-1].reason == "FilteringFailed"
+    assert "CardInsufficientMemory" in srv.events.recorded[-1].message
+
+
+async def test_not_cache_capable_form_returns_node_objects(server: Any) -> None:
+    srv, _ = server
+    items = [node("a"), node("b", [gpu("X", 0, mem=10)])]
+    _, answer = await post(srv, "/filter", {"Pod": pod("p"), "Nodes": {"items": items}})
+    assert [n["metadata"]["name"] for n in answer["Nodes"]["items"]] == ["a"]
+    assert answer["NodeNames"] is None
+
+
+async def test_pod_without_gpu_passes_every_node(server: Any) -> None:
+    srv, _ = server
+    _, answer = await post(srv, "/filter", {"Pod": pod("p", container()), "NodeNames": ["x", "y"]})
+    assert answer["NodeNames"] == ["x", "y"]
+
+
+async def test_prioritize_scores_by_policy(server: Any) -> None:
+    srv, _ = server
+    srv.model.replace_nodes([node("a"), node("b")])
+    srv.model.apply_pod(
+        "ADDED",
+        pod(
+            "q",
+            node_name="a",
+            phase="Running",
+            annotations={keys.DEVICES_ALLOCATED: "GPU-a-0,NVIDIA,30000,100:;"},
+        ),
+    )
+    _, answer = await post(srv, "/prioritize", {"Pod": pod("p"), "NodeNames": ["a", "b"]})
+    scores = {h["Host"]: h["Score"] for h in answer}
+    assert scores["a"] > scores["b"]  # binpack by default
+
+
+async def test_metrics_expose_hami_gauges(server: Any) -> None:
+    srv, _ = server
+    srv.model.replace_nodes([node("a", [gpu("A", 0, mem=1000)])])
+    srv.model.apply_pod(
+        "ADDED",
+        pod("q", node_name="a", phase="Running", annotations={keys.DEVICES_ALLOCATED: "A,NVIDIA,250,30:;"}),
+    )
+    _, text = await get(srv, "/metrics")
+    assert (
+        'hami_gpu_memory_allocated_bytes{device_index="0",device_type="NVIDIA-Tesla V100-PCIE-32GB"' in text
+    )
+    assert 'hami_node_gpu_memory_allocated_ratio{device_index="0"' in text
+    assert "} 0.25" in text
+    labels = 'container_index="0",device_uuid="A",namespace="ns",node="a",pod="q"'
+    assert f"hami_vgpu_core_allocated_ratio{{{labels}}} 30.0" in text
+    for name in ("hami_gpu_shared_count", "hami_gpu_core_limit_ratio", "hami_node_gpu_overview"):
+        assert name in text
+
+
+async def test_bind_without_api_reports_error(server: Any) -> None:
+    srv, _ = server
+    status, answer = await post(
+        srv, "/bind", {"PodName": "p", "PodNamespace": "ns", "PodUID": "u", "Node": "a"}
+    )
+    assert status == 200
+    assert answer["Error"]
+    status, _ = await post(srv, "/bind", {"PodName": "p"})
+    assert status == 400
+
+
+def test_cli_help_lists_modes(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["serve", "--help"], env={})
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert "--cooperative" in out
+    assert "--release-lock-after-bind" in out
+
+
+def test_cli_settings_from_env() -> None:
+    args = cli.build_parser(
+        {"HAMIPY_EXTENDER_COOPERATIVE": "true", "HAMIPY_EXTENDER_BIND_TIMEOUT": "7"}
+    ).parse_args(["serve", "--no-release-lock-after-bind"])
+    settings = cli.settings_from_args(args)
+    assert settings.cooperative
+    assert not settings.release_lock_after_bind
+    assert settings.bind_timeout_s == 7
+
+
+def test_cli_bad_config_exits_2(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("nodeSchedulerPolicy: sideways\n")
+    assert cli.main(["serve", "--config", str(path)], env={}) == 2
