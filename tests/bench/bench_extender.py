@@ -1,0 +1,184 @@
+"""Benchmark: extender ``/filter`` latency (targets: p99 <= 2 ms in-process and <= 5 ms over HTTP at
+1,000 nodes x 8 GPUs with 10,000 running GPU pods; <= 10 ms over HTTP at 5,000 nodes).
+
+Run as a script: ``uv run python tests/bench/bench_extender.py [--iterations N] [--nodes 1000]``.
+
+The model is fed the way the watch feeds it (Node and Pod JSON with real register and allocation
+annotations); each node runs 10 pods (1 GPU, 1-4 GiB, 0-30 % cores). The filtered pod asks
+1 GPU / 2 GiB / 20 % with nodeCacheCapable ``NodeNames`` listing every node (kube-scheduler sends at
+most the feasible nodes it found, fewer above 100 nodes with the adaptive percentageOfNodesToScore,
+so this is the worst case). "in-process" is ``Scheduler.filter`` on the decoded ExtenderArgs
+(decision, reservation, span, metrics, event queueing; the reservation is dropped after each call so
+every call sees the same cluster); "HTTP" is a POST to a local aiohttp server from an aiohttp client
+(JSON encode/decode both ways included). A "no node fits" case is reported too: it explains every
+node, the slow path a pod that fits nowhere takes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import io
+import json
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import aiohttp
+from _results import percentiles_us, record, time_calls
+
+from hamipy.extender.model import PodUid
+from hamipy.extender.server import ExtenderServer
+from hamipy.extender.settings import ExtenderSettings
+from hamipy.extender.telemetry import Telemetry
+from hamipy.protocol import keys
+from hamipy.protocol.config import Config
+from hamipy.protocol.devices import ContainerDevice, DeviceInfo
+from hamipy.protocol.node_devices import encode_node_devices
+from hamipy.protocol.pod_devices import encode_pod_devices
+
+GPUS = 8
+PODS_PER_NODE = 10
+TARGETS_US = {"in_process_1000": 2000.0, "http_1000": 5000.0, "http_5000": 10000.0}
+
+
+def node_json(i: int) -> dict[str, Any]:
+    devices = [
+        DeviceInfo(f"GPU-{i:05d}-{g}", g, 10, 32768, 100, "NVIDIA-A100-SXM4-40GB", g // 4, "hami-core", True)
+        for g in range(GPUS)
+    ]
+    return {
+        "metadata": {
+            "name": f"node-{i:05d}",
+            "annotations": {keys.NODE_REGISTER: encode_node_devices(devices)},
+        },
+        "status": {"allocatable": {keys.RESOURCE_COUNT: str(GPUS * 10)}},
+    }
+
+
+def running_pod(node: int, j: int, rng: random.Random) -> dict[str, Any]:
+    dev = ContainerDevice(
+        f"GPU-{node:05d}-{rng.randrange(GPUS)}",
+        "NVIDIA",
+        rng.randint(1, 4) * 1024,
+        rng.choice((0, 10, 20, 30)),
+    )
+    return {
+        "metadata": {
+            "name": f"run-{node}-{j}",
+            "namespace": "work",
+            "uid": f"uid-{node}-{j}",
+            "annotations": {
+                keys.DEVICES_ALLOCATED: encode_pod_devices([[dev]]),
+                keys.VGPU_NODE: f"node-{node:05d}",
+            },
+        },
+        "spec": {"nodeName": f"node-{node:05d}", "containers": [{"name": "main"}]},
+        "status": {"phase": "Running"},
+    }
+
+
+def pending_pod(mem: str = "2048") -> dict[str, Any]:
+    limits = {keys.RESOURCE_COUNT: "1", keys.RESOURCE_MEMORY: mem, keys.RESOURCE_CORES: "20"}
+    return {
+        "metadata": {"name": "new", "namespace": "work", "uid": "uid-new", "annotations": {}},
+        "spec": {
+            "schedulerName": "hami-scheduler",
+            "containers": [
+                {"name": "main", "image": "app:1", "resources": {"limits": limits, "requests": limits}}
+            ],
+        },
+        "status": {"phase": "Pending"},
+    }
+
+
+def build(nodes: int) -> ExtenderServer:
+    server = ExtenderServer(
+        config=Config(),
+        settings=ExtenderSettings(),
+        telemetry=Telemetry.create({}, stream=io.StringIO()),
+        api=None,
+    )
+    rng = random.Random(7)
+    began = time.perf_counter()
+    server.model.replace_nodes(node_json(i) for i in range(nodes))
+    server.model.replace_pods(running_pod(i, j, rng) for i in range(nodes) for j in range(PODS_PER_NODE))
+    gc.collect()
+    gc.freeze()  # as the watcher does after each list
+    print(f"model of {nodes} nodes, {nodes * PODS_PER_NODE} pods built in {time.perf_counter() - began:.2f}s")
+    return server
+
+
+def in_process(server: ExtenderServer, args: dict[str, Any], iterations: int) -> list[float]:
+    scheduler = server.scheduler
+    model = server.model
+
+    def call() -> None:
+        scheduler.filter(args)
+        model.release(PodUid("uid-new"))
+
+    return time_calls(call, iterations=iterations, warmup=50)
+
+
+async def over_http(server: ExtenderServer, args: dict[str, Any], iterations: int) -> list[float]:
+    body = json.dumps(args).encode()
+    await server.start()
+    samples = []
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+            url = server.url + "/filter"
+            for i in range(iterations + 50):
+                start = time.perf_counter()
+                async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as resp:
+                    answer = await resp.json()
+                if i >= 50:
+                    samples.append(time.perf_counter() - start)
+                assert answer["NodeNames"] is not None
+                server.model.release(PodUid("uid-new"))
+    finally:
+        await server.stop()
+    return samples
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--iterations", type=int, default=2000)
+    parser.add_argument("--nodes", type=int, action="append", help="node counts (default 1000 and 5000)")
+    opts = parser.parse_args()
+    figures: dict[str, Any] = {}
+    for nodes in opts.nodes or (1000, 5000):
+        server = build(nodes)
+        names = [f"node-{i:05d}" for i in range(nodes)]
+        args = {"Pod": pending_pod(), "NodeNames": names, "Nodes": None}
+        chosen = server.scheduler.filter(args)["NodeNames"]
+        server.model.release(PodUid("uid-new"))
+        assert chosen, "the benchmark pod must fit"
+        proc = percentiles_us(in_process(server, args, opts.iterations))
+        nofit_args = {"Pod": pending_pod(mem="40000"), "NodeNames": names, "Nodes": None}
+        nofit = percentiles_us(
+            time_calls(lambda a=nofit_args, s=server: s.scheduler.filter(a), iterations=50, warmup=5)
+        )
+        http = percentiles_us(asyncio.run(over_http(server, args, opts.iterations)))
+        figures[f"in_process_{nodes}"] = proc
+        figures[f"http_{nodes}"] = http
+        figures[f"no_fit_in_process_{nodes}"] = nofit
+    for key, target in TARGETS_US.items():
+        if key in figures:
+            figures[key]["target_p99_us"] = target
+            figures[key]["met"] = figures[key]["p99_us"] <= target
+    figures["setup"] = {
+        "gpus_per_node": GPUS,
+        "running_pods_per_node": PODS_PER_NODE,
+        "iterations": opts.iterations,
+        "node_names_sent": "all nodes",
+    }
+    record("extender_filter", figures)
+
+
+if __name__ == "__main__":
+    main()

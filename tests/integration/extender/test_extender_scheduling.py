@@ -1,0 +1,396 @@
+"""The extender with the real kube-scheduler and apiserver (issue 5, "Done when").
+
+The extender runs in this process (aiohttp on a loopback port) with its real watch and bind against
+the devcluster; the ``hami-scheduler`` kube-scheduler calls it for /filter and /bind. Simulated
+nodes carry a ``hami.io/node-nvidia-register`` annotation written here (there is no device plugin
+yet) and ``nvidia.com/gpu`` capacity. Every test ends with the invariant checked against the API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import itertools
+from collections.abc import AsyncIterator, Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from kubernetes_asyncio.client import CoreV1Api
+
+from hamipy.devcluster import (
+    API_TIMEOUT_S,
+    ExtenderConfig,
+    ManagedResource,
+    NodePool,
+    NodeSpec,
+    wait_for,
+    wait_pod_bound,
+)
+from hamipy.extender.invariant import check_cluster
+from hamipy.extender.kube import ApiClientKube
+from hamipy.extender.server import ExtenderServer
+from hamipy.extender.settings import ExtenderSettings
+from hamipy.extender.telemetry import Telemetry
+from hamipy.protocol import keys
+from hamipy.protocol.config import Config
+from hamipy.protocol.devices import DeviceInfo
+from hamipy.protocol.node_devices import encode_node_devices
+from hamipy.protocol.node_lock import NodeLock, format_node_lock
+from hamipy.protocol.pod_devices import decode_pod_devices
+
+pytestmark = pytest.mark.integration
+
+SETTINGS = ExtenderSettings(handshake_interval_s=0, bind_timeout_s=20.0, api_timeout_s=10.0)
+MANAGED = tuple(
+    ManagedResource(name)
+    for name in (
+        keys.RESOURCE_COUNT,
+        keys.RESOURCE_MEMORY,
+        keys.RESOURCE_MEMORY_PERCENTAGE,
+        keys.RESOURCE_CORES,
+    )
+)
+LIMIT_NAMES = {
+    "gpu": keys.RESOURCE_COUNT,
+    "mem": keys.RESOURCE_MEMORY,
+    "pct": keys.RESOURCE_MEMORY_PERCENTAGE,
+    "cores": keys.RESOURCE_CORES,
+}
+
+
+def gpu(
+    uuid: str, index: int = 0, *, count: int = 10, mem: int = 32768, type_: str = "NVIDIA-A100"
+) -> DeviceInfo:
+    return DeviceInfo(uuid, index, count, mem, 100, type_, 0, "hami-core", True)
+
+
+def container(name: str = "main", **limits: str) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": name, "image": "registry.invalid/app:1"}
+    if limits:
+        out["resources"] = {"limits": {LIMIT_NAMES[k]: v for k, v in limits.items()}}
+    return out
+
+
+def pod_body(
+    name: str,
+    *containers: dict[str, Any],
+    selector: str,
+    init: Sequence[dict[str, Any]] = (),
+    annotations: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "schedulerName": "hami-scheduler",
+        "containers": list(containers) or [container(gpu="1", mem="1000")],
+        "nodeSelector": {"extender-test": selector},
+        "terminationGracePeriodSeconds": 0,
+    }
+    if init:
+        spec["initContainers"] = list(init)
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "annotations": annotations or {}},
+        "spec": spec,
+    }
+
+
+class Cluster:
+    """What a test works with: the API, its namespace, node pool and the extender URL."""
+
+    def __init__(self, api: Any, namespace: str, pool: NodePool) -> None:
+        self.api = api
+        self.core = CoreV1Api(api)
+        self.namespace = namespace
+        self.pool = pool
+
+    async def add_node(self, suffix: str, devices: Sequence[DeviceInfo]) -> str:
+        name = f"{self.namespace}-{suffix}"
+        await self.pool.add(
+            NodeSpec(
+                name=name,
+                labels={"extender-test": self.namespace},
+                annotations={keys.NODE_REGISTER: encode_node_devices(devices)},
+                capacity={keys.RESOURCE_COUNT: str(sum(d.count for d in devices))},
+            )
+        )
+        return name
+
+    async def create(self, body: dict[str, Any]) -> None:
+        await self.core.create_namespaced_pod(self.namespace, body, _request_timeout=API_TIMEOUT_S)
+
+    async def bound(self, name: str, timeout: float = 30) -> tuple[str, list[list[str]]]:  # noqa: ASYNC109
+        node = await wait_pod_bound(self.api, self.namespace, name, timeout=timeout)
+        pod = await self.core.read_namespaced_pod(name, self.namespace, _request_timeout=API_TIMEOUT_S)
+        value = (pod.metadata.annotations or {})[keys.DEVICES_ALLOCATED]
+        slots = decode_pod_devices(value)
+        return node, [[d.uuid for d in slot] for slot in slots]
+
+    async def assert_invariant(self) -> None:
+        report = await check_cluster(ApiClientKube(self.api))
+        assert report.ok, report.violations
+
+
+async def start_extenders(
+    api: Any, n: int = 1, settings: ExtenderSettings = SETTINGS, config: Config | None = None
+) -> list[ExtenderServer]:
+    servers = []
+    for _ in range(n):
+        server = ExtenderServer(
+            config=config or Config(),
+            settings=settings,
+            telemetry=Telemetry.create({}, stream=io.StringIO()),
+            api=ApiClientKube(api),
+        )
+        await server.start()
+        servers.append(server)
+    for server in servers:
+        await server.wait_synced(30)
+    return servers
+
+
+async def round_robin_proxy(targets: Sequence[str]) -> tuple[web.AppRunner, str]:
+    """Three replicas behind one URL: each request goes to the next replica."""
+    turn = itertools.cycle(targets)
+    session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
+
+    async def forward(request: web.Request) -> web.Response:
+        body = await request.read()
+        async with session.post(next(turn) + request.path, data=body) as resp:
+            return web.Response(status=resp.status, body=await resp.read(), content_type="application/json")
+
+    async def close(app: web.Application) -> AsyncIterator[None]:
+        yield
+        await session.close()
+
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app.router.add_post("/{verb}", forward)
+    app.cleanup_ctx.append(close)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, f"http://127.0.0.1:{runner.addresses[-1][1]}"
+
+
+async def use_extender(hami_scheduler: Callable[..., Any], url: str, *, cooperative: bool = False) -> None:
+    config = ExtenderConfig(
+        url_prefix=url,
+        filter_verb="filter",
+        bind_verb="bind",
+        prioritize_verb="prioritize" if cooperative else "",
+        node_cache_capable=True,
+        managed_resources=MANAGED,
+        http_timeout_s=30,
+    )
+    await asyncio.to_thread(hami_scheduler, config)
+
+
+@pytest.fixture
+async def cluster(kube_client: Any, namespace: str, node_pool: NodePool) -> Cluster:
+    return Cluster(kube_client, namespace, node_pool)
+
+
+@pytest.fixture
+async def extender(kube_client: Any, hami_scheduler: Callable[..., Any]) -> AsyncIterator[ExtenderServer]:
+    (server,) = await start_extenders(kube_client)
+    await use_extender(hami_scheduler, server.url)
+    yield server
+    await server.stop()
+
+
+# -- policies ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("policy", ["binpack", "spread"])
+async def test_node_policy_over_three_nodes(cluster: Cluster, extender: ExtenderServer, policy: str) -> None:
+    for i in range(3):
+        await cluster.add_node(f"n{i}", [gpu(f"GPU-{cluster.namespace}-{i}")])
+    nodes = []
+    for i in range(3):
+        ann = {keys.NODE_SCHEDULER_POLICY: policy}
+        await cluster.create(
+            pod_body(f"p{i}", container(gpu="1", mem="1000"), selector=cluster.namespace, annotations=ann)
+        )
+        nodes.append((await cluster.bound(f"p{i}"))[0])
+    assert len(set(nodes)) == (1 if policy == "binpack" else 3)
+    await cluster.assert_invariant()
+
+
+@pytest.mark.parametrize("policy", ["binpack", "spread"])
+async def test_gpu_policy_on_one_node(cluster: Cluster, extender: ExtenderServer, policy: str) -> None:
+    ns = cluster.namespace
+    await cluster.add_node("n", [gpu(f"GPU-{ns}-{i}", i) for i in range(4)])
+    used = []
+    for i in range(3):
+        ann = {keys.GPU_SCHEDULER_POLICY: policy}
+        await cluster.create(pod_body(f"p{i}", container(gpu="1", mem="1000"), selector=ns, annotations=ann))
+        used.append((await cluster.bound(f"p{i}"))[1][0][0])
+    assert len(set(used)) == (1 if policy == "binpack" else 3)
+
+
+# -- selectors and asks ------------------------------------------------------------------------------
+
+
+async def test_type_and_uuid_selectors(cluster: Cluster, extender: ExtenderServer) -> None:
+    ns = cluster.namespace
+    await cluster.add_node(
+        "n", [gpu(f"GPU-{ns}-a", 0, type_="NVIDIA-A100"), gpu(f"GPU-{ns}-t", 1, type_="NVIDIA-T4")]
+    )
+    await cluster.create(
+        pod_body("by-type", container(gpu="1", mem="100"), selector=ns, annotations={keys.USE_GPU_TYPE: "t4"})
+    )
+    await cluster.create(
+        pod_body(
+            "by-uuid",
+            container(gpu="1", mem="100"),
+            selector=ns,
+            annotations={keys.USE_GPU_UUID: f"GPU-{ns}-a"},
+        )
+    )
+    assert (await cluster.bound("by-type"))[1] == [[f"GPU-{ns}-t"]]
+    assert (await cluster.bound("by-uuid"))[1] == [[f"GPU-{ns}-a"]]
+
+
+async def test_exclusive_cores_and_memory_percentage(cluster: Cluster, extender: ExtenderServer) -> None:
+    ns = cluster.namespace
+    await cluster.add_node("n", [gpu(f"GPU-{ns}-0", 0, mem=10000), gpu(f"GPU-{ns}-1", 1, mem=10000)])
+    await cluster.create(pod_body("whole", container(gpu="1", mem="1000", cores="100"), selector=ns))
+    await cluster.create(pod_body("pct", container(gpu="1", pct="40"), selector=ns))
+    whole = (await cluster.bound("whole"))[1][0][0]
+    pct = (await cluster.bound("pct"))[1][0][0]
+    assert whole != pct  # the exclusive pod's GPU takes nobody else
+    pod = await cluster.core.read_namespaced_pod("pct", ns, _request_timeout=API_TIMEOUT_S)
+    assert pod.metadata.annotations[keys.DEVICES_ALLOCATED] == f"{pct},NVIDIA,4000,0:;"
+    await cluster.assert_invariant()
+
+
+async def test_two_gpus_in_one_container_and_init_containers(
+    cluster: Cluster, extender: ExtenderServer
+) -> None:
+    ns = cluster.namespace
+    await cluster.add_node("n", [gpu(f"GPU-{ns}-{i}", i) for i in range(3)])
+    await cluster.create(pod_body("two", container(gpu="2", mem="1000"), selector=ns))
+    _, slots = await cluster.bound("two")
+    assert len(set(slots[0])) == 2
+    await cluster.create(
+        pod_body(
+            "init",
+            container("a", gpu="1", mem="1000"),
+            container("b"),
+            container("c", gpu="1", mem="2000"),
+            init=[container("setup", gpu="1", mem="3000"), container("plain")],
+            selector=ns,
+        )
+    )
+    _, slots = await cluster.bound("init")
+    assert [len(s) for s in slots] == [1, 0, 1, 0, 1]
+    await cluster.assert_invariant()
+
+
+async def test_unfittable_pod_stays_pending_with_reason(cluster: Cluster, extender: ExtenderServer) -> None:
+    ns = cluster.namespace
+    await cluster.add_node("n", [gpu(f"GPU-{ns}-0", mem=8000)])
+    await cluster.create(pod_body("huge", container(gpu="1", mem="16000"), selector=ns))
+
+    async def reason() -> str:
+        pod = await cluster.core.read_namespaced_pod("huge", ns, _request_timeout=API_TIMEOUT_S)
+        for cond in (pod.status.conditions or []) if pod.status else []:
+            if (
+                cond.type == "PodScheduled"
+                and cond.status == "False"
+                and "CardInsufficientMemory" in (cond.message or "")
+            ):
+                return str(cond.message)
+        return ""
+
+    message = await wait_for(reason, timeout=30, what="FailedScheduling naming CardInsufficientMemory")
+    assert "1/1 CardInsufficientMemory" in message
+
+    async def event() -> bool:
+        events = await cluster.core.list_namespaced_event(ns, _request_timeout=API_TIMEOUT_S)
+        return any(
+            e.reason == "FilteringFailed" and "CardInsufficientMemory" in e.message for e in events.items
+        )
+
+    await wait_for(event, timeout=15, what="a FilteringFailed event")
+
+
+async def test_pod_placed_after_register_annotation_changes(
+    cluster: Cluster, extender: ExtenderServer
+) -> None:
+    ns = cluster.namespace
+    name = await cluster.add_node("n", [gpu(f"GPU-{ns}-old", mem=4000)])
+    new = [gpu(f"GPU-{ns}-new0", 0, mem=40000), gpu(f"GPU-{ns}-new1", 1, mem=40000)]
+    await cluster.pool.nodes[name].patch_annotations({keys.NODE_REGISTER: encode_node_devices(new)})
+    await cluster.create(pod_body("big", container(gpu="2", mem="30000"), selector=ns))
+    _, slots = await cluster.bound("big")
+    assert sorted(slots[0]) == [f"GPU-{ns}-new0", f"GPU-{ns}-new1"]
+
+
+async def test_lock_left_by_deleted_pod_does_not_stall_node(
+    cluster: Cluster, extender: ExtenderServer
+) -> None:
+    ns = cluster.namespace
+    name = await cluster.add_node("n", [gpu(f"GPU-{ns}-0")])
+    stale = format_node_lock(NodeLock(datetime.now(UTC).replace(microsecond=0), ns, "deleted-long-ago"))
+    await cluster.pool.nodes[name].patch_annotations({keys.NODE_LOCK: stale})
+    started = asyncio.get_running_loop().time()
+    await cluster.create(pod_body("p", selector=ns))
+    await cluster.bound("p", timeout=15)
+    assert asyncio.get_running_loop().time() - started < 15
+    node = await cluster.core.read_node(name, _request_timeout=API_TIMEOUT_S)
+    assert keys.NODE_LOCK not in (node.metadata.annotations or {})
+
+
+# -- bursts ------------------------------------------------------------------------------------------
+
+NODES = 5
+GPUS = 4
+SLOTS = 10
+FITTABLE = NODES * GPUS * SLOTS  # 200
+EXTRA = 10
+
+
+async def burst(cluster: Cluster) -> None:
+    ns = cluster.namespace
+    for n in range(NODES):
+        await cluster.add_node(f"n{n}", [gpu(f"GPU-{ns}-{n}-{i}", i, count=SLOTS) for i in range(GPUS)])
+    gate = asyncio.Semaphore(16)
+
+    async def create(i: int) -> None:
+        async with gate:
+            await cluster.create(pod_body(f"p{i}", container(gpu="1", mem="3000"), selector=ns))
+
+    await asyncio.gather(*(create(i) for i in range(FITTABLE + EXTRA)))
+
+    async def all_bound() -> bool:
+        pods = await cluster.core.list_namespaced_pod(ns, _request_timeout=API_TIMEOUT_S)
+        return sum(1 for p in pods.items if p.spec.node_name) >= FITTABLE
+
+    await wait_for(all_bound, timeout=150, interval=0.5, what=f"{FITTABLE} pods bound")
+    pods = await cluster.core.list_namespaced_pod(ns, _request_timeout=API_TIMEOUT_S)
+    assert sum(1 for p in pods.items if p.spec.node_name) == FITTABLE
+    await cluster.assert_invariant()
+
+
+@pytest.mark.timeout(240)
+async def test_burst_with_one_replica(cluster: Cluster, extender: ExtenderServer) -> None:
+    await burst(cluster)
+
+
+@pytest.mark.timeout(240)
+async def test_burst_with_three_replicas(
+    cluster: Cluster, kube_client: Any, hami_scheduler: Callable[..., Any]
+) -> None:
+    servers = await start_extenders(kube_client, 3)
+    runner, url = await round_robin_proxy([s.url for s in servers])
+    try:
+        await use_extender(hami_scheduler, url)
+        await burst(cluster)
+    finally:
+        await runner.cleanup()
+        for server in servers:
+            await server.stop()
