@@ -14,7 +14,7 @@ RUN := $(UV) run --frozen --no-sync
 TYPED_PACKAGES := hamipy.protocol hamipy.devcluster hamipy.telemetry hamipy.kubelet_api hamipy.webhook hamipy.extender hamipy.device_plugin hamipy.monitor
 PYTEST_ARGS ?=
 
-.PHONY: help sync lint typecheck native kube-binaries test unit bench up down clean
+.PHONY: help sync lint typecheck native proto kube-binaries test unit bench up down clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -39,6 +39,9 @@ typecheck: sync ## mypy --strict over the libs and services
 
 native: ## build native/ (libvgpu.so, the fake driver, C test programs)
 	@if [ -f native/Makefile ]; then $(MAKE) -C native; fi
+
+proto: sync ## regenerate the kubelet device plugin API stubs from libs/kubelet-api/proto
+	PATH="$(CURDIR)/.venv/bin:$$PATH" $(RUN) python libs/kubelet-api/generate.py
 
 kube-binaries: sync ## build (first run only) and cache etcd, kube-apiserver, kube-scheduler
 	$(RUN) hamipy-devcluster binaries
