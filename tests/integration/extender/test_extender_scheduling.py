@@ -9,7 +9,6 @@ yet) and ``nvidia.com/gpu`` capacity. Every test ends with the invariant checked
 from __future__ import annotations
 
 import asyncio
-import io
 import itertools
 from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime
@@ -19,11 +18,10 @@ import aiohttp
 import pytest
 from aiohttp import web
 from kubernetes_asyncio.client import CoreV1Api
+from stack_support import EXTENDER_SETTINGS, start_extenders, use_extender
 
 from hamipy.devcluster import (
     API_TIMEOUT_S,
-    ExtenderConfig,
-    ManagedResource,
     NodePool,
     NodeSpec,
     wait_for,
@@ -32,10 +30,7 @@ from hamipy.devcluster import (
 from hamipy.extender.invariant import check_cluster
 from hamipy.extender.kube import ApiClientKube
 from hamipy.extender.server import ExtenderServer
-from hamipy.extender.settings import ExtenderSettings
-from hamipy.extender.telemetry import Telemetry
 from hamipy.protocol import keys
-from hamipy.protocol.config import Config
 from hamipy.protocol.devices import DeviceInfo
 from hamipy.protocol.node_devices import encode_node_devices
 from hamipy.protocol.node_lock import NodeLock, format_node_lock
@@ -43,16 +38,7 @@ from hamipy.protocol.pod_devices import decode_pod_devices
 
 pytestmark = pytest.mark.integration
 
-SETTINGS = ExtenderSettings(handshake_interval_s=0, bind_timeout_s=20.0, api_timeout_s=10.0)
-MANAGED = tuple(
-    ManagedResource(name)
-    for name in (
-        keys.RESOURCE_COUNT,
-        keys.RESOURCE_MEMORY,
-        keys.RESOURCE_MEMORY_PERCENTAGE,
-        keys.RESOURCE_CORES,
-    )
-)
+SETTINGS = EXTENDER_SETTINGS
 LIMIT_NAMES = {
     "gpu": keys.RESOURCE_COUNT,
     "mem": keys.RESOURCE_MEMORY,
@@ -133,24 +119,6 @@ class Cluster:
         assert report.ok, report.violations
 
 
-async def start_extenders(
-    api: Any, n: int = 1, settings: ExtenderSettings = SETTINGS, config: Config | None = None
-) -> list[ExtenderServer]:
-    servers = []
-    for _ in range(n):
-        server = ExtenderServer(
-            config=config or Config(),
-            settings=settings,
-            telemetry=Telemetry.create({}, stream=io.StringIO()),
-            api=ApiClientKube(api),
-        )
-        await server.start()
-        servers.append(server)
-    for server in servers:
-        await server.wait_synced(30)
-    return servers
-
-
 async def round_robin_proxy(targets: Sequence[str]) -> tuple[web.AppRunner, str]:
     """Three replicas behind one URL: each request goes to the next replica."""
     turn = itertools.cycle(targets)
@@ -173,19 +141,6 @@ async def round_robin_proxy(targets: Sequence[str]) -> tuple[web.AppRunner, str]
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     return runner, f"http://127.0.0.1:{runner.addresses[-1][1]}"
-
-
-async def use_extender(hami_scheduler: Callable[..., Any], url: str, *, cooperative: bool = False) -> None:
-    config = ExtenderConfig(
-        url_prefix=url,
-        filter_verb="filter",
-        bind_verb="bind",
-        prioritize_verb="prioritize" if cooperative else "",
-        node_cache_capable=True,
-        managed_resources=MANAGED,
-        http_timeout_s=30,
-    )
-    await asyncio.to_thread(hami_scheduler, config)
 
 
 @pytest.fixture

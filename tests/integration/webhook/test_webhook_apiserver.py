@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import io
 import json
 import os
@@ -24,6 +23,8 @@ from typing import Any, cast
 
 import aiohttp
 import pytest
+from stack_support import register_webhook as register
+from stack_support import unregister_webhook as unregister
 
 from hamipy.devcluster.waiting import wait_for
 from hamipy.protocol import keys
@@ -87,39 +88,6 @@ class Webhook:
     def metric(self, name: str, **labels: str) -> float:
         value = self.admitter.telemetry.metrics.registry.get_sample_value(name, labels)
         return 0.0 if value is None else value
-
-
-async def register(
-    api: Any, *, name: str, namespace: str, url: str, ca_pem: bytes, versions: list[str] | None = None
-) -> None:
-    """Create the configuration for `namespace` only and wait until the apiserver applies it."""
-    from kubernetes_asyncio import client
-
-    doc = webhook_configuration(name=name, url=url, ca_bundle=ca_pem, timeout_seconds=5)
-    hook = doc["webhooks"][0]
-    hook["namespaceSelector"] = {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
-    if versions is not None:
-        hook["admissionReviewVersions"] = versions
-    admission: Any = client.AdmissionregistrationV1Api(api)
-    await admission.create_mutating_webhook_configuration(doc, _request_timeout=API_TIMEOUT_S)
-    core: Any = client.CoreV1Api(api)
-
-    async def applied() -> bool:
-        probe = pod_body("probe", limits={"nvidia.com/gpu": "1"})
-        pod = await core.create_namespaced_pod(
-            namespace, probe, dry_run="All", _request_timeout=API_TIMEOUT_S
-        )
-        return bool(pod.spec.scheduler_name == "hami-scheduler")
-
-    await wait_for(applied, timeout=30, interval=0.2, what=f"webhook configuration {name} to take effect")
-
-
-async def unregister(api: Any, name: str) -> None:
-    from kubernetes_asyncio import client
-
-    admission: Any = client.AdmissionregistrationV1Api(api)
-    with contextlib.suppress(client.ApiException):
-        await admission.delete_mutating_webhook_configuration(name, _request_timeout=API_TIMEOUT_S)
 
 
 @pytest.fixture
