@@ -1,0 +1,188 @@
+"""Allocate: the env and mounts of each container the kubelet asks about (hami-wire.md section 4).
+
+For each ``ContainerAllocateRequest`` the pod and container are found from fresh API state
+(``allocating.choose``), the response is built with ``hamipy.protocol.allocation_env``, the host
+directory for the container's region file is created, and the pod's ``vgpu-devices-to-allocate``
+slot is emptied. A fully served pod gets ``bind-phase=success`` and its node lock is released; on
+any error the pod gets ``bind-phase=failed``, its lock is released and the kubelet is told why.
+Allocates on one node are serialised: each reads the state the previous one wrote.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from opentelemetry import trace
+
+from hamipy.device_plugin.allocating import PHASE_FAILED, PHASE_SUCCESS, Served, choose
+from hamipy.device_plugin.errors import AllocateError, Conflict, DevicePluginError, KubeError
+from hamipy.device_plugin.kube import NodeApi
+from hamipy.device_plugin.telemetry import Telemetry
+from hamipy.protocol import ProtocolError, keys
+from hamipy.protocol.allocation_env import ContainerAllocation, container_allocation, region_host_dir
+from hamipy.protocol.config import NodeSettings, NvidiaConfig
+from hamipy.protocol.node_lock import NodeLock, owned_by, parse_node_lock
+from hamipy.telemetry import pod_trace_context
+
+__all__ = ["Allocator"]
+
+_LOCK_RELEASE_ATTEMPTS = 5
+
+
+def _node_lock(node: Mapping[str, Any]) -> NodeLock | None:
+    value = ((node.get("metadata") or {}).get("annotations") or {}).get(keys.NODE_LOCK)
+    if not value:
+        return None
+    try:
+        return parse_node_lock(value)
+    except ProtocolError:
+        return None  # not ours to judge: the scheduler breaks malformed locks
+
+
+def _make_region_dir(path: Path) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    os.chmod(path, 0o777)  # the container's processes need not be root to create their region file
+
+
+class Allocator:
+    """Serves Allocate requests for one node."""
+
+    def __init__(
+        self,
+        *,
+        api: NodeApi,
+        nvidia: NvidiaConfig,
+        node_settings: NodeSettings,
+        telemetry: Telemetry,
+        cache_id: Callable[[], str] = lambda: uuid.uuid4().hex,
+    ) -> None:
+        self.api = api
+        self.nvidia = nvidia
+        self.node_settings = node_settings
+        self.telemetry = telemetry
+        self.cache_id = cache_id
+        self._serial = asyncio.Lock()
+
+    async def allocate(self, device_counts: Sequence[int]) -> list[ContainerAllocation]:
+        """One Allocate call: a ``ContainerAllocation`` per requested container, in order."""
+        started = time.perf_counter()
+        result = "failed"
+        try:
+            async with self._serial:
+                allocations = await self._allocate(device_counts)
+            result = "success"
+            return allocations
+        finally:
+            self.telemetry.metrics.allocate_seconds.labels(result=result).observe(
+                time.perf_counter() - started
+            )
+
+    async def _allocate(self, device_counts: Sequence[int]) -> list[ContainerAllocation]:
+        node, pods = await asyncio.gather(self.api.get_node(), self.api.node_pods())
+        lock = _node_lock(node)
+        allocations = []
+        for count in device_counts:
+            choice = choose(pods, node=self.api.node_name, lock=lock, device_count=count)
+            for pod, reason in choice.broken:
+                meta = pod.get("metadata") or {}
+                await self._fail(meta, f"malformed allocation: {reason}")
+            if choice.served is None:
+                self._count("failed", "NoPendingPod")
+                raise AllocateError(
+                    f"no pod on node {self.api.node_name} is waiting for a container of {count} device(s) "
+                    f"(bind-phase={keys.BIND_PHASE} allocating)"
+                )
+            served = choice.served
+            pod = next(p for p in pods if (p.get("metadata") or {}).get("uid") == served.uid)
+            try:
+                allocations.append(await self._serve(pod, served))
+            except (DevicePluginError, ProtocolError, OSError) as exc:
+                await self._fail(pod.get("metadata") or {}, str(exc))
+                raise AllocateError(f"pod {served.namespace}/{served.name}: {exc}") from exc
+            # The next request of this call sees this container served.
+            pod["metadata"]["annotations"][keys.DEVICES_TO_ALLOCATE] = served.to_allocate
+        return allocations
+
+    async def _serve(self, pod: Mapping[str, Any], served: Served) -> ContainerAllocation:
+        log = self.telemetry.log.bind(
+            namespace=served.namespace, pod=served.name, uid=served.uid, container=served.container
+        )
+        with self.telemetry.tracer.start_as_current_span(
+            "device_plugin.allocate", context=pod_trace_context(pod)
+        ) as span:
+            span.set_attribute("k8s.pod.name", served.name)
+            span.set_attribute("k8s.namespace.name", served.namespace)
+            span.set_attribute("k8s.container.name", served.container)
+            span.set_attribute("hamipy.devices", ",".join(d.uuid for d in served.devices))
+            try:
+                allocation = container_allocation(
+                    served.devices,
+                    pod_uid=served.uid,
+                    container_name=served.container,
+                    container_env=served.container_env,
+                    cache_id=self.cache_id(),
+                    hook_path=self.nvidia.hook_path,
+                    memory_scaling=self.node_settings.device_memory_scaling,
+                    core_policy=self.nvidia.gpu_core_policy,
+                    disable_core_limit=self.node_settings.disable_core_limit,
+                    log_level=self.node_settings.lib_cuda_log_level,
+                )
+                region_dir = Path(region_host_dir(self.nvidia.hook_path, served.uid, served.container))
+                await asyncio.to_thread(_make_region_dir, region_dir)
+                annotations = {keys.DEVICES_TO_ALLOCATE: served.to_allocate}
+                if served.done:
+                    annotations[keys.BIND_PHASE] = PHASE_SUCCESS
+                await self.api.patch_pod_annotations(served.namespace, served.name, served.uid, annotations)
+                if served.done:
+                    await self._release_lock(served.namespace, served.name)
+            except Exception as exc:
+                span.set_status(trace.StatusCode.ERROR, str(exc))
+                log.error("allocate failed", error=str(exc))
+                self._count("failed", type(exc).__name__)
+                raise
+        log.info(
+            "allocated",
+            slot=served.slot,
+            devices=[d.uuid for d in served.devices],
+            pod_done=served.done,
+        )
+        self._count("success", "Allocated")
+        return allocation
+
+    async def _fail(self, meta: Mapping[str, Any], reason: str) -> None:
+        """Best effort: ``bind-phase=failed`` on the pod and its lock released; logged either way."""
+        namespace, name, uid = str(meta.get("namespace")), str(meta.get("name")), str(meta.get("uid"))
+        self.telemetry.log.error(
+            "pod allocation failed", namespace=namespace, pod=name, uid=uid, reason=reason
+        )
+        try:
+            await self.api.patch_pod_annotations(namespace, name, uid, {keys.BIND_PHASE: PHASE_FAILED})
+            await self._release_lock(namespace, name)
+        except KubeError as exc:
+            self.telemetry.log.error(
+                "could not mark pod failed", namespace=namespace, pod=name, error=str(exc)
+            )
+
+    async def _release_lock(self, namespace: str, name: str) -> None:
+        """Remove the node lock if this pod holds it (never another pod's)."""
+        for _ in range(_LOCK_RELEASE_ATTEMPTS):
+            node = await self.api.get_node()
+            lock = _node_lock(node)
+            if lock is None or not owned_by(lock, namespace=namespace, name=name):
+                return
+            version = str((node.get("metadata") or {}).get("resourceVersion", ""))
+            try:
+                await self.api.patch_node_annotations({keys.NODE_LOCK: None}, resource_version=version)
+            except Conflict:
+                continue
+            self.telemetry.log.info("node lock released", namespace=namespace, pod=name)
+            return
+
+    def _count(self, result: str, reason: str) -> None:
+        self.telemetry.metrics.allocations.labels(result=result, reason=reason).inc()

@@ -1,0 +1,163 @@
+"""GPU discovery and health with NVML through ``pynvml`` (DESIGN.md decision 3).
+
+The same code runs over the real ``libnvidia-ml.so.1`` on a GPU node and over native/'s fake one
+elsewhere. NVML calls block, so the async callers run them in a thread (``asyncio.to_thread``).
+
+Health follows NVIDIA's device plugin: a GPU turns Unhealthy on an XID critical-error event,
+except the XIDs an application causes (13, 31, 43, 45, 68, 109: a bad kernel, not a bad GPU).
+Where a GPU does not support events, it is polled instead: a GPU whose memory query fails is
+Unhealthy. An Unhealthy GPU stays so until the plugin restarts, as upstream.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+from collections.abc import Callable, Iterator
+from typing import Final
+
+import pynvml
+
+from hamipy.device_plugin.errors import NvmlError
+
+__all__ = ["APPLICATION_XIDS", "Gpu", "HealthWatch", "Nvml"]
+
+APPLICATION_XIDS: Final = frozenset({13, 31, 43, 45, 68, 109})
+_MIB: Final = 1024 * 1024
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Gpu:
+    """One physical GPU as NVML reports it."""
+
+    index: int
+    uuid: str
+    name: str
+    memory_mib: int
+    numa: int
+    """NUMA node; 0 where NVML does not know (as HAMi registers it)."""
+    pci_bus_id: str
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class Nvml:
+    """An initialised NVML (``with Nvml() as nvml``); every method translates NVML errors."""
+
+    def __enter__(self) -> Nvml:
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as exc:
+            raise NvmlError(f"NVML could not be initialised: {exc}") from exc
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with contextlib.suppress(pynvml.NVMLError):
+            pynvml.nvmlShutdown()
+
+    def gpus(self) -> list[Gpu]:
+        """Every GPU, in NVML index order."""
+        try:
+            return [self._gpu(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        except pynvml.NVMLError as exc:
+            raise NvmlError(f"NVML device query failed: {exc}") from exc
+
+    @staticmethod
+    def _gpu(index: int) -> Gpu:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        try:
+            numa = int(pynvml.nvmlDeviceGetNumaNodeId(handle))
+        except pynvml.NVMLError:
+            numa = 0
+        memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+        return Gpu(
+            index=index,
+            uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
+            name=_text(pynvml.nvmlDeviceGetName(handle)),
+            memory_mib=int(memory.total) // _MIB,
+            numa=max(numa, 0),
+            pci_bus_id=_text(pynvml.nvmlDeviceGetPciInfo(handle).busId),
+        )
+
+
+class HealthWatch:
+    """Watches GPUs for XID critical errors in a thread; calls ``on_unhealthy(uuid, reason)``.
+
+    ``on_unhealthy`` is called from the watch thread: the caller hands it over to its event loop
+    (``loop.call_soon_threadsafe``). ``stop()`` ends the thread within one ``poll_s``.
+    """
+
+    def __init__(self, uuids: list[str], on_unhealthy: Callable[[str, str], None], *, poll_s: float) -> None:
+        self.uuids = uuids
+        self.on_unhealthy = on_unhealthy
+        self.poll_ms = max(1, int(poll_s * 1000))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="hamipy-gpu-health", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=self.poll_ms / 1000 + 5)
+
+    def _run(self) -> None:
+        try:
+            with Nvml():
+                self._watch()
+        except NvmlError as exc:
+            for uuid in self.uuids:
+                self.on_unhealthy(uuid, f"NVML unavailable: {exc}")
+
+    def _watch(self) -> None:
+        events = pynvml.nvmlEventSetCreate()
+        polled: list[str] = []
+        try:
+            for uuid in self.uuids:
+                handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
+                try:
+                    supported = pynvml.nvmlDeviceGetSupportedEventTypes(handle)
+                    if not supported & pynvml.nvmlEventTypeXidCriticalError:
+                        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+                    pynvml.nvmlDeviceRegisterEvents(handle, pynvml.nvmlEventTypeXidCriticalError, events)
+                except pynvml.NVMLError:
+                    polled.append(uuid)
+            for uuid, reason in self._events(events, polled):
+                self.on_unhealthy(uuid, reason)
+        finally:
+            pynvml.nvmlEventSetFree(events)
+
+    def _events(self, events: object, polled: list[str]) -> Iterator[tuple[str, str]]:
+        sick: set[str] = set()
+        while not self._stop.is_set():
+            try:
+                data = pynvml.nvmlEventSetWait(events, self.poll_ms)
+            except pynvml.NVMLError_Timeout:
+                data = None
+            except pynvml.NVMLError as exc:
+                if self._stop.wait(self.poll_ms / 1000):
+                    return
+                data = None
+                if isinstance(exc, pynvml.NVMLError_Unknown):
+                    # The driver is gone: every GPU is unusable (NVIDIA's plugin does the same).
+                    for uuid in self.uuids:
+                        if uuid not in sick:
+                            sick.add(uuid)
+                            yield uuid, f"NVML event wait failed: {exc}"
+            if data is not None and data.eventType == pynvml.nvmlEventTypeXidCriticalError:
+                xid = int(data.eventData)
+                uuid = _text(pynvml.nvmlDeviceGetUUID(data.device))
+                if xid not in APPLICATION_XIDS and uuid not in sick:
+                    sick.add(uuid)
+                    yield uuid, f"XID {xid} critical error"
+            for uuid in polled:
+                if uuid in sick:
+                    continue
+                try:
+                    pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByUUID(uuid))
+                except pynvml.NVMLError as exc:
+                    sick.add(uuid)
+                    yield uuid, f"NVML query failed: {exc}"

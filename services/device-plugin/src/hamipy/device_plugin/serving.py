@@ -1,0 +1,111 @@
+"""Serve the plugin's gRPC socket and register with the kubelet; do both again when needed.
+
+The kubelet's contract (hami-wire.md section 8): the plugin must be serving before it registers,
+and a restarted kubelet deletes every socket in the device-plugin directory, so a plugin whose
+socket vanished (or whose ``kubelet.sock`` was replaced) serves a new socket and registers again.
+``serve_and_register`` does that until stopped; ``registered`` is set while registered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from pathlib import Path
+
+import grpc
+
+from hamipy.device_plugin.servicer import OPTIONS, DevicePluginServicer
+from hamipy.device_plugin.settings import PluginSettings
+from hamipy.device_plugin.telemetry import Telemetry
+from hamipy.kubelet_api import KUBELET_SOCKET, VERSION
+from hamipy.kubelet_api.v1beta1 import api_pb2, api_pb2_grpc
+
+__all__ = ["register_with_kubelet", "serve_and_register"]
+
+_RETRY_MIN_S = 0.2
+_RETRY_MAX_S = 5.0
+_STOP_GRACE_S = 1.0
+
+
+def _inode(path: Path) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except FileNotFoundError:
+        return None
+
+
+async def register_with_kubelet(settings: PluginSettings, resource_name: str) -> None:
+    """One ``Registration/Register`` call on ``kubelet.sock`` (raises ``grpc.aio.AioRpcError``)."""
+    target = f"unix://{settings.plugin_dir / KUBELET_SOCKET}"
+    async with grpc.aio.insecure_channel(target) as channel:
+        await api_pb2_grpc.RegistrationStub(channel).Register(
+            api_pb2.RegisterRequest(
+                version=VERSION, endpoint=settings.socket_name, resource_name=resource_name, options=OPTIONS
+            ),
+            timeout=settings.grpc_timeout_s,
+        )
+
+
+async def _start_server(servicer: DevicePluginServicer, socket: Path) -> grpc.aio.Server:
+    await asyncio.to_thread(socket.unlink, missing_ok=True)
+    server = grpc.aio.server()
+    api_pb2_grpc.add_DevicePluginServicer_to_server(servicer, server)
+    server.add_insecure_port(f"unix://{socket}")
+    await server.start()
+    return server
+
+
+async def _register_until_done(
+    settings: PluginSettings, resource_name: str, telemetry: Telemetry, stop: asyncio.Event
+) -> bool:
+    """Register, retrying with backoff while the kubelet is not there; False if stopped first."""
+    delay = _RETRY_MIN_S
+    while not stop.is_set():
+        try:
+            await register_with_kubelet(settings, resource_name)
+        except grpc.aio.AioRpcError as exc:
+            telemetry.metrics.registrations.labels(result="failed").inc()
+            telemetry.log.warning("kubelet registration failed; retrying", error=exc.details(), retry_s=delay)
+        else:
+            telemetry.metrics.registrations.labels(result="success").inc()
+            telemetry.log.info(
+                "registered with the kubelet", resource=resource_name, endpoint=settings.socket_name
+            )
+            return True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), delay)
+        delay = min(delay * 2, _RETRY_MAX_S)
+    return False
+
+
+async def serve_and_register(
+    *,
+    servicer: DevicePluginServicer,
+    settings: PluginSettings,
+    resource_name: str,
+    telemetry: Telemetry,
+    stop: asyncio.Event,
+    registered: asyncio.Event,
+) -> None:
+    """Serve and register; again whenever our socket vanishes or kubelet.sock is replaced."""
+    socket = settings.plugin_dir / settings.socket_name
+    kubelet = settings.plugin_dir / KUBELET_SOCKET
+    await asyncio.to_thread(settings.plugin_dir.mkdir, parents=True, exist_ok=True)
+    while not stop.is_set():
+        server = await _start_server(servicer, socket)
+        try:
+            telemetry.log.info("serving", socket=str(socket))
+            if not await _register_until_done(settings, resource_name, telemetry, stop):
+                return
+            registered.set()
+            ours, theirs = _inode(socket), _inode(kubelet)
+            while not stop.is_set() and _inode(socket) == ours and _inode(kubelet) == theirs:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), settings.socket_check_interval_s)
+            if not stop.is_set():
+                telemetry.log.warning("kubelet restarted (socket removed or replaced); serving again")
+        finally:
+            registered.clear()
+            await server.stop(_STOP_GRACE_S)
+    await asyncio.to_thread(socket.unlink, missing_ok=True)

@@ -1,0 +1,43 @@
+"""Settings of the device plugin beyond the shared configuration (hamipy.protocol.config.Config)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Final
+
+__all__ = ["DEFAULT_PLUGIN_DIR", "DEFAULT_SOCKET_NAME", "PluginSettings"]
+
+DEFAULT_PLUGIN_DIR: Final = Path("/var/lib/kubelet/device-plugins")
+DEFAULT_SOCKET_NAME: Final = "hamipy-nvidia.sock"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PluginSettings:
+    """How the device plugin serves, registers and watches. Times are in seconds."""
+
+    node_name: str
+    """The Node this plugin runs on (the downward API's ``spec.nodeName``)."""
+    plugin_dir: Path = DEFAULT_PLUGIN_DIR
+    """The kubelet's device-plugin directory: ``kubelet.sock`` and our socket live there."""
+    socket_name: str = DEFAULT_SOCKET_NAME
+    """Our socket's file name in ``plugin_dir`` (the ``endpoint`` we register)."""
+    register_interval_s: float = 30.0
+    """How often the register annotation and a ``Reported`` handshake are written even when nothing
+    changed. HAMi's scheduler counts a node dead 60 s after an unanswered ``Requesting_`` stamp, so
+    this must stay well under 60 s."""
+    socket_check_interval_s: float = 1.0
+    """How often the plugin checks that its socket and ``kubelet.sock`` are still there: a restarted
+    kubelet deletes every socket, and the plugin must serve and register again."""
+    health_poll_s: float = 5.0
+    """NVML event wait (and, where events are not supported, polling) period for GPU health."""
+    api_timeout_s: float = 10.0
+    """Per Kubernetes API call."""
+    grpc_timeout_s: float = 10.0
+    """Per call to the kubelet (Register)."""
+    pod_lookup_attempts: int = 5
+    """Allocate reads this node's pods up to this many times (0.1 s apart, doubling) when no pod is
+    waiting yet: the kubelet can see a bound pod a moment before our cache-free list does."""
+    metrics_host: str = "0.0.0.0"
+    metrics_port: int = 9395
+    """``/metrics``, ``/healthz``, ``/readyz``; 0 picks a free port (tests)."""

@@ -1,0 +1,91 @@
+"""Logs, metrics and traces of the device plugin (DESIGN.md decision 8), with no module-level state.
+
+Metrics live on a per-instance ``CollectorRegistry``:
+
+- ``hamipy_device_plugin_allocate_duration_seconds{result}``: one Allocate call, end to end.
+- ``hamipy_device_plugin_allocations{result,reason}``: containers served or refused, by cause.
+- ``hamipy_device_plugin_devices{health}``: fake devices advertised to the kubelet.
+- ``hamipy_device_plugin_registrations{result}``: Register calls to the kubelet.
+- ``hamipy_device_plugin_node_register_writes{result}``: writes of the register annotation.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Final, TextIO
+
+import structlog
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.trace import Tracer
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from hamipy.telemetry import make_logger, make_tracer_provider
+
+__all__ = ["SERVICE_NAME", "Metrics", "Telemetry"]
+
+SERVICE_NAME: Final = "hamipy-device-plugin"
+# Allocate reads the node's pods and patches one: a few API round trips.
+_ALLOCATE_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
+
+
+class Metrics:
+    """The plugin's Prometheus metrics on their own registry."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.allocate_seconds = Histogram(
+            "hamipy_device_plugin_allocate_duration_seconds",
+            "Duration of one Allocate call from the kubelet",
+            ["result"],
+            buckets=_ALLOCATE_BUCKETS,
+            registry=self.registry,
+        )
+        self.allocations = Counter(
+            "hamipy_device_plugin_allocations",
+            "Containers served (result=success) or refused (result=failed) by Allocate, by reason",
+            ["result", "reason"],
+            registry=self.registry,
+        )
+        self.devices = Gauge(
+            "hamipy_device_plugin_devices",
+            "Fake devices advertised to the kubelet, by health",
+            ["health"],
+            registry=self.registry,
+        )
+        self.registrations = Counter(
+            "hamipy_device_plugin_registrations",
+            "Register calls to the kubelet",
+            ["result"],
+            registry=self.registry,
+        )
+        self.register_writes = Counter(
+            "hamipy_device_plugin_node_register_writes",
+            "Writes of the node's register annotation and handshake",
+            ["result"],
+            registry=self.registry,
+        )
+
+
+class Telemetry:
+    """Logger, metrics and tracer of one plugin instance."""
+
+    def __init__(
+        self,
+        *,
+        env: Mapping[str, str],
+        log_stream: TextIO | None = None,
+        log_level: int = logging.INFO,
+        span_processor: SpanProcessor | None = None,
+    ) -> None:
+        self.log: structlog.typing.FilteringBoundLogger = make_logger(
+            SERVICE_NAME, log_stream, level=log_level
+        )
+        self.metrics = Metrics()
+        self.tracer_provider: TracerProvider = make_tracer_provider(
+            SERVICE_NAME, env, processor=span_processor
+        )
+        self.tracer: Tracer = self.tracer_provider.get_tracer("hamipy.device_plugin")
+
+    def shutdown(self) -> None:
+        self.tracer_provider.shutdown()
