@@ -1,11 +1,12 @@
 """Allocate: the env and mounts of each container the kubelet asks about (hami-wire.md section 4).
 
-For each ``ContainerAllocateRequest`` the pod and container are found from fresh API state
-(``allocating.choose``), the response is built with ``hamipy.protocol.allocation_env``, the host
-directory for the container's region file is created, and the pod's ``vgpu-devices-to-allocate``
-slot is emptied. A fully served pod gets ``bind-phase=success`` and its node lock is released; on
-any error the pod gets ``bind-phase=failed``, its lock is released and the kubelet is told why.
-Allocates on one node are serialised: each reads the state the previous one wrote.
+For each ``ContainerAllocateRequest`` the pod and container are found (``allocating.choose``)
+among this node's pods as the watch-fed ``PodCache`` has them (a fresh list when no pod there
+fits), the response is built with ``hamipy.protocol.allocation_env``, the host directory for the
+container's region file is created, and the pod's ``vgpu-devices-to-allocate`` slot is emptied. A
+fully served pod gets ``bind-phase=success`` and its node lock is released; on any error the pod
+gets ``bind-phase=failed``, its lock is released and the kubelet is told why. Allocates on one
+node are serialised: each sees what the previous one wrote.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from opentelemetry import trace
 from hamipy.device_plugin.allocating import PHASE_FAILED, PHASE_SUCCESS, Served, choose
 from hamipy.device_plugin.errors import AllocateError, Conflict, DevicePluginError, KubeError
 from hamipy.device_plugin.kube import NodeApi
+from hamipy.device_plugin.pod_cache import PodCache
 from hamipy.device_plugin.telemetry import Telemetry
 from hamipy.protocol import ProtocolError, keys
 from hamipy.protocol.allocation_env import ContainerAllocation, container_allocation, region_host_dir
@@ -57,12 +59,14 @@ class Allocator:
         self,
         *,
         api: NodeApi,
+        pods: PodCache,
         nvidia: NvidiaConfig,
         node_settings: NodeSettings,
         telemetry: Telemetry,
         cache_id: Callable[[], str] = lambda: uuid.uuid4().hex,
     ) -> None:
         self.api = api
+        self.pods = pods
         self.nvidia = nvidia
         self.node_settings = node_settings
         self.telemetry = telemetry
@@ -84,11 +88,17 @@ class Allocator:
             )
 
     async def _allocate(self, device_counts: Sequence[int]) -> list[ContainerAllocation]:
-        node, pods = await asyncio.gather(self.api.get_node(), self.api.node_pods())
-        lock = _node_lock(node)
+        lock = _node_lock(await self.api.get_node())
         allocations = []
+        listed = False
         for count in device_counts:
-            choice = choose(pods, node=self.api.node_name, lock=lock, device_count=count)
+            choice = choose(self.pods.pods(), node=self.api.node_name, lock=lock, device_count=count)
+            if choice.served is None and not listed:
+                # The watch may not have delivered the pod yet: read the node's pods afresh once.
+                items, _ = await self.api.node_pods()
+                self.pods.replace(items)
+                listed = True
+                choice = choose(self.pods.pods(), node=self.api.node_name, lock=lock, device_count=count)
             for pod, reason in choice.broken:
                 meta = pod.get("metadata") or {}
                 await self._fail(meta, f"malformed allocation: {reason}")
@@ -99,14 +109,12 @@ class Allocator:
                     f"(bind-phase={keys.BIND_PHASE} allocating)"
                 )
             served = choice.served
-            pod = next(p for p in pods if (p.get("metadata") or {}).get("uid") == served.uid)
+            pod = next(p for p in self.pods.pods() if (p.get("metadata") or {}).get("uid") == served.uid)
             try:
                 allocations.append(await self._serve(pod, served))
             except (DevicePluginError, ProtocolError, OSError) as exc:
                 await self._fail(pod.get("metadata") or {}, str(exc))
                 raise AllocateError(f"pod {served.namespace}/{served.name}: {exc}") from exc
-            # The next request of this call sees this container served.
-            pod["metadata"]["annotations"][keys.DEVICES_TO_ALLOCATE] = served.to_allocate
         return allocations
 
     async def _serve(self, pod: Mapping[str, Any], served: Served) -> ContainerAllocation:
@@ -138,7 +146,10 @@ class Allocator:
                 annotations = {keys.DEVICES_TO_ALLOCATE: served.to_allocate}
                 if served.done:
                     annotations[keys.BIND_PHASE] = PHASE_SUCCESS
-                await self.api.patch_pod_annotations(served.namespace, served.name, served.uid, annotations)
+                written = await self.api.patch_pod_annotations(
+                    served.namespace, served.name, served.uid, annotations
+                )
+                self.pods.remember(written)  # the next Allocate sees this container served
                 if served.done:
                     await self._release_lock(served.namespace, served.name)
             except Exception as exc:
@@ -162,7 +173,10 @@ class Allocator:
             "pod allocation failed", namespace=namespace, pod=name, uid=uid, reason=reason
         )
         try:
-            await self.api.patch_pod_annotations(namespace, name, uid, {keys.BIND_PHASE: PHASE_FAILED})
+            written = await self.api.patch_pod_annotations(
+                namespace, name, uid, {keys.BIND_PHASE: PHASE_FAILED}
+            )
+            self.pods.remember(written)
             await self._release_lock(namespace, name)
         except KubeError as exc:
             self.telemetry.log.error(

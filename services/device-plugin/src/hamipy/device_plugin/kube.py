@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, Final
 
 import aiohttp
@@ -72,22 +72,60 @@ class NodeApi:
         )
         return node
 
-    async def node_pods(self) -> list[dict[str, Any]]:
-        """Every pod bound to this node (a fresh list: Allocate must not act on a stale cache)."""
+    async def node_pods(self) -> tuple[list[dict[str, Any]], str]:
+        """Every pod bound to this node, and the list's resourceVersion."""
         data = await self._json(
             f"LIST pods on {self.node_name}",
             self.core.list_pod_for_all_namespaces,
             field_selector=f"spec.nodeName={self.node_name}",
         )
         items: list[dict[str, Any]] = data.get("items") or []
-        return items
+        return items, str((data.get("metadata") or {}).get("resourceVersion", ""))
+
+    async def watch_node_pods(
+        self, resource_version: str, *, timeout_s: int, inactivity_s: float
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Watch events (``{"type", "object"}``) of this node's pods from ``resource_version``, with
+        bookmarks, until the server ends the watch after ``timeout_s``; a stream silent for
+        ``inactivity_s`` is an error."""
+        what = f"WATCH pods on {self.node_name}"
+        try:
+            resp: Any = await self.core.list_pod_for_all_namespaces(
+                field_selector=f"spec.nodeName={self.node_name}",
+                watch=True,
+                allow_watch_bookmarks=True,
+                resource_version=resource_version,
+                timeout_seconds=timeout_s,
+                _preload_content=False,
+                _request_timeout=aiohttp.ClientTimeout(
+                    total=None, sock_connect=self.timeout_s, sock_read=inactivity_s
+                ),
+            )
+        except ApiException as exc:
+            raise KubeError(f"{what}: HTTP {exc.status}: {exc.reason}", status=exc.status or 0) from exc
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise KubeError(f"{what}: {type(exc).__name__}: {exc}") from exc
+        buffer = b""
+        try:
+            # Not `async for line in resp.content`: its line limit (64 KiB) is below a large pod.
+            async for chunk in resp.content.iter_any():
+                buffer += chunk
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    if line.strip():
+                        yield json.loads(line)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            raise KubeError(f"{what}: {type(exc).__name__}: {exc}") from exc
+        finally:
+            resp.release()
 
     async def patch_pod_annotations(
         self, namespace: str, name: str, uid: str, annotations: Mapping[str, str | None]
-    ) -> None:
-        """Merge-patch a pod's annotations; the UID precondition keeps a same-named new pod safe."""
+    ) -> dict[str, Any]:
+        """Merge-patch a pod's annotations; the UID precondition keeps a same-named new pod safe.
+        Returns the pod as written."""
         body = {"metadata": {"uid": uid, "annotations": dict(annotations)}}
-        await self._json(
+        pod: dict[str, Any] = await self._json(
             f"PATCH pod {namespace}/{name}",
             self.core.patch_namespaced_pod,
             name,
@@ -95,3 +133,4 @@ class NodeApi:
             body,
             _content_type=MERGE_PATCH,
         )
+        return pod

@@ -21,6 +21,7 @@ from hamipy.device_plugin.discovery import Gpu, HealthWatch, Nvml
 from hamipy.device_plugin.inventory import Inventory
 from hamipy.device_plugin.kube import NodeApi
 from hamipy.device_plugin.node_registration import register_node_forever
+from hamipy.device_plugin.pod_cache import PodCache
 from hamipy.device_plugin.servicer import DevicePluginServicer
 from hamipy.device_plugin.serving import serve_and_register
 from hamipy.device_plugin.settings import PluginSettings
@@ -59,14 +60,17 @@ class DevicePlugin:
         self.node_written = asyncio.Event()
         self.metrics_port: int | None = None
         self.inventory: Inventory | None = None
+        self.pods: PodCache | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
         gpus: list[Gpu] = await asyncio.to_thread(self._discover)
         inventory = self.inventory = Inventory(gpus, self.node_settings)
         log = self.telemetry.log.bind(node=self.settings.node_name)
         log.info("discovered GPUs", gpus=[(g.index, g.uuid, g.name, g.memory_mib, g.numa) for g in gpus])
+        pods = self.pods = PodCache(self.api, self.telemetry)
         allocator = Allocator(
             api=self.api,
+            pods=pods,
             nvidia=self.config.nvidia,
             node_settings=self.node_settings,
             telemetry=self.telemetry,
@@ -111,9 +115,10 @@ class DevicePlugin:
                     name="device-plugin:node-register",
                 )
                 health_task = group.create_task(record_health(), name="device-plugin:health")
+                watch = group.create_task(pods.run(), name="device-plugin:pod-watch")
                 await stop.wait()
-                register.cancel()
-                health_task.cancel()
+                for task in (register, health_task, watch):
+                    task.cancel()
         finally:
             await asyncio.to_thread(health.stop)
             await runner.cleanup()
@@ -134,9 +139,12 @@ class DevicePlugin:
             return web.Response(text="ok")
 
         async def readyz(request: web.Request) -> web.Response:
-            if self.registered.is_set() and self.node_written.is_set():
+            synced = self.pods is not None and self.pods.synced.is_set()
+            if synced and self.registered.is_set() and self.node_written.is_set():
                 return web.Response(text="ok")
-            return web.Response(status=503, text="not registered with the kubelet and the node yet")
+            return web.Response(
+                status=503, text="not registered with the kubelet and the node, or pods not listed"
+            )
 
         app.router.add_get("/metrics", metrics)
         app.router.add_get("/healthz", healthz)

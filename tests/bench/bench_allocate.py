@@ -1,0 +1,146 @@
+"""Benchmark: Allocate latency over gRPC against the real apiserver (target p99 <= 50 ms).
+
+Run as a script: ``uv run python tests/bench/bench_allocate.py [--pods N]``. It starts a devcluster
+(binaries built on first use), one Node, and ``--pods`` pods bound to it that wait for their
+devices (``bind-phase=allocating``, as the extender leaves them); then the device plugin's real
+gRPC service, on a unix socket in this process, serves one Allocate per pod, called by a gRPC
+client as the kubelet would. Each Allocate reads the node (lock), finds the pod in the plugin's
+watch-fed pod cache, patches the pod, and reads the node again to release a lock: the node holds
+``--pods`` pods throughout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from _results import percentiles_us, record
+
+from hamipy.devcluster import DevCluster, NodePool, NodeSpec, ensure_default_service_account
+from hamipy.devcluster.binaries import ensure_binaries
+from hamipy.devcluster.cluster import ClusterSettings
+from hamipy.device_plugin.allocator import Allocator
+from hamipy.device_plugin.discovery import Gpu
+from hamipy.device_plugin.inventory import Inventory
+from hamipy.device_plugin.kube import NodeApi
+from hamipy.device_plugin.pod_cache import PodCache
+from hamipy.device_plugin.servicer import DevicePluginServicer
+from hamipy.device_plugin.telemetry import Telemetry
+from hamipy.kubelet_api.v1beta1 import api_pb2, api_pb2_grpc
+from hamipy.protocol import keys
+from hamipy.protocol.config import Config, load_config
+
+TARGET_P99_US = 50_000.0
+NODE = "bench-gpu-node"
+GPU = Gpu(
+    index=0,
+    uuid="GPU-00000000-0000-4000-8000-00000000be00",
+    name="NVIDIA A100",
+    memory_mib=81920,
+    numa=0,
+    pci_bus_id="00000000:10:00.0",
+)
+
+
+def pending_pod(i: int) -> dict[str, Any]:
+    slot = f"{GPU.uuid},NVIDIA,1000,10:;"
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": f"pod-{i:04d}",
+            "annotations": {
+                keys.BIND_PHASE: "allocating",
+                keys.BIND_TIME: str(1_700_000_000 + i),
+                keys.VGPU_NODE: NODE,
+                keys.DEVICES_ALLOCATED: slot,
+                keys.DEVICES_TO_ALLOCATE: slot,
+            },
+        },
+        "spec": {
+            "nodeName": NODE,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "registry.invalid/app:1",
+                    "resources": {"limits": {keys.RESOURCE_COUNT: "1"}},
+                }
+            ],
+        },
+    }
+
+
+async def run(pods: int) -> dict[str, Any]:
+    from kubernetes_asyncio.client import CoreV1Api
+
+    with (
+        tempfile.TemporaryDirectory(prefix="hamipy-bench-", dir="/tmp") as tmp,
+        DevCluster(ClusterSettings(), binaries=ensure_binaries()) as cluster,
+    ):
+        async with cluster.api_client() as api, NodePool(api) as pool:
+            await pool.add(NodeSpec(name=NODE))
+            await ensure_default_service_account(api, "default")
+            core = CoreV1Api(api)
+            for i in range(pods):
+                await core.create_namespaced_pod("default", pending_pod(i))
+            config: Config = load_config(f"nvidia:\n  hookPath: {tmp}/vgpu\n")
+            telemetry = Telemetry(env={}, log_stream=io.StringIO())
+            node_api = NodeApi(api, node_name=NODE, timeout_s=10)
+            pods_cache = PodCache(node_api, telemetry)
+            watch = asyncio.create_task(pods_cache.run(), name="bench-pod-watch")
+            await pods_cache.synced.wait()
+            allocator = Allocator(
+                api=node_api,
+                pods=pods_cache,
+                nvidia=config.nvidia,
+                node_settings=config.for_node(NODE),
+                telemetry=telemetry,
+            )
+            servicer = DevicePluginServicer(
+                inventory=Inventory([GPU], config.for_node(NODE)), allocator=allocator, telemetry=telemetry
+            )
+            server = grpc.aio.server()
+            api_pb2_grpc.add_DevicePluginServicer_to_server(servicer, server)
+            socket = f"{tmp}/plugin.sock"
+            server.add_insecure_port(f"unix://{socket}")
+            await server.start()
+            samples = []
+            try:
+                async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
+                    stub = api_pb2_grpc.DevicePluginStub(channel)
+                    request = api_pb2.AllocateRequest(
+                        container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=[f"{GPU.uuid}-0"])]
+                    )
+                    for _ in range(pods):
+                        started = time.perf_counter()
+                        response = await stub.Allocate(request, timeout=10)
+                        samples.append(time.perf_counter() - started)
+                        assert response.container_responses[0].envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "1000m"
+            finally:
+                await server.stop(None)
+                watch.cancel()
+    figures: dict[str, Any] = {"pods_on_node": pods, "allocations": len(samples), **percentiles_us(samples)}
+    figures["target_p99_us"] = TARGET_P99_US
+    figures["met"] = figures["p99_us"] <= TARGET_P99_US
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--pods", type=int, default=100, help="pods waiting on the node (one Allocate each)")
+    args = parser.parse_args()
+    record("device_plugin_allocate", asyncio.run(run(args.pods)))
+
+
+if __name__ == "__main__":
+    main()
