@@ -2,8 +2,11 @@
 
 The public surface: `DevCluster` (processes), `SchedulerConfig`/`ExtenderConfig` (what the
 kube-scheduler runs), `NodePool`/`SimulatedNode`/`NodeSpec` (nodes the scheduler binds to, with
-`NodeAgent` as the plug-in point for a device plugin + kubelet stand-in), the namespace helpers and
-the wait helpers. Heavy imports (kubernetes_asyncio) happen only when a client is made.
+`NodeAgent` as the plug-in point for a device plugin + kubelet stand-in), `KubeletStandIn` (the
+kubelet's device-manager role over the real device plugin gRPC API, and what it allocated:
+`ContainerAllocation`, `ResourceAllocation`, `ContainerKey`, `PluginDevice`, `StandInSettings`), the
+namespace helpers and the wait helpers. Heavy imports (kubernetes_asyncio, grpc) happen only when
+a client is made or the stand-in is first named.
 
 Importing the package is cheap (the pytest plugin loads it in every session): names are imported
 from their modules on first use.
@@ -37,6 +40,14 @@ if TYPE_CHECKING:
         StartupError,
         WaitTimeout,
     )
+    from hamipy.devcluster.kubelet_admission import PluginDevice
+    from hamipy.devcluster.kubelet_standin import (
+        ContainerAllocation,
+        ContainerKey,
+        KubeletStandIn,
+        ResourceAllocation,
+        StandInSettings,
+    )
     from hamipy.devcluster.kubeobjects import (
         API_TIMEOUT_S,
         create_namespace,
@@ -53,6 +64,8 @@ _EXPORTS: dict[str, str] = {
     "ClusterAccess": "hamipy.devcluster.cluster",
     "ClusterSettings": "hamipy.devcluster.cluster",
     "ClusterStateError": "hamipy.devcluster.errors",
+    "ContainerAllocation": "hamipy.devcluster.kubelet_standin",
+    "ContainerKey": "hamipy.devcluster.kubelet_standin",
     "ControlPlaneBinaries": "hamipy.devcluster.binaries",
     "DEFAULT_SCHEDULER_NAME": "hamipy.devcluster.config",
     "DevCluster": "hamipy.devcluster.cluster",
@@ -62,12 +75,16 @@ _EXPORTS: dict[str, str] = {
     "ExtenderTLS": "hamipy.devcluster.config",
     "HAMI_SCHEDULER_NAME": "hamipy.devcluster.config",
     "KUBERNETES_VERSION": "hamipy.devcluster.binaries",
+    "KubeletStandIn": "hamipy.devcluster.kubelet_standin",
     "ManagedResource": "hamipy.devcluster.config",
     "NodeAgent": "hamipy.devcluster.nodes",
     "NodePool": "hamipy.devcluster.nodes",
     "NodeSpec": "hamipy.devcluster.nodes",
+    "PluginDevice": "hamipy.devcluster.kubelet_admission",
+    "ResourceAllocation": "hamipy.devcluster.kubelet_standin",
     "SchedulerConfig": "hamipy.devcluster.config",
     "SimulatedNode": "hamipy.devcluster.nodes",
+    "StandInSettings": "hamipy.devcluster.kubelet_standin",
     "StartupError": "hamipy.devcluster.errors",
     "WaitTimeout": "hamipy.devcluster.errors",
     "create_namespace": "hamipy.devcluster.kubeobjects",
@@ -90,17 +107,23 @@ __all__ = [
     "ClusterAccess",
     "ClusterSettings",
     "ClusterStateError",
+    "ContainerAllocation",
+    "ContainerKey",
     "ControlPlaneBinaries",
     "DevCluster",
     "DevClusterError",
     "ExtenderConfig",
     "ExtenderTLS",
+    "KubeletStandIn",
     "ManagedResource",
     "NodeAgent",
     "NodePool",
     "NodeSpec",
+    "PluginDevice",
+    "ResourceAllocation",
     "SchedulerConfig",
     "SimulatedNode",
+    "StandInSettings",
     "StartupError",
     "WaitTimeout",
     "create_namespace",
