@@ -2,7 +2,11 @@
 
 Each process runs in its own session (so one ``killpg`` reaches everything it forked) with
 ``PR_SET_PDEATHSIG=SIGKILL`` (so the kernel kills it if the Python process that started it dies,
-even by SIGKILL, where no finalizer runs). Output goes to a per-process log file whose tail is
+even by SIGKILL, where no finalizer runs). The death signal is set by util-linux's ``setpriv``
+before it execs the program, not by a ``preexec_fn``: Python code run between fork and exec in a
+process with gRPC threads (the kubelet stand-in) can crash the child, and without a
+``preexec_fn`` subprocess uses vfork, where no fork handlers run. Without ``setpriv`` (not a
+Debian-like system) the ``preexec_fn`` is the fallback. Output goes to a per-process log file whose tail is
 put in the error when the process dies or never becomes healthy.
 """
 
@@ -12,6 +16,7 @@ import contextlib
 import ctypes
 import errno
 import os
+import shutil
 import signal
 import socket
 import ssl
@@ -19,7 +24,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from hamipy.devcluster.errors import StartupError
@@ -40,6 +45,16 @@ PROBE_INTERVAL_S = 0.1
 
 def _die_with_parent() -> None:
     _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+_SETPRIV = shutil.which("setpriv")
+
+
+def _launch(argv: Sequence[str]) -> tuple[list[str], Callable[[], None] | None]:
+    """The argv to spawn and the preexec_fn to use for a child that dies with us."""
+    if _SETPRIV is not None:
+        return [_SETPRIV, "--pdeathsig", "KILL", "--", *argv], None
+    return list(argv), _die_with_parent
 
 
 def free_port() -> int:
@@ -83,11 +98,20 @@ def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
 class ManagedProcess:
     """One control-plane process with its log file; `stop` ends its whole process group."""
 
-    def __init__(self, name: str, argv: Sequence[str], *, log_path: Path, cwd: Path | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        log_path: Path,
+        cwd: Path | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         self.name = name
         self.argv = list(argv)
         self.log_path = log_path
         self.cwd = cwd
+        self.env = None if env is None else dict(env)
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -101,14 +125,16 @@ class ManagedProcess:
         with self.log_path.open("ab") as log:
             log.write(f"$ {' '.join(self.argv)}\n".encode())
             log.flush()
+            argv, preexec = _launch(self.argv)
             self._proc = subprocess.Popen(
-                self.argv,
+                argv,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=self.cwd,
+                env=self.env,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=preexec,
                 close_fds=True,
             )
 
