@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import io
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from hamipy.devcluster import ExtenderConfig, ManagedResource, wait_for
@@ -17,7 +18,12 @@ from hamipy.extender.settings import ExtenderSettings
 from hamipy.extender.telemetry import Telemetry as ExtenderTelemetry
 from hamipy.protocol import keys
 from hamipy.protocol.config import Config
+from hamipy.webhook.admitting import Admitter
+from hamipy.webhook.certs import CertificateBundle, generate_certificates, write_files
+from hamipy.webhook.mutation import MutationSettings
 from hamipy.webhook.registration import webhook_configuration
+from hamipy.webhook.server import ServerSettings, WebhookServer
+from hamipy.webhook.telemetry import Telemetry
 
 API_TIMEOUT_S = 10.0
 EXTENDER_SETTINGS = ExtenderSettings(handshake_interval_s=0, bind_timeout_s=20.0, api_timeout_s=10.0)
@@ -30,6 +36,67 @@ MANAGED = tuple(
         keys.RESOURCE_CORES,
     )
 )
+
+
+class Webhook:
+    """A webhook in this process, registered for one namespace."""
+
+    def __init__(self, api: Any, namespace: str, certs: CertificateBundle, tmp: Path) -> None:
+        self.api = api
+        self.namespace = namespace
+        self.certs = certs
+        self.cert_file, self.key_file, _ = write_files(certs, tmp)
+        self.log = io.StringIO()
+        self.admitter = Admitter(MutationSettings(), Telemetry.create({}, stream=self.log))
+        self.server: WebhookServer | None = None
+        self.port = 0
+        self.configuration = f"hamipy-webhook-{namespace}"
+
+    async def start(self) -> None:
+        settings = ServerSettings(
+            cert_file=self.cert_file,
+            key_file=self.key_file,
+            host="127.0.0.1",
+            port=self.port,
+            shutdown_timeout_s=1.0,
+        )
+        self.server = WebhookServer(settings, self.admitter)
+        await self.server.start()
+        self.port = self.server.port
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            await self.server.stop()
+            self.server = None
+
+    def metric(self, name: str, **labels: str) -> float:
+        value = self.admitter.telemetry.metrics.registry.get_sample_value(name, labels)
+        return 0.0 if value is None else value
+
+
+async def start_webhook(api: Any, namespace: str, tmp: Path) -> Webhook:
+    """A webhook in this process with a certificate for 127.0.0.1, registered for `namespace` only."""
+    hook = Webhook(
+        api, namespace, generate_certificates(dns_names=["localhost"], ip_addresses=["127.0.0.1"]), tmp
+    )
+    await hook.start()
+    try:
+        await register_webhook(
+            api,
+            name=hook.configuration,
+            namespace=namespace,
+            url=f"https://127.0.0.1:{hook.port}/webhook",
+            ca_pem=hook.certs.ca_pem,
+        )
+    except BaseException:
+        await hook.stop()
+        raise
+    return hook
+
+
+async def stop_webhook(hook: Webhook) -> None:
+    await unregister_webhook(hook.api, hook.configuration)
+    await hook.stop()
 
 
 def probe_pod(name: str, limits: dict[str, str]) -> dict[str, Any]:

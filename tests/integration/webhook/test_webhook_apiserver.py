@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import io
 import json
 import os
 import signal
@@ -23,17 +22,14 @@ from typing import Any, cast
 
 import aiohttp
 import pytest
+from stack_support import Webhook, start_webhook, stop_webhook
 from stack_support import register_webhook as register
 from stack_support import unregister_webhook as unregister
 
 from hamipy.devcluster.waiting import wait_for
 from hamipy.protocol import keys
-from hamipy.webhook.admitting import Admitter
-from hamipy.webhook.certs import CertificateBundle, ensure_certificates, generate_certificates, write_files
-from hamipy.webhook.mutation import MutationSettings
+from hamipy.webhook.certs import ensure_certificates, generate_certificates, write_files
 from hamipy.webhook.registration import webhook_configuration
-from hamipy.webhook.server import ServerSettings, WebhookServer
-from hamipy.webhook.telemetry import Telemetry
 
 pytestmark = pytest.mark.integration
 
@@ -54,63 +50,13 @@ def pod_body(name: str, *, limits: dict[str, str] | None = None, **spec: Any) ->
     }
 
 
-class Webhook:
-    """A webhook in this process, registered for one namespace."""
-
-    def __init__(self, api: Any, namespace: str, certs: CertificateBundle, tmp: Path) -> None:
-        self.api = api
-        self.namespace = namespace
-        self.certs = certs
-        self.cert_file, self.key_file, _ = write_files(certs, tmp)
-        self.log = io.StringIO()
-        self.admitter = Admitter(MutationSettings(), Telemetry.create({}, stream=self.log))
-        self.server: WebhookServer | None = None
-        self.port = 0
-        self.configuration = f"hamipy-webhook-{namespace}"
-
-    async def start(self) -> None:
-        settings = ServerSettings(
-            cert_file=self.cert_file,
-            key_file=self.key_file,
-            host="127.0.0.1",
-            port=self.port,
-            shutdown_timeout_s=1.0,
-        )
-        self.server = WebhookServer(settings, self.admitter)
-        await self.server.start()
-        self.port = self.server.port
-
-    async def stop(self) -> None:
-        if self.server is not None:
-            await self.server.stop()
-            self.server = None
-
-    def metric(self, name: str, **labels: str) -> float:
-        value = self.admitter.telemetry.metrics.registry.get_sample_value(name, labels)
-        return 0.0 if value is None else value
-
-
 @pytest.fixture
 async def webhook(kube_client: Any, namespace: str, tmp_path: Path) -> AsyncIterator[Webhook]:
-    hook = Webhook(
-        kube_client,
-        namespace,
-        generate_certificates(dns_names=["localhost"], ip_addresses=["127.0.0.1"]),
-        tmp_path,
-    )
-    await hook.start()
+    hook = await start_webhook(kube_client, namespace, tmp_path)
     try:
-        await register(
-            kube_client,
-            name=hook.configuration,
-            namespace=namespace,
-            url=f"https://127.0.0.1:{hook.port}/webhook",
-            ca_pem=hook.certs.ca_pem,
-        )
         yield hook
     finally:
-        await unregister(kube_client, hook.configuration)
-        await hook.stop()
+        await stop_webhook(hook)
 
 
 async def create(api: Any, namespace: str, body: dict[str, Any]) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """``hamipy-devcluster``: build the binaries, and run a local control plane in the background.
 
     hamipy-devcluster binaries     build (first time) and print the control-plane binaries
-    hamipy-devcluster up           start etcd, kube-apiserver, kube-scheduler and 3 simulated nodes
+    hamipy-devcluster up           start etcd, kube-apiserver, kube-schedulers, the extender, the
+                                   webhook and 3 simulated GPU nodes (device plugin + kubelet stand-in)
     hamipy-devcluster status       say whether it is up and where
     hamipy-devcluster down         stop everything `up` started and remove its state
 
@@ -40,7 +41,8 @@ STATE_FILE = "state.json"
 KUBECONFIG_FILE = "kubeconfig"
 DAEMON_LOG = "devcluster.log"
 CLUSTER_DIR = "cluster"
-DEFAULT_NODES = 3
+DEFAULT_NODES = 0
+DEFAULT_GPU_NODES = 3
 # First `up` on a machine may also wait for etcd/apiserver to settle on a loaded box.
 UP_TIMEOUT_S = 120.0
 # The daemon's graceful stop (nodes, schedulers, apiserver, etcd) takes ~2 s; this is headroom.
@@ -60,6 +62,7 @@ class State:
     process_pids: dict[str, int]
     ports: list[int]
     nodes: list[str]
+    services: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def write(self, state_dir: Path) -> None:
         tmp = state_dir / (STATE_FILE + ".tmp")
@@ -95,7 +98,7 @@ def _remove_state(state_dir: Path) -> None:
 # -- up ------------------------------------------------------------------------------------
 
 
-def cmd_up(state_dir: Path, *, nodes: int, timeout_s: float) -> int:
+def cmd_up(state_dir: Path, *, nodes: int, gpu_nodes: int, native_build: Path, timeout_s: float) -> int:
     from hamipy.devcluster.binaries import ensure_binaries
 
     state = State.read(state_dir)
@@ -124,6 +127,10 @@ def cmd_up(state_dir: Path, *, nodes: int, timeout_s: float) -> int:
                 "_serve",
                 "--nodes",
                 str(nodes),
+                "--gpu-nodes",
+                str(gpu_nodes),
+                "--native-build",
+                str(native_build.resolve()),
             ],
             stdin=subprocess.DEVNULL,
             stdout=out,
@@ -151,6 +158,8 @@ def cmd_up(state_dir: Path, *, nodes: int, timeout_s: float) -> int:
     print(
         f"devcluster is up: {state.server} with {len(state.nodes)} simulated nodes ({', '.join(state.nodes)})"
     )
+    for service, url in state.services.items():
+        print(f"  {service}: {url}")
     print(f"  export KUBECONFIG={kubeconfig}")
     print("  kubectl get nodes")
     if kubectl is None:
@@ -163,7 +172,7 @@ def cmd_up(state_dir: Path, *, nodes: int, timeout_s: float) -> int:
 # -- the daemon ----------------------------------------------------------------------------
 
 
-def cmd_serve(state_dir: Path, *, nodes: int) -> int:
+def cmd_serve(state_dir: Path, *, nodes: int, gpu_nodes: int, native_build: Path) -> int:
     """Run the cluster in the foreground until SIGTERM/SIGINT; `up` starts this detached."""
     from hamipy.devcluster.cluster import ClusterSettings, DevCluster
 
@@ -177,14 +186,15 @@ def cmd_serve(state_dir: Path, *, nodes: int) -> int:
         log.info("control plane up in %.1fs at %s", cluster.start_seconds, cluster.access.server)
         shutil.copyfile(cluster.access.kubeconfig, state_dir / KUBECONFIG_FILE)
         (state_dir / KUBECONFIG_FILE).chmod(0o600)
-        asyncio.run(_serve_nodes(cluster, state_dir, nodes))
+        asyncio.run(_serve_nodes(cluster, state_dir, nodes, gpu_nodes, native_build))
     log.info("devcluster stopped")
     return 0
 
 
-async def _serve_nodes(cluster: Any, state_dir: Path, count: int) -> None:
+async def _serve_nodes(cluster: Any, state_dir: Path, count: int, gpu_count: int, native_build: Path) -> None:
     from hamipy.devcluster.kubeobjects import ensure_default_service_account
     from hamipy.devcluster.nodes import NodePool, NodeSpec
+    from hamipy.devcluster.stack import GPU_NODE_MODELS, LocalStack
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -195,6 +205,11 @@ async def _serve_nodes(cluster: Any, state_dir: Path, count: int) -> None:
         for name in names:
             await pool.add(NodeSpec(name=name))
         await ensure_default_service_account(api, "default")
+        stack = LocalStack(cluster, api, pool, native_build=native_build)
+        if gpu_count:
+            models = [GPU_NODE_MODELS[i % len(GPU_NODE_MODELS)] for i in range(gpu_count)]
+            await stack.start(models=models)
+            names += stack.gpu_nodes
         State(
             daemon_pid=os.getpid(),
             server=cluster.access.server,
@@ -203,6 +218,7 @@ async def _serve_nodes(cluster: Any, state_dir: Path, count: int) -> None:
             process_pids={name: proc.pid for name, proc in cluster.processes.items() if proc.pid},
             ports=cluster.ports,
             nodes=names,
+            services={"extender": stack.extender_url, "webhook": stack.webhook_url} if gpu_count else {},
         ).write(state_dir)
         log.info("ready: %d simulated nodes", count)
         sync = asyncio.create_task(_service_account_sync(api, stop), name="devcluster-serviceaccounts")
@@ -211,6 +227,7 @@ async def _serve_nodes(cluster: Any, state_dir: Path, count: int) -> None:
         sync.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await sync
+        await stack.stop()
 
 
 async def _service_account_sync(api: Any, stop: asyncio.Event) -> None:
@@ -297,7 +314,21 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("binaries", help="build (first time only) and print the control-plane binaries")
     up = sub.add_parser("up", help="start the cluster with simulated nodes in the background")
-    up.add_argument("--nodes", type=int, default=DEFAULT_NODES, help="simulated nodes (default 3)")
+    up.add_argument(
+        "--nodes", type=int, default=DEFAULT_NODES, help="simulated nodes without GPUs (default 0)"
+    )
+    up.add_argument(
+        "--gpu-nodes",
+        type=int,
+        default=DEFAULT_GPU_NODES,
+        help="simulated GPU nodes with the device plugin, plus the extender and webhook (default 3; 0: none)",
+    )
+    up.add_argument(
+        "--native-build",
+        type=Path,
+        default=Path("native/build"),
+        help="native/ build with the fake NVML driver the GPU nodes use (default native/build)",
+    )
     up.add_argument(
         "--timeout", type=float, default=UP_TIMEOUT_S, help="seconds to wait for it (default 120)"
     )
@@ -305,6 +336,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("status", help="say whether the cluster is up")
     serve = sub.add_parser("_serve")  # the daemon `up` starts; not for direct use
     serve.add_argument("--nodes", type=int, default=DEFAULT_NODES)
+    serve.add_argument("--gpu-nodes", type=int, default=DEFAULT_GPU_NODES)
+    serve.add_argument("--native-build", type=Path, default=Path("native/build"))
     return parser
 
 
@@ -315,12 +348,20 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "binaries":
             return cmd_binaries()
         if args.command == "up":
-            return cmd_up(state_dir, nodes=args.nodes, timeout_s=args.timeout)
+            return cmd_up(
+                state_dir,
+                nodes=args.nodes,
+                gpu_nodes=args.gpu_nodes,
+                native_build=args.native_build,
+                timeout_s=args.timeout,
+            )
         if args.command == "down":
             return cmd_down(state_dir)
         if args.command == "status":
             return cmd_status(state_dir)
-        return cmd_serve(state_dir, nodes=args.nodes)
+        return cmd_serve(
+            state_dir, nodes=args.nodes, gpu_nodes=args.gpu_nodes, native_build=args.native_build
+        )
     except DevClusterError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

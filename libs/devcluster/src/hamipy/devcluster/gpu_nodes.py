@@ -1,0 +1,175 @@
+"""Simulated GPU nodes: a Node + a fake NVML/CUDA configuration + the real device plugin process +
+the kubelet stand-in driving it (DESIGN.md decisions 2 and 3).
+
+The device plugin runs as its own process (``python -m hamipy.device_plugin.cli``) with native/'s
+fake ``libnvidia-ml.so.1`` first on its library path, so its ``pynvml`` discovery, health watch and
+Allocate are the code a real node runs. Each node gets its own directory with the fake driver's
+configuration (``gpus.conf``), the device-plugin directory (the stand-in's ``kubelet.sock`` and the
+plugin's socket), the hook directory (``hookPath``: region directories of served containers), the
+plugin's configuration and its log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hamipy.devcluster.nodes import NodeAgent, SimulatedNode
+from hamipy.devcluster.processes import ManagedProcess, free_port, http_ok
+
+__all__ = ["DevicePluginAgent", "FakeGpu", "fake_gpu_config", "gpu_node_agents"]
+
+PLUGIN_START_TIMEOUT_S = 60.0
+
+
+@dataclasses.dataclass(frozen=True)
+class FakeGpu:
+    """One GPU of native/'s fake driver (see ``native/fake/fake.h`` for the file format)."""
+
+    uuid: str
+    name: str = "NVIDIA A100-SXM4-40GB"
+    memory_mib: int = 40960
+    numa: int = 0
+    pci: str = ""
+    healthy: bool = True
+
+
+def fake_gpu_config(gpus: Sequence[FakeGpu]) -> str:
+    """The fake driver's configuration file for ``gpus``, in NVML index order."""
+    lines = []
+    for i, gpu in enumerate(gpus):
+        pci = gpu.pci or f"00000000:{0x10 + i:02X}:00.0"
+        lines.append(
+            f'gpu uuid={gpu.uuid} name="{gpu.name}" memory={gpu.memory_mib}m numa={gpu.numa} pci={pci} '
+            f"healthy={'true' if gpu.healthy else 'false'}"
+        )
+    return "\n".join(lines) + "\n"
+
+
+class DevicePluginAgent:
+    """Runs ``hamipy-device-plugin`` for one simulated node over the fake driver (a ``NodeAgent``)."""
+
+    def __init__(
+        self,
+        *,
+        workdir: Path,
+        gpus: Sequence[FakeGpu],
+        kubeconfig: Path,
+        native_build: Path,
+        plugin_dir: Path,
+        nvidia: Mapping[str, Any] | None = None,
+        register_interval_s: float = 30.0,
+    ) -> None:
+        self.workdir = workdir
+        self.gpus = list(gpus)
+        self.kubeconfig = kubeconfig
+        self.native_build = native_build
+        self.plugin_dir = plugin_dir
+        self.hook_path = workdir / "vgpu"
+        self.nvidia = {"hookPath": str(self.hook_path), **(nvidia or {})}
+        self.register_interval_s = register_interval_s
+        self.metrics_port: int | None = None
+        self.process: ManagedProcess | None = None
+
+    @property
+    def gpu_config_path(self) -> Path:
+        return self.workdir / "gpus.conf"
+
+    def _write_files(self) -> Path:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.hook_path.mkdir(exist_ok=True)
+        self.gpu_config_path.write_text(fake_gpu_config(self.gpus))
+        config = self.workdir / "hami-py.yaml"
+        config.write_text(yaml.safe_dump({"nvidia": dict(self.nvidia)}))
+        return config
+
+    async def start(self, node: SimulatedNode) -> None:
+        fake = self.native_build / "fake"
+        if not (fake / "libnvidia-ml.so.1").is_file():
+            raise FileNotFoundError(f"{fake}/libnvidia-ml.so.1 is missing: run `make native` first")
+        config = await asyncio.to_thread(self._write_files)
+        self.metrics_port = free_port()
+        env = {
+            **os.environ,
+            "HAMIPY_FAKE_GPU_CONFIG": str(self.gpu_config_path),
+            "LD_LIBRARY_PATH": os.pathsep.join(filter(None, [str(fake), os.environ.get("LD_LIBRARY_PATH")])),
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONFAULTHANDLER": "1",  # a crash in native code leaves a traceback in the log
+        }
+        self.process = ManagedProcess(
+            f"device-plugin-{node.name}",
+            [
+                sys.executable,
+                "-m",
+                "hamipy.device_plugin.cli",
+                "--node-name",
+                node.name,
+                "--kubeconfig",
+                str(self.kubeconfig),
+                "--config",
+                str(config),
+                "--plugin-dir",
+                str(self.plugin_dir),
+                "--metrics-host",
+                "127.0.0.1",
+                "--metrics-port",
+                str(self.metrics_port),
+                "--register-interval",
+                str(self.register_interval_s),
+            ],
+            log_path=self.workdir / "device-plugin.log",
+            env=env,
+        )
+        process = self.process
+        process.start()
+        await asyncio.to_thread(
+            process.wait_healthy,
+            http_ok(f"http://127.0.0.1:{self.metrics_port}/readyz", expect=b"ok"),
+            timeout_s=PLUGIN_START_TIMEOUT_S,
+            what="registered with the kubelet stand-in and the node",
+        )
+
+    async def stop(self) -> None:
+        if self.process is not None:
+            await asyncio.to_thread(self.process.stop)
+            self.process = None
+
+    async def set_health(self, uuid: str, *, healthy: bool) -> None:
+        """Flip a GPU's health in the fake driver: NVML then reports an XID error for it."""
+        self.gpus = [dataclasses.replace(g, healthy=healthy) if g.uuid == uuid else g for g in self.gpus]
+        await asyncio.to_thread(self.gpu_config_path.write_text, fake_gpu_config(self.gpus))
+
+
+def gpu_node_agents(
+    *,
+    workdir: Path,
+    gpus: Sequence[FakeGpu],
+    kubeconfig: Path,
+    native_build: Path,
+    nvidia: Mapping[str, Any] | None = None,
+    record_dir: Path | None = None,
+    plugin_dir: Path | None = None,
+) -> tuple[Any, DevicePluginAgent]:
+    """The two agents of a GPU node, in start order: the kubelet stand-in (it must be serving
+    ``kubelet.sock`` first), then the device plugin. Pass both to ``NodePool.add(..., agents=...)``.
+    ``plugin_dir`` (default ``<workdir>/device-plugins``) holds the unix sockets: keep its path short."""
+    from hamipy.devcluster.kubelet_standin import KubeletStandIn
+
+    plugin_dir = plugin_dir if plugin_dir is not None else workdir / "device-plugins"
+    standin: NodeAgent = KubeletStandIn(plugin_dir, record_dir=record_dir)
+    plugin = DevicePluginAgent(
+        workdir=workdir,
+        gpus=gpus,
+        kubeconfig=kubeconfig,
+        native_build=native_build,
+        plugin_dir=plugin_dir,
+        nvidia=nvidia,
+    )
+    return standin, plugin

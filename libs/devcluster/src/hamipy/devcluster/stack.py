@@ -1,0 +1,218 @@
+"""The whole system for ``make up``: our services beside the control plane, and GPU nodes.
+
+- the extender (``hamipy-extender serve``) on loopback, wired into a ``hami-scheduler``
+  kube-scheduler as its filter/bind extender;
+- the webhook (``hamipy-webhook serve``) over TLS with a certificate from a CA made here, and the
+  MutatingWebhookConfiguration it ships (``hamipy-webhook manifest``) pointing at it;
+- three simulated GPU nodes with different GPU models, each with its real device plugin process
+  over the fake NVML driver and a kubelet stand-in (``gpu_nodes``).
+
+The services run as their own console-script processes: devcluster is a library below the
+services and never imports them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Final
+
+from hamipy.devcluster.config import ExtenderConfig, ManagedResource, SchedulerConfig
+from hamipy.devcluster.gpu_nodes import FakeGpu, gpu_node_agents
+from hamipy.devcluster.kubeobjects import API_TIMEOUT_S
+from hamipy.devcluster.nodes import NodePool, NodeSpec
+from hamipy.devcluster.pki import issue_cert, make_ca
+from hamipy.devcluster.processes import ManagedProcess, free_port, http_ok
+
+__all__ = ["GPU_NODE_MODELS", "GpuNodeModel", "LocalStack"]
+
+SERVICE_START_TIMEOUT_S: Final = 60.0
+MANAGED_RESOURCES: Final = (
+    "nvidia.com/gpu",
+    "nvidia.com/gpumem",
+    "nvidia.com/gpumem-percentage",
+    "nvidia.com/gpucores",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuNodeModel:
+    """A kind of simulated GPU node: the GPU model, how many, memory and NUMA layout."""
+
+    gpu_name: str
+    count: int
+    memory_mib: int
+    numa_nodes: int = 1
+
+    def gpus(self, node_index: int) -> list[FakeGpu]:
+        per_numa = max(1, self.count // self.numa_nodes)
+        return [
+            FakeGpu(
+                uuid=f"GPU-{node_index:08x}-0000-4000-8000-{i:012x}",
+                name=self.gpu_name,
+                memory_mib=self.memory_mib,
+                numa=min(i // per_numa, self.numa_nodes - 1),
+            )
+            for i in range(self.count)
+        ]
+
+
+GPU_NODE_MODELS: Final = (
+    GpuNodeModel("NVIDIA A100-SXM4-80GB", count=4, memory_mib=81920, numa_nodes=2),
+    GpuNodeModel("NVIDIA H100 80GB HBM3", count=2, memory_mib=81559),
+    GpuNodeModel("Tesla T4", count=4, memory_mib=15360),
+)
+
+
+def _service(name: str, argv: Sequence[str], workdir: Path) -> ManagedProcess:
+    return ManagedProcess(name, [sys.executable, "-m", *argv], log_path=workdir / "logs" / f"{name}.log")
+
+
+class LocalStack:
+    """Starts and stops the services and GPU nodes of ``make up`` on a running ``DevCluster``."""
+
+    def __init__(self, cluster: Any, api: Any, pool: NodePool, *, native_build: Path) -> None:
+        self.cluster = cluster
+        self.api = api
+        self.pool = pool
+        self.native_build = native_build
+        self.workdir: Path = cluster.workdir / "stack"
+        self.processes: list[ManagedProcess] = []
+        self.extender_url = ""
+        self.webhook_url = ""
+        self.gpu_nodes: list[str] = []
+        # Unix socket paths are limited to 107 bytes: the nodes' device-plugin directories live in
+        # a short directory of their own, not under the (possibly deep) state directory.
+        self.socket_root = Path(tempfile.mkdtemp(prefix="hamipy-up-", dir="/tmp"))
+
+    async def start(self, *, models: Sequence[GpuNodeModel] = GPU_NODE_MODELS) -> None:
+        await self.start_extender()
+        await self.start_webhook()
+        for i, model in enumerate(models):
+            await self.add_gpu_node(f"hamipy-gpu-{i}", model.gpus(i))
+
+    async def _run(self, process: ManagedProcess, probe_url: str, what: str) -> None:
+        self.processes.append(process)
+        process.start()
+        await asyncio.to_thread(
+            process.wait_healthy,
+            http_ok(probe_url, expect=b"ok"),
+            timeout_s=SERVICE_START_TIMEOUT_S,
+            what=what,
+        )
+
+    async def start_extender(self) -> None:
+        port = free_port()
+        kubeconfig = str(self.cluster.access.kubeconfig)
+        process = _service(
+            "hamipy-extender",
+            [
+                "hamipy.extender.cli",
+                "serve",
+                "--kubeconfig",
+                kubeconfig,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+            ],
+            self.workdir,
+        )
+        await self._run(process, f"http://127.0.0.1:{port}/readyz", "synced with the cluster (GET /readyz)")
+        self.extender_url = f"http://127.0.0.1:{port}"
+        extender = ExtenderConfig(
+            url_prefix=self.extender_url,
+            filter_verb="filter",
+            bind_verb="bind",
+            node_cache_capable=True,
+            managed_resources=tuple(ManagedResource(name) for name in MANAGED_RESOURCES),
+            http_timeout_s=30,
+        )
+        await asyncio.to_thread(self.cluster.start_scheduler, SchedulerConfig.hami(extender), name="hami")
+
+    async def start_webhook(self) -> None:
+        from kubernetes_asyncio.client import AdmissionregistrationV1Api
+
+        certs = self.workdir / "webhook"
+        certs.mkdir(parents=True, exist_ok=True)
+        ca = make_ca("hamipy-webhook-ca")
+        serving = issue_cert(ca, common_name="hamipy-webhook", ip_addresses=["127.0.0.1"], server=True)
+        for name, data in (
+            ("ca.crt", ca.cert_pem),
+            ("tls.crt", serving.cert_pem),
+            ("tls.key", serving.key_pem),
+        ):
+            (certs / name).write_bytes(data)
+        (certs / "tls.key").chmod(0o600)
+        port, metrics_port = free_port(), free_port()
+        process = _service(
+            "hamipy-webhook",
+            [
+                "hamipy.webhook.cli",
+                "serve",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--metrics-port",
+                str(metrics_port),
+                "--cert-file",
+                str(certs / "tls.crt"),
+                "--key-file",
+                str(certs / "tls.key"),
+            ],
+            self.workdir,
+        )
+        await self._run(process, f"http://127.0.0.1:{metrics_port}/readyz", "ready (GET /readyz)")
+        self.webhook_url = f"https://127.0.0.1:{port}/webhook"
+        manifest = await asyncio.to_thread(
+            subprocess.run,
+            [
+                sys.executable,
+                "-m",
+                "hamipy.webhook.cli",
+                "manifest",
+                "--url",
+                self.webhook_url,
+                "--ca-file",
+                str(certs / "ca.crt"),
+                "--format",
+                "json",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        admission: Any = AdmissionregistrationV1Api(self.api)
+        await admission.create_mutating_webhook_configuration(
+            json.loads(manifest.stdout), _request_timeout=API_TIMEOUT_S
+        )
+
+    async def add_gpu_node(self, name: str, gpus: Sequence[FakeGpu]) -> None:
+        agents = gpu_node_agents(
+            workdir=self.workdir / name,
+            gpus=gpus,
+            kubeconfig=Path(self.cluster.access.kubeconfig),
+            native_build=self.native_build,
+            record_dir=self.workdir / name / "allocations",
+            plugin_dir=self.socket_root / name,
+        )
+        await self.pool.add(NodeSpec(name=name, labels={"hami-py.io/gpu-node": "true"}), agents=agents)
+        self.gpu_nodes.append(name)
+
+    async def stop(self) -> None:
+        """Stop the GPU nodes (their plugins first), then the services, newest first."""
+        for name in reversed(self.gpu_nodes):
+            await self.pool.remove(name)
+        self.gpu_nodes.clear()
+        while self.processes:
+            await asyncio.to_thread(self.processes.pop().stop)
+        await asyncio.to_thread(shutil.rmtree, self.socket_root, ignore_errors=True)
