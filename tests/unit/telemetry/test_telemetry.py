@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 
 import pytest
+from aiohttp import web
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -83,3 +85,37 @@ def test_known_traceparent_is_extracted() -> None:
 )
 def test_missing_or_invalid_context_starts_a_fresh_trace(pod: dict[str, object]) -> None:
     assert pod_trace_context(pod) is None
+
+
+async def test_otlp_export_goes_where_the_given_env_says(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not os.environ: the endpoint, headers and batch delay come from the mapping handed over."""
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
+    received: list[tuple[str, str]] = []
+    arrived = asyncio.Event()
+
+    async def traces(request: web.Request) -> web.Response:
+        await request.read()
+        received.append((request.path, request.headers.get("x-team", "")))
+        arrived.set()
+        return web.Response(content_type="application/x-protobuf")
+
+    app = web.Application()
+    app.router.add_post("/v1/traces", traces)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    env = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{runner.addresses[0][1]}/",
+        "OTEL_EXPORTER_OTLP_HEADERS": "x-team=gpu, x-token=abc",
+        "OTEL_BSP_SCHEDULE_DELAY": "50",
+    }
+    provider = make_tracer_provider("hamipy-test", env)
+    try:
+        with provider.get_tracer("t").start_as_current_span("one"):
+            pass
+        async with asyncio.timeout(10):
+            await arrived.wait()  # the batch delay alone (50 ms) sends it, no flush
+    finally:
+        await asyncio.to_thread(provider.shutdown)
+        await runner.cleanup()
+    assert received[0] == ("/v1/traces", "gpu")

@@ -70,18 +70,37 @@ def otlp_export_wanted(env: Mapping[str, str]) -> bool:
     return bool(env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
 
 
+def _headers(text: str) -> dict[str, str]:
+    """``OTEL_EXPORTER_OTLP_HEADERS``: ``key=value`` pairs separated by commas."""
+    pairs = (item.split("=", 1) for item in text.split(",") if "=" in item)
+    return {key.strip(): value.strip() for key, value in pairs}
+
+
+def _otlp_processor(env: Mapping[str, str]) -> SpanProcessor:
+    """A batch processor with the OTLP/HTTP exporter, configured from ``env`` (not only from
+    ``os.environ``, which the exporter would read by itself: a service handed another mapping, as
+    tests do, must export where that mapping says)."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    base = env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").rstrip("/")
+    endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or (f"{base}/v1/traces" if base else None)
+    headers = env.get("OTEL_EXPORTER_OTLP_TRACES_HEADERS") or env.get("OTEL_EXPORTER_OTLP_HEADERS")
+    exporter = OTLPSpanExporter(endpoint=endpoint, headers=_headers(headers) if headers else None)
+    delay = env.get("OTEL_BSP_SCHEDULE_DELAY")
+    return BatchSpanProcessor(exporter, schedule_delay_millis=float(delay) if delay else None)
+
+
 def make_tracer_provider(
     service: str, env: Mapping[str, str], *, processor: SpanProcessor | None = None
 ) -> TracerProvider:
-    """Our tracer provider: the OTLP/HTTP exporter when ``env`` asks for it, plus ``processor``
-    (tests pass an in-memory one). The exporter reads its endpoint, headers and timeout (10 s by
-    default) from the same ``OTEL_EXPORTER_OTLP_*`` variables."""
+    """Our tracer provider: the OTLP/HTTP exporter when ``env`` asks for it (endpoint, headers and
+    batch delay from ``env``'s ``OTEL_*`` variables; other exporter settings such as the timeout,
+    10 s by default, from the process environment), plus ``processor`` (tests pass an in-memory
+    one)."""
     resource = Resource.create({"service.name": env.get("OTEL_SERVICE_NAME") or service})
     provider = TracerProvider(resource=resource)
     if otlp_export_wanted(env):
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        provider.add_span_processor(_otlp_processor(env))
     if processor is not None:
         provider.add_span_processor(processor)
     return provider
