@@ -7,16 +7,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
-from collections.abc import Callable
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from hamipy.devcluster import ExtenderConfig, ManagedResource, wait_for
+from kubernetes_asyncio.client import CoreV1Api
+
+from hamipy.devcluster import DevCluster, ExtenderConfig, ManagedResource, NodePool, NodeSpec, wait_for
+from hamipy.devcluster.gpu_nodes import DevicePluginAgent, FakeGpu, gpu_node_agents
+from hamipy.devcluster.kubelet_standin import ContainerAllocation, KubeletStandIn
+from hamipy.extender.invariant import check_cluster
 from hamipy.extender.kube import ApiClientKube
 from hamipy.extender.server import ExtenderServer
 from hamipy.extender.settings import ExtenderSettings
 from hamipy.extender.telemetry import Telemetry as ExtenderTelemetry
-from hamipy.protocol import keys
+from hamipy.protocol import ContainerDevice, decode_pod_devices, keys
 from hamipy.protocol.config import Config
 from hamipy.webhook.admitting import Admitter
 from hamipy.webhook.certs import CertificateBundle, generate_certificates, write_files
@@ -41,13 +48,20 @@ MANAGED = tuple(
 class Webhook:
     """A webhook in this process, registered for one namespace."""
 
-    def __init__(self, api: Any, namespace: str, certs: CertificateBundle, tmp: Path) -> None:
+    def __init__(
+        self,
+        api: Any,
+        namespace: str,
+        certs: CertificateBundle,
+        tmp: Path,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         self.api = api
         self.namespace = namespace
         self.certs = certs
         self.cert_file, self.key_file, _ = write_files(certs, tmp)
         self.log = io.StringIO()
-        self.admitter = Admitter(MutationSettings(), Telemetry.create({}, stream=self.log))
+        self.admitter = Admitter(MutationSettings(), Telemetry.create(env or {}, stream=self.log))
         self.server: WebhookServer | None = None
         self.port = 0
         self.configuration = f"hamipy-webhook-{namespace}"
@@ -74,11 +88,11 @@ class Webhook:
         return 0.0 if value is None else value
 
 
-async def start_webhook(api: Any, namespace: str, tmp: Path) -> Webhook:
-    """A webhook in this process with a certificate for 127.0.0.1, registered for `namespace` only."""
-    hook = Webhook(
-        api, namespace, generate_certificates(dns_names=["localhost"], ip_addresses=["127.0.0.1"]), tmp
-    )
+async def start_webhook(api: Any, namespace: str, tmp: Path, env: Mapping[str, str] | None = None) -> Webhook:
+    """A webhook in this process with a certificate for 127.0.0.1, registered for `namespace` only;
+    ``env`` is its OTEL_* environment."""
+    certs = generate_certificates(dns_names=["localhost"], ip_addresses=["127.0.0.1"])
+    hook = Webhook(api, namespace, certs, tmp, env)
     await hook.start()
     try:
         await register_webhook(
@@ -143,15 +157,20 @@ async def unregister_webhook(api: Any, name: str) -> None:
 
 
 async def start_extenders(
-    api: Any, n: int = 1, settings: ExtenderSettings = EXTENDER_SETTINGS, config: Config | None = None
+    api: Any,
+    n: int = 1,
+    settings: ExtenderSettings = EXTENDER_SETTINGS,
+    config: Config | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> list[ExtenderServer]:
-    """`n` extender replicas in this process, each synced with the cluster."""
+    """`n` extender replicas in this process, each synced with the cluster; ``env`` is their OTEL_*
+    environment."""
     servers = []
     for _ in range(n):
         server = ExtenderServer(
             config=config or Config(),
             settings=settings,
-            telemetry=ExtenderTelemetry.create({}, stream=io.StringIO()),
+            telemetry=ExtenderTelemetry.create(env or {}, stream=io.StringIO()),
             api=ApiClientKube(api),
         )
         await server.start()
@@ -173,3 +192,122 @@ async def use_extender(hami_scheduler: Callable[..., Any], url: str, *, cooperat
         http_timeout_s=30,
     )
     await asyncio.to_thread(hami_scheduler, config)
+
+
+# -- a GPU node with the whole path in front of it ------------------------------------------------
+
+RESOURCE = keys.RESOURCE_COUNT
+NATIVE_BUILD = Path(__file__).resolve().parents[2] / "native" / "build"
+
+
+class GpuStack:
+    """One GPU node with its plugin and stand-in, and helpers to create and inspect pods."""
+
+    def __init__(
+        self, api: Any, namespace: str, node: str, standin: KubeletStandIn, plugin: DevicePluginAgent
+    ):
+        self.api = api
+        self.core = CoreV1Api(api)
+        self.namespace = namespace
+        self.node = node
+        self.standin = standin
+        self.plugin = plugin
+
+    def pod_body(
+        self, name: str, containers: list[dict[str, Any]], init: list[dict[str, Any]] | None = None
+    ) -> dict[str, Any]:
+        spec: dict[str, Any] = {
+            "containers": containers,
+            "nodeSelector": {"gpu-test": self.namespace},
+            "terminationGracePeriodSeconds": 0,
+        }
+        if init:
+            spec["initContainers"] = list(init)
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+
+    async def create(self, body: dict[str, Any]) -> None:
+        await self.core.create_namespaced_pod(self.namespace, body, _request_timeout=API_TIMEOUT_S)
+
+    async def pod(self, name: str) -> dict[str, Any]:
+        pod = await self.core.read_namespaced_pod(name, self.namespace, _request_timeout=API_TIMEOUT_S)
+        out: dict[str, Any] = self.api.sanitize_for_serialization(pod)
+        return out
+
+    async def served(self, name: str, timeout: float = 60) -> dict[str, Any]:  # noqa: ASYNC109
+        """The pod once its device plugin has marked it ``bind-phase=success``."""
+
+        async def done() -> dict[str, Any] | None:
+            pod = await self.pod(name)
+            phase = (pod["metadata"].get("annotations") or {}).get(keys.BIND_PHASE)
+            assert phase != "failed", f"pod {name} failed allocation: {pod['metadata'].get('annotations')}"
+            return pod if phase == "success" else None
+
+        result: dict[str, Any] = await wait_for(
+            done, timeout=timeout, interval=0.1, what=f"pod {name} served"
+        )
+        return result
+
+    async def allocation(self, pod: str, container: str) -> ContainerAllocation:
+        return await self.standin.wait_allocated(self.namespace, pod, container, timeout_s=60)
+
+
+def gpu_container(
+    name: str, *, gpus: int = 1, mem: int | None = None, cores: int | None = None
+) -> dict[str, Any]:
+    limits = {RESOURCE: str(gpus)}
+    if mem is not None:
+        limits[keys.RESOURCE_MEMORY] = str(mem)
+    if cores is not None:
+        limits[keys.RESOURCE_CORES] = str(cores)
+    return {"name": name, "image": "registry.k8s.io/pause:3.10", "resources": {"limits": limits}}
+
+
+def plain_container(name: str) -> dict[str, Any]:
+    return {"name": name, "image": "registry.k8s.io/pause:3.10"}
+
+
+def allocated_slots(pod: dict[str, Any]) -> list[list[ContainerDevice]]:
+    return decode_pod_devices(pod["metadata"]["annotations"][keys.DEVICES_ALLOCATED])
+
+
+@contextlib.asynccontextmanager
+async def running_gpu_stack(
+    devcluster: DevCluster,
+    api: Any,
+    namespace: str,
+    pool: NodePool,
+    hami_scheduler: Callable[..., Any],
+    *,
+    gpus: Sequence[FakeGpu],
+    env: Mapping[str, str] | None = None,
+) -> AsyncIterator[GpuStack]:
+    """The webhook and one extender in this process, the hami-scheduler using it, and one simulated
+    GPU node (kubelet stand-in + device plugin process) labelled ``gpu-test=<namespace>``; ``env``
+    (OTEL_* say) goes to all three services. On exit the stand-in must have met no error and the
+    cluster must hold the GPU invariant."""
+    # Unix socket paths must stay short (about 100 bytes): a directory under /tmp, not tmp_path.
+    workdir = Path(tempfile.mkdtemp(prefix="hamipy-gpu-", dir="/tmp"))
+    webhook = await start_webhook(api, namespace, workdir / "webhook", env)
+    try:
+        (extender,) = await start_extenders(api, env=env)
+        try:
+            await use_extender(hami_scheduler, extender.url)
+            standin, plugin = gpu_node_agents(
+                workdir=workdir / "node",
+                gpus=gpus,
+                kubeconfig=Path(devcluster.access.kubeconfig),
+                native_build=NATIVE_BUILD,
+                env=env,
+            )
+            node = f"{namespace}-gpu"
+            await pool.add(NodeSpec(name=node, labels={"gpu-test": namespace}), agents=(standin, plugin))
+            await standin.wait_registered(RESOURCE)
+            yield GpuStack(api, namespace, node, standin, plugin)
+            assert not standin.errors, standin.errors
+            report = await check_cluster(ApiClientKube(api))
+            assert report.ok, report.violations
+        finally:
+            await extender.stop()
+    finally:
+        await stop_webhook(webhook)
+        shutil.rmtree(workdir, ignore_errors=True)

@@ -9,98 +9,31 @@ control plane. Pods are created without a scheduler name: the webhook routes the
 from __future__ import annotations
 
 import asyncio
-import shutil
-import tempfile
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes_asyncio.client import CoreV1Api
-from stack_support import start_extenders, start_webhook, stop_webhook, use_extender
+from stack_support import (
+    RESOURCE,
+    GpuStack,
+    allocated_slots,
+    gpu_container,
+    plain_container,
+    running_gpu_stack,
+)
 
-from hamipy.devcluster import API_TIMEOUT_S, DevCluster, NodePool, NodeSpec, wait_for
-from hamipy.devcluster.gpu_nodes import DevicePluginAgent, FakeGpu, gpu_node_agents
-from hamipy.devcluster.kubelet_standin import ContainerAllocation, KubeletStandIn
-from hamipy.extender.invariant import check_cluster
-from hamipy.extender.kube import ApiClientKube
+from hamipy.devcluster import API_TIMEOUT_S, DevCluster, NodePool, wait_for
+from hamipy.devcluster.gpu_nodes import FakeGpu
+from hamipy.devcluster.kubelet_standin import ContainerAllocation
 from hamipy.protocol import ContainerDevice, decode_node_devices, decode_pod_devices, keys
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[3]
-NATIVE_BUILD = ROOT / "native" / "build"
-RESOURCE = keys.RESOURCE_COUNT
 GPUS = (
     FakeGpu("GPU-aaaaaaaa-0000-4000-8000-000000000000", "NVIDIA A100-SXM4-80GB", 81920, numa=0),
     FakeGpu("GPU-aaaaaaaa-0000-4000-8000-000000000001", "NVIDIA A100-SXM4-80GB", 81920, numa=1),
 )
-
-
-class GpuStack:
-    """One GPU node with its plugin and stand-in, and helpers to create and inspect pods."""
-
-    def __init__(
-        self, api: Any, namespace: str, node: str, standin: KubeletStandIn, plugin: DevicePluginAgent
-    ):
-        self.api = api
-        self.core = CoreV1Api(api)
-        self.namespace = namespace
-        self.node = node
-        self.standin = standin
-        self.plugin = plugin
-
-    def pod_body(
-        self, name: str, containers: list[dict[str, Any]], init: list[dict[str, Any]] | None = None
-    ) -> dict[str, Any]:
-        spec: dict[str, Any] = {
-            "containers": containers,
-            "nodeSelector": {"gpu-test": self.namespace},
-            "terminationGracePeriodSeconds": 0,
-        }
-        if init:
-            spec["initContainers"] = list(init)
-        return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
-
-    async def create(self, body: dict[str, Any]) -> None:
-        await self.core.create_namespaced_pod(self.namespace, body, _request_timeout=API_TIMEOUT_S)
-
-    async def pod(self, name: str) -> dict[str, Any]:
-        pod = await self.core.read_namespaced_pod(name, self.namespace, _request_timeout=API_TIMEOUT_S)
-        out: dict[str, Any] = self.api.sanitize_for_serialization(pod)
-        return out
-
-    async def served(self, name: str, timeout: float = 60) -> dict[str, Any]:  # noqa: ASYNC109
-        """The pod once its device plugin has marked it ``bind-phase=success``."""
-
-        async def done() -> dict[str, Any] | None:
-            pod = await self.pod(name)
-            phase = (pod["metadata"].get("annotations") or {}).get(keys.BIND_PHASE)
-            assert phase != "failed", f"pod {name} failed allocation: {pod['metadata'].get('annotations')}"
-            return pod if phase == "success" else None
-
-        result: dict[str, Any] = await wait_for(
-            done, timeout=timeout, interval=0.1, what=f"pod {name} served"
-        )
-        return result
-
-    async def allocation(self, pod: str, container: str) -> ContainerAllocation:
-        return await self.standin.wait_allocated(self.namespace, pod, container, timeout_s=60)
-
-
-def gpu_container(
-    name: str, *, gpus: int = 1, mem: int | None = None, cores: int | None = None
-) -> dict[str, Any]:
-    limits = {RESOURCE: str(gpus)}
-    if mem is not None:
-        limits[keys.RESOURCE_MEMORY] = str(mem)
-    if cores is not None:
-        limits[keys.RESOURCE_CORES] = str(cores)
-    return {"name": name, "image": "registry.k8s.io/pause:3.10", "resources": {"limits": limits}}
-
-
-def plain_container(name: str) -> dict[str, Any]:
-    return {"name": name, "image": "registry.k8s.io/pause:3.10"}
 
 
 def assert_matches_slot(
@@ -125,10 +58,6 @@ def assert_matches_slot(
     assert mounts["/etc/ld.so.preload"].host_path == str(hook / "ld.so.preload")
 
 
-def allocated_slots(pod: dict[str, Any]) -> list[list[ContainerDevice]]:
-    return decode_pod_devices(pod["metadata"]["annotations"][keys.DEVICES_ALLOCATED])
-
-
 @pytest.fixture
 async def gpu_stack(
     devcluster: DevCluster,
@@ -137,29 +66,10 @@ async def gpu_stack(
     node_pool: NodePool,
     hami_scheduler: Callable[..., Any],
 ) -> AsyncIterator[GpuStack]:
-    # Unix socket paths must stay short (about 100 bytes): a directory under /tmp, not tmp_path.
-    workdir = Path(tempfile.mkdtemp(prefix="hamipy-gpu-", dir="/tmp"))
-    webhook = await start_webhook(kube_client, namespace, workdir / "webhook")
-    (extender,) = await start_extenders(kube_client)
-    try:
-        await use_extender(hami_scheduler, extender.url)
-        standin, plugin = gpu_node_agents(
-            workdir=workdir / "node",
-            gpus=GPUS,
-            kubeconfig=Path(devcluster.access.kubeconfig),
-            native_build=NATIVE_BUILD,
-        )
-        node = f"{namespace}-gpu"
-        await node_pool.add(NodeSpec(name=node, labels={"gpu-test": namespace}), agents=(standin, plugin))
-        await standin.wait_registered(RESOURCE)
-        yield GpuStack(kube_client, namespace, node, standin, plugin)
-        assert not standin.errors, standin.errors
-        report = await check_cluster(ApiClientKube(kube_client))
-        assert report.ok, report.violations
-    finally:
-        await extender.stop()
-        await stop_webhook(webhook)
-        shutil.rmtree(workdir, ignore_errors=True)
+    async with running_gpu_stack(
+        devcluster, kube_client, namespace, node_pool, hami_scheduler, gpus=GPUS
+    ) as stack:
+        yield stack
 
 
 async def test_node_registers_its_gpus(gpu_stack: GpuStack) -> None:

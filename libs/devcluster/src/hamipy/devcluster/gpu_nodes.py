@@ -66,6 +66,7 @@ class DevicePluginAgent:
         plugin_dir: Path,
         nvidia: Mapping[str, Any] | None = None,
         register_interval_s: float = 30.0,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.workdir = workdir
         self.gpus = list(gpus)
@@ -75,6 +76,7 @@ class DevicePluginAgent:
         self.hook_path = workdir / "vgpu"
         self.nvidia = {"hookPath": str(self.hook_path), **(nvidia or {})}
         self.register_interval_s = register_interval_s
+        self.extra_env = dict(env or {})
         self.metrics_port: int | None = None
         self.process: ManagedProcess | None = None
 
@@ -102,6 +104,7 @@ class DevicePluginAgent:
             "LD_LIBRARY_PATH": os.pathsep.join(filter(None, [str(fake), os.environ.get("LD_LIBRARY_PATH")])),
             "PYTHONUNBUFFERED": "1",
             "PYTHONFAULTHANDLER": "1",  # a crash in native code leaves a traceback in the log
+            **self.extra_env,
         }
         self.process = ManagedProcess(
             f"device-plugin-{node.name}",
@@ -156,10 +159,12 @@ def gpu_node_agents(
     nvidia: Mapping[str, Any] | None = None,
     record_dir: Path | None = None,
     plugin_dir: Path | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> tuple[Any, DevicePluginAgent]:
     """The two agents of a GPU node, in start order: the kubelet stand-in (it must be serving
     ``kubelet.sock`` first), then the device plugin. Pass both to ``NodePool.add(..., agents=...)``.
-    ``plugin_dir`` (default ``<workdir>/device-plugins``) holds the unix sockets: keep its path short."""
+    ``plugin_dir`` (default ``<workdir>/device-plugins``) holds the unix sockets: keep its path short;
+    ``env`` is added to the plugin's environment (``OTEL_*`` for trace export, say)."""
     from hamipy.devcluster.kubelet_standin import KubeletStandIn
 
     plugin_dir = plugin_dir if plugin_dir is not None else workdir / "device-plugins"
@@ -171,5 +176,6 @@ def gpu_node_agents(
         native_build=native_build,
         plugin_dir=plugin_dir,
         nvidia=nvidia,
+        env=env,
     )
     return standin, plugin

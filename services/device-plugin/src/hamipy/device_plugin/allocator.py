@@ -126,6 +126,7 @@ class Allocator:
         ) as span:
             span.set_attribute("k8s.pod.name", served.name)
             span.set_attribute("k8s.namespace.name", served.namespace)
+            span.set_attribute("k8s.pod.uid", served.uid)
             span.set_attribute("k8s.container.name", served.container)
             span.set_attribute("hamipy.devices", ",".join(d.uuid for d in served.devices))
             try:

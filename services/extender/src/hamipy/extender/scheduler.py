@@ -99,6 +99,7 @@ class Scheduler:
         with tracer.start_as_current_span("extender.filter", context=pod_trace_context(pod)) as span:
             span.set_attribute("k8s.pod.name", str(meta.get("name", "")))
             span.set_attribute("k8s.namespace.name", str(meta.get("namespace", "")))
+            span.set_attribute("k8s.pod.uid", str(meta.get("uid", "")))
             span.set_attribute("hamipy.nodes", len(names))
             result, outcome, reason = self._filter(pod, names, items)
             span.set_attribute("hamipy.outcome", outcome)
@@ -245,6 +246,7 @@ class Scheduler:
         ) as span:
             span.set_attribute("k8s.pod.name", name)
             span.set_attribute("k8s.namespace.name", namespace)
+            span.set_attribute("k8s.pod.uid", uid)
             span.set_attribute("k8s.node.name", node)
             error, outcome = "", "bound"
             try:
