@@ -180,9 +180,9 @@ async def start_extenders(
     return servers
 
 
-async def use_extender(hami_scheduler: Callable[..., Any], url: str, *, cooperative: bool = False) -> None:
-    """(Re)start the hami-scheduler with the extender at `url`."""
-    config = ExtenderConfig(
+def extender_config(url: str, *, cooperative: bool = False) -> ExtenderConfig:
+    """The hami-scheduler's extender entry the integration tests run (the chart renders the same)."""
+    return ExtenderConfig(
         url_prefix=url,
         filter_verb="filter",
         bind_verb="bind",
@@ -191,7 +191,11 @@ async def use_extender(hami_scheduler: Callable[..., Any], url: str, *, cooperat
         managed_resources=MANAGED,
         http_timeout_s=30,
     )
-    await asyncio.to_thread(hami_scheduler, config)
+
+
+async def use_extender(hami_scheduler: Callable[..., Any], url: str, *, cooperative: bool = False) -> None:
+    """(Re)start the hami-scheduler with the extender at `url`."""
+    await asyncio.to_thread(hami_scheduler, extender_config(url, cooperative=cooperative))
 
 
 # -- a GPU node with the whole path in front of it ------------------------------------------------
