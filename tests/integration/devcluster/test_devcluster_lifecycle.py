@@ -110,16 +110,44 @@ def _cli(state_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _row(table: str, pod: str) -> list[str]:
+    (line,) = [line for line in table.splitlines() if line.startswith(pod + " ")]
+    return line.split()
+
+
 def test_cli_up_down_twice_leaves_nothing_running(tmp_path: Path) -> None:
     state_dir = tmp_path / ".hamipy"
     try:
-        for _ in range(2):
+        for attempt in range(2):
             up = _cli(state_dir, "up")
             assert up.returncode == 0, up.stderr
             assert "KUBECONFIG=" in up.stdout
             state = json.loads((state_dir / "state.json").read_text())
             assert (state_dir / "kubeconfig").is_file()
             assert len(state["nodes"]) == 3
+            # The example workloads landed as they should, and the table says so.
+            single = _row(up.stdout, "hami-examples/single-slice")
+            assert single[1] == "Running"
+            assert single[2].startswith("hamipy-gpu-")
+            assert "H100" in " ".join(_row(up.stdout, "hami-examples/multi-gpu"))
+            assert "100%" in _row(up.stdout, "hami-examples/exclusive")
+            assert "CardInsufficientMemory" in " ".join(_row(up.stdout, "hami-examples/cannot-fit"))
+            if attempt == 0:
+                gpus = _cli(state_dir, "gpus")
+                assert gpus.returncode == 0, gpus.stderr
+                assert "hami-examples/exclusive" in gpus.stdout
+                trace = _cli(state_dir, "trace", "hami-examples/single-slice")
+                assert trace.returncode == 0, trace.stdout + trace.stderr
+                spans = ("webhook.", "extender.", "device_plugin.")
+                names = [
+                    w for line in trace.stdout.splitlines()[1:] for w in line.split() if w.startswith(spans)
+                ]
+                assert names == [
+                    "webhook.admission",
+                    "extender.filter",
+                    "extender.bind",
+                    "device_plugin.allocate",
+                ]
 
             again = _cli(state_dir, "up")
             assert again.returncode == 1

@@ -3,99 +3,27 @@ and the device plugin's Allocate span arrive at an OTLP receiver as one trace, i
 later ones children of the admission span (whose context the webhook left in the pod annotation).
 
 Every service exports with the standard ``OTEL_*`` variables only: the webhook and extender in this
-process, the device plugin as its own process. The receiver is a small OTLP/HTTP endpoint here that
-decodes ``ExportTraceServiceRequest`` protobufs.
+process, the device plugin as its own process. The receiver is devcluster's small OTLP/HTTP
+endpoint (``hamipy.devcluster.otlp``), the one ``make up`` runs.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import gzip
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
-from aiohttp import web
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
-    ExportTraceServiceResponse,
-)
 from stack_support import GpuStack, gpu_container, running_gpu_stack
 
 from hamipy.devcluster import DevCluster, NodePool, wait_for
 from hamipy.devcluster.gpu_nodes import FakeGpu
+from hamipy.devcluster.otlp import OtlpReceiver, ReceivedSpan
 from hamipy.protocol import keys
 
 pytestmark = pytest.mark.integration
 
 GPUS = (FakeGpu("GPU-cccccccc-0000-4000-8000-000000000000", "NVIDIA H100 80GB HBM3", 81559),)
 JOURNEY = ["webhook.admission", "extender.filter", "extender.bind", "device_plugin.allocate"]
-
-
-@dataclasses.dataclass(frozen=True)
-class ReceivedSpan:
-    service: str
-    name: str
-    trace_id: str
-    span_id: str
-    parent_id: str
-    start_ns: int
-    attributes: dict[str, Any]
-
-
-class OtlpReceiver:
-    """OTLP/HTTP ``POST /v1/traces`` (protobuf) collecting every span it is sent."""
-
-    def __init__(self) -> None:
-        self.spans: list[ReceivedSpan] = []
-        self.runner: web.AppRunner | None = None
-        self.url = ""
-
-    async def _traces(self, request: web.Request) -> web.Response:
-        body = await request.read()
-        if request.headers.get("Content-Encoding") == "gzip":
-            body = gzip.decompress(body)
-        export = ExportTraceServiceRequest.FromString(body)
-        for resource_spans in export.resource_spans:
-            resource = {a.key: a.value.string_value for a in resource_spans.resource.attributes}
-            for scope in resource_spans.scope_spans:
-                for span in scope.spans:
-                    attributes = {a.key: _value(a.value) for a in span.attributes}
-                    self.spans.append(
-                        ReceivedSpan(
-                            service=resource.get("service.name", ""),
-                            name=span.name,
-                            trace_id=span.trace_id.hex(),
-                            span_id=span.span_id.hex(),
-                            parent_id=span.parent_span_id.hex(),
-                            start_ns=span.start_time_unix_nano,
-                            attributes=attributes,
-                        )
-                    )
-        return web.Response(
-            body=ExportTraceServiceResponse().SerializeToString(), content_type="application/x-protobuf"
-        )
-
-    async def start(self) -> None:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
-        app.router.add_post("/v1/traces", self._traces)
-        self.runner = web.AppRunner(app, access_log=None)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}"
-
-    async def stop(self) -> None:
-        if self.runner is not None:
-            await self.runner.cleanup()
-
-    def trace(self, trace_id: str) -> list[ReceivedSpan]:
-        return sorted((s for s in self.spans if s.trace_id == trace_id), key=lambda s: s.start_ns)
-
-
-def _value(value: Any) -> Any:
-    kind = value.WhichOneof("value")
-    return getattr(value, kind) if kind else None
 
 
 @pytest.fixture

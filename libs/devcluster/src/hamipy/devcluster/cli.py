@@ -4,6 +4,8 @@
     hamipy-devcluster up           start etcd, kube-apiserver, kube-schedulers, the extender, the
                                    webhook and 3 simulated GPU nodes (device plugin + kubelet stand-in)
     hamipy-devcluster status       say whether it is up and where
+    hamipy-devcluster gpus         every GPU's allocation: memory, cores, slots, pods
+    hamipy-devcluster trace NS/POD the trace of one pod's journey (admission -> Allocate)
     hamipy-devcluster down         stop everything `up` started and remove its state
 
 `up` starts a detached daemon (``hamipy-devcluster _serve``) that owns the processes (they die with
@@ -40,6 +42,7 @@ log = logging.getLogger("hamipy.devcluster.cli")
 STATE_FILE = "state.json"
 KUBECONFIG_FILE = "kubeconfig"
 DAEMON_LOG = "devcluster.log"
+TRACES_FILE = "traces.jsonl"
 CLUSTER_DIR = "cluster"
 DEFAULT_NODES = 0
 DEFAULT_GPU_NODES = 3
@@ -63,6 +66,7 @@ class State:
     ports: list[int]
     nodes: list[str]
     services: dict[str, str] = dataclasses.field(default_factory=dict)
+    examples: list[str] = dataclasses.field(default_factory=list)
 
     def write(self, state_dir: Path) -> None:
         tmp = state_dir / (STATE_FILE + ".tmp")
@@ -98,7 +102,9 @@ def _remove_state(state_dir: Path) -> None:
 # -- up ------------------------------------------------------------------------------------
 
 
-def cmd_up(state_dir: Path, *, nodes: int, gpu_nodes: int, native_build: Path, timeout_s: float) -> int:
+def cmd_up(
+    state_dir: Path, *, nodes: int, gpu_nodes: int, native_build: Path, examples: Path, timeout_s: float
+) -> int:
     from hamipy.devcluster.binaries import ensure_binaries
 
     state = State.read(state_dir)
@@ -131,6 +137,8 @@ def cmd_up(state_dir: Path, *, nodes: int, gpu_nodes: int, native_build: Path, t
                 str(gpu_nodes),
                 "--native-build",
                 str(native_build.resolve()),
+                "--examples",
+                str(examples.resolve()),
             ],
             stdin=subprocess.DEVNULL,
             stdout=out,
@@ -158,9 +166,14 @@ def cmd_up(state_dir: Path, *, nodes: int, gpu_nodes: int, native_build: Path, t
     print(
         f"devcluster is up: {state.server} with {len(state.nodes)} simulated nodes ({', '.join(state.nodes)})"
     )
-    for service, url in state.services.items():
-        print(f"  {service}: {url}")
-    print(f"  export KUBECONFIG={kubeconfig}")
+    if state.examples:
+        print(f"\nexample workloads ({examples}):")
+        print(asyncio.run(_examples_table(state)))
+    if state.services:
+        print("\nendpoints:")
+        for service, url in state.services.items():
+            print(f"  {service}: {url}")
+    print(f"\n  export KUBECONFIG={kubeconfig}")
     print("  kubectl get nodes")
     if kubectl is None:
         print("  (kubectl is not installed here; any Kubernetes client can use that kubeconfig)")
@@ -172,7 +185,87 @@ def cmd_up(state_dir: Path, *, nodes: int, gpu_nodes: int, native_build: Path, t
 # -- the daemon ----------------------------------------------------------------------------
 
 
-def cmd_serve(state_dir: Path, *, nodes: int, gpu_nodes: int, native_build: Path) -> int:
+async def _examples_table(state: State) -> str:
+    from hamipy.devcluster.errors import WaitTimeout
+    from hamipy.devcluster.examples import format_table, pod_rows, wait_settled
+
+    pods = [tuple(p.split("/", 1)) for p in state.examples]
+    async with await _api_client(state) as api:
+        try:
+            await wait_settled(api, pods)  # type: ignore[arg-type]
+        except WaitTimeout as exc:
+            print(f"  (not every example settled: {exc})")
+        rows = await pod_rows(api, pods)  # type: ignore[arg-type]
+    return format_table(["POD", "STATUS", "NODE", "GPUS", "MEMORY", "CORES"], rows)
+
+
+async def _api_client(state: State) -> Any:
+    from kubernetes_asyncio import client, config
+
+    configuration = client.Configuration()
+    await config.load_kube_config(config_file=state.kubeconfig, client_configuration=configuration)
+    return client.ApiClient(configuration)
+
+
+def cmd_gpus(state_dir: Path) -> int:
+    from hamipy.devcluster.examples import format_table, gpu_rows
+
+    state = _running_state(state_dir)
+
+    async def rows() -> list[list[str]]:
+        async with await _api_client(state) as api:
+            return await gpu_rows(api)
+
+    print(format_table(["NODE", "GPU", "TYPE", "MEMORY", "CORES", "SLOTS", "PODS"], asyncio.run(rows())))
+    return 0
+
+
+def cmd_trace(state_dir: Path, pod: str) -> int:
+    from hamipy.devcluster.otlp import load_spans
+
+    namespace, _, name = pod.rpartition("/")
+    namespace = namespace or "default"
+    spans = load_spans(state_dir / TRACES_FILE)
+    mine = [
+        s
+        for s in spans
+        if s.attributes.get("k8s.namespace.name") == namespace and s.attributes.get("k8s.pod.name") == name
+    ]
+    if not mine:
+        print(f"no spans recorded for pod {namespace}/{name} in {state_dir / TRACES_FILE}")
+        return 1
+    trace_id = max(mine, key=lambda s: s.start_ns).trace_id
+    journey = sorted((s for s in spans if s.trace_id == trace_id), key=lambda s: s.start_ns)
+    start = journey[0].start_ns
+    print(f"trace {trace_id} of pod {namespace}/{name}")
+    for span in journey:
+        detail = ", ".join(
+            f"{label}={span.attributes[key]}" for key, label in _TRACE_DETAILS if key in span.attributes
+        )
+        print(
+            f"  +{(span.start_ns - start) / 1e6:8.1f} ms  {span.duration_ms:7.1f} ms  "
+            f"{span.service:<22} {span.name:<24} {detail}"
+        )
+    return 0
+
+
+_TRACE_DETAILS = (
+    ("hamipy.admission.outcome", "outcome"),
+    ("hamipy.outcome", "outcome"),
+    ("k8s.node.name", "node"),
+    ("k8s.container.name", "container"),
+    ("hamipy.devices", "devices"),
+)
+
+
+def _running_state(state_dir: Path) -> State:
+    state = State.read(state_dir)
+    if state is None or not _is_our_daemon(state.daemon_pid):
+        raise ClusterStateError("devcluster is not up: run `make up` first")
+    return state
+
+
+def cmd_serve(state_dir: Path, *, nodes: int, gpu_nodes: int, native_build: Path, examples: Path) -> int:
     """Run the cluster in the foreground until SIGTERM/SIGINT; `up` starts this detached."""
     from hamipy.devcluster.cluster import ClusterSettings, DevCluster
 
@@ -186,14 +279,18 @@ def cmd_serve(state_dir: Path, *, nodes: int, gpu_nodes: int, native_build: Path
         log.info("control plane up in %.1fs at %s", cluster.start_seconds, cluster.access.server)
         shutil.copyfile(cluster.access.kubeconfig, state_dir / KUBECONFIG_FILE)
         (state_dir / KUBECONFIG_FILE).chmod(0o600)
-        asyncio.run(_serve_nodes(cluster, state_dir, nodes, gpu_nodes, native_build))
+        asyncio.run(_serve_nodes(cluster, state_dir, nodes, gpu_nodes, native_build, examples))
     log.info("devcluster stopped")
     return 0
 
 
-async def _serve_nodes(cluster: Any, state_dir: Path, count: int, gpu_count: int, native_build: Path) -> None:
+async def _serve_nodes(
+    cluster: Any, state_dir: Path, count: int, gpu_count: int, native_build: Path, examples: Path
+) -> None:
+    from hamipy.devcluster.examples import apply_examples
     from hamipy.devcluster.kubeobjects import ensure_default_service_account
     from hamipy.devcluster.nodes import NodePool, NodeSpec
+    from hamipy.devcluster.otlp import OtlpReceiver
     from hamipy.devcluster.stack import GPU_NODE_MODELS, LocalStack
 
     stop = asyncio.Event()
@@ -205,11 +302,18 @@ async def _serve_nodes(cluster: Any, state_dir: Path, count: int, gpu_count: int
         for name in names:
             await pool.add(NodeSpec(name=name))
         await ensure_default_service_account(api, "default")
-        stack = LocalStack(cluster, api, pool, native_build=native_build)
+        # Every service exports its spans here; `hamipy-devcluster trace` reads the file.
+        receiver = OtlpReceiver(record=state_dir / TRACES_FILE)
+        await receiver.start()
+        env = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_BSP_SCHEDULE_DELAY": "200"}
+        stack = LocalStack(cluster, api, pool, native_build=native_build, env=env)
+        applied: list[tuple[str, str]] = []
         if gpu_count:
             models = [GPU_NODE_MODELS[i % len(GPU_NODE_MODELS)] for i in range(gpu_count)]
             await stack.start(models=models)
             names += stack.gpu_nodes
+            stack.endpoints["traces (OTLP/HTTP receiver)"] = f"{receiver.url}/v1/traces"
+            applied = await apply_examples(api, examples)
         State(
             daemon_pid=os.getpid(),
             server=cluster.access.server,
@@ -218,7 +322,8 @@ async def _serve_nodes(cluster: Any, state_dir: Path, count: int, gpu_count: int
             process_pids={name: proc.pid for name, proc in cluster.processes.items() if proc.pid},
             ports=cluster.ports,
             nodes=names,
-            services={"extender": stack.extender_url, "webhook": stack.webhook_url} if gpu_count else {},
+            services=stack.endpoints,
+            examples=[f"{ns}/{name}" for ns, name in applied],
         ).write(state_dir)
         log.info("ready: %d simulated nodes", count)
         sync = asyncio.create_task(_service_account_sync(api, stop), name="devcluster-serviceaccounts")
@@ -228,6 +333,7 @@ async def _serve_nodes(cluster: Any, state_dir: Path, count: int, gpu_count: int
         with contextlib.suppress(asyncio.CancelledError):
             await sync
         await stack.stop()
+        await receiver.stop()
 
 
 async def _service_account_sync(api: Any, stop: asyncio.Event) -> None:
@@ -324,6 +430,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="simulated GPU nodes with the device plugin, plus the extender and webhook (default 3; 0: none)",
     )
     up.add_argument(
+        "--examples",
+        type=Path,
+        default=Path("deploy/examples"),
+        help="example workloads applied once the GPU nodes are up (default deploy/examples)",
+    )
+    up.add_argument(
         "--native-build",
         type=Path,
         default=Path("native/build"),
@@ -333,11 +445,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeout", type=float, default=UP_TIMEOUT_S, help="seconds to wait for it (default 120)"
     )
     sub.add_parser("down", help="stop what `up` started and remove its state")
+    sub.add_parser("gpus", help="every GPU's allocation (memory, cores, slots) and the pods holding it")
+    trace = sub.add_parser("trace", help="the recorded trace of one pod's journey")
+    trace.add_argument("pod", help="NAMESPACE/NAME")
     sub.add_parser("status", help="say whether the cluster is up")
     serve = sub.add_parser("_serve")  # the daemon `up` starts; not for direct use
     serve.add_argument("--nodes", type=int, default=DEFAULT_NODES)
     serve.add_argument("--gpu-nodes", type=int, default=DEFAULT_GPU_NODES)
     serve.add_argument("--native-build", type=Path, default=Path("native/build"))
+    serve.add_argument("--examples", type=Path, default=Path("deploy/examples"))
     return parser
 
 
@@ -353,14 +469,23 @@ def main(argv: list[str] | None = None) -> int:
                 nodes=args.nodes,
                 gpu_nodes=args.gpu_nodes,
                 native_build=args.native_build,
+                examples=args.examples,
                 timeout_s=args.timeout,
             )
         if args.command == "down":
             return cmd_down(state_dir)
         if args.command == "status":
             return cmd_status(state_dir)
+        if args.command == "gpus":
+            return cmd_gpus(state_dir)
+        if args.command == "trace":
+            return cmd_trace(state_dir, args.pod)
         return cmd_serve(
-            state_dir, nodes=args.nodes, gpu_nodes=args.gpu_nodes, native_build=args.native_build
+            state_dir,
+            nodes=args.nodes,
+            gpu_nodes=args.gpu_nodes,
+            native_build=args.native_build,
+            examples=args.examples,
         )
     except DevClusterError as exc:
         print(f"error: {exc}", file=sys.stderr)

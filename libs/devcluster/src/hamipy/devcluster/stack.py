@@ -16,11 +16,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
 import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -71,15 +72,30 @@ GPU_NODE_MODELS: Final = (
 )
 
 
-def _service(name: str, argv: Sequence[str], workdir: Path) -> ManagedProcess:
-    return ManagedProcess(name, [sys.executable, "-m", *argv], log_path=workdir / "logs" / f"{name}.log")
+def _service(name: str, argv: Sequence[str], workdir: Path, env: Mapping[str, str]) -> ManagedProcess:
+    return ManagedProcess(
+        name,
+        [sys.executable, "-m", *argv],
+        log_path=workdir / "logs" / f"{name}.log",
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
+    )
 
 
 class LocalStack:
     """Starts and stops the services and GPU nodes of ``make up`` on a running ``DevCluster``."""
 
-    def __init__(self, cluster: Any, api: Any, pool: NodePool, *, native_build: Path) -> None:
+    def __init__(
+        self,
+        cluster: Any,
+        api: Any,
+        pool: NodePool,
+        *,
+        native_build: Path,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         self.cluster = cluster
+        self.env = dict(env or {})
+        """Added to every service's environment (``OTEL_*`` for trace export)."""
         self.api = api
         self.pool = pool
         self.native_build = native_build
@@ -87,6 +103,8 @@ class LocalStack:
         self.processes: list[ManagedProcess] = []
         self.extender_url = ""
         self.webhook_url = ""
+        self.endpoints: dict[str, str] = {}
+        """What a user can look at: service URLs and metrics endpoints, by name."""
         self.gpu_nodes: list[str] = []
         # Unix socket paths are limited to 107 bytes: the nodes' device-plugin directories live in
         # a short directory of their own, not under the (possibly deep) state directory.
@@ -124,9 +142,11 @@ class LocalStack:
                 str(port),
             ],
             self.workdir,
+            self.env,
         )
         await self._run(process, f"http://127.0.0.1:{port}/readyz", "synced with the cluster (GET /readyz)")
         self.extender_url = f"http://127.0.0.1:{port}"
+        self.endpoints["extender (filter/bind, /metrics)"] = self.extender_url
         extender = ExtenderConfig(
             url_prefix=self.extender_url,
             filter_verb="filter",
@@ -169,9 +189,12 @@ class LocalStack:
                 str(certs / "tls.key"),
             ],
             self.workdir,
+            self.env,
         )
         await self._run(process, f"http://127.0.0.1:{metrics_port}/readyz", "ready (GET /readyz)")
         self.webhook_url = f"https://127.0.0.1:{port}/webhook"
+        self.endpoints["webhook"] = self.webhook_url
+        self.endpoints["webhook /metrics"] = f"http://127.0.0.1:{metrics_port}/metrics"
         manifest = await asyncio.to_thread(
             subprocess.run,
             [
@@ -204,9 +227,13 @@ class LocalStack:
             native_build=self.native_build,
             record_dir=self.workdir / name / "allocations",
             plugin_dir=self.socket_root / name,
+            env=self.env,
         )
         await self.pool.add(NodeSpec(name=name, labels={"hami-py.io/gpu-node": "true"}), agents=agents)
         self.gpu_nodes.append(name)
+        self.endpoints[f"device plugin {name} /metrics"] = (
+            f"http://127.0.0.1:{agents[1].metrics_port}/metrics"
+        )
 
     async def stop(self) -> None:
         """Stop the GPU nodes (their plugins first), then the services, newest first."""

@@ -1,0 +1,207 @@
+"""``make up``'s example workloads and the tables it prints: where each example pod landed, and
+the allocation of every GPU (``hamipy-devcluster gpus``).
+
+The examples are plain manifests in ``deploy/examples/`` (a Namespace and Pods), applied in file
+name order. Everything shown is read from the cluster: the pods' ``hami.io/vgpu-devices-allocated``
+and the nodes' ``hami.io/node-nvidia-register`` annotations, decoded by ``hamipy.protocol``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+import yaml
+
+from hamipy.devcluster.errors import DevClusterError
+from hamipy.devcluster.kubeobjects import API_TIMEOUT_S, ensure_default_service_account
+from hamipy.devcluster.waiting import wait_for
+from hamipy.protocol import ProtocolError, decode_node_devices, decode_pod_devices, keys
+
+__all__ = ["apply_examples", "format_table", "gpu_rows", "pod_rows", "wait_settled"]
+
+SETTLE_TIMEOUT_S: Final = 90.0
+
+
+def _load(directory: Path) -> list[dict[str, Any]]:
+    docs: list[dict[str, Any]] = []
+    if not directory.is_dir():
+        return docs
+    for path in sorted(directory.glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc:
+                if doc.get("kind") not in ("Namespace", "Pod"):
+                    raise DevClusterError(f"{path}: example kind {doc.get('kind')!r} is not Namespace or Pod")
+                docs.append(doc)
+    return docs
+
+
+async def apply_examples(api: Any, directory: Path) -> list[tuple[str, str]]:
+    """Create the example Namespaces and Pods (existing ones are kept); their (namespace, name).
+    A directory that does not exist has no examples."""
+    from kubernetes_asyncio.client import CoreV1Api
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    core: Any = CoreV1Api(api)  # manifests go in as dicts, not generated models
+    pods = []
+    for doc in await asyncio.to_thread(_load, directory):
+        try:
+            if doc["kind"] == "Namespace":
+                await core.create_namespace(doc, _request_timeout=API_TIMEOUT_S)
+            else:
+                namespace = doc["metadata"].get("namespace", "default")
+                await ensure_default_service_account(api, namespace)
+                await core.create_namespaced_pod(namespace, doc, _request_timeout=API_TIMEOUT_S)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise DevClusterError(
+                    f"example {doc['kind']} {doc['metadata']['name']}: {exc.reason}"
+                ) from exc
+        if doc["kind"] == "Pod":
+            pods.append((doc["metadata"].get("namespace", "default"), doc["metadata"]["name"]))
+    return pods
+
+
+def _settled(pod: Any) -> bool:
+    annotations = pod.metadata.annotations or {}
+    if annotations.get(keys.BIND_PHASE) in ("success", "failed") and pod.status.phase in (
+        "Running",
+        "Failed",
+    ):
+        return True
+    conditions = pod.status.conditions or []
+    return any(c.type == "PodScheduled" and c.reason == "Unschedulable" for c in conditions)
+
+
+async def wait_settled(
+    api: Any, pods: Sequence[tuple[str, str]], *, timeout_s: float = SETTLE_TIMEOUT_S
+) -> None:
+    """Wait until every pod is either allocated and Running (or failed), or unschedulable."""
+    from kubernetes_asyncio.client import CoreV1Api
+
+    core = CoreV1Api(api)
+    for namespace, name in pods:
+
+        async def settled(namespace: str = namespace, name: str = name) -> bool:
+            pod = await core.read_namespaced_pod(name, namespace, _request_timeout=API_TIMEOUT_S)
+            return _settled(pod)
+
+        await wait_for(
+            settled, timeout=timeout_s, interval=0.2, what=f"example pod {namespace}/{name} settled"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Gpu:
+    node: str
+    index: int
+    type: str
+    devmem: int
+    devcore: int
+    count: int
+
+
+async def _gpus(core: Any) -> dict[str, _Gpu]:
+    gpus = {}
+    for node in (await core.list_node(_request_timeout=API_TIMEOUT_S)).items:
+        value = (node.metadata.annotations or {}).get(keys.NODE_REGISTER)
+        if not value:
+            continue
+        try:
+            devices = decode_node_devices(value)
+        except ProtocolError:
+            continue
+        for d in devices:
+            gpus[d.id] = _Gpu(node.metadata.name, d.index, d.type, d.devmem, d.devcore, d.count)
+    return gpus
+
+
+def _short_type(type_: str) -> str:
+    return type_.removeprefix("NVIDIA-").removeprefix("NVIDIA ")
+
+
+async def pod_rows(api: Any, pods: Sequence[tuple[str, str]]) -> list[list[str]]:
+    """POD, STATUS, NODE, GPUS, MEMORY, CORES for each pod."""
+    from kubernetes_asyncio.client import CoreV1Api
+
+    core = CoreV1Api(api)
+    gpus = await _gpus(core)
+    rows = []
+    for namespace, name in pods:
+        pod = await core.read_namespaced_pod(name, namespace, _request_timeout=API_TIMEOUT_S)
+        annotations = pod.metadata.annotations or {}
+        status = pod.status.phase or ""
+        unschedulable = [c for c in pod.status.conditions or [] if c.reason == "Unschedulable"]
+        if unschedulable:
+            status = f"Pending: {(unschedulable[0].message or '')[:100]}"
+        devices = [d for slot in _allocated(annotations) for d in slot]
+        rows.append(
+            [
+                f"{namespace}/{name}",
+                status,
+                pod.spec.node_name or "-",
+                ", ".join(
+                    f"{gpus[d.uuid].index}:{_short_type(gpus[d.uuid].type)}" if d.uuid in gpus else d.uuid
+                    for d in devices
+                )
+                or "-",
+                ", ".join(f"{d.usedmem} MiB" for d in devices) or "-",
+                ", ".join(f"{d.usedcores}%" for d in devices) or "-",
+            ]
+        )
+    return rows
+
+
+def _allocated(annotations: dict[str, str]) -> list[list[Any]]:
+    value = annotations.get(keys.DEVICES_ALLOCATED)
+    if not value:
+        return []
+    try:
+        return [list(slot) for slot in decode_pod_devices(value)]
+    except ProtocolError:
+        return []
+
+
+async def gpu_rows(api: Any) -> list[list[str]]:
+    """NODE, GPU, TYPE, MEMORY, CORES, SLOTS, PODS: what each GPU has allocated of what it has."""
+    from kubernetes_asyncio.client import CoreV1Api
+
+    core = CoreV1Api(api)
+    gpus = await _gpus(core)
+    used: dict[str, list[tuple[str, int, int]]] = {uuid: [] for uuid in gpus}
+    for pod in (await core.list_pod_for_all_namespaces(_request_timeout=API_TIMEOUT_S)).items:
+        if pod.status.phase in ("Succeeded", "Failed") or pod.metadata.deletion_timestamp:
+            continue
+        for slot in _allocated(pod.metadata.annotations or {}):
+            for d in slot:
+                if d.uuid in used:
+                    used[d.uuid].append(
+                        (f"{pod.metadata.namespace}/{pod.metadata.name}", d.usedmem, d.usedcores)
+                    )
+    rows = []
+    for uuid, gpu in sorted(gpus.items(), key=lambda item: (item[1].node, item[1].index)):
+        holders = used[uuid]
+        rows.append(
+            [
+                gpu.node,
+                str(gpu.index),
+                _short_type(gpu.type),
+                f"{sum(m for _, m, _ in holders)}/{gpu.devmem} MiB",
+                f"{sum(c for _, _, c in holders)}/{gpu.devcore}%",
+                f"{len(holders)}/{gpu.count}",
+                ", ".join(sorted({p for p, _, _ in holders})) or "-",
+            ]
+        )
+    return rows
+
+
+def format_table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    """A plain-text table, columns padded to their widest cell."""
+    body = [list(headers), *(list(r) for r in rows)]
+    widths = [max(len(row[i]) for row in body) for i in range(len(headers))]
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in body
+    )
