@@ -22,6 +22,15 @@ int fake_parse_bytes(const char *text, uint64_t *out) {
     return 0;
 }
 
+static int parse_number(const char *text, double *out) {
+    char *end = NULL;
+    errno = 0;
+    double value = strtod(text, &end);
+    if (errno != 0 || end == text || *end != '\0' || !(value >= 0)) return -1;
+    *out = value;
+    return 0;
+}
+
 int fake_parse_uuid(const char *text, unsigned char out[16]) {
     if (strncmp(text, "GPU-", 4) != 0) return -1;
     const char *p = text + 4;
@@ -118,6 +127,8 @@ int fake_config_load(struct fake_config *cfg) {
     memset(cfg, 0, sizeof *cfg);
     snprintf(cfg->driver_version, sizeof cfg->driver_version, "550.54.15");
     cfg->cuda_version = 12040;
+    cfg->launch_queue_ns = 10000000ULL;
+    cfg->util_sample_ns = 100000000ULL;
     const char *path = getenv("HAMIPY_FAKE_GPU_CONFIG");
     if (path == NULL || *path == '\0') {
         cfg->count = 1;
@@ -157,6 +168,26 @@ int fake_config_load(struct fake_config *cfg) {
             cfg->cuda_version = atoi(value);
         } else if (strcmp(key, "context_memory") == 0) {
             if (fake_parse_bytes(value, &cfg->context_memory) != 0) rc = fail(cfg, lineno, "bad context_memory", value);
+        } else if (strcmp(key, "kilothread_ns") == 0) {
+            if (parse_number(value, &cfg->kilothread_ns) != 0) rc = fail(cfg, lineno, "bad kilothread_ns", value);
+        } else if (strcmp(key, "host_pid_offset") == 0) {
+            double number = 0;
+            if (parse_number(value, &number) != 0 || number > 1e9) rc = fail(cfg, lineno, "bad host_pid_offset", value);
+            else cfg->host_pid_offset = (unsigned)number;
+        } else if (strcmp(key, "graph_ns") == 0 || strcmp(key, "launch_queue_ms") == 0 ||
+                   strcmp(key, "util_sample_ms") == 0) {
+            double number = 0;
+            if (parse_number(value, &number) != 0) {
+                rc = fail(cfg, lineno, "bad number", value);
+            } else if (strcmp(key, "graph_ns") == 0) {
+                cfg->graph_ns = (uint64_t)number;
+            } else if (strcmp(key, "launch_queue_ms") == 0) {
+                cfg->launch_queue_ns = (uint64_t)(number * 1e6);
+            } else if (number < 1) {
+                rc = fail(cfg, lineno, "util_sample_ms must be at least 1", value);
+            } else {
+                cfg->util_sample_ns = (uint64_t)(number * 1e6);
+            }
         } else if (strcmp(key, "state") == 0) {
             snprintf(cfg->state_path, sizeof cfg->state_path, "%s", value);
         } else {

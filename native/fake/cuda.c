@@ -4,11 +4,13 @@
  * bookkeeping: device pointers come from a per-process fake address space, every allocation is
  * charged to its device in the shared state (so a device runs out of memory like a real one and
  * NVML in other processes sees the usage), contexts own their allocations, and cuGetProcAddress
- * maps base names to versioned entry points as the real driver does. Kernels are not run. */
+ * maps base names to versioned entry points as the real driver does. Kernels are not run, but
+ * they keep the fake GPU busy for a configured time, which NVML reports as utilization. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cuda_types.h"
@@ -18,6 +20,7 @@
 #define ADDRESS_BASE 0x0000100000000000ULL
 #define ADDRESS_SPAN 0x0000010000000000ULL /* 1 TiB of fake addresses per device */
 #define ALIGN 512
+#define FAKE_CAPTURES 8
 
 struct fake_ctx {
     int dev;
@@ -46,7 +49,10 @@ static struct {
     size_t nallocs, cap;
     struct fake_ctx primary[FAKE_MAX_GPUS];
     int primary_refs[FAKE_MAX_GPUS];
+    CUstream capturing[FAKE_CAPTURES];
 } F = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static int captured(CUstream stream);
 
 static __thread struct fake_ctx *current;
 
@@ -452,13 +458,106 @@ HAMI_EXPORT CUresult cuMemGetInfo_v2(size_t *free, size_t *total) {
 
 /* ---- the rest */
 
+/* ---- modules and launches: the fake GPU's time (see fake.h) */
+
+static char fake_module, fake_function;
+
+HAMI_EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *image) {
+    REQUIRE_CTX();
+    if (module == NULL || image == NULL) return CUDA_ERROR_INVALID_VALUE;
+    *module = (CUmodule)(void *)&fake_module;
+    return CUDA_SUCCESS;
+}
+
+HAMI_EXPORT CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name) {
+    REQUIRE_CTX();
+    if (hfunc == NULL || name == NULL) return CUDA_ERROR_INVALID_VALUE;
+    if (hmod != (CUmodule)(void *)&fake_module) return CUDA_ERROR_INVALID_HANDLE;
+    *hfunc = (CUfunction)(void *)&fake_function;
+    return CUDA_SUCCESS;
+}
+
+HAMI_EXPORT CUresult cuModuleUnload(CUmodule hmod) {
+    REQUIRE_INIT();
+    return hmod == (CUmodule)(void *)&fake_module ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+/* Queues ns of GPU time on the current context's device, waiting while the queue is full. */
+static CUresult run(uint64_t ns) {
+    if (ns == 0) return CUDA_SUCCESS;
+    uint64_t wait;
+    while ((wait = fake_state_launch(F.st, current->dev, ns, F.cfg.launch_queue_ns)) != 0) {
+        struct timespec pause = {(time_t)(wait / 1000000000ULL), (long)(wait % 1000000000ULL)};
+        nanosleep(&pause, NULL);
+    }
+    return CUDA_SUCCESS;
+}
+
+static CUresult run_kernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                           unsigned bz, CUstream stream) {
+    REQUIRE_CTX();
+    if (f == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    if (gx == 0 || gy == 0 || gz == 0 || bx == 0 || by == 0 || bz == 0 || (uint64_t)bx * by * bz > 1024)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (stream != NULL && captured(stream)) return CUDA_SUCCESS;
+    double threads = (double)gx * gy * gz * bx * by * bz;
+    return run((uint64_t)(threads / 1024.0 * F.cfg.kilothread_ns));
+}
+
 HAMI_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,
                                     unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
                                     unsigned int sharedMemBytes, CUstream stream, void **kernelParams, void **extra) {
-    (void)f, (void)gridDimX, (void)gridDimY, (void)gridDimZ, (void)blockDimX, (void)blockDimY, (void)blockDimZ;
-    (void)sharedMemBytes, (void)stream, (void)kernelParams, (void)extra;
+    (void)sharedMemBytes, (void)kernelParams, (void)extra;
+    return run_kernel(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, stream);
+}
+
+HAMI_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                                         unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY,
+                                         unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream stream,
+                                         void **kernelParams, void **extra) {
+    (void)sharedMemBytes, (void)kernelParams, (void)extra;
+    return run_kernel(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, stream);
+}
+
+HAMI_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra) {
+    (void)kernelParams, (void)extra;
+    if (config == NULL) return CUDA_ERROR_INVALID_VALUE;
+    return run_kernel(f, config->gridDimX, config->gridDimY, config->gridDimZ, config->blockDimX, config->blockDimY,
+                      config->blockDimZ, config->hStream);
+}
+
+HAMI_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f, void **kernelParams,
+                                           void **extra) {
+    return cuLaunchKernelEx(config, f, kernelParams, extra);
+}
+
+HAMI_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                                               unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY,
+                                               unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream stream,
+                                               void **kernelParams) {
+    (void)sharedMemBytes, (void)kernelParams;
+    return run_kernel(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, stream);
+}
+
+HAMI_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                                                    unsigned int gridDimZ, unsigned int blockDimX,
+                                                    unsigned int blockDimY, unsigned int blockDimZ,
+                                                    unsigned int sharedMemBytes, CUstream stream,
+                                                    void **kernelParams) {
+    (void)sharedMemBytes, (void)kernelParams;
+    return run_kernel(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, stream);
+}
+
+/* The exec handle is not inspected: any non-NULL one is a graph of graph_ns. */
+HAMI_EXPORT CUresult cuGraphLaunch(CUgraphExec graphExec, CUstream stream) {
+    (void)stream;
     REQUIRE_CTX();
-    return CUDA_SUCCESS;
+    if (graphExec == NULL) return CUDA_ERROR_INVALID_VALUE;
+    return run(F.cfg.graph_ns);
+}
+
+HAMI_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec graphExec, CUstream stream) {
+    return cuGraphLaunch(graphExec, stream);
 }
 
 HAMI_EXPORT CUresult cuStreamCreate(CUstream *stream, unsigned int flags) {
@@ -479,6 +578,54 @@ HAMI_EXPORT CUresult cuStreamSynchronize(CUstream stream) {
     (void)stream;
     REQUIRE_CTX();
     return CUDA_SUCCESS;
+}
+
+/* Stream capture: launches into a capturing stream are recorded, not run (no GPU time). */
+HAMI_EXPORT CUresult cuStreamBeginCapture_v2(CUstream stream, CUstreamCaptureMode mode) {
+    REQUIRE_CTX();
+    if (stream == NULL || stream == (CUstream)0x1 || (unsigned)mode > CU_STREAM_CAPTURE_MODE_RELAXED)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&F.mu);
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    for (int i = 0; i < FAKE_CAPTURES && rc != CUDA_SUCCESS; i++) {
+        if (F.capturing[i] == NULL) {
+            F.capturing[i] = stream;
+            rc = CUDA_SUCCESS;
+        }
+    }
+    pthread_mutex_unlock(&F.mu);
+    return rc;
+}
+
+static int captured(CUstream stream) {
+    int found = 0;
+    pthread_mutex_lock(&F.mu);
+    for (int i = 0; i < FAKE_CAPTURES; i++) found |= stream != NULL && F.capturing[i] == stream;
+    pthread_mutex_unlock(&F.mu);
+    return found;
+}
+
+HAMI_EXPORT CUresult cuStreamIsCapturing(CUstream stream, CUstreamCaptureStatus *status) {
+    REQUIRE_CTX();
+    if (status == NULL) return CUDA_ERROR_INVALID_VALUE;
+    *status = captured(stream) ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+    return CUDA_SUCCESS;
+}
+
+HAMI_EXPORT CUresult cuStreamEndCapture(CUstream stream, CUgraph *graph) {
+    REQUIRE_CTX();
+    if (graph == NULL) return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&F.mu);
+    for (int i = 0; i < FAKE_CAPTURES; i++) {
+        if (stream != NULL && F.capturing[i] == stream) {
+            F.capturing[i] = NULL;
+            rc = CUDA_SUCCESS;
+        }
+    }
+    pthread_mutex_unlock(&F.mu);
+    if (rc == CUDA_SUCCESS) *graph = (CUgraph)(uintptr_t)0x6b000;
+    return rc;
 }
 
 HAMI_EXPORT CUresult cuGetErrorName(CUresult error, const char **str) {
@@ -522,6 +669,13 @@ HAMI_EXPORT unsigned long long fakecuda_process_used(int dev) {
     return sum;
 }
 
+/* Test hook: GPU time this process's launches on a device have executed by now (ns). */
+HAMI_EXPORT unsigned long long fakecuda_executed_ns(int dev);
+HAMI_EXPORT unsigned long long fakecuda_executed_ns(int dev) {
+    if (ready() != CUDA_SUCCESS || !valid_dev(dev)) return 0;
+    return fake_state_executed(F.st, dev);
+}
+
 /* ---- cuGetProcAddress: base name + cudaVersion + stream flavour -> versioned entry point */
 
 struct proc {
@@ -554,8 +708,16 @@ static const struct proc procs[] = {
     P(cuArrayCreate, 3020, 0, cuArrayCreate_v2), P(cuArray3DCreate, 3020, 0, cuArray3DCreate_v2),
     P(cuArrayDestroy, 2000, 0, cuArrayDestroy), P(cuMipmappedArrayCreate, 5000, 0, cuMipmappedArrayCreate),
     P(cuMipmappedArrayDestroy, 5000, 0, cuMipmappedArrayDestroy), P(cuMemGetInfo, 3020, 0, cuMemGetInfo_v2),
-    P(cuLaunchKernel, 4000, 0, cuLaunchKernel), P(cuStreamCreate, 2000, 0, cuStreamCreate),
+    P(cuLaunchKernel, 4000, 0, cuLaunchKernel), P(cuLaunchKernel, 7000, 1, cuLaunchKernel_ptsz),
+    P(cuLaunchKernelEx, 11060, 0, cuLaunchKernelEx), P(cuLaunchKernelEx, 11060, 1, cuLaunchKernelEx_ptsz),
+    P(cuLaunchCooperativeKernel, 9000, 0, cuLaunchCooperativeKernel),
+    P(cuLaunchCooperativeKernel, 9000, 1, cuLaunchCooperativeKernel_ptsz),
+    P(cuGraphLaunch, 10000, 0, cuGraphLaunch), P(cuGraphLaunch, 10000, 1, cuGraphLaunch_ptsz),
+    P(cuModuleLoadData, 2000, 0, cuModuleLoadData), P(cuModuleGetFunction, 2000, 0, cuModuleGetFunction),
+    P(cuModuleUnload, 2000, 0, cuModuleUnload), P(cuStreamCreate, 2000, 0, cuStreamCreate),
     P(cuStreamDestroy, 4000, 0, cuStreamDestroy_v2), P(cuStreamSynchronize, 2000, 0, cuStreamSynchronize),
+    P(cuStreamIsCapturing, 10000, 0, cuStreamIsCapturing), P(cuStreamBeginCapture, 10010, 0, cuStreamBeginCapture_v2),
+    P(cuStreamEndCapture, 10000, 0, cuStreamEndCapture),
     P(cuGetErrorName, 6000, 0, cuGetErrorName), P(cuGetErrorString, 6000, 0, cuGetErrorString),
     P(cuGetProcAddress, 11030, 0, cuGetProcAddress), P(cuGetProcAddress, 12000, 0, cuGetProcAddress_v2),
 };

@@ -7,7 +7,23 @@
  *   cuda_version = 12040              # cuDriverGetVersion, nvmlSystemGetCudaDriverVersion
  *   context_memory = 0                # bytes each context takes on its device (k/m/g suffix)
  *   state = /tmp/fake-gpus.state      # shared state file (default: the config path + ".state")
+ *   kilothread_ns = 0                 # GPU time of a kernel launch per 1024 threads (grid x block)
+ *   graph_ns = 0                      # GPU time of one cuGraphLaunch
+ *   launch_queue_ms = 10              # a launch blocks while more work than this is queued before it
+ *   util_sample_ms = 100              # period of NVML's per-process utilization samples
+ *   host_pid_offset = 0               # NVML reports pid + this (a container's pids are not the host's)
  *   gpu uuid=GPU-... name="NVIDIA A100-SXM4-80GB" memory=80g numa=0 pci=00000000:3B:00.0 healthy=true xid=79
+ *
+ * Kernels (compute for the limiter's tests). Each process has one stream per fake GPU: a launch
+ * queues its GPU time (kilothread_ns x threads / 1024, or graph_ns) after the work already queued,
+ * blocking first while more than launch_queue_ms is queued (the driver's queue is finite).
+ * Processes do not contend: each has the fake GPU's time to itself. The executed GPU time of
+ * every process is kept in the shared state; NVML's nvmlDeviceGetProcessUtilization turns it
+ * into per-process samples (percent of each util_sample_ms period, whole percents, CPU
+ * timestamps in microseconds), taken when it is called. Kernels take no time by default.
+ * Launches into a stream being captured (cuStreamBeginCapture_v2) take no time either; modules
+ * (cuModuleLoadData) accept any image and hold one dummy function; cuGraphLaunch accepts any
+ * non-NULL exec handle. fakecuda_executed_ns(dev) is this process's executed GPU time.
  *
  * One `gpu` line per GPU, in NVML index order; every key is optional. healthy=false makes NVML
  * deliver one XID critical-error event (eventData = xid, default 79) per event set that watches
@@ -37,6 +53,11 @@ struct fake_config {
     char driver_version[80];
     int cuda_version;
     uint64_t context_memory;
+    double kilothread_ns;
+    uint64_t graph_ns;
+    uint64_t launch_queue_ns;
+    uint64_t util_sample_ns;
+    unsigned host_pid_offset;
     char path[4096];
     char state_path[4096];
 };
@@ -55,6 +76,8 @@ struct fake_state {
         int32_t pid;
         uint64_t start;
         uint64_t used[FAKE_MAX_GPUS];
+        uint64_t queued_ns[FAKE_MAX_GPUS]; /* GPU time of all launches so far */
+        uint64_t until_ns[FAKE_MAX_GPUS];  /* CLOCK_MONOTONIC time the last one finishes */
     } procs[FAKE_MAX_PROCS];
 };
 
@@ -68,5 +91,14 @@ void fake_state_leave(struct fake_state *st);
 uint64_t fake_state_used(struct fake_state *st, int dev);
 /* Live processes using dev: fills up to max entries, returns how many there are. */
 unsigned fake_state_procs(struct fake_state *st, int dev, unsigned max, unsigned *pids, uint64_t *used);
+/* Queues ns of GPU time for this process on dev, unless more than queue_ns is queued already:
+ * then returns how long to wait before trying again (0 = queued). */
+uint64_t fake_state_launch(struct fake_state *st, int dev, uint64_t ns, uint64_t queue_ns);
+/* GPU time this process's launches on dev have executed by now. */
+uint64_t fake_state_executed(struct fake_state *st, int dev);
+/* Live processes that launched on dev and the GPU time each has executed by now. */
+unsigned fake_state_executed_all(struct fake_state *st, int dev, unsigned max, unsigned *pids, uint64_t *executed);
+/* CLOCK_MONOTONIC in ns, the clock of until_ns. */
+uint64_t fake_now_ns(void);
 
 #endif

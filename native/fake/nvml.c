@@ -265,17 +265,94 @@ HAMI_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t de
         return n == 0 ? NVML_SUCCESS : NVML_ERROR_INSUFFICIENT_SIZE;
     }
     for (unsigned i = 0; i < n; i++)
-        infos[i] = (nvmlProcessInfo_t){.pid = pids[i], .usedGpuMemory = used[i],
+        infos[i] = (nvmlProcessInfo_t){.pid = pids[i] + N.cfg.host_pid_offset, .usedGpuMemory = used[i],
                                        .gpuInstanceId = 0xFFFFFFFFu, .computeInstanceId = 0xFFFFFFFFu};
     *count = n;
     return NVML_SUCCESS;
 }
 
 HAMI_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device, unsigned int *count,
-                                                                 nvmlProcessInfo_t *infos);
-HAMI_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device, unsigned int *count,
                                                                  nvmlProcessInfo_t *infos) {
     return nvmlDeviceGetComputeRunningProcesses_v3(device, count, infos);
+}
+
+/* ---- per-process utilization: samples of the executed GPU time (see fake.h), taken when asked */
+
+#define SAMPLE_RING 256
+
+static struct {
+    uint64_t last_ns[FAKE_MAX_GPUS]; /* when the last sample was taken; 0 = never */
+    unsigned npids[FAKE_MAX_GPUS];
+    unsigned pids[FAKE_MAX_GPUS][FAKE_MAX_PROCS];
+    uint64_t executed[FAKE_MAX_GPUS][FAKE_MAX_PROCS];
+    nvmlProcessUtilizationSample_t ring[FAKE_MAX_GPUS][SAMPLE_RING];
+    unsigned next[FAKE_MAX_GPUS], filled[FAKE_MAX_GPUS];
+} U;
+
+static unsigned long long realtime_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (unsigned long long)ts.tv_sec * 1000000ULL + (unsigned long long)ts.tv_nsec / 1000ULL;
+}
+
+/* Takes the samples of every period that has ended since the last one (one sample per process
+ * over all of them). Caller holds N.mu. */
+static void take_samples(int idx) {
+    uint64_t now = fake_now_ns(), period = N.cfg.util_sample_ns;
+    unsigned pids[FAKE_MAX_PROCS];
+    uint64_t done[FAKE_MAX_PROCS];
+    if (U.last_ns[idx] != 0 && now < U.last_ns[idx] + period) return;
+    unsigned n = fake_state_executed_all(N.st, idx, FAKE_MAX_PROCS, pids, done);
+    if (n > FAKE_MAX_PROCS) n = FAKE_MAX_PROCS;
+    if (U.last_ns[idx] != 0) {
+        unsigned long long stamp = realtime_us();
+        double span = (double)(now - U.last_ns[idx]);
+        for (unsigned i = 0; i < n; i++) {
+            uint64_t before = 0;
+            for (unsigned j = 0; j < U.npids[idx]; j++) {
+                if (U.pids[idx][j] == pids[i]) before = U.executed[idx][j];
+            }
+            double util = (double)(done[i] > before ? done[i] - before : 0) / span * 100.0;
+            nvmlProcessUtilizationSample_t *out = &U.ring[idx][U.next[idx]];
+            *out = (nvmlProcessUtilizationSample_t){.pid = pids[i] + N.cfg.host_pid_offset, .timeStamp = stamp,
+                                                    .smUtil = util > 100 ? 100 : (unsigned)util};
+            U.next[idx] = (U.next[idx] + 1) % SAMPLE_RING;
+            if (U.filled[idx] < SAMPLE_RING) U.filled[idx]++;
+        }
+    }
+    U.last_ns[idx] = now;
+    U.npids[idx] = n;
+    memcpy(U.pids[idx], pids, n * sizeof pids[0]);
+    memcpy(U.executed[idx], done, n * sizeof done[0]);
+}
+
+HAMI_EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
+                                                         nvmlProcessUtilizationSample_t *utilization,
+                                                         unsigned int *processSamplesCount,
+                                                         unsigned long long lastSeenTimeStamp) {
+    REQUIRE_GPU(device, idx);
+    (void)gpu;
+    if (processSamplesCount == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&N.mu);
+    take_samples(idx);
+    unsigned n = 0;
+    for (unsigned k = 0; k < U.filled[idx]; k++) {
+        if (U.ring[idx][k].timeStamp > lastSeenTimeStamp) n++;
+    }
+    nvmlReturn_t rc = NVML_SUCCESS;
+    if (n == 0) {
+        rc = NVML_ERROR_NOT_FOUND;
+    } else if (utilization == NULL || *processSamplesCount < n) {
+        rc = NVML_ERROR_INSUFFICIENT_SIZE;
+    } else {
+        unsigned out = 0;
+        for (unsigned k = 0; k < U.filled[idx]; k++) {
+            if (U.ring[idx][k].timeStamp > lastSeenTimeStamp) utilization[out++] = U.ring[idx][k];
+        }
+    }
+    *processSamplesCount = n;
+    pthread_mutex_unlock(&N.mu);
+    return rc;
 }
 
 HAMI_EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *current, unsigned int *pending);

@@ -11,11 +11,12 @@
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "fake.h"
 
-#define STATE_MAGIC 0x46414b45u
+#define STATE_MAGIC 0x46414b46u /* bumped when the layout changes */
 
 static int own = -1;
 
@@ -156,6 +157,58 @@ unsigned fake_state_procs(struct fake_state *st, int dev, unsigned max, unsigned
         if (n < max) {
             pids[n] = (unsigned)st->procs[i].pid;
             used[n] = st->procs[i].used[dev];
+        }
+        n++;
+    }
+    unlock(st);
+    return n;
+}
+
+uint64_t fake_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t fake_state_launch(struct fake_state *st, int dev, uint64_t ns, uint64_t queue_ns) {
+    if (own < 0) return 0;
+    lock(st);
+    uint64_t now = fake_now_ns(), wait = 0;
+    uint64_t *until = &st->procs[own].until_ns[dev];
+    if (*until > now + queue_ns) {
+        wait = *until - now - queue_ns;
+    } else {
+        *until = (*until > now ? *until : now) + ns;
+        st->procs[own].queued_ns[dev] += ns;
+    }
+    unlock(st);
+    return wait;
+}
+
+/* Executed GPU time of entry i: everything queued minus what is still ahead of now. */
+static uint64_t executed(const struct fake_state *st, int i, int dev, uint64_t now) {
+    uint64_t ahead = st->procs[i].until_ns[dev] > now ? st->procs[i].until_ns[dev] - now : 0;
+    uint64_t queued = st->procs[i].queued_ns[dev];
+    return queued > ahead ? queued - ahead : 0;
+}
+
+uint64_t fake_state_executed(struct fake_state *st, int dev) {
+    if (own < 0) return 0;
+    lock(st);
+    uint64_t done = executed(st, own, dev, fake_now_ns());
+    unlock(st);
+    return done;
+}
+
+unsigned fake_state_executed_all(struct fake_state *st, int dev, unsigned max, unsigned *pids, uint64_t *done) {
+    unsigned n = 0;
+    lock(st);
+    uint64_t now = fake_now_ns();
+    for (int i = 0; i < FAKE_MAX_PROCS; i++) {
+        if (st->procs[i].queued_ns[dev] == 0 || !alive(st, i)) continue;
+        if (n < max) {
+            pids[n] = (unsigned)st->procs[i].pid;
+            done[n] = executed(st, i, dev, now);
         }
         n++;
     }

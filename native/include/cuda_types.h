@@ -35,6 +35,9 @@ typedef struct CUarray_st *CUarray;
 typedef struct CUmipmappedArray_st *CUmipmappedArray;
 typedef struct CUmemPoolHandle_st *CUmemoryPool;
 typedef struct CUfunc_st *CUfunction;
+typedef struct CUmod_st *CUmodule;
+typedef struct CUgraphExec_st *CUgraphExec;
+typedef struct CUgraph_st *CUgraph;
 typedef struct CUexecAffinityParam_st CUexecAffinityParam; /* opaque here: passed through */
 typedef struct CUctxCreateParams_st CUctxCreateParams;     /* opaque here: passed through */
 
@@ -113,6 +116,42 @@ typedef enum CUdriverProcAddressQueryResult_enum {
     CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT = 2
 } CUdriverProcAddressQueryResult;
 
+/* cuLaunchKernelEx: the launch configuration. Attributes (cooperative, clusters, priority, ...)
+ * are passed through untouched; only the grid and block sizes are read. */
+typedef struct CUlaunchAttribute_st {
+    int id; /* CUlaunchAttributeID */
+    char pad[4];
+    char value[64]; /* CUlaunchAttributeValue */
+} CUlaunchAttribute;
+
+typedef struct CUlaunchConfig_st {
+    unsigned int gridDimX;
+    unsigned int gridDimY;
+    unsigned int gridDimZ;
+    unsigned int blockDimX;
+    unsigned int blockDimY;
+    unsigned int blockDimZ;
+    unsigned int sharedMemBytes;
+    CUstream hStream;
+    CUlaunchAttribute *attrs;
+    unsigned int numAttrs;
+} CUlaunchConfig;
+
+typedef enum CUstreamCaptureStatus_enum {
+    CU_STREAM_CAPTURE_STATUS_NONE = 0,
+    CU_STREAM_CAPTURE_STATUS_ACTIVE = 1,
+    CU_STREAM_CAPTURE_STATUS_INVALIDATED = 2
+} CUstreamCaptureStatus;
+
+typedef enum CUstreamCaptureMode_enum {
+    CU_STREAM_CAPTURE_MODE_GLOBAL = 0,
+    CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1,
+    CU_STREAM_CAPTURE_MODE_RELAXED = 2
+} CUstreamCaptureMode;
+
+/* The per-thread default stream as a handle (the legacy default stream is NULL or 0x1). */
+#define CU_STREAM_PER_THREAD ((CUstream)0x2)
+
 /* cuGetProcAddress flags */
 #define CU_GET_PROC_ADDRESS_DEFAULT 0
 #define CU_GET_PROC_ADDRESS_LEGACY_STREAM (1 << 0)
@@ -130,6 +169,10 @@ _Static_assert(offsetof(CUmemAllocationProp, location) == 8, "CUmemAllocationPro
 _Static_assert(offsetof(CUmemAllocationProp, win32HandleMetaData) == 16, "CUmemAllocationProp.win32");
 _Static_assert(offsetof(CUmemAllocationProp, allocFlags) == 24, "CUmemAllocationProp.allocFlags");
 _Static_assert(sizeof(CUmemAllocationProp) == 32, "CUmemAllocationProp layout");
+_Static_assert(sizeof(CUlaunchAttribute) == 72, "CUlaunchAttribute layout");
+_Static_assert(offsetof(CUlaunchConfig, hStream) == 32, "CUlaunchConfig.hStream");
+_Static_assert(offsetof(CUlaunchConfig, numAttrs) == 48, "CUlaunchConfig.numAttrs");
+_Static_assert(sizeof(CUlaunchConfig) == 56, "CUlaunchConfig layout");
 
 /* Entry points, with the ABI names the driver exports. */
 CUresult cuInit(unsigned int flags);
@@ -180,9 +223,30 @@ CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cu
 CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,
                         unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
                         unsigned int sharedMemBytes, CUstream stream, void **kernelParams, void **extra);
+CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,
+                             unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
+                             unsigned int sharedMemBytes, CUstream stream, void **kernelParams, void **extra);
+CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra);
+CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra);
+CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                                   unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY,
+                                   unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream stream,
+                                   void **kernelParams);
+CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                                        unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY,
+                                        unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream stream,
+                                        void **kernelParams);
+CUresult cuGraphLaunch(CUgraphExec graphExec, CUstream stream);
+CUresult cuGraphLaunch_ptsz(CUgraphExec graphExec, CUstream stream);
+CUresult cuModuleLoadData(CUmodule *module, const void *image);
+CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name);
+CUresult cuModuleUnload(CUmodule hmod);
 CUresult cuStreamCreate(CUstream *stream, unsigned int flags);
 CUresult cuStreamDestroy_v2(CUstream stream);
 CUresult cuStreamSynchronize(CUstream stream);
+CUresult cuStreamIsCapturing(CUstream stream, CUstreamCaptureStatus *status);
+CUresult cuStreamBeginCapture_v2(CUstream stream, CUstreamCaptureMode mode);
+CUresult cuStreamEndCapture(CUstream stream, CUgraph *graph);
 CUresult cuGetErrorString(CUresult error, const char **str);
 CUresult cuGetErrorName(CUresult error, const char **str);
 

@@ -63,6 +63,15 @@ typedef struct nvmlProcessInfo_st { /* _v2 and _v3 share this layout */
     unsigned int computeInstanceId;
 } nvmlProcessInfo_t;
 
+typedef struct nvmlProcessUtilizationSample_st {
+    unsigned int pid;
+    unsigned long long timeStamp; /* CPU timestamp in microseconds */
+    unsigned int smUtil;
+    unsigned int memUtil;
+    unsigned int encUtil;
+    unsigned int decUtil;
+} nvmlProcessUtilizationSample_t;
+
 typedef struct nvmlUtilization_st {
     unsigned int gpu;
     unsigned int memory;
@@ -82,6 +91,8 @@ _Static_assert(nvmlMemory_v2 == 0x02000028, "nvmlMemory_v2 version word");
 _Static_assert(sizeof(nvmlPciInfo_t) == 68, "nvmlPciInfo_t layout");
 _Static_assert(sizeof(nvmlProcessInfo_t) == 24, "nvmlProcessInfo_t layout");
 _Static_assert(sizeof(nvmlEventData_t) == 32, "nvmlEventData_t layout");
+_Static_assert(sizeof(nvmlProcessUtilizationSample_t) == 32, "nvmlProcessUtilizationSample_t layout");
+_Static_assert(offsetof(nvmlProcessUtilizationSample_t, smUtil) == 16, "nvmlProcessUtilizationSample_t.smUtil");
 
 nvmlReturn_t nvmlInit_v2(void);
 nvmlReturn_t nvmlInitWithFlags(unsigned int flags);
@@ -106,6 +117,11 @@ nvmlReturn_t nvmlDeviceGetMemoryAffinity(nvmlDevice_t device, unsigned int nodeS
 nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *utilization);
 nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *count,
                                                      nvmlProcessInfo_t *infos);
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device, unsigned int *count,
+                                                     nvmlProcessInfo_t *infos);
+nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUtilizationSample_t *utilization,
+                                             unsigned int *processSamplesCount,
+                                             unsigned long long lastSeenTimeStamp);
 nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set);
 nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long eventTypes, nvmlEventSet_t set);
 nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device, unsigned long long *eventTypes);

@@ -3,8 +3,9 @@
  * A malformed value is reported once on stderr and handled fail-closed: a bad memory limit
  * makes that device's limit 1 byte (every allocation is refused with CUDA_ERROR_OUT_OF_MEMORY,
  * queries report a 1-byte GPU), because silently running without a limit would break the
- * isolation the pod asked for. A bad SM limit is ignored (no core limit is enforced by this
- * library yet) and a bad priority falls back to the default. */
+ * isolation the pod asked for. A bad SM limit is reported and ignored (that device gets no
+ * compute limit: a guessed one could starve the container or its neighbours), and a bad priority
+ * falls back to the default. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>

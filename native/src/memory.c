@@ -318,10 +318,14 @@ static void context_created(CUcontext ctx, int idx, uint64_t bytes) {
         name##_fn real = REAL(name);                                     \
         if (real == NULL) return CUDA_ERROR_NOT_SUPPORTED;               \
         int idx = vgpu_cuda_device_index(dev);                           \
+        struct vgpu_pidprobe probe;                                      \
+        vgpu_pidprobe_begin(idx, &probe);                                \
         uint64_t before = vgpu_nvml_used(idx);                           \
         CUresult rc = real args;                                         \
-        if (rc == CUDA_SUCCESS && idx >= 0)                              \
+        if (rc == CUDA_SUCCESS && idx >= 0) {                            \
             context_created(*pctx, idx, footprint(before, vgpu_nvml_used(idx))); \
+            vgpu_pidprobe_end(idx, &probe);                              \
+        }                                                                \
         return rc;                                                       \
     }
 CTX_CREATE(cuCtxCreate_v2, (CUcontext * pctx, unsigned int flags, CUdevice dev), (pctx, flags, dev))
@@ -360,6 +364,8 @@ HAMI_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
     int idx = vgpu_cuda_device_index(dev);
     pthread_mutex_lock(&cx.mu);
     int first = cx.primary_refs[dev] == 0;
+    struct vgpu_pidprobe probe = {.count = -1};
+    if (first) vgpu_pidprobe_begin(idx, &probe);
     uint64_t before = first ? vgpu_nvml_used(idx) : 0;
     CUresult rc = real(pctx, dev);
     uint64_t bytes = 0;
@@ -369,6 +375,7 @@ HAMI_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
             bytes = footprint(before, vgpu_nvml_used(idx));
             cx.primary_bytes[dev] = bytes;
             cx.primary_ctx[dev] = *pctx;
+            vgpu_pidprobe_end(idx, &probe);
         }
     }
     pthread_mutex_unlock(&cx.mu);

@@ -37,6 +37,9 @@ static struct {
     int nvml_index[HAMI_MAX_DEVICES];
 } g = {.once = PTHREAD_ONCE_INIT, .mu = PTHREAD_MUTEX_INITIALIZER, .fd = -1, .slot = -1};
 
+/* Set once this process's host pid has been learned from NVML (vgpu_pidprobe_end). */
+static int hostpid_learned;
+
 static uint64_t now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -343,6 +346,7 @@ static void region_atfork_child(void) {
     /* The child is a new process: its own slot, its own open file description (the inherited
      * one is shared with the parent, so it would not exclude it), no inherited records. */
     g.slot = -1;
+    hostpid_learned = 0;
     if (g.fd >= 0) {
         int fd = open(g.path, O_RDWR | O_CLOEXEC);
         if (fd >= 0) {
@@ -487,14 +491,107 @@ void vgpu_mem_view(int idx, uint64_t physical, uint64_t *total, uint64_t *free, 
     *free = u < t ? t - u : 0;
 }
 
-uint64_t vgpu_nvml_used(int idx) {
+nvmlDevice_t vgpu_nvml_handle(int idx) {
     struct hami_region *r = region();
-    if (idx < 0 || !nvml_up() || REAL(nvmlDeviceGetHandleByUUID) == NULL || REAL(nvmlDeviceGetMemoryInfo) == NULL)
-        return 0;
     nvmlDevice_t dev = NULL;
+    if (idx < 0 || idx >= HAMI_MAX_DEVICES || !nvml_up() || REAL(nvmlDeviceGetHandleByUUID) == NULL ||
+        REAL(nvmlDeviceGetHandleByUUID)(r->uuids[idx], &dev) != NVML_SUCCESS)
+        return NULL;
+    return dev;
+}
+
+uint64_t vgpu_nvml_used(int idx) {
+    nvmlDevice_t dev = vgpu_nvml_handle(idx);
     nvmlMemory_t mem;
-    if (REAL(nvmlDeviceGetHandleByUUID)(r->uuids[idx], &dev) != NVML_SUCCESS ||
-        REAL(nvmlDeviceGetMemoryInfo)(dev, &mem) != NVML_SUCCESS)
-        return 0;
+    nvmlDeviceGetMemoryInfo_fn info = REAL(nvmlDeviceGetMemoryInfo);
+    if (dev == NULL || info == NULL || info(dev, &mem) != NVML_SUCCESS) return 0;
     return mem.used;
+}
+
+/* ---- compute limiting: the region as launch.c sees it */
+
+struct hami_region *vgpu_region_map(void) { return region(); }
+
+void vgpu_region_join(void) {
+    region();
+    region_lock();
+    own_slot();
+    region_unlock();
+}
+
+int vgpu_container_pids(int *pids, int max, int *own) {
+    struct hami_region *r = region();
+    int n = 0, top = __atomic_load_n(&r->proc_num, __ATOMIC_ACQUIRE);
+    int mine = __atomic_load_n(&g.slot, __ATOMIC_RELAXED);
+    if (top < 0 || top > HAMI_MAX_PROCS) top = HAMI_MAX_PROCS;
+    *own = -1;
+    for (int i = 0; i < top && n < max; i++) {
+        const struct hami_proc_slot *s = &r->procs[i];
+        if (__atomic_load_n(&s->status, __ATOMIC_RELAXED) == 0) continue;
+        int32_t host = __atomic_load_n(&s->hostpid, __ATOMIC_RELAXED);
+        int32_t pid = __atomic_load_n(&s->pid, __ATOMIC_RELAXED);
+        if (i == mine) *own = n;
+        pids[n++] = host != 0 ? host : pid;
+    }
+    return n;
+}
+
+void vgpu_set_sm_util(int idx, uint64_t percent) {
+    if (idx < 0 || idx >= HAMI_MAX_DEVICES) return;
+    region();
+    region_lock();
+    if (g.slot >= 0 && g.r->procs[g.slot].device_util[idx].sm_util != percent) {
+        struct hami_proc_slot *s = &g.r->procs[g.slot];
+        slot_write_begin(s);
+        s->device_util[idx].sm_util = percent;
+        slot_write_end(s);
+    }
+    region_unlock();
+}
+
+/* The compute processes NVML lists on a device (host pids), up to VGPU_PROBE_PIDS; -1 if unknown. */
+static int nvml_compute_pids(int idx, unsigned *pids) {
+    nvmlDevice_t dev = vgpu_nvml_handle(idx);
+    nvmlProcessInfo_t infos[VGPU_PROBE_PIDS];
+    unsigned n = VGPU_PROBE_PIDS;
+    nvmlDeviceGetComputeRunningProcesses_v3_fn list = REAL(nvmlDeviceGetComputeRunningProcesses_v3);
+    if (list == NULL) list = REAL(nvmlDeviceGetComputeRunningProcesses_v2);
+    if (dev == NULL || list == NULL || list(dev, &n, infos) != NVML_SUCCESS) return -1;
+    for (unsigned i = 0; i < n; i++) pids[i] = infos[i].pid;
+    return (int)n;
+}
+
+
+void vgpu_pidprobe_begin(int idx, struct vgpu_pidprobe *probe) {
+    probe->count = __atomic_load_n(&hostpid_learned, __ATOMIC_RELAXED) ? -1 : nvml_compute_pids(idx, probe->pids);
+}
+
+void vgpu_pidprobe_end(int idx, const struct vgpu_pidprobe *probe) {
+    unsigned after[VGPU_PROBE_PIDS];
+    if (probe->count < 0) return;
+    int n = nvml_compute_pids(idx, after);
+    unsigned fresh = 0;
+    int found = 0;
+    for (int i = 0; i < n; i++) {
+        int seen = 0;
+        for (int j = 0; j < probe->count && !seen; j++) seen = probe->pids[j] == after[i];
+        if (!seen) {
+            fresh = after[i];
+            found++;
+        }
+    }
+    /* Exactly one process appeared while this one made its context: that is this process, as the
+     * host (and NVML) numbers it. Two or more: another process raced us; learn nothing. */
+    if (found != 1) return;
+    region();
+    region_lock();
+    struct hami_proc_slot *s = own_slot();
+    if (s != NULL && s->hostpid != (int32_t)fresh) {
+        LOGI("host pid %u (container pid %d)", fresh, (int)getpid());
+        slot_write_begin(s);
+        s->hostpid = (int32_t)fresh;
+        slot_write_end(s);
+    }
+    region_unlock();
+    __atomic_store_n(&hostpid_learned, 1, __ATOMIC_RELAXED);
 }

@@ -72,6 +72,27 @@ void vgpu_release(int idx, uint64_t bytes, enum vgpu_charge kind);
 void vgpu_mem_view(int idx, uint64_t physical, uint64_t *total, uint64_t *free, uint64_t *used);
 /* Device-wide used memory as NVML sees it (for context footprints); 0 when unknown. */
 uint64_t vgpu_nvml_used(int idx);
+/* NVML handle of a region device, or NULL (no NVML, or the device is not there). */
+nvmlDevice_t vgpu_nvml_handle(int idx);
+
+/* For compute limiting (launch.c). The mapped region (shared, or this process's private one). */
+struct hami_region *vgpu_region_map(void);
+/* Takes this process's slot if it has none yet, so the container's process list includes it. */
+void vgpu_region_join(void);
+/* The container's live processes as NVML numbers them (hostpid, or pid where hostpid is 0);
+ * *own is the index of this process in pids, or -1. Returns how many. */
+int vgpu_container_pids(int *pids, int max, int *own);
+/* Publishes this process's SM utilization of a device (device_util[idx].sm_util). */
+void vgpu_set_sm_util(int idx, uint64_t percent);
+/* Learning this process's host pid: NVML's compute processes on the device before and after the
+ * process creates a context; a single new one is this process. */
+#define VGPU_PROBE_PIDS 256
+struct vgpu_pidprobe {
+    int count; /* -1: nothing to learn */
+    unsigned pids[VGPU_PROBE_PIDS];
+};
+void vgpu_pidprobe_begin(int idx, struct vgpu_pidprobe *probe);
+void vgpu_pidprobe_end(int idx, const struct vgpu_pidprobe *probe);
 
 /* ---- allocation records (track.c) */
 enum vgpu_kind { VGPU_PTR = 1, VGPU_ARRAY, VGPU_MIPMAP, VGPU_HANDLE };

@@ -3,13 +3,12 @@ simulated containers whose processes run under LD_PRELOAD=libvgpu.so over the fa
 
 from __future__ import annotations
 
-import os
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
-from native_support import BUILD, BUILD_NAME, NATIVE, TWO_GPUS, Container, ContainerFactory, preload_value
+from native_support import BUILD, BUILD_NAME, NATIVE, TWO_GPUS, Container, ContainerFactory, new_container
 
 
 @pytest.fixture(scope="session")
@@ -37,20 +36,8 @@ def make_container(native_build: Path, tmp_path: Path) -> ContainerFactory:
         preload: bool = True,
     ) -> Container:
         workdir = tmp_path / f"container{next(counter)}"
-        workdir.mkdir()
-        config = workdir / "gpus.conf"
-        config.write_text(extra_config + gpus)
-        env = {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "HAMIPY_FAKE_GPU_CONFIG": str(config),
-            "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(workdir / "vgpu.cache"),
-            "LD_LIBRARY_PATH": str(native_build / "fake"),
-            "ASAN_OPTIONS": "detect_leaks=0",
-            **(limits or {}),
-        }
-        preloads = preload_value(native_build, interposer=preload)
-        if preloads:
-            env["LD_PRELOAD"] = preloads
-        return Container(build=native_build, workdir=workdir, env=env)
+        return new_container(
+            native_build, workdir, limits=limits, gpus=gpus, extra_config=extra_config, preload=preload
+        )
 
     return factory

@@ -74,6 +74,33 @@ class Container:
 ContainerFactory = Callable[..., Container]
 
 
+def new_container(
+    build: Path,
+    workdir: Path,
+    *,
+    limits: Mapping[str, str] | None = None,
+    gpus: str = TWO_GPUS,
+    extra_config: str = "",
+    preload: bool = True,
+) -> Container:
+    """A container in `workdir` (created): its fake GPU configuration, region path and environment."""
+    workdir.mkdir(parents=True)
+    config = workdir / "gpus.conf"
+    config.write_text(extra_config + gpus)
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HAMIPY_FAKE_GPU_CONFIG": str(config),
+        "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(workdir / "vgpu.cache"),
+        "LD_LIBRARY_PATH": str(build / "fake"),
+        "ASAN_OPTIONS": "detect_leaks=0",
+        **(limits or {}),
+    }
+    preloads = preload_value(build, interposer=preload)
+    if preloads:
+        env["LD_PRELOAD"] = preloads
+    return Container(build=build, workdir=workdir, env=env)
+
+
 def preload_value(build: Path, *, interposer: bool) -> str:
     """LD_PRELOAD for a container process (the ASan runtime first on the sanitizer build)."""
     libs = [str(build / "libvgpu.so")] if interposer else []
