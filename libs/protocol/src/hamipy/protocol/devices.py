@@ -29,18 +29,20 @@ class DeviceInfo:
     """One physical GPU of a node, as in ``hami.io/node-nvidia-register``.
 
     ``devmem`` is MiB already multiplied by memory scaling; ``devcore`` is 100 times core scaling;
-    ``count`` is the split count (how many containers may share the GPU).
+    ``count`` is the split count (how many containers may share the GPU). The defaults are what
+    upstream's JSON means by a left-out key (Go ``omitempty``: zero values, so unhealthy), with
+    ``hami-core`` for a missing mode as upstream reads it.
     """
 
     id: str
-    index: int
-    count: int
-    devmem: int
-    devcore: int
-    type: str
-    numa: int
-    mode: str
-    health: bool
+    index: int = 0
+    count: int = 0
+    devmem: int = 0
+    devcore: int = 0
+    type: str = ""
+    numa: int = 0
+    mode: str = "hami-core"
+    health: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

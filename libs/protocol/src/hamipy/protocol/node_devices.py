@@ -53,7 +53,9 @@ import dataclasses
 import json
 import re
 from collections.abc import Sequence
-from typing import Any, Final, NoReturn
+from typing import Annotated, Any, Final, NoReturn
+
+import msgspec
 
 from hamipy.protocol import keys
 from hamipy.protocol.devices import DEVICE_MODES, DeviceInfo
@@ -167,7 +169,53 @@ def encode_node_devices(devices: Sequence[DeviceInfo]) -> str:
 # -- JSON form ---------------------------------------------------------------------------------------
 
 
+class _FastDevice(msgspec.Struct, forbid_unknown_fields=True):
+    """The exact-key, in-range shape upstream writes, for msgspec's typed decoder (about 4x faster
+    than ``json.loads`` alone). Anything else (other key spellings, unknown keys, wrong types, out
+    of range) fails here and goes to the exact decoder, which folds keys as Go does and explains
+    the error."""
+
+    id: str = ""
+    # msgspec bounds stop at int64: a larger index (still valid) takes the exact path.
+    index: Annotated[int, msgspec.Meta(ge=0, le=_INT64_MAX)] = 0
+    count: Annotated[int, msgspec.Meta(ge=0, le=_INT32_MAX)] = 0
+    devmem: Annotated[int, msgspec.Meta(ge=0, le=_INT32_MAX)] = 0
+    devcore: Annotated[int, msgspec.Meta(ge=0, le=_INT32_MAX)] = 0
+    type: str = ""
+    numa: Annotated[int, msgspec.Meta(ge=0, le=_INT64_MAX)] = 0
+    mode: str = ""
+    health: bool = False
+    migProfiles: msgspec.Raw = msgspec.Raw(b"null")
+    migtemplate: msgspec.Raw = msgspec.Raw(b"null")
+    devicevendor: msgspec.Raw = msgspec.Raw(b"null")
+    custominfo: msgspec.Raw = msgspec.Raw(b"null")
+    devicepairscore: msgspec.Raw = msgspec.Raw(b"null")
+
+
+_FAST_CHECK: Final = msgspec.json.Decoder(list[_FastDevice])
+_FAST_BUILD: Final = msgspec.json.Decoder(list[DeviceInfo])
+
+
 def _decode_json(value: str) -> list[DeviceInfo]:
+    # Two C passes when the value has upstream's exact shape: one checks keys, types and ranges,
+    # one builds the records (DeviceInfo's defaults are Go's omitempty zeros). 14 us for 16 GPUs
+    # where the exact decoder takes 40 (docs/benchmarks.md).
+    try:
+        checked = _FAST_CHECK.decode(value)
+        devices = _FAST_BUILD.decode(value)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return _decode_json_exact(value)
+    modes = _MODES_OR_EMPTY
+    for i, dev in enumerate(checked):
+        if not dev.id or dev.mode not in modes:
+            return _decode_json_exact(value)  # refused there, with the reason
+        if not dev.mode:
+            devices[i] = dataclasses.replace(devices[i], mode=DEFAULT_MODE)
+    _check_ids([dev.id for dev in devices])
+    return devices
+
+
+def _decode_json_exact(value: str) -> list[DeviceInfo]:
     try:
         raw = json.loads(value)
     except json.JSONDecodeError as exc:
@@ -284,7 +332,10 @@ def _check_int(field: str, val: object, maximum: int) -> None:
 
 def _check_ids(ids: list[str]) -> None:
     """Bad characters and duplicates, checked over all ids at once; only a hit pays for finding which."""
-    if _BAD_ID_CHAR("".join(ids)):
+    joined = "".join(ids)
+    # UUIDs are letters, digits and dashes: str.isalnum settles that in C, far faster than the
+    # regex, which runs only for other ids.
+    if not joined.replace("-", "").isalnum() and _BAD_ID_CHAR(joined):
         for i, id_ in enumerate(ids):
             _check_id(i, id_)
     if len(set(ids)) != len(ids):
