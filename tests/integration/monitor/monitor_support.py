@@ -1,0 +1,226 @@
+"""A simulated GPU node with the monitor on it, for the monitor's integration tests.
+
+The node is the device plugin's (``hamipy.devcluster.gpu_nodes``: the kubelet stand-in and the real
+``hamipy-device-plugin`` process over the fake driver); ``MonitorAgent`` adds the real
+``hamipy-monitor`` process, with the fake ``libnvidia-ml.so.1`` on its library path and the node's
+hook directory. ``SimContainer`` runs native/'s test programs as processes of one served container:
+the env its Allocate answer gave, the interposer preloaded, and the region file at the host path of
+the container's mount (what a container runtime would do).
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from kubernetes_asyncio.client import CoreV1Api
+from prometheus_client.parser import text_string_to_metric_families
+
+from hamipy.devcluster import API_TIMEOUT_S, gpu_nodes, wait_for
+from hamipy.devcluster.gpu_nodes import DevicePluginAgent, FakeGpu
+from hamipy.devcluster.kubelet_standin import ContainerAllocation, KubeletStandIn
+from hamipy.extender.server import ExtenderServer
+from hamipy.protocol import keys
+from hamipy.protocol.allocation_env import ENV_SHARED_CACHE
+
+ROOT = Path(__file__).resolve().parents[3]
+NATIVE_BUILD = ROOT / "native" / "build"
+PROGRAM_TIMEOUT_S = 30.0
+MIB = 1 << 20
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def sample_key(name: str, **labels: str) -> tuple[str, frozenset[tuple[str, str]]]:
+    return name, frozenset(labels.items())
+
+
+async def scrape_text(url: str) -> str:
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session,
+        session.get(url) as resp,
+    ):
+        assert resp.status == 200, f"GET {url}: HTTP {resp.status}"
+        return await resp.text()
+
+
+def samples(text: str) -> Samples:
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+class MonitorAgent(gpu_nodes.MonitorAgent):
+    """devcluster's monitor agent, with what the tests read from it."""
+
+    async def scrape(self) -> Samples:
+        return samples(await scrape_text(f"{self.url}/metrics"))
+
+    async def healthz(self) -> int:
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session,
+            session.get(f"{self.url}/healthz") as resp,
+        ):
+            return resp.status
+
+    def log_lines(self) -> list[str]:
+        return self.log_path.read_text().splitlines()
+
+
+@dataclass
+class SimContainer:
+    """The processes of one served container: its Allocate env, the interposer, its region file at
+    the host end of its mount."""
+
+    allocation: ContainerAllocation
+    plugin: DevicePluginAgent
+    extra_env: dict[str, str] | None = None
+
+    @property
+    def host_region_dir(self) -> Path:
+        hook = str(self.plugin.hook_path)
+        (mount,) = [m for m in self.allocation.mounts if m.container_path == hook]
+        return Path(mount.host_path)
+
+    @property
+    def region_file(self) -> Path:
+        return self.host_region_dir / Path(self.allocation.envs[ENV_SHARED_CACHE]).name
+
+    def env(self) -> dict[str, str]:
+        build = self.plugin.native_build
+        return {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            **self.allocation.envs,
+            **(self.extra_env or {}),
+            ENV_SHARED_CACHE: str(self.region_file),
+            "HAMIPY_FAKE_GPU_CONFIG": str(self.plugin.gpu_config_path),
+            "LD_LIBRARY_PATH": str(build / "fake"),
+            "LD_PRELOAD": str(build / "libvgpu.so"),
+        }
+
+    def hold(self, mib: int) -> subprocess.Popen[str]:
+        """Start ``region_peer hold <mib>``: it allocates and holds until its stdin closes."""
+        proc = subprocess.Popen(
+            [str(self.plugin.native_build / "tests" / "region_peer"), "hold", str(mib)],
+            env=self.env(),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], PROGRAM_TIMEOUT_S)
+        line = proc.stdout.readline().strip() if ready else ""
+        if line != "held":
+            proc.kill()
+            _, err = proc.communicate(timeout=PROGRAM_TIMEOUT_S)
+            raise AssertionError(f"region_peer did not hold {mib} MiB (got {line!r}); stderr:\n{err}")
+        return proc
+
+
+def release(proc: subprocess.Popen[str]) -> None:
+    """Close the holder's stdin: it frees what it holds and exits."""
+    proc.communicate(timeout=PROGRAM_TIMEOUT_S)
+    assert proc.returncode == 0, f"region_peer exited {proc.returncode}"
+
+
+def pod_env(pod: dict[str, Any], container: str) -> dict[str, str]:
+    """The literal env of a container in the pod spec (what the webhook put there)."""
+    for c in pod["spec"].get("containers", []):
+        if c["name"] == container:
+            return {e["name"]: e["value"] for e in c.get("env") or [] if "value" in e}
+    raise KeyError(container)
+
+
+GPU = FakeGpu("GPU-cccccccc-0000-4000-8000-000000000000", "NVIDIA A100-SXM4-80GB", 81920)
+RESOURCE = keys.RESOURCE_COUNT
+
+
+class MonitorStack:
+    """The node, its agents and helpers to create pods and run their containers."""
+
+    def __init__(
+        self,
+        api: Any,
+        namespace: str,
+        node: str,
+        standin: KubeletStandIn,
+        plugin: DevicePluginAgent,
+        monitor: MonitorAgent,
+        extender: ExtenderServer,
+    ) -> None:
+        self.api = api
+        self.core = CoreV1Api(api)
+        self.namespace = namespace
+        self.node = node
+        self.standin = standin
+        self.plugin = plugin
+        self.monitor = monitor
+        self.extender = extender
+
+    async def create(
+        self, name: str, containers: list[dict[str, Any]], *, init: list[dict[str, Any]] | None = None
+    ) -> None:
+        spec: dict[str, Any] = {
+            "containers": containers,
+            "nodeSelector": {"gpu-test": self.namespace},
+            "terminationGracePeriodSeconds": 0,
+        }
+        if init:
+            spec["initContainers"] = init
+        body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+        await self.core.create_namespaced_pod(self.namespace, body, _request_timeout=API_TIMEOUT_S)
+
+    async def pod(self, name: str) -> dict[str, Any]:
+        pod = await self.core.read_namespaced_pod(name, self.namespace, _request_timeout=API_TIMEOUT_S)
+        out: dict[str, Any] = self.api.sanitize_for_serialization(pod)
+        return out
+
+    async def served(self, name: str) -> dict[str, Any]:
+        """The pod once the device plugin marked it ``bind-phase=success``."""
+
+        async def done() -> dict[str, Any] | None:
+            pod = await self.pod(name)
+            phase = (pod["metadata"].get("annotations") or {}).get(keys.BIND_PHASE)
+            assert phase != "failed", f"pod {name} failed allocation: {pod['metadata'].get('annotations')}"
+            return pod if phase == "success" else None
+
+        result: dict[str, Any] = await wait_for(done, timeout=60, interval=0.1, what=f"pod {name} served")
+        return result
+
+    async def delete(self, name: str) -> None:
+        await self.core.delete_namespaced_pod(
+            name, self.namespace, grace_period_seconds=0, _request_timeout=API_TIMEOUT_S
+        )
+
+    async def container(
+        self, pod: str, container: str, extra_env: dict[str, str] | None = None
+    ) -> SimContainer:
+        allocation = await self.standin.wait_allocated(self.namespace, pod, container, timeout_s=60)
+        return SimContainer(allocation, self.plugin, extra_env)
+
+
+def gpu_container(
+    name: str, *, mem: int, cores: int = 0, env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    limits = {RESOURCE: "1", keys.RESOURCE_MEMORY: str(mem)}
+    if cores:
+        limits[keys.RESOURCE_CORES] = str(cores)
+    out: dict[str, Any] = {
+        "name": name,
+        "image": "registry.k8s.io/pause:3.10",
+        "resources": {"limits": limits},
+    }
+    if env:
+        out["env"] = [{"name": k, "value": v} for k, v in env.items()]
+    return out
+
+
+MONITOR_ARGS = ("--feedback-interval", "0.3", "--legacy-metrics")

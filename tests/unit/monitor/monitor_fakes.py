@@ -1,0 +1,160 @@
+"""Builders for pod JSON and region directories, and fakes of the API and NVML, for the monitor's
+unit tests."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from hamipy.monitor.host_gpus import HostGpuSample
+from hamipy.monitor.telemetry import Telemetry
+from hamipy.protocol import keys
+from hamipy.protocol.allocation_env import region_host_dir
+from hamipy.protocol.devices import ContainerDevice
+from hamipy.protocol.pod_devices import encode_pod_devices
+from hamipy.protocol.region import MemoryUsage, ProcessUsage, build_region
+
+MIB = 1 << 20
+GPU_A = "GPU-aaaaaaaa-0000-4000-8000-000000000000"
+GPU_B = "GPU-bbbbbbbb-0000-4000-8000-000000000000"
+
+
+def slice_(uuid: str = GPU_A, mem: int = 3000, cores: int = 30) -> ContainerDevice:
+    return ContainerDevice(uuid, keys.DEVICE_VENDOR_NVIDIA, mem, cores)
+
+
+def pod_json(
+    name: str,
+    *,
+    uid: str | None = None,
+    namespace: str = "team-a",
+    containers: Sequence[str] = ("main",),
+    init: Sequence[str] = (),
+    slots: Sequence[Sequence[ContainerDevice]] | None = None,
+    annotation: str | None = None,
+    phase: str = "Running",
+    terminated: Sequence[str] = (),
+    resource_version: str = "1",
+) -> dict[str, Any]:
+    """A pod; ``slots`` (init containers first) become its ``vgpu-devices-allocated`` annotation."""
+    annotations = {}
+    if slots is not None:
+        annotations[keys.DEVICES_ALLOCATED] = encode_pod_devices(slots)
+    if annotation is not None:
+        annotations[keys.DEVICES_ALLOCATED] = annotation
+    statuses = [{"name": c, "state": {"terminated": {"exitCode": 0}}} for c in terminated]
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "uid": uid or f"uid-{name}",
+            "resourceVersion": resource_version,
+            "annotations": annotations,
+        },
+        "spec": {
+            "nodeName": "gpu-node",
+            "initContainers": [{"name": c} for c in init],
+            "containers": [{"name": c} for c in containers],
+        },
+        "status": {"phase": phase, "containerStatuses": statuses, "initContainerStatuses": []},
+    }
+
+
+def process(slot: int, used: Sequence[int], *, sm: Sequence[int] = (), status: int = 1) -> ProcessUsage:
+    """A live process slot using ``used[i]`` bytes on device i (a tenth of it as context)."""
+    return ProcessUsage(
+        slot=slot,
+        pid=100 + slot,
+        hostpid=1000 + slot,
+        status=status,
+        used=tuple(MemoryUsage(u // 10, 0, u - u // 10, 0, u) for u in used),
+        sm_util=tuple(sm),
+    )
+
+
+def region_dir(hook: Path, uid: str, container: str) -> Path:
+    path = Path(region_host_dir(str(hook), uid, container))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def write_region(
+    hook: Path,
+    uid: str,
+    container: str,
+    *,
+    name: str = "0f3c.cache",
+    uuids: Sequence[str] = (GPU_A,),
+    limits: Sequence[int] = (3000 * MIB,),
+    sm_limits: Sequence[int] = (30,),
+    processes: Sequence[ProcessUsage] = (),
+    **fields: Any,
+) -> Path:
+    """A region file for one container, as the interposer would leave it."""
+    path = region_dir(hook, uid, container) / name
+    path.write_bytes(
+        build_region(uuids=uuids, limits=limits, sm_limits=sm_limits, processes=processes, **fields)
+    )
+    return path
+
+
+class FakePodsApi:
+    """An API that lists ``pods`` and then delivers queued watch events (a ``PodsApi``)."""
+
+    def __init__(self, pods: Sequence[dict[str, Any]] = (), *, version: str = "10") -> None:
+        self.pods = list(pods)
+        self.version = version
+        self.events: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        self.lists = 0
+        self.fail_lists = 0
+
+    async def list_pods(self) -> tuple[list[dict[str, Any]], str]:
+        from hamipy.monitor.errors import KubeError
+
+        if self.fail_lists:
+            self.fail_lists -= 1
+            raise KubeError("LIST pods: HTTP 500: boom", status=500)
+        self.lists += 1
+        return [json.loads(json.dumps(p)) for p in self.pods], self.version
+
+    async def watch_pods(
+        self, resource_version: str, *, timeout_s: int, inactivity_s: float
+    ) -> AsyncIterator[dict[str, Any]]:
+        while True:
+            event = await self.events.get()
+            if event is None:  # the server ends this watch
+                return
+            yield event
+
+
+class FakeHostGpus:
+    """Fixed host GPU samples (a ``HostGpus``)."""
+
+    def __init__(self, samples: Sequence[HostGpuSample]) -> None:
+        self.samples = list(samples)
+        self.closed = False
+
+    def sample(self) -> list[HostGpuSample]:
+        return list(self.samples)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def telemetry() -> tuple[Telemetry, io.StringIO]:
+    stream = io.StringIO()
+    return Telemetry(log_stream=stream), stream
+
+
+def log_lines(stream: io.StringIO) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in stream.getvalue().splitlines() if line.strip()]
+
+
+def make_fifo(path: Path) -> Path:
+    os.mkfifo(path)
+    return path
