@@ -268,3 +268,30 @@ async def test_every_object_applies_to_the_real_apiserver(
         assert applied["kind"] == doc["kind"]
         kinds.add(doc["kind"])
     assert {"Deployment", "DaemonSet", "MutatingWebhookConfiguration", "ClusterRole"} <= kinds
+
+
+@pytest.mark.parametrize(
+    ("component", "prefix", "module"),
+    [
+        ("-device-plugin", "HAMIPY_DEVICE_PLUGIN_", "hamipy.device_plugin.cli"),
+        ("-monitor", "HAMIPY_MONITOR_", "hamipy.monitor.cli"),
+    ],
+)
+def test_every_service_variable_the_chart_sets_is_one_the_service_reads(
+    rendered: dict[str, list[dict[str, Any]]], component: str, prefix: str, module: str
+) -> None:
+    import importlib
+
+    daemonset = one(rendered["defaults"], "DaemonSet", component)
+    (container,) = daemonset["spec"]["template"]["spec"]["containers"]
+    variables = {e["name"]: e.get("value") for e in container["env"] if e["name"].startswith(prefix)}
+    assert variables
+    parser = importlib.import_module(module).build_parser(variables)
+    options = {o for action in parser._actions for o in action.option_strings}
+    for name, value in variables.items():
+        flag = "--" + name.removeprefix(prefix).lower().replace("_", "-")
+        assert flag in options, f"{name} names no flag of {module}"
+        dest = flag[2:].replace("-", "_")
+        parsed = getattr(parser.parse_args(["--node-name", "n"]), dest)
+        wanted = value.lower() == "true" if isinstance(parsed, bool) else type(parsed)(value)
+        assert parsed == wanted, f"{name}={value} read as {parsed!r}"

@@ -131,7 +131,9 @@ def test_cli_up_down_twice_leaves_nothing_running(tmp_path: Path) -> None:
             assert single[2].startswith("hamipy-gpu-")
             assert "H100" in " ".join(_row(up.stdout, "hami-examples/multi-gpu"))
             assert "100%" in _row(up.stdout, "hami-examples/exclusive")
-            assert "CardInsufficientMemory" in " ".join(_row(up.stdout, "hami-examples/cannot-fit"))
+            cannot_fit = _row(up.stdout, "hami-examples/cannot-fit")
+            assert cannot_fit[1] == "Pending"
+            assert "CardInsufficientMemory" in " ".join(cannot_fit)
             if attempt == 0:
                 gpus = _cli(state_dir, "gpus")
                 assert gpus.returncode == 0, gpus.stderr

@@ -196,7 +196,7 @@ async def _examples_table(state: State) -> str:
         except WaitTimeout as exc:
             print(f"  (not every example settled: {exc})")
         rows = await pod_rows(api, pods)  # type: ignore[arg-type]
-    return format_table(["POD", "STATUS", "NODE", "GPUS", "MEMORY", "CORES"], rows)
+    return format_table(["POD", "STATUS", "NODE", "GPUS", "MEMORY", "CORES", "WHY"], rows)
 
 
 async def _api_client(state: State) -> Any:

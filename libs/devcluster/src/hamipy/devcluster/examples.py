@@ -124,7 +124,7 @@ def _short_type(type_: str) -> str:
 
 
 async def pod_rows(api: Any, pods: Sequence[tuple[str, str]]) -> list[list[str]]:
-    """POD, STATUS, NODE, GPUS, MEMORY, CORES for each pod."""
+    """POD, STATUS, NODE, GPUS, MEMORY, CORES, WHY (the scheduler's reason for a pending pod)."""
     from kubernetes_asyncio.client import CoreV1Api
 
     core = CoreV1Api(api)
@@ -135,8 +135,7 @@ async def pod_rows(api: Any, pods: Sequence[tuple[str, str]]) -> list[list[str]]
         annotations = pod.metadata.annotations or {}
         status = pod.status.phase or ""
         unschedulable = [c for c in pod.status.conditions or [] if c.reason == "Unschedulable"]
-        if unschedulable:
-            status = f"Pending: {(unschedulable[0].message or '')[:100]}"
+        why = (unschedulable[0].message or "").split(". ")[0] if unschedulable else ""
         devices = [d for slot in _allocated(annotations) for d in slot]
         rows.append(
             [
@@ -150,6 +149,7 @@ async def pod_rows(api: Any, pods: Sequence[tuple[str, str]]) -> list[list[str]]
                 or "-",
                 ", ".join(f"{d.usedmem} MiB" for d in devices) or "-",
                 ", ".join(f"{d.usedcores}%" for d in devices) or "-",
+                why,
             ]
         )
     return rows

@@ -24,7 +24,7 @@ import yaml
 from hamipy.devcluster.nodes import NodeAgent, SimulatedNode
 from hamipy.devcluster.processes import ManagedProcess, free_port, http_ok
 
-__all__ = ["DevicePluginAgent", "FakeGpu", "fake_gpu_config", "gpu_node_agents"]
+__all__ = ["DevicePluginAgent", "FakeGpu", "MonitorAgent", "fake_gpu_config", "gpu_node_agents"]
 
 PLUGIN_START_TIMEOUT_S = 60.0
 
@@ -98,14 +98,7 @@ class DevicePluginAgent:
             raise FileNotFoundError(f"{fake}/libnvidia-ml.so.1 is missing: run `make native` first")
         config = await asyncio.to_thread(self._write_files)
         self.metrics_port = free_port()
-        env = {
-            **os.environ,
-            "HAMIPY_FAKE_GPU_CONFIG": str(self.gpu_config_path),
-            "LD_LIBRARY_PATH": os.pathsep.join(filter(None, [str(fake), os.environ.get("LD_LIBRARY_PATH")])),
-            "PYTHONUNBUFFERED": "1",
-            "PYTHONFAULTHANDLER": "1",  # a crash in native code leaves a traceback in the log
-            **self.extra_env,
-        }
+        env = self.node_env()
         self.process = ManagedProcess(
             f"device-plugin-{node.name}",
             [
@@ -139,6 +132,19 @@ class DevicePluginAgent:
             what="registered with the kubelet stand-in and the node",
         )
 
+    def node_env(self) -> dict[str, str]:
+        """The environment of a process on this node: the fake NVML/CUDA first on the library path,
+        configured with this node's GPUs."""
+        fake = self.native_build / "fake"
+        return {
+            **os.environ,
+            "HAMIPY_FAKE_GPU_CONFIG": str(self.gpu_config_path),
+            "LD_LIBRARY_PATH": os.pathsep.join(filter(None, [str(fake), os.environ.get("LD_LIBRARY_PATH")])),
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONFAULTHANDLER": "1",  # a crash in native code leaves a traceback in the log
+            **self.extra_env,
+        }
+
     async def stop(self) -> None:
         if self.process is not None:
             await asyncio.to_thread(self.process.stop)
@@ -148,6 +154,67 @@ class DevicePluginAgent:
         """Flip a GPU's health in the fake driver: NVML then reports an XID error for it."""
         self.gpus = [dataclasses.replace(g, healthy=healthy) if g.uuid == uuid else g for g in self.gpus]
         await asyncio.to_thread(self.gpu_config_path.write_text, fake_gpu_config(self.gpus))
+
+
+class MonitorAgent:
+    """Runs ``hamipy-monitor`` on a simulated GPU node (a ``NodeAgent``; attach it after the
+    plugin): the node's fake NVML for host metrics, the plugin's hook directory for region files."""
+
+    def __init__(self, plugin: DevicePluginAgent, *, extra_args: Sequence[str] = ()) -> None:
+        self.plugin = plugin
+        self.extra_args = tuple(extra_args)
+        self.port: int | None = None
+        self.process: ManagedProcess | None = None
+        self.node: str | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.plugin.workdir / "monitor.log"
+
+    def running(self) -> bool:
+        return self.process is not None and self.process.running()
+
+    async def start(self, node: SimulatedNode) -> None:
+        self.node = node.name
+        self.port = free_port()
+        self.process = ManagedProcess(
+            f"monitor-{node.name}",
+            [
+                sys.executable,
+                "-m",
+                "hamipy.monitor.cli",
+                "--node-name",
+                node.name,
+                "--kubeconfig",
+                str(self.plugin.kubeconfig),
+                "--hook-path",
+                str(self.plugin.hook_path),
+                "--metrics-host",
+                "127.0.0.1",
+                "--metrics-port",
+                str(self.port),
+                *self.extra_args,
+            ],
+            log_path=self.log_path,
+            env=self.plugin.node_env(),
+        )
+        process = self.process
+        process.start()
+        await asyncio.to_thread(
+            process.wait_healthy,
+            http_ok(f"{self.url}/readyz", expect=b"ok"),
+            timeout_s=PLUGIN_START_TIMEOUT_S,
+            what="serving with this node's pods listed",
+        )
+
+    async def stop(self) -> None:
+        if self.process is not None:
+            await asyncio.to_thread(self.process.stop)
+            self.process = None
 
 
 def gpu_node_agents(

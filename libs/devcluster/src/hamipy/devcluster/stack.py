@@ -5,7 +5,7 @@
 - the webhook (``hamipy-webhook serve``) over TLS with a certificate from a CA made here, and the
   MutatingWebhookConfiguration it ships (``hamipy-webhook manifest``) pointing at it;
 - three simulated GPU nodes with different GPU models, each with its real device plugin process
-  over the fake NVML driver and a kubelet stand-in (``gpu_nodes``).
+  over the fake NVML driver, a kubelet stand-in and the monitor process (``gpu_nodes``).
 
 The services run as their own console-script processes: devcluster is a library below the
 services and never imports them.
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from hamipy.devcluster.config import ExtenderConfig, ManagedResource, SchedulerConfig
-from hamipy.devcluster.gpu_nodes import FakeGpu, gpu_node_agents
+from hamipy.devcluster.gpu_nodes import FakeGpu, MonitorAgent, gpu_node_agents
 from hamipy.devcluster.kubeobjects import API_TIMEOUT_S
 from hamipy.devcluster.nodes import NodePool, NodeSpec
 from hamipy.devcluster.pki import issue_cert, make_ca
@@ -229,11 +229,14 @@ class LocalStack:
             plugin_dir=self.socket_root / name,
             env=self.env,
         )
-        await self.pool.add(NodeSpec(name=name, labels={"hami-py.io/gpu-node": "true"}), agents=agents)
-        self.gpu_nodes.append(name)
-        self.endpoints[f"device plugin {name} /metrics"] = (
-            f"http://127.0.0.1:{agents[1].metrics_port}/metrics"
+        standin, plugin = agents
+        monitor = MonitorAgent(plugin)
+        await self.pool.add(
+            NodeSpec(name=name, labels={"hami-py.io/gpu-node": "true"}), agents=(standin, plugin, monitor)
         )
+        self.gpu_nodes.append(name)
+        self.endpoints[f"device plugin {name} /metrics"] = f"http://127.0.0.1:{plugin.metrics_port}/metrics"
+        self.endpoints[f"monitor {name} /metrics"] = f"{monitor.url}/metrics"
 
     async def stop(self) -> None:
         """Stop the GPU nodes (their plugins first), then the services, newest first."""
