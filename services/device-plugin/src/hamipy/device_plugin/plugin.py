@@ -8,13 +8,11 @@ that fails ends the plugin (the DaemonSet restarts it) after logging why.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import shutil
 from pathlib import Path
 from typing import Any, Final
 
-from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import generate_latest
 
 from hamipy.device_plugin.allocator import Allocator
 from hamipy.device_plugin.discovery import Gpu, HealthWatch, Nvml
@@ -27,6 +25,7 @@ from hamipy.device_plugin.serving import serve_and_register
 from hamipy.device_plugin.settings import PluginSettings
 from hamipy.device_plugin.telemetry import Telemetry
 from hamipy.protocol.config import Config
+from hamipy.telemetry.probes import ProbeServer, start_probe_server
 
 __all__ = ["DevicePlugin", "install_interposer"]
 
@@ -121,42 +120,25 @@ class DevicePlugin:
                     task.cancel()
         finally:
             await asyncio.to_thread(health.stop)
-            await runner.cleanup()
+            await runner.close()
             log.info("stopped")
 
     def _discover(self) -> list[Gpu]:
         with Nvml() as nvml:
             return nvml.gpus()
 
-    async def _start_http(self) -> web.AppRunner:
-        app = web.Application()
+    def _not_ready(self) -> str | None:
+        synced = self.pods is not None and self.pods.synced.is_set()
+        if synced and self.registered.is_set() and self.node_written.is_set():
+            return None
+        return "not registered with the kubelet and the node, or pods not listed"
 
-        async def metrics(request: web.Request) -> web.Response:
-            body = generate_latest(self.telemetry.metrics.registry)
-            return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-        async def healthz(request: web.Request) -> web.Response:
-            return web.Response(text="ok")
-
-        async def readyz(request: web.Request) -> web.Response:
-            synced = self.pods is not None and self.pods.synced.is_set()
-            if synced and self.registered.is_set() and self.node_written.is_set():
-                return web.Response(text="ok")
-            return web.Response(
-                status=503, text="not registered with the kubelet and the node, or pods not listed"
-            )
-
-        app.router.add_get("/metrics", metrics)
-        app.router.add_get("/healthz", healthz)
-        app.router.add_get("/readyz", readyz)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, self.settings.metrics_host, self.settings.metrics_port)
-        try:
-            await site.start()
-        except OSError:
-            await runner.cleanup()
-            raise
-        with contextlib.suppress(IndexError, TypeError):
-            self.metrics_port = int(runner.addresses[0][1])
-        return runner
+    async def _start_http(self) -> ProbeServer:
+        server = await start_probe_server(
+            host=self.settings.metrics_host,
+            port=self.settings.metrics_port,
+            render=lambda: generate_latest(self.telemetry.metrics.registry),
+            not_ready=self._not_ready,
+        )
+        self.metrics_port = server.port
+        return server

@@ -20,8 +20,7 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import generate_latest
 
 from hamipy.monitor.collector import ScrapeData, UsageCollector
 from hamipy.monitor.errors import NvmlError
@@ -34,6 +33,7 @@ from hamipy.monitor.region_files import RegionFiles
 from hamipy.monitor.settings import MonitorSettings
 from hamipy.monitor.telemetry import Telemetry
 from hamipy.monitor.usage import usage_report
+from hamipy.telemetry.probes import ProbeServer, start_probe_server
 
 __all__ = ["Monitor"]
 
@@ -166,7 +166,7 @@ class Monitor:
                 watch.cancel()
                 housekeeping.cancel()
         finally:
-            await runner.cleanup()
+            await runner.close()
             await asyncio.to_thread(self._close)
             self.log.info("stopped")
 
@@ -185,32 +185,12 @@ class Monitor:
         if self.host_gpus is not None:
             self.host_gpus.close()
 
-    async def _start_http(self) -> web.AppRunner:
-        app = web.Application()
-
-        async def metrics(request: web.Request) -> web.Response:
-            body = await asyncio.to_thread(self.render)
-            return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-        async def healthz(request: web.Request) -> web.Response:
-            return web.Response(text="ok")
-
-        async def readyz(request: web.Request) -> web.Response:
-            if self.pods.synced.is_set():
-                return web.Response(text="ok")
-            return web.Response(status=503, text="this node's pods are not listed yet")
-
-        app.router.add_get("/metrics", metrics)
-        app.router.add_get("/healthz", healthz)
-        app.router.add_get("/readyz", readyz)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, self.settings.metrics_host, self.settings.metrics_port)
-        try:
-            await site.start()
-        except OSError:
-            await runner.cleanup()
-            raise
-        with contextlib.suppress(IndexError, TypeError):
-            self.metrics_port = int(runner.addresses[0][1])
-        return runner
+    async def _start_http(self) -> ProbeServer:
+        server = await start_probe_server(
+            host=self.settings.metrics_host,
+            port=self.settings.metrics_port,
+            render=self.render,
+            not_ready=lambda: None if self.pods.synced.is_set() else "this node's pods are not listed yet",
+        )
+        self.metrics_port = server.port
+        return server
