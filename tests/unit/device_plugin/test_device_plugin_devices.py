@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import pytest
-
 from hamipy.device_plugin.devices import (
-    device_type,
     gpu_of,
     kubelet_devices,
     preferred_allocation,
@@ -61,14 +58,6 @@ def test_unhealthy_gpu_is_reported_in_both_views() -> None:
     assert {f.healthy for f in fakes if f.id.startswith("GPU-bbbb")} == {False}
     assert {f.healthy for f in fakes if f.id.startswith("GPU-aaaa")} == {True}
     assert {f.numa for f in fakes if f.id.startswith("GPU-aaaa")} == {1}
-
-
-@pytest.mark.parametrize(
-    ("name", "expected"),
-    [("Tesla T4", "NVIDIA-Tesla T4"), ("NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3")],
-)
-def test_device_type(name: str, expected: str) -> None:
-    assert device_type(name) == expected
 
 
 def test_gpu_of_strips_the_replica_number() -> None:

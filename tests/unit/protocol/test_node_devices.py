@@ -53,6 +53,7 @@ def test_public_api_is_complete() -> None:
         "DEFAULT_MODE",
         "MAX_VALUE_BYTES",
         "decode_node_devices",
+        "device_type",
         "encode_node_devices",
     ]
 
@@ -356,3 +357,15 @@ def test_encode_refuses_an_id_twice() -> None:
     with pytest.raises(ProtocolError) as info:
         encode_node_devices([TWO_DEVICES[0], TWO_DEVICES[1], TWO_DEVICES[0]])
     assert info.value.field == KEY + "[2].id"
+
+
+@pytest.mark.parametrize(
+    ("nvml_name", "expected"),
+    [
+        ("Tesla V100-PCIE-32GB", "NVIDIA-Tesla V100-PCIE-32GB"),
+        ("NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3"),
+        ("nvidia A10", "nvidia A10"),
+    ],
+)
+def test_device_type_follows_upstreams_rule(nvml_name: str, expected: str) -> None:
+    assert node_devices.device_type(nvml_name) == expected

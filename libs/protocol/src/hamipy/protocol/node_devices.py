@@ -65,6 +65,7 @@ __all__ = [
     "DEFAULT_MODE",
     "MAX_VALUE_BYTES",
     "decode_node_devices",
+    "device_type",
     "encode_node_devices",
 ]
 
@@ -117,6 +118,13 @@ _GO_BOOL: Final = dict.fromkeys(("1", "t", "T", "TRUE", "true", "True"), True) |
 _GO_ESCAPES: Final = str.maketrans(
     {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
 )
+
+
+def device_type(nvml_name: str) -> str:
+    """The register annotation's ``type`` for an NVML device name: ``NVIDIA-<model>``, a name that
+    already starts with NVIDIA kept as is (upstream's rule), so the scheduler's and the monitor's
+    series join on it."""
+    return nvml_name if nvml_name.upper().startswith("NVIDIA") else f"NVIDIA-{nvml_name}"
 
 
 def decode_node_devices(value: str) -> list[DeviceInfo]:

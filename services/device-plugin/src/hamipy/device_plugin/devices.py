@@ -17,11 +17,11 @@ from typing import Final
 from hamipy.device_plugin.discovery import Gpu
 from hamipy.protocol import DeviceInfo
 from hamipy.protocol.config import NodeSettings
+from hamipy.protocol.node_devices import device_type
 
 __all__ = [
     "MODE_HAMI_CORE",
     "KubeletDevice",
-    "device_type",
     "gpu_of",
     "kubelet_devices",
     "preferred_allocation",
@@ -38,11 +38,6 @@ class KubeletDevice:
     id: str
     healthy: bool
     numa: int
-
-
-def device_type(name: str) -> str:
-    """HAMi's ``type``: ``NVIDIA-<model>``, a name that already starts with NVIDIA kept as is."""
-    return name if name.upper().startswith("NVIDIA") else f"NVIDIA-{name}"
 
 
 def registered_gpus(gpus: Iterable[Gpu], settings: NodeSettings) -> list[Gpu]:

@@ -20,8 +20,9 @@ import structlog
 
 from hamipy.monitor.errors import NvmlError
 from hamipy.monitor.telemetry import Metrics
+from hamipy.protocol.node_devices import device_type
 
-__all__ = ["HostGpuSample", "HostGpus", "NvmlHostGpus", "device_type"]
+__all__ = ["HostGpuSample", "HostGpus", "NvmlHostGpus"]
 
 _T = TypeVar("_T")
 _RETRY_S: Final = 30.0
@@ -45,12 +46,6 @@ class HostGpus(Protocol):
     def sample(self) -> list[HostGpuSample]: ...
 
     def close(self) -> None: ...
-
-
-def device_type(name: str) -> str:
-    """HAMi's device ``type`` of an NVML name: ``NVIDIA-<model>``, a name that already starts with
-    NVIDIA kept as is (hami-wire.md section 1), so host metrics join the scheduler's on it."""
-    return name if name.upper().startswith("NVIDIA") else f"NVIDIA-{name}"
 
 
 def _text(value: str | bytes) -> str:
