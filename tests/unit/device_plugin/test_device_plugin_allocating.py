@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any
 
 from hamipy.device_plugin.allocating import choose, pending_pods
 from hamipy.protocol import ContainerDevice, decode_pod_devices, keys
-from hamipy.protocol.node_lock import NodeLock
 
 NODE = "gpu-node-1"
 DEV_A = "GPU-A,NVIDIA,2000,30:"
@@ -39,7 +37,7 @@ def pod(
 
 def test_oldest_bind_is_served_first() -> None:
     pods = [pod("late", f"{DEV_A};", bind_time=200), pod("early", f"{DEV_B};", bind_time=100)]
-    served = choose(pods, node=NODE, lock=None, device_count=1).served
+    served = choose(pods, node=NODE, device_count=1).served
     assert served is not None
     assert (served.name, served.container, served.slot) == ("early", "main", 0)
     assert served.devices == [ContainerDevice("GPU-B", "NVIDIA", 1000, 0)]
@@ -47,20 +45,32 @@ def test_oldest_bind_is_served_first() -> None:
     assert served.to_allocate == ";"
 
 
-def test_lock_owner_goes_first() -> None:
-    pods = [pod("early", f"{DEV_B};", bind_time=100), pod("owner", f"{DEV_A};", bind_time=200)]
-    lock = NodeLock(time=datetime.now(UTC), namespace="ns", name="owner")
-    served = choose(pods, node=NODE, lock=lock, device_count=1).served
+def test_bind_order_from_the_watch_beats_the_seconds_stamp() -> None:
+    # Bound in the same second: only the order the watch saw them bound tells which came first.
+    pods = [pod("second", f"{DEV_A};", bind_time=100), pod("first", f"{DEV_B};", bind_time=100)]
+    order = {"uid-first": 0, "uid-second": 1}
+    served = choose(pods, node=NODE, device_count=1, bind_order=lambda p: order[p["metadata"]["uid"]]).served
     assert served is not None
-    assert served.name == "owner"
+    assert served.name == "first"
+
+
+def test_a_pod_annotated_but_not_yet_bound_is_not_served() -> None:
+    # Mid-bind: the extender wrote the allocation, the Binding is not there yet; the kubelet cannot
+    # be admitting it, whoever holds the node lock.
+    mid_bind = pod("mid-bind", f"{DEV_A};", bind_time=1)
+    del mid_bind["spec"]["nodeName"]
+    pods = [mid_bind, pod("bound", f"{DEV_B};", bind_time=2)]
+    served = choose(pods, node=NODE, device_count=1).served
+    assert served is not None
+    assert served.name == "bound"
 
 
 def test_device_count_must_match_the_next_container() -> None:
     pods = [pod("two", f"{DEV_A}{DEV_B};", bind_time=1), pod("one", f"{DEV_A};", bind_time=2)]
-    served = choose(pods, node=NODE, lock=None, device_count=1).served
+    served = choose(pods, node=NODE, device_count=1).served
     assert served is not None
     assert served.name == "one"
-    served = choose(pods, node=NODE, lock=None, device_count=2).served
+    served = choose(pods, node=NODE, device_count=2).served
     assert served is not None
     assert served.name == "two"
     assert len(served.devices) == 2
@@ -68,12 +78,12 @@ def test_device_count_must_match_the_next_container() -> None:
 
 def test_init_container_slot_first_then_app_containers() -> None:
     p = pod("multi", f"{DEV_A};;{DEV_B};", init=("setup",), containers=("idle", "app"))
-    first = choose([p], node=NODE, lock=None, device_count=1).served
+    first = choose([p], node=NODE, device_count=1).served
     assert first is not None
     assert (first.container, first.slot, first.done) == ("setup", 0, False)
     assert decode_pod_devices(first.to_allocate) == [[], [], [ContainerDevice("GPU-B", "NVIDIA", 1000, 0)]]
     p["metadata"]["annotations"][keys.DEVICES_TO_ALLOCATE] = first.to_allocate
-    second = choose([p], node=NODE, lock=None, device_count=1).served
+    second = choose([p], node=NODE, device_count=1).served
     assert second is not None
     assert (second.container, second.slot, second.done) == ("app", 2, True)
     assert second.container_env == [{"name": "X", "value": "1"}]
@@ -82,19 +92,22 @@ def test_init_container_slot_first_then_app_containers() -> None:
 def test_served_finished_other_node_and_deleting_pods_are_skipped() -> None:
     deleting = pod("deleting", f"{DEV_A};")
     deleting["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    rejected = pod("rejected", f"{DEV_A};")
+    rejected["status"] = {"phase": "Failed"}
     pods = [
         pod("done", ";", phase="success"),
         pod("elsewhere", f"{DEV_A};", node="other"),
         deleting,
+        rejected,
         pod("served", ";"),
     ]
-    assert pending_pods(pods, NODE) == [pods[3]]
-    assert choose(pods, node=NODE, lock=None, device_count=1).served is None
+    assert pending_pods(pods, NODE) == [pods[4]]
+    assert choose(pods, node=NODE, device_count=1).served is None
 
 
 def test_malformed_annotation_is_reported_not_guessed() -> None:
     pods = [pod("bad", "GPU-A,NVIDIA,lots,0:;", bind_time=1), pod("good", f"{DEV_A};", bind_time=2)]
-    choice = choose(pods, node=NODE, lock=None, device_count=1)
+    choice = choose(pods, node=NODE, device_count=1)
     assert choice.served is not None
     assert choice.served.name == "good"
     assert [p["metadata"]["name"] for p, _ in choice.broken] == ["bad"]
@@ -103,7 +116,7 @@ def test_malformed_annotation_is_reported_not_guessed() -> None:
 
 def test_missing_annotation_and_slot_past_the_containers_are_broken() -> None:
     pods = [pod("missing", None), pod("short", f";;{DEV_A};", containers=("only",))]
-    choice = choose(pods, node=NODE, lock=None, device_count=1)
+    choice = choose(pods, node=NODE, device_count=1)
     assert choice.served is None
     reasons = {p["metadata"]["name"]: why for p, why in choice.broken}
     assert "missing" in reasons["missing"]

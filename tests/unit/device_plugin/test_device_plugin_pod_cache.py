@@ -33,3 +33,24 @@ def test_a_list_drops_pods_gone_and_keeps_newer_writes() -> None:
     c.remember(pod("gone", 3))
     c.replace([pod("a", 6), pod("b", 6)])
     assert sorted(c.pods(), key=lambda p: p["metadata"]["uid"]) == [pod("a", 9, "success"), pod("b", 6)]
+
+
+def stamped(uid: str, version: int, bind_time: int) -> dict[str, Any]:
+    p = pod(uid, version)
+    p["metadata"]["annotations"]["hami.io/bind-time"] = str(bind_time)
+    return p
+
+
+def test_bind_order_is_the_order_the_watch_saw_pods() -> None:
+    c = cache()
+    c.replace([stamped("listed-late", 1, 20), stamped("listed-early", 1, 10)])
+    c.remember(stamped("watched-2", 5, 30))
+    c.remember(stamped("watched-1", 6, 30))  # same second, seen later
+    c.remember(stamped("watched-2", 9, 30))  # an update keeps its place
+    ordered = sorted(c.pods(), key=c.bind_order)
+    assert [p["metadata"]["uid"] for p in ordered] == [
+        "listed-early",
+        "listed-late",
+        "watched-2",
+        "watched-1",
+    ]

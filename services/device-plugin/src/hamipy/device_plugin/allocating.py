@@ -1,14 +1,19 @@
 """Which pod and container an Allocate request is for, decided from the node's pods (pure).
 
 The kubelet's Allocate names only fake device IDs, not the pod; the scheduler's decision is in the
-pod annotations (hami-wire.md section 2). The pod served is:
+pod annotations (hami-wire.md section 2). The pod served is, among the pods bound to this node with
+``hami.io/bind-phase=allocating``, in the order they were bound (the kubelet admits pods in the order
+it sees them bound), the first whose next unserved container (first non-empty slot of
+``vgpu-devices-to-allocate``; slots are init containers first, then regular ones) asks for as many
+devices as the request names. Serving empties that slot; a pod whose slots are all empty is fully
+served.
 
-1. the owner of the node lock (``hami.io/mutex.lock``), when it is waiting for devices; else
-2. this node's pods with ``hami.io/bind-phase=allocating``, oldest ``hami.io/bind-time`` first,
-
-the first whose next unserved container (first non-empty slot of ``vgpu-devices-to-allocate``;
-slots are init containers first, then regular ones) asks for as many devices as the request
-names. Serving empties that slot; a pod whose slots are all empty is fully served.
+Bind order comes from the caller (the order the plugin's watch saw the pods bound, which is the
+kubelet's); without it, ``hami.io/bind-time`` (whole seconds) then name. HAMi's plugin serves the
+node lock's owner first: right when the scheduler holds the lock until Allocate (one pod in flight
+per node, so it is also the first bound), wrong when the lock is released at bind, as our extender
+does by default: the owner is then often a pod bound after the one the kubelet is admitting, and
+serving it would give a container another pod's GPUs. So the lock is not consulted.
 
 A pod whose annotations are malformed is never guessed at: it is returned in ``broken`` so the
 caller marks it failed (HAMi silently skips it, #2958).
@@ -17,11 +22,10 @@ caller marks it failed (HAMi silently skips it, #2958).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 from hamipy.protocol import ContainerDevice, ProtocolError, keys
-from hamipy.protocol.node_lock import NodeLock
 from hamipy.protocol.pod_devices import clear_container_slot, decode_pod_devices, encode_pod_devices
 
 __all__ = ["PHASE_ALLOCATING", "PHASE_FAILED", "PHASE_SUCCESS", "Choice", "Served", "choose", "pending_pods"]
@@ -70,19 +74,21 @@ def _bind_time(pod: Mapping[str, Any]) -> int:
     return int(text) if text.isdigit() else 2**63
 
 
-def pending_pods(pods: Sequence[Mapping[str, Any]], node: str) -> list[Mapping[str, Any]]:
-    """This node's pods waiting for devices, in bind order."""
+def pending_pods(
+    pods: Sequence[Mapping[str, Any]], node: str, bind_order: Callable[[Mapping[str, Any]], int] | None = None
+) -> list[Mapping[str, Any]]:
+    """This node's bound pods waiting for devices, in bind order (``bind_order``, else bind time)."""
     waiting = [
         pod
         for pod in pods
         if _annotations(pod).get(keys.BIND_PHASE) == PHASE_ALLOCATING
-        and ((pod.get("spec") or {}).get("nodeName") or _annotations(pod).get(keys.VGPU_NODE)) == node
+        and (pod.get("spec") or {}).get("nodeName") == node
         and not _meta(pod).get("deletionTimestamp")
+        and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
     ]
-    return sorted(
-        waiting,
-        key=lambda p: (_bind_time(p), str(_meta(p).get("creationTimestamp", "")), str(_meta(p).get("name"))),
-    )
+    if bind_order is not None:
+        return sorted(waiting, key=bind_order)
+    return sorted(waiting, key=lambda p: (_bind_time(p), str(_meta(p).get("name"))))
 
 
 def _containers(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -121,17 +127,14 @@ def _serve(pod: Mapping[str, Any], device_count: int) -> Served | None:
 
 
 def choose(
-    pods: Sequence[Mapping[str, Any]], *, node: str, lock: NodeLock | None, device_count: int
+    pods: Sequence[Mapping[str, Any]],
+    *,
+    node: str,
+    device_count: int,
+    bind_order: Callable[[Mapping[str, Any]], int] | None = None,
 ) -> Choice:
     """The container an Allocate of ``device_count`` devices on ``node`` is for (module docstring)."""
-    waiting = pending_pods(pods, node)
-    if lock is not None and lock.name is not None:
-        owner = [
-            p
-            for p in waiting
-            if (_meta(p).get("namespace"), _meta(p).get("name")) == (lock.namespace, lock.name)
-        ]
-        waiting = owner + [p for p in waiting if p not in owner]
+    waiting = pending_pods(pods, node, bind_order)
     broken: list[tuple[Mapping[str, Any], str]] = []
     for pod in waiting:
         try:

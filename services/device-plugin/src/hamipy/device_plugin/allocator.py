@@ -88,17 +88,17 @@ class Allocator:
             )
 
     async def _allocate(self, device_counts: Sequence[int]) -> list[ContainerAllocation]:
-        lock = _node_lock(await self.api.get_node())
         allocations = []
         listed = False
+        node, order = self.api.node_name, self.pods.bind_order
         for count in device_counts:
-            choice = choose(self.pods.pods(), node=self.api.node_name, lock=lock, device_count=count)
+            choice = choose(self.pods.pods(), node=node, device_count=count, bind_order=order)
             if choice.served is None and not listed:
                 # The watch may not have delivered the pod yet: read the node's pods afresh once.
                 items, _ = await self.api.node_pods()
                 self.pods.replace(items)
                 listed = True
-                choice = choose(self.pods.pods(), node=self.api.node_name, lock=lock, device_count=count)
+                choice = choose(self.pods.pods(), node=node, device_count=count, bind_order=order)
             for pod, reason in choice.broken:
                 meta = pod.get("metadata") or {}
                 await self._fail(meta, f"malformed allocation: {reason}")

@@ -6,6 +6,10 @@ list of 100 pods took 8 ms at the median and up to 70 ms here). The cache is fed
 plugin's own writes are applied to it at once from the API's answer (``remember``), so the next
 Allocate sees them even before the watch delivers them. A pod the cache does not know yet makes the
 caller fall back to a fresh list.
+
+It also keeps the order pods were bound to the node (``bind_order``): the order the watch first
+saw each one, which is the order the kubelet sees and admits them. Pods met in a list (at start, or
+in a fresh read) are ordered among themselves by ``hami.io/bind-time``, which has whole seconds only.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import Any, Final
 from hamipy.device_plugin.errors import KubeError
 from hamipy.device_plugin.kube import NodeApi
 from hamipy.device_plugin.telemetry import Telemetry
+from hamipy.protocol import keys
 
 __all__ = ["PodCache"]
 
@@ -28,6 +33,11 @@ _WATCH_INACTIVITY_S: Final = 330.0
 
 def _uid(pod: Mapping[str, Any]) -> str:
     return str((pod.get("metadata") or {}).get("uid", ""))
+
+
+def _bind_time(pod: Mapping[str, Any]) -> int:
+    text = str(((pod.get("metadata") or {}).get("annotations") or {}).get(keys.BIND_TIME, ""))
+    return int(text) if text.isdigit() else 2**63
 
 
 def _version(pod: Mapping[str, Any]) -> int:
@@ -43,9 +53,20 @@ class PodCache:
         self.telemetry = telemetry
         self.synced = asyncio.Event()
         self._pods: dict[str, dict[str, Any]] = {}
+        self._order: dict[str, int] = {}
+        self._next = 0
 
     def pods(self) -> list[dict[str, Any]]:
         return list(self._pods.values())
+
+    def bind_order(self, pod: Mapping[str, Any]) -> int:
+        """Where ``pod`` stands in the order pods were bound to this node (lower: earlier)."""
+        return self._order.get(_uid(pod), self._next)
+
+    def _arrived(self, uid: str) -> None:
+        if uid not in self._order:
+            self._order[uid] = self._next
+            self._next += 1
 
     def remember(self, pod: dict[str, Any]) -> None:
         """Take a pod as the API returned it, unless the cache already has a newer version."""
@@ -53,6 +74,7 @@ class PodCache:
         known = self._pods.get(uid)
         if known is None or _version(known) <= _version(pod):
             self._pods[uid] = pod
+        self._arrived(uid)
 
     def replace(self, pods: list[dict[str, Any]]) -> None:
         """A full list (the caller's fresh read): what is listed, newest version of each."""
@@ -62,6 +84,10 @@ class PodCache:
             if known is not None and _version(known) > _version(pod):
                 fresh[uid] = known
         self._pods = fresh
+        # A list has no bind order: pods new to us are ordered by their bind stamp, after the known.
+        for pod in sorted(pods, key=lambda p: (_bind_time(p), str((p.get("metadata") or {}).get("name")))):
+            self._arrived(_uid(pod))
+        self._order = {uid: n for uid, n in self._order.items() if uid in fresh}
 
     async def run(self) -> None:
         """List, then watch from the list's resourceVersion; forever."""
@@ -96,3 +122,4 @@ class PodCache:
                     self.remember(obj)
                 elif kind == "DELETED":
                     self._pods.pop(_uid(obj), None)
+                    self._order.pop(_uid(obj), None)
