@@ -271,3 +271,94 @@ async def test_handshake_stamped_only_where_needed() -> None:
     assert (
         r.kube.nodes["n"]["metadata"]["annotations"][keys.NODE_HANDSHAKE] == "Requesting_2025-06-01 00:00:00"
     )
+
+
+# -- lock sessions: binds queued on one node share the lock and the fresh state ------------------------
+
+
+def _lists(r: Rig) -> int:
+    return sum(1 for method, path in r.kube.calls if method == "GET" and path == "/api/v1/pods")
+
+
+def _record_lock_owner_at_pod_patches(r: Rig) -> list[tuple[str, str | None]]:
+    """(pod patched, lock owner at that moment) for every allocation patch."""
+    seen: list[tuple[str, str | None]] = []
+    request = r.kube.request
+
+    async def spy(method: str, path: str, **kwargs: Any) -> Any:
+        if (
+            method == "PATCH"
+            and "/pods/" in path
+            and kwargs.get("body", {}).get("metadata", {}).get("labels")
+        ):
+            value = r.kube.nodes["n"]["metadata"]["annotations"].get(keys.NODE_LOCK)
+            seen.append((path.rsplit("/", 1)[1], parse_node_lock(value).name if value else None))
+        return await request(method, path, **kwargs)
+
+    r.kube.request = spy  # type: ignore[method-assign]
+    return seen
+
+
+async def test_queued_binds_on_one_node_share_one_lock_session() -> None:
+    r = rig(SETTINGS, node("n", [gpu("A", 0, count=10)]))
+    pods = [pod(f"p{i}") for i in range(5)]
+    for p in pods:
+        r.kube.add_pod(p)
+    owners = _record_lock_owner_at_pod_patches(r)
+    results = await asyncio.gather(*(r.scheduler.bind(bind_args(p)) for p in pods))
+    assert [res["Error"] for res in results] == [""] * 5
+    assert all(r.kube.pods[("ns", f"p{i}")]["spec"]["nodeName"] == "n" for i in range(5))
+    # Each pod was written while the lock named it, never a pod already served.
+    assert sorted(owners) == [(f"p{i}", f"p{i}") for i in range(5)]
+    assert _lists(r) == 2, "one fresh re-check (two lists) for the whole session"
+    assert keys.NODE_LOCK not in r.kube.nodes["n"]["metadata"]["annotations"]
+    assert (await check_cluster(r.kube)).ok
+    assert not r.binder._sessions
+
+
+async def test_session_rereads_fresh_state_when_the_node_changed() -> None:
+    r = rig(SETTINGS, node("n", [gpu("A", 0, count=10)]))
+    pods = [pod(f"p{i}") for i in range(3)]
+    for p in pods:
+        r.kube.add_pod(p)
+    request = r.kube.request
+    changed = []
+
+    async def heartbeat_after_first_binding(method: str, path: str, **kwargs: Any) -> Any:
+        result = await request(method, path, **kwargs)
+        if path.endswith("/binding") and not changed:
+            changed.append(path)
+            r.kube._write(r.kube.nodes["n"], {"metadata": {"annotations": {"example.com/beat": "1"}}})
+        return result
+
+    r.kube.request = heartbeat_after_first_binding  # type: ignore[method-assign]
+    results = await asyncio.gather(*(r.scheduler.bind(bind_args(p)) for p in pods))
+    assert [res["Error"] for res in results] == [""] * 3
+    assert _lists(r) == 4, "the session re-read the node's pods once after the conflict"
+    assert keys.NODE_LOCK not in r.kube.nodes["n"]["metadata"]["annotations"]
+    assert (await check_cluster(r.kube)).ok
+
+
+async def test_session_whose_lock_was_broken_takes_the_full_path() -> None:
+    r = rig(SETTINGS, node("n", [gpu("A", 0, count=10)]))
+    pods = [pod(f"p{i}") for i in range(2)]
+    for p in pods:
+        r.kube.add_pod(p)
+    request = r.kube.request
+    stolen = []
+
+    async def broken_after_first_binding(method: str, path: str, **kwargs: Any) -> Any:
+        result = await request(method, path, **kwargs)
+        if path.endswith("/binding") and not stolen:
+            # Another replica broke our lock and took it; it is long expired by now.
+            old = NodeLock(datetime.now(UTC) - timedelta(hours=1), "other", "pod")
+            stolen.append(format_node_lock(old))
+            r.kube._write(r.kube.nodes["n"], {"metadata": {"annotations": {keys.NODE_LOCK: stolen[0]}}})
+        return result
+
+    r.kube.request = broken_after_first_binding  # type: ignore[method-assign]
+    results = await asyncio.gather(*(r.scheduler.bind(bind_args(p)) for p in pods))
+    assert [res["Error"] for res in results] == ["", ""]
+    assert r.telemetry.metrics.lock_breaks.labels(reason="expired")._value.get() == 1
+    assert keys.NODE_LOCK not in r.kube.nodes["n"]["metadata"]["annotations"]
+    assert (await check_cluster(r.kube)).ok

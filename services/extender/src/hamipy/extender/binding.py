@@ -19,6 +19,14 @@ For one pod and the node kube-scheduler chose:
 5. release the lock at once (``release_lock_after_bind``) or leave it for the device plugin
    (HAMi-compatible).
 
+A lock session (``release_lock_after_bind`` only): when more binds of this replica wait for the
+same node, the lock is not released but handed to the next one with the fresh state, updated with
+what was just written. The next bind re-stamps the lock with its own pod (a resourceVersion-guarded
+patch against the node as last written, so the lock is always named after the pod being bound and
+never looks "done" to other replicas); if the node changed meanwhile, it checks the lock is still
+ours and re-reads the fresh state before going on, and if the lock was lost it takes the full path.
+That saves the lock round trips and the two pod lists per bind when pods queue on one node.
+
 On failure the lock (if ours) and the reservation are released, annotations already written are
 removed, and ``BindRefused``/``KubeError`` tells the caller why.
 """
@@ -26,6 +34,8 @@ removed, and ``BindRefused``/``KubeError`` tells the caller why.
 from __future__ import annotations
 
 import asyncio
+import collections
+import dataclasses
 import random
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
@@ -68,6 +78,15 @@ _ALLOCATION_KEYS: Final = (
 )
 
 
+@dataclasses.dataclass
+class _Session:
+    """The node lock this replica still holds after a bind, and the fresh state as it wrote it."""
+
+    node_obj: dict[str, Any]
+    fresh: ClusterModel
+    owner: tuple[str, str]
+
+
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     meta: Mapping[str, Any] = obj.get("metadata") or {}
     return meta
@@ -93,6 +112,8 @@ class Binder:
         self.telemetry = telemetry
         self.wall_clock = wall_clock
         self._mutexes: dict[str, asyncio.Lock] = {}
+        self._waiting: collections.Counter[str] = collections.Counter()
+        self._sessions: dict[str, _Session] = {}
 
     async def bind(self, *, namespace: str, name: str, uid: str, node: str) -> None:
         """Bind ``namespace/name`` to ``node``; raises ``BindRefused`` or ``KubeError``."""
@@ -121,20 +142,31 @@ class Binder:
             await create_binding(self.api, namespace, name, uid, node, timeout_s=timeout)
             return
         mutex = self._mutexes.setdefault(node, asyncio.Lock())
+        self._waiting[node] += 1
         try:
             async with asyncio.timeout_at(deadline):
                 await mutex.acquire()
         except TimeoutError:
+            self._waiting[node] -= 1
             self.model.release(PodUid(uid))
             raise LockTimeout(
                 f"node {node} is busy binding other pods; gave up after {self.settings.bind_timeout_s:g}s"
             ) from None
+        self._waiting[node] -= 1
         locked = False
         patched = False
+        release = False
         try:
-            node_obj = await self._acquire(node, namespace, name, deadline)
-            locked = True
-            state = await self._fresh_state(node_obj, exclude=str(_meta(pod).get("uid", "")))
+            pod_uid = str(_meta(pod).get("uid", ""))
+            continued = await self._continue(self._sessions.pop(node, None), node, namespace, name, pod_uid)
+            if continued is None:
+                node_obj = await self._acquire(node, namespace, name, deadline)
+                locked = True
+                fresh = await self._fresh_model(node_obj, exclude=pod_uid)
+            else:
+                node_obj, fresh = continued
+                locked = True
+            state = fresh.nodes[node]
             if not state.usable(now_epoch()):
                 why = state.problem or (
                     f"a pod on it has a malformed {keys.DEVICES_ALLOCATED}"
@@ -166,8 +198,9 @@ class Binder:
             if len(node) <= _LABEL_MAX:
                 body["metadata"]["labels"] = {keys.VGPU_NODE_LABEL: node}
             patched = True
-            await patch_pod(self.api, namespace, name, body, timeout_s=timeout)
+            written = await patch_pod(self.api, namespace, name, body, timeout_s=timeout)
             await create_binding(self.api, namespace, name, uid, node, timeout_s=timeout)
+            fresh.apply_pod("ADDED", written)  # the next bind of a session counts this pod
             self.model.allocate(
                 uid=PodUid(uid),
                 namespace=namespace,
@@ -178,6 +211,12 @@ class Binder:
                 raw=encoded,
             )
             patched = False
+            if self.settings.release_lock_after_bind:
+                # Decided before the mutex is released, so the next bind finds the session.
+                if self._waiting[node] > 0:
+                    self._sessions[node] = _Session(node_obj, fresh, (namespace, name))
+                else:
+                    release = True
         except BaseException:
             self.model.release(PodUid(uid), only_reserved=False)
             if patched:
@@ -188,10 +227,50 @@ class Binder:
             raise
         finally:
             mutex.release()
-        if locked and self.settings.release_lock_after_bind:
+        if release:
             await self._release(node, namespace, name)
 
     # -- the node lock ---------------------------------------------------------------------------
+
+    async def _continue(
+        self, session: _Session | None, node: str, namespace: str, name: str, pod_uid: str
+    ) -> tuple[dict[str, Any], ClusterModel] | None:
+        """Take over a session's lock for this pod: (node as written, fresh state), or None when
+        there is no session or its lock was lost (then the full path runs)."""
+        if session is None:
+            return None
+        timeout = self.settings.api_timeout_s
+        node_obj, owner = session.node_obj, session.owner
+        fresh: ClusterModel | None = session.fresh
+        for _ in range(5):
+            mine = format_node_lock(NodeLock(self.wall_clock().replace(microsecond=0), namespace, name))
+            try:
+                written = await patch_node(
+                    self.api,
+                    node,
+                    {keys.NODE_LOCK: mine},
+                    resource_version=str(_meta(node_obj).get("resourceVersion")),
+                    timeout_s=timeout,
+                )
+            except Conflict:
+                # The node changed since we wrote it (a heartbeat, the device plugin): still ours?
+                try:
+                    node_obj = await get_node(self.api, node, timeout_s=timeout)
+                except NotFound:
+                    return None
+                value = (_meta(node_obj).get("annotations") or {}).get(keys.NODE_LOCK) or ""
+                try:
+                    held = parse_node_lock(value)
+                except ProtocolError:
+                    return None
+                if not owned_by(held, namespace=owner[0], name=owner[1]):
+                    return None  # broken by someone: the full path decides
+                fresh = None  # re-read below: the node may have changed
+                continue
+            if fresh is None:
+                fresh = await self._fresh_model(written, exclude=pod_uid)
+            return written, fresh
+        return None
 
     async def _acquire(self, node: str, namespace: str, name: str, deadline: float) -> dict[str, Any]:
         loop = asyncio.get_running_loop()
@@ -290,7 +369,8 @@ class Binder:
 
     # -- fresh state -----------------------------------------------------------------------------
 
-    async def _fresh_state(self, node_obj: Mapping[str, Any], *, exclude: str) -> Any:
+    async def _fresh_model(self, node_obj: Mapping[str, Any], *, exclude: str) -> ClusterModel:
+        """A model of just this node, from the Node and every pod bound or annotated for it."""
         node = str(_meta(node_obj).get("name"))
         timeout = self.settings.api_timeout_s
         queries: list[list[tuple[str, str]]] = [[("fieldSelector", f"spec.nodeName={node}")]]
@@ -307,7 +387,7 @@ class Binder:
                     continue
                 seen.add(uid)
                 fresh.apply_pod("ADDED", pod)
-        return fresh.nodes[node]
+        return fresh
 
     async def _unannotate(self, namespace: str, name: str) -> None:
         body = {
