@@ -371,9 +371,22 @@ def test_public_api_is_complete() -> None:
             "container_allocation",
             "control_disabled",
             "memory_limit_bytes",
+            "parse_region_dir_name",
             "region_host_dir",
             "shared_cache_path",
         ]
     )
     for name in allocation_env.__all__:
         assert hasattr(allocation_env, name)
+
+
+def test_region_dir_name_round_trips() -> None:
+    path = allocation_env.region_host_dir("/usr/local/vgpu", "0a1b2c3d-4e5f-4789-8abc-def012345678", "main")
+    name = path.rsplit("/", 1)[1]
+    assert allocation_env.parse_region_dir_name(name) == ("0a1b2c3d-4e5f-4789-8abc-def012345678", "main")
+
+
+@pytest.mark.parametrize("name", ["nounderscore", "_main", "uid_", "uid_a/b", ".._x"])
+def test_region_dir_names_it_would_not_make_are_refused(name: str) -> None:
+    with pytest.raises(ProtocolError):
+        allocation_env.parse_region_dir_name(name)

@@ -70,6 +70,7 @@ __all__ = [
     "container_allocation",
     "control_disabled",
     "memory_limit_bytes",
+    "parse_region_dir_name",
     "region_host_dir",
     "shared_cache_path",
 ]
@@ -138,6 +139,16 @@ def region_host_dir(hook_path: str, pod_uid: str, container_name: str) -> str:
     ``<hook>/containers/<podUID>_<containerName>``."""
     hook = _hook(hook_path)
     return f"{hook}/containers/{_name('pod uid', pod_uid)}_{_name('container name', container_name)}"
+
+
+def parse_region_dir_name(name: str) -> tuple[str, str]:
+    """The (pod UID, container name) of a directory name ``region_host_dir`` made, for the monitor
+    reading the directories back. Pod UIDs and container names hold no ``_``, so the first one
+    splits them; anything ``region_host_dir`` would not make is a ``ProtocolError``."""
+    pod_uid, sep, container = name.partition("_")
+    if not sep:
+        raise ProtocolError("region directory", name, "expected <podUID>_<containerName>")
+    return _name("pod uid", pod_uid), _name("container name", container)
 
 
 def shared_cache_path(hook_path: str, cache_id: str) -> str:

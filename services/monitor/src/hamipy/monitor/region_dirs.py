@@ -2,9 +2,8 @@
 
 The device plugin gives each GPU container the host directory ``<hook>/containers/<podUID>_<container>``
 (``hamipy.protocol.allocation_env.region_host_dir``), mounted where the interposer writes its region
-file. The monitor reads the name back: the pod UID is everything before the first ``_`` (UIDs and
-container names never hold one), and the name must be exactly what ``region_host_dir`` makes of the
-two parts, so this module cannot drift from the protocol's format.
+file. The monitor reads the name back with ``parse_region_dir_name`` and checks it is exactly what
+``region_host_dir`` makes of the two parts, so this module cannot drift from the protocol's format.
 
 A file that ``hamipy.protocol.region.parse_region`` refuses is reported under a short reason, the
 label of ``hamipy_monitor_region_errors_total`` and ``hamipy_monitor_region_files``:
@@ -23,7 +22,7 @@ import dataclasses
 from pathlib import Path
 from typing import Final, Literal
 
-from hamipy.protocol.allocation_env import region_host_dir
+from hamipy.protocol.allocation_env import parse_region_dir_name, region_host_dir
 from hamipy.protocol.errors import ProtocolError
 from hamipy.protocol.region import RegionSnapshot
 
@@ -77,10 +76,8 @@ class RegionReading:
 def parse_region_dir(hook_path: Path, name: str) -> RegionDir | None:
     """The pod UID and container of the directory ``name`` in ``<hook>/containers``, or None when
     the name is not one ``region_host_dir`` makes."""
-    pod_uid, sep, container = name.partition("_")
-    if not sep:
-        return None
     try:
+        pod_uid, container = parse_region_dir_name(name)
         expected = region_host_dir(str(hook_path), pod_uid, container)
     except ProtocolError:
         return None
