@@ -114,6 +114,27 @@ async def wait_all(core: Any, namespace: str, names: set[str], done: Any) -> dic
     return seen
 
 
+async def start_extender(cluster: DevCluster, api: Any, config: Config) -> ExtenderServer:
+    """One extender in this process, synced, and the hami-scheduler (re)started to call it."""
+    server = ExtenderServer(
+        config=config,
+        settings=ExtenderSettings(handshake_interval_s=0),
+        telemetry=Telemetry.create({}, stream=io.StringIO()),
+        api=ApiClientKube(api),
+    )
+    await server.start()
+    await server.wait_synced(120)
+    extender = ExtenderConfig(
+        url_prefix=server.url,
+        bind_verb="bind",
+        node_cache_capable=True,
+        managed_resources=MANAGED,
+        http_timeout_s=30,
+    )
+    await asyncio.to_thread(cluster.start_scheduler, SchedulerConfig.hami(extender), name="hami")
+    return server
+
+
 async def add_nodes(pool: NodePool, nodes: int) -> float:
     """Register ``nodes`` GPU nodes as the device plugin would; seconds it took."""
     started = time.perf_counter()
@@ -138,22 +159,7 @@ async def add_nodes(pool: NodePool, nodes: int) -> float:
 async def placement_rate(cluster: DevCluster, api: Any, nodes: int, pods: int, policy: str) -> dict[str, Any]:
     core = CoreV1Api(api)
     namespace = await create_namespace(api)
-    server = ExtenderServer(
-        config=load_config(f"nodeSchedulerPolicy: {policy}\n"),
-        settings=ExtenderSettings(handshake_interval_s=0),
-        telemetry=Telemetry.create({}, stream=io.StringIO()),
-        api=ApiClientKube(api),
-    )
-    await server.start()
-    await server.wait_synced(120)
-    extender = ExtenderConfig(
-        url_prefix=server.url,
-        bind_verb="bind",
-        node_cache_capable=True,
-        managed_resources=MANAGED,
-        http_timeout_s=30,
-    )
-    await asyncio.to_thread(cluster.start_scheduler, SchedulerConfig.hami(extender), name="hami")
+    server = await start_extender(cluster, api, load_config(f"nodeSchedulerPolicy: {policy}\n"))
     try:
         bodies = [
             gpu_pod(f"rate-{i:05d}", selector={"bench": "rate"}, mem=2000, cores=5) for i in range(pods)
@@ -220,22 +226,7 @@ async def one_node(cluster: DevCluster, api: Any, pool: NodePool, workdir: Path)
         native_build=ROOT / "native" / "build",
     )
     await pool.add(NodeSpec(name="bench-gpu", labels={"bench": "one-node"}), agents=(standin, plugin))
-    server = ExtenderServer(
-        config=Config(),
-        settings=ExtenderSettings(handshake_interval_s=0),
-        telemetry=Telemetry.create({}, stream=io.StringIO()),
-        api=ApiClientKube(api),
-    )
-    await server.start()
-    await server.wait_synced(120)
-    extender = ExtenderConfig(
-        url_prefix=server.url,
-        bind_verb="bind",
-        node_cache_capable=True,
-        managed_resources=MANAGED,
-        http_timeout_s=30,
-    )
-    await asyncio.to_thread(cluster.start_scheduler, SchedulerConfig.hami(extender), name="hami")
+    server = await start_extender(cluster, api, Config())
     try:
         bodies = [
             gpu_pod(f"one-{i:02d}", selector={"bench": "one-node"}, mem=4096, cores=10) for i in range(40)

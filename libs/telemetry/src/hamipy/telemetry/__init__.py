@@ -7,7 +7,9 @@
   the W3C ``traceparent`` in the pod annotation ``hami-py.io/traceparent``; the extender and the
   device plugin continue it from there.
 
-Metrics stay in each service: their names and labels are the service's own contract.
+Metrics stay in each service: their names and labels are the service's own contract. Submodules:
+``service`` (``ServiceTelemetry``: one service's logger, metrics and tracer together) and ``probes``
+(the node agents' ``/metrics``, ``/healthz``, ``/readyz`` server).
 """
 
 from __future__ import annotations

@@ -17,15 +17,13 @@ import logging
 from collections.abc import Iterator, Mapping
 from typing import Final, TextIO
 
-import structlog
-from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
-from opentelemetry.trace import Tracer
+from opentelemetry.sdk.trace import SpanProcessor
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from hamipy.extender.model import ClusterModel
-from hamipy.telemetry import make_logger, make_tracer_provider
+from hamipy.telemetry.service import ServiceTelemetry
 
 __all__ = ["SERVICE_NAME", "GpuCollector", "Metrics", "Telemetry"]
 
@@ -155,20 +153,10 @@ class Metrics:
         return generate_latest(self.registry)
 
 
-class Telemetry:
+class Telemetry(ServiceTelemetry[Metrics]):
     """Logger, metrics and tracer of one extender."""
 
-    def __init__(
-        self,
-        *,
-        logger: structlog.typing.FilteringBoundLogger,
-        metrics: Metrics,
-        tracer_provider: TracerProvider,
-    ) -> None:
-        self.logger = logger
-        self.metrics = metrics
-        self.tracer_provider = tracer_provider
-        self.tracer: Tracer = tracer_provider.get_tracer("hamipy.extender")
+    TRACER_NAME = "hamipy.extender"
 
     @classmethod
     def create(
@@ -179,12 +167,5 @@ class Telemetry:
         level: int = logging.INFO,
         processor: SpanProcessor | None = None,
     ) -> Telemetry:
-        return cls(
-            logger=make_logger(SERVICE_NAME, stream, level=level),
-            metrics=Metrics(),
-            tracer_provider=make_tracer_provider(SERVICE_NAME, env, processor=processor),
-        )
-
-    def shutdown(self) -> None:
-        """Flush and stop span export (blocking: call it off the event loop)."""
-        self.tracer_provider.shutdown()
+        """Everything from the environment (the service's normal set-up)."""
+        return cls.build(SERVICE_NAME, Metrics(), env, stream=stream, level=level, processor=processor)

@@ -14,12 +14,10 @@ import logging
 from collections.abc import Mapping
 from typing import Final, TextIO
 
-import structlog
-from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
-from opentelemetry.trace import Tracer
+from opentelemetry.sdk.trace import SpanProcessor
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from hamipy.telemetry import make_logger, make_tracer_provider
+from hamipy.telemetry.service import ServiceTelemetry
 
 __all__ = [
     "SERVICE_NAME",
@@ -84,20 +82,10 @@ class Metrics:
         return generate_latest(self.registry)
 
 
-class Telemetry:
+class Telemetry(ServiceTelemetry[Metrics]):
     """What the admission path reports through: logger, metrics and tracer."""
 
-    def __init__(
-        self,
-        *,
-        logger: structlog.typing.FilteringBoundLogger,
-        metrics: Metrics,
-        tracer_provider: TracerProvider,
-    ) -> None:
-        self.logger = logger
-        self.metrics = metrics
-        self.tracer_provider = tracer_provider
-        self.tracer: Tracer = tracer_provider.get_tracer("hamipy.webhook")
+    TRACER_NAME = "hamipy.webhook"
 
     @classmethod
     def create(
@@ -109,12 +97,4 @@ class Telemetry:
         processor: SpanProcessor | None = None,
     ) -> Telemetry:
         """Everything from the environment (the service's normal set-up)."""
-        return cls(
-            logger=make_logger(SERVICE_NAME, stream, level=level),
-            metrics=Metrics(),
-            tracer_provider=make_tracer_provider(SERVICE_NAME, env, processor=processor),
-        )
-
-    def shutdown(self) -> None:
-        """Flush and stop span export (blocking: call it off the event loop)."""
-        self.tracer_provider.shutdown()
+        return cls.build(SERVICE_NAME, Metrics(), env, stream=stream, level=level, processor=processor)

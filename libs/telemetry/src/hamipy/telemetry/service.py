@@ -1,0 +1,63 @@
+"""One service's logger, metrics and tracer together: what the request paths report through.
+
+Each service subclasses ``ServiceTelemetry`` with its own metrics class (metric names and labels
+are the service's contract) and its tracer's name; ``build`` makes all three from the environment
+the normal way (JSON logs, OTLP export when the ``OTEL_*`` variables ask for it).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import ClassVar, Generic, Self, TextIO, TypeVar
+
+import structlog
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.trace import Tracer
+
+from hamipy.telemetry import make_logger, make_tracer_provider
+
+__all__ = ["ServiceTelemetry"]
+
+MetricsT = TypeVar("MetricsT")
+
+
+class ServiceTelemetry(Generic[MetricsT]):
+    """Logger, metrics and tracer of one service instance (no module-level state)."""
+
+    TRACER_NAME: ClassVar[str]
+    """The instrumentation scope of the service's spans, e.g. ``hamipy.extender``."""
+
+    def __init__(
+        self,
+        *,
+        logger: structlog.typing.FilteringBoundLogger,
+        metrics: MetricsT,
+        tracer_provider: TracerProvider,
+    ) -> None:
+        self.logger = logger
+        self.metrics = metrics
+        self.tracer_provider = tracer_provider
+        self.tracer: Tracer = tracer_provider.get_tracer(self.TRACER_NAME)
+
+    @classmethod
+    def build(
+        cls,
+        service: str,
+        metrics: MetricsT,
+        env: Mapping[str, str],
+        *,
+        stream: TextIO | None = None,
+        level: int = logging.INFO,
+        processor: SpanProcessor | None = None,
+    ) -> Self:
+        """Everything from the environment: logs to ``stream`` (stdout), spans per ``env``."""
+        return cls(
+            logger=make_logger(service, stream, level=level),
+            metrics=metrics,
+            tracer_provider=make_tracer_provider(service, env, processor=processor),
+        )
+
+    def shutdown(self) -> None:
+        """Flush and stop span export (blocking: call it off the event loop)."""
+        self.tracer_provider.shutdown()
