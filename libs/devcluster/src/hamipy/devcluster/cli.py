@@ -31,6 +31,7 @@ import subprocess
 import sys
 import threading
 import time
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -411,6 +412,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="A real local Kubernetes control plane (etcd, kube-apiserver, kube-scheduler) "
         "with simulated nodes, for tests and `make up`.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version('hamipy-devcluster')}")
     parser.add_argument(
         "--state-dir",
         type=Path,

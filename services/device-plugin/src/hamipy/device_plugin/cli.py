@@ -18,6 +18,7 @@ import os
 import signal
 import sys
 from collections.abc import Mapping, Sequence
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any, Final
 
@@ -47,6 +48,7 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
         description="hami-py kubelet device plugin: registers this node's GPUs and serves Allocate.",
         epilog=f"Every flag can also be set as {ENV_PREFIX}<FLAG> (e.g. {ENV_PREFIX}METRICS_PORT=9395).",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version('hamipy-device-plugin')}")
     parser.add_argument(
         "--node-name",
         default=default("node-name", env.get("NODE_NAME")),

@@ -22,6 +22,7 @@ import ssl
 import sys
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any, Final
 
@@ -62,6 +63,7 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
         description="hami-py scheduler extender: GPU-aware /filter, /prioritize and /bind.",
         epilog=f"Every flag can also be set as {ENV_PREFIX}<FLAG> (e.g. {ENV_PREFIX}PORT=9443).",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version('hamipy-extender')}")
     commands = parser.add_subparsers(dest="command", metavar="{serve,check}")
 
     def common(p: argparse.ArgumentParser) -> None:
@@ -215,7 +217,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     """Run the command line; returns the exit status."""
     env = os.environ if env is None else env
     arguments = list(sys.argv[1:] if argv is None else argv)
-    if not arguments or (arguments[0] not in _COMMANDS and arguments[0] not in ("-h", "--help")):
+    if not arguments or (arguments[0] not in _COMMANDS and arguments[0] not in ("-h", "--help", "--version")):
         arguments.insert(0, "serve")
     args = build_parser(env).parse_args(arguments)
     try:

@@ -20,6 +20,7 @@ import os
 import signal
 import sys
 from collections.abc import Mapping, Sequence
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any, Final
 
@@ -71,6 +72,7 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
         ),
         epilog=f"Every flag can also be set as {ENV_PREFIX}<FLAG> (e.g. {ENV_PREFIX}LEGACY_METRICS=true).",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version('hamipy-monitor')}")
     parser.add_argument(
         "--node-name",
         default=default("node-name", env.get("NODE_NAME")),
