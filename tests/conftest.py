@@ -1,9 +1,11 @@
-"""Suite-wide test hygiene: an async test that leaves asyncio tasks running fails."""
+"""Suite-wide test hygiene: an async test that leaves asyncio tasks running fails, and the developer's
+own ``OTEL_*`` settings do not reach the services under test."""
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 from collections.abc import AsyncIterator
 
 import pytest
@@ -28,3 +30,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         func = getattr(item, "function", None)
         if func is not None and inspect.iscoroutinefunction(func):
             item.fixturenames.insert(0, "_no_leaked_tasks")  # type: ignore[attr-defined]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # The services read OTEL_* from the process environment, as the OpenTelemetry SDK does: a shell's
+    # exporter settings must not send the suite's spans anywhere, nor turn off the spans tests check.
+    # Tests that need a variable set it themselves (monkeypatch, or a service process's env).
+    for name in [name for name in os.environ if name.startswith("OTEL_")]:
+        del os.environ[name]

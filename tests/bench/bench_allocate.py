@@ -94,7 +94,7 @@ async def run(pods: int) -> dict[str, Any]:
             for i in range(pods):
                 await core.create_namespaced_pod("default", pending_pod(i))
             config: Config = load_config(f"nvidia:\n  hookPath: {tmp}/vgpu\n")
-            telemetry = Telemetry(env={}, log_stream=io.StringIO())
+            telemetry = Telemetry(log_stream=io.StringIO())
             node_api = NodeApi(api, node_name=NODE, timeout_s=10)
             pods_cache = PodCache(node_api, telemetry)
             watch = asyncio.create_task(pods_cache.run(), name="bench-pod-watch")

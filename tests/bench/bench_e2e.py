@@ -119,7 +119,7 @@ async def start_extender(cluster: DevCluster, api: Any, config: Config) -> Exten
     server = ExtenderServer(
         config=config,
         settings=ExtenderSettings(handshake_interval_s=0),
-        telemetry=Telemetry.create({}, stream=io.StringIO()),
+        telemetry=Telemetry.create(stream=io.StringIO()),
         api=ApiClientKube(api),
     )
     await server.start()

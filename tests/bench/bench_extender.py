@@ -101,7 +101,7 @@ def build(nodes: int) -> ExtenderServer:
     server = ExtenderServer(
         config=Config(),
         settings=ExtenderSettings(),
-        telemetry=Telemetry.create({}, stream=io.StringIO()),
+        telemetry=Telemetry.create(stream=io.StringIO()),
         api=None,
     )
     rng = random.Random(7)

@@ -138,7 +138,7 @@ def main() -> None:
     pod = typical_gpu_pod()
     body = review_body(pod)
     with open(os.devnull, "w") as devnull:
-        admitter = Admitter(settings, Telemetry.create({}, stream=devnull))
+        admitter = Admitter(settings, Telemetry.create(stream=devnull))
         answer = admitter.admit(body)
         assert answer.status == 200
         assert answer.decision is not None

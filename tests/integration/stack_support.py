@@ -9,7 +9,7 @@ import contextlib
 import io
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,14 +54,13 @@ class Webhook:
         namespace: str,
         certs: CertificateBundle,
         tmp: Path,
-        env: Mapping[str, str] | None = None,
     ) -> None:
         self.api = api
         self.namespace = namespace
         self.certs = certs
         self.cert_file, self.key_file, _ = write_files(certs, tmp)
         self.log = io.StringIO()
-        self.admitter = Admitter(MutationSettings(), Telemetry.create(env or {}, stream=self.log))
+        self.admitter = Admitter(MutationSettings(), Telemetry.create(stream=self.log))
         self.server: WebhookServer | None = None
         self.port = 0
         self.configuration = f"hamipy-webhook-{namespace}"
@@ -88,11 +87,11 @@ class Webhook:
         return 0.0 if value is None else value
 
 
-async def start_webhook(api: Any, namespace: str, tmp: Path, env: Mapping[str, str] | None = None) -> Webhook:
-    """A webhook in this process with a certificate for 127.0.0.1, registered for `namespace` only;
-    ``env`` is its OTEL_* environment."""
+async def start_webhook(api: Any, namespace: str, tmp: Path) -> Webhook:
+    """A webhook in this process with a certificate for 127.0.0.1, registered for `namespace` only.
+    Its tracing follows this process's OTEL_* variables (a test sets them with monkeypatch)."""
     certs = generate_certificates(dns_names=["localhost"], ip_addresses=["127.0.0.1"])
-    hook = Webhook(api, namespace, certs, tmp, env)
+    hook = Webhook(api, namespace, certs, tmp)
     await hook.start()
     try:
         await register_webhook(
@@ -161,16 +160,15 @@ async def start_extenders(
     n: int = 1,
     settings: ExtenderSettings = EXTENDER_SETTINGS,
     config: Config | None = None,
-    env: Mapping[str, str] | None = None,
 ) -> list[ExtenderServer]:
-    """`n` extender replicas in this process, each synced with the cluster; ``env`` is their OTEL_*
-    environment."""
+    """`n` extender replicas in this process, each synced with the cluster. Their tracing follows
+    this process's OTEL_* variables."""
     servers = []
     for _ in range(n):
         server = ExtenderServer(
             config=config or Config(),
             settings=settings,
-            telemetry=ExtenderTelemetry.create(env or {}, stream=io.StringIO()),
+            telemetry=ExtenderTelemetry.create(stream=io.StringIO()),
             api=ApiClientKube(api),
         )
         await server.start()
@@ -283,17 +281,16 @@ async def running_gpu_stack(
     hami_scheduler: Callable[..., Any],
     *,
     gpus: Sequence[FakeGpu],
-    env: Mapping[str, str] | None = None,
 ) -> AsyncIterator[GpuStack]:
     """The webhook and one extender in this process, the hami-scheduler using it, and one simulated
-    GPU node (kubelet stand-in + device plugin process) labelled ``gpu-test=<namespace>``; ``env``
-    (OTEL_* say) goes to all three services. On exit the stand-in must have met no error and the
-    cluster must hold the GPU invariant."""
+    GPU node (kubelet stand-in + device plugin process) labelled ``gpu-test=<namespace>``. All three
+    follow this process's OTEL_* variables (the device plugin inherits them). On exit the stand-in
+    must have met no error and the cluster must hold the GPU invariant."""
     # Unix socket paths must stay short (about 100 bytes): a directory under /tmp, not tmp_path.
     workdir = Path(tempfile.mkdtemp(prefix="hamipy-gpu-", dir="/tmp"))
-    webhook = await start_webhook(api, namespace, workdir / "webhook", env)
+    webhook = await start_webhook(api, namespace, workdir / "webhook")
     try:
-        (extender,) = await start_extenders(api, env=env)
+        (extender,) = await start_extenders(api)
         try:
             await use_extender(hami_scheduler, extender.url)
             standin, plugin = gpu_node_agents(
@@ -301,7 +298,6 @@ async def running_gpu_stack(
                 gpus=gpus,
                 kubeconfig=Path(devcluster.access.kubeconfig),
                 native_build=NATIVE_BUILD,
-                env=env,
             )
             node = f"{namespace}-gpu"
             await pool.add(NodeSpec(name=node, labels={"gpu-test": namespace}), agents=(standin, plugin))

@@ -3,8 +3,11 @@ and the device plugin's Allocate span arrive at an OTLP receiver as one trace, i
 later ones children of the admission span (whose context the webhook left in the pod annotation).
 
 Every service exports with the standard ``OTEL_*`` variables only: the webhook and extender in this
-process, the device plugin as its own process. The receiver is devcluster's small OTLP/HTTP
-endpoint (``hamipy.devcluster.otlp``), the one ``make up`` runs.
+process, the device plugin as its own process (it inherits them). The receiver is devcluster's small
+OTLP/HTTP endpoint (``hamipy.devcluster.otlp``), the one ``make up`` runs.
+
+And with tracing switched off the way fleets do it (``OTEL_SDK_DISABLED=true``), the same pod is
+admitted, scheduled and allocated exactly as with it on, minus the spans.
 """
 
 from __future__ import annotations
@@ -42,13 +45,12 @@ async def traced_stack(
     node_pool: NodePool,
     hami_scheduler: Callable[..., Any],
     receiver: OtlpReceiver,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> AsyncIterator[GpuStack]:
-    env = {
-        "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url,
-        "OTEL_BSP_SCHEDULE_DELAY": "100",  # export within 0.1 s, not the default 5 s
-    }
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")  # export within 0.1 s, not the default 5 s
     async with running_gpu_stack(
-        devcluster, kube_client, namespace, node_pool, hami_scheduler, gpus=GPUS, env=env
+        devcluster, kube_client, namespace, node_pool, hami_scheduler, gpus=GPUS
     ) as stack:
         yield stack
 
@@ -84,3 +86,33 @@ async def test_one_pod_one_trace_from_admission_to_allocate(
         assert span.attributes["k8s.pod.name"] == "traced"
     assert allocate.attributes["k8s.container.name"] == "main"
     assert binding.attributes["k8s.node.name"] == stack.node
+
+
+async def test_with_tracing_disabled_a_gpu_pod_is_admitted_scheduled_and_allocated(
+    devcluster: DevCluster,
+    kube_client: Any,
+    namespace: str,
+    node_pool: NodePool,
+    hami_scheduler: Callable[..., Any],
+    receiver: OtlpReceiver,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``OTEL_SDK_DISABLED=true`` in every service, with an exporter configured as well (a fleet
+    default): admission, filter, bind and Allocate behave as with tracing on; no span leaves."""
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
+    async with running_gpu_stack(
+        devcluster, kube_client, namespace, node_pool, hami_scheduler, gpus=GPUS
+    ) as stack:
+        await stack.create(stack.pod_body("untraced", [gpu_container("main", mem=2000, cores=20)]))
+        pod = await stack.served("untraced")
+        allocation = await stack.allocation("untraced", "main")
+    annotations = pod["metadata"]["annotations"]
+    assert pod["spec"]["schedulerName"] == "hami-scheduler"
+    assert pod["spec"]["nodeName"] == stack.node
+    assert annotations[keys.BIND_PHASE] == "success"
+    assert keys.TRACE_CONTEXT not in annotations
+    assert allocation.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "2000m"
+    assert allocation.envs["CUDA_DEVICE_SM_LIMIT"] == "20"
+    assert receiver.spans == []

@@ -90,7 +90,7 @@ def pod(name: str, to_allocate: str, *, bind_time: int = 1) -> dict[str, Any]:
 
 def make(api: FakeApi, tmp_path: Path, *, cached: bool = True) -> tuple[Allocator, Telemetry]:
     config = load_config(f"nvidia:\n  hookPath: {tmp_path}/vgpu\n")
-    telemetry = Telemetry(env={}, log_stream=io.StringIO())
+    telemetry = Telemetry(log_stream=io.StringIO())
     node_api = cast(NodeApi, api)
     cache = PodCache(node_api, telemetry)
     if cached:

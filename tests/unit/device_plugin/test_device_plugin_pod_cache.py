@@ -15,7 +15,7 @@ def pod(uid: str, version: int, phase: str = "allocating") -> dict[str, Any]:
 
 
 def cache() -> PodCache:
-    return PodCache(cast(NodeApi, object()), Telemetry(env={}, log_stream=io.StringIO()))
+    return PodCache(cast(NodeApi, object()), Telemetry(log_stream=io.StringIO()))
 
 
 def test_an_older_version_never_replaces_a_newer_one() -> None:

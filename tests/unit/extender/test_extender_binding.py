@@ -44,7 +44,7 @@ def rig(settings: ExtenderSettings = SETTINGS, *nodes: dict[str, Any]) -> Rig:
     model = ClusterModel()
     model.replace_nodes(kube.nodes.values())
     model.replace_pods([])
-    telemetry = Telemetry.create({}, stream=io.StringIO())
+    telemetry = Telemetry.create(stream=io.StringIO())
     binder = Binder(api=kube, model=model, config=Config(), settings=settings, telemetry=telemetry)
     events = EventSink(None, telemetry)
     scheduler = Scheduler(

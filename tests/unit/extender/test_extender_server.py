@@ -26,7 +26,7 @@ TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 @pytest.fixture
 async def server() -> AsyncIterator[tuple[ExtenderServer, InMemorySpanExporter]]:
     exporter = InMemorySpanExporter()
-    telemetry = Telemetry.create({}, stream=io.StringIO(), processor=SimpleSpanProcessor(exporter))
+    telemetry = Telemetry.create(stream=io.StringIO(), processor=SimpleSpanProcessor(exporter))
     srv = ExtenderServer(
         config=Config(), settings=ExtenderSettings(cooperative=False), telemetry=telemetry, api=None
     )

@@ -28,9 +28,9 @@ def declared_names() -> set[str]:
     t, _ = telemetry()
     empty = ScrapeData(usage=UsageReport((), (), 0), readings=(), host=FakeHostGpus([]).sample())
     t.metrics.registry.register(UsageCollector(lambda: empty, node="n", legacy=True))
-    extender = ExtenderTelemetry.create({}, stream=io.StringIO())
+    extender = ExtenderTelemetry.create(stream=io.StringIO())
     extender.metrics.attach(ClusterModel())
-    plugin = PluginTelemetry(env={}, log_stream=io.StringIO())
+    plugin = PluginTelemetry(log_stream=io.StringIO())
     names: set[str] = set()
     for registry in (t.metrics.registry, extender.metrics.registry, plugin.metrics.registry):
         names |= exported_names(generate_latest(registry).decode())

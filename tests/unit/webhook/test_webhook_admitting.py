@@ -70,7 +70,7 @@ class Harness:
     def __init__(self, settings: MutationSettings | None = None) -> None:
         self.log = io.StringIO()
         self.spans = InMemorySpanExporter()
-        self.telemetry = Telemetry.create({}, stream=self.log, processor=SimpleSpanProcessor(self.spans))
+        self.telemetry = Telemetry.create(stream=self.log, processor=SimpleSpanProcessor(self.spans))
         self.admitter = Admitter(settings or MutationSettings(), self.telemetry)
 
     def lines(self) -> list[dict[str, Any]]:
@@ -189,6 +189,7 @@ def test_gpu_pod_is_mutated_logged_counted_and_traced(harness: Harness) -> None:
 
     [line] = harness.lines()
     assert line["event"] == "pod admitted"
+    assert (line["trace_id"], line["span_id"]) == (f"{ctx.trace_id:032x}", f"{ctx.span_id:016x}")
     assert (line["namespace"], line["name"], line["uid"]) == ("ml", "train-*", "u-1")
     assert line["outcome"] == "mutated"
     assert line["level"] == "info"
@@ -211,6 +212,65 @@ def test_existing_trace_context_is_continued(harness: Harness) -> None:
         op["path"] != "/metadata/annotations/hami-py.io~1traceparent"
         for op in patch_of(answer_of(answer.body))
     )
+
+
+CALLER_TRACE = "0af7651916cd43dd8448eb211c80319c"
+CALLER_TRACEPARENT = f"00-{CALLER_TRACE}-b7ad6b7169203331-01"
+
+
+def test_the_api_servers_traceparent_is_continued(harness: Harness) -> None:
+    """The API server (with its tracing on) sends its request's context; the pod's trace is a part
+    of it, and the annotation names the admission span in it."""
+    answer = harness.admitter.admit(review(GPU_POD), headers={"traceparent": CALLER_TRACEPARENT})
+    [span] = harness.spans.get_finished_spans()
+    assert f"{span.context.trace_id:032x}" == CALLER_TRACE
+    assert span.parent is not None
+    assert f"{span.parent.span_id:016x}" == "b7ad6b7169203331"
+    [annotation] = [op for op in patch_of(answer_of(answer.body)) if op["path"] == "/metadata/annotations"]
+    assert annotation["value"][keys.TRACE_CONTEXT].startswith(
+        f"00-{CALLER_TRACE}-{span.context.span_id:016x}-"
+    )
+
+
+def test_a_pods_own_trace_wins_over_the_callers_which_is_linked(harness: Harness) -> None:
+    pod = json.loads(json.dumps(GPU_POD))
+    pod["metadata"]["annotations"] = {
+        keys.TRACE_CONTEXT: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    }
+    harness.admitter.admit(review(pod), headers={"traceparent": CALLER_TRACEPARENT})
+    [span] = harness.spans.get_finished_spans()
+    assert f"{span.context.trace_id:032x}" == "4bf92f3577b34da6a3ce929d0e0e4736"
+    assert [f"{link.context.trace_id:032x}" for link in span.links] == [CALLER_TRACE]
+
+
+def test_with_tracing_disabled_a_gpu_pod_is_mutated_without_a_trace(monkeypatch: pytest.MonkeyPatch) -> None:
+    """OTEL_SDK_DISABLED=true (how fleets turn tracing off) once refused every GPU pod with a
+    KeyError('traceparent'): admission must be exactly the same, minus the span and annotation."""
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
+    h = Harness()
+    answer = h.admitter.admit(review(GPU_POD, uid="u-off"))
+    doc = answer_of(answer.body)
+    assert (answer.status, doc["response"]["uid"], doc["response"]["allowed"]) == (200, "u-off", True)
+    ops = patch_of(doc)
+    assert {"op": "replace", "path": "/spec/schedulerName", "value": "hami-scheduler"} in ops
+    assert not [op for op in ops if "annotations" in op["path"]]
+    assert h.spans.get_finished_spans() == ()
+    [line] = h.lines()
+    assert line["event"] == "pod admitted"
+    assert "trace_id" not in line
+    assert h.metric("hamipy_webhook_admissions_total", outcome="mutated", reason="patched") == 1
+
+
+def test_with_tracing_disabled_the_callers_context_still_reaches_the_pod(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No spans here, but a service downstream with tracing on can still join the caller's trace."""
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
+    h = Harness()
+    answer = h.admitter.admit(review(GPU_POD), headers={"traceparent": CALLER_TRACEPARENT})
+    [annotation] = [op for op in patch_of(answer_of(answer.body)) if op["path"] == "/metadata/annotations"]
+    assert annotation["value"][keys.TRACE_CONTEXT] == CALLER_TRACEPARENT
+    assert h.spans.get_finished_spans() == ()
 
 
 def test_refusal_is_http_200_with_message_logged_and_counted(harness: Harness) -> None:
@@ -244,6 +304,23 @@ def test_requests_we_do_not_mutate_are_allowed(harness: Harness, kwargs: dict[st
     assert harness.metric("hamipy_webhook_admissions_total", outcome="allowed", reason=reason) == 1
 
 
+def test_counters_an_alert_watches_exist_at_zero_before_the_first_event(harness: Harness) -> None:
+    """A labelled counter has no series before its first increment, so increase() would miss the
+    first bad request or internal error: they start at zero."""
+    text = harness.telemetry.metrics.render().decode()
+    for reason in (
+        "not_json",
+        "not_object",
+        "wrong_kind",
+        "wrong_version",
+        "no_request",
+        "no_uid",
+        "too_large",
+    ):
+        assert f'hamipy_webhook_bad_requests_total{{reason="{reason}"}} 0.0' in text
+    assert 'hamipy_webhook_admissions_total{outcome="error",reason="exception"} 0.0' in text
+
+
 def test_bad_request_is_400_logged_and_counted(harness: Harness) -> None:
     answer = harness.admitter.admit(b"garbage", remote="10.0.0.1")
     assert answer.status == 400
@@ -265,7 +342,26 @@ def test_internal_error_fails_closed(harness: Harness, monkeypatch: pytest.Monke
     assert response["status"]["code"] == 500
     assert "boom" in response["status"]["message"]
     assert harness.metric("hamipy_webhook_admissions_total", outcome="error", reason="exception") == 1
-    assert harness.lines()[0]["level"] == "error"
+    [line] = harness.lines()
+    assert line["level"] == "error"
+    assert line["exception"][0]["exc_value"] == "boom"
+
+
+def test_an_exception_log_carries_no_request_body(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Frames' local variables hold the request body (and tokens elsewhere): never logged."""
+    secret = "s3cr3t-token-in-an-env-value"
+
+    def broken(pod: dict[str, Any], *args: object, **kwargs: object) -> None:
+        token = pod["spec"]["containers"][0]["env"][0]["value"]  # a local holding a secret
+        raise RuntimeError(f"boom after reading {len(token)} characters")
+
+    monkeypatch.setattr(admitting, "decide", broken)
+    pod = json.loads(json.dumps(GPU_POD))
+    pod["spec"]["containers"][0]["env"] = [{"name": "TOKEN", "value": secret}]
+    harness.admitter.admit(review(pod))
+    logged = harness.log.getvalue()
+    assert "RuntimeError" in logged
+    assert secret not in logged
 
 
 def test_metrics_render_names() -> None:

@@ -47,7 +47,7 @@ def client_context(ca_pem: bytes) -> ssl.SSLContext:
 
 def new_admitter() -> tuple[Admitter, io.StringIO]:
     log = io.StringIO()
-    return Admitter(MutationSettings(), Telemetry.create({}, stream=log)), log
+    return Admitter(MutationSettings(), Telemetry.create(stream=log)), log
 
 
 class Running:

@@ -1,14 +1,13 @@
 """One service's logger, metrics and tracer together: what the request paths report through.
 
 Each service subclasses ``ServiceTelemetry`` with its own metrics class (metric names and labels
-are the service's contract) and its tracer's name; ``build`` makes all three from the environment
-the normal way (JSON logs, OTLP export when the ``OTEL_*`` variables ask for it).
+are the service's contract) and its tracer's name; ``build`` makes all three the normal way (JSON
+logs; spans as the ``OTEL_*`` variables of the process environment say, read by the SDK).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from typing import ClassVar, Generic, Self, TextIO, TypeVar
 
 import structlog
@@ -45,17 +44,17 @@ class ServiceTelemetry(Generic[MetricsT]):
         cls,
         service: str,
         metrics: MetricsT,
-        env: Mapping[str, str],
         *,
         stream: TextIO | None = None,
         level: int = logging.INFO,
         processor: SpanProcessor | None = None,
     ) -> Self:
-        """Everything from the environment: logs to ``stream`` (stdout), spans per ``env``."""
+        """Logs to ``stream`` (stdout); spans per the ``OTEL_*`` variables (``TracingConfigError``
+        when they name an exporter or protocol that does not exist)."""
         return cls(
             logger=make_logger(service, stream, level=level),
             metrics=metrics,
-            tracer_provider=make_tracer_provider(service, env, processor=processor),
+            tracer_provider=make_tracer_provider(service, processor=processor),
         )
 
     def shutdown(self) -> None:

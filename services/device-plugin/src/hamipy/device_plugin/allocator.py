@@ -72,6 +72,9 @@ class Allocator:
         self.telemetry = telemetry
         self.cache_id = cache_id
         self._serial = asyncio.Lock()
+        # The refusal every wrong-pod Allocate gets starts at zero, so that an alert's increase()
+        # sees the first one; other reasons are exception names, caught by the alert's offset rule.
+        telemetry.metrics.allocations.labels(result="failed", reason="NoPendingPod")
 
     async def allocate(self, device_counts: Sequence[int]) -> list[ContainerAllocation]:
         """One Allocate call: a ``ContainerAllocation`` per requested container, in order."""
@@ -158,12 +161,12 @@ class Allocator:
                 log.error("allocate failed", error=str(exc))
                 self._count("failed", type(exc).__name__)
                 raise
-        log.info(
-            "allocated",
-            slot=served.slot,
-            devices=[d.uuid for d in served.devices],
-            pod_done=served.done,
-        )
+            log.info(  # inside the span: the line carries its trace and span ids
+                "allocated",
+                slot=served.slot,
+                devices=[d.uuid for d in served.devices],
+                pod_done=served.done,
+            )
         self._count("success", "Allocated")
         return allocation
 

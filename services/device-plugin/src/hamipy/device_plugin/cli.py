@@ -27,6 +27,7 @@ from hamipy.device_plugin.plugin import DevicePlugin, install_interposer
 from hamipy.device_plugin.settings import DEFAULT_PLUGIN_DIR, DEFAULT_SOCKET_NAME, PluginSettings
 from hamipy.device_plugin.telemetry import Telemetry
 from hamipy.protocol.config import Config, ConfigError, load_config_file
+from hamipy.telemetry import TracingConfigError
 
 __all__ = ["build_parser", "main"]
 
@@ -119,7 +120,7 @@ async def _run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         metrics_host=args.metrics_host,
         metrics_port=args.metrics_port,
     )
-    telemetry = Telemetry(env=env, log_level=getattr(logging, args.log_level.upper()))
+    telemetry = Telemetry(log_level=getattr(logging, args.log_level.upper()))
     if args.interposer is not None:
         await asyncio.to_thread(install_interposer, args.interposer, config.nvidia.hook_path)
     stop = asyncio.Event()
@@ -148,6 +149,9 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         return asyncio.run(_run(args, env))
     except ConfigError as exc:
         print(f"hamipy-device-plugin: bad configuration: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except TracingConfigError as exc:
+        print(f"hamipy-device-plugin: bad OpenTelemetry environment: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except (DevicePluginError, OSError) as exc:
         print(f"hamipy-device-plugin: {exc}", file=sys.stderr)

@@ -12,7 +12,6 @@ Metrics live on a per-instance ``CollectorRegistry``:
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from typing import Final, TextIO
 
 import structlog
@@ -73,7 +72,6 @@ class Telemetry:
     def __init__(
         self,
         *,
-        env: Mapping[str, str],
         log_stream: TextIO | None = None,
         log_level: int = logging.INFO,
         span_processor: SpanProcessor | None = None,
@@ -82,9 +80,7 @@ class Telemetry:
             SERVICE_NAME, log_stream, level=log_level
         )
         self.metrics = Metrics()
-        self.tracer_provider: TracerProvider = make_tracer_provider(
-            SERVICE_NAME, env, processor=span_processor
-        )
+        self.tracer_provider: TracerProvider = make_tracer_provider(SERVICE_NAME, processor=span_processor)
         self.tracer: Tracer = self.tracer_provider.get_tracer("hamipy.device_plugin")
 
     def shutdown(self) -> None:

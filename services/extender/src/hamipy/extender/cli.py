@@ -33,6 +33,7 @@ from hamipy.extender.server import ExtenderServer
 from hamipy.extender.settings import ExtenderSettings
 from hamipy.extender.telemetry import Telemetry
 from hamipy.protocol.config import Config, ConfigError, load_config_file
+from hamipy.telemetry import TracingConfigError
 
 __all__ = ["build_parser", "main"]
 
@@ -180,7 +181,7 @@ async def _api_client(kubeconfig: str | None) -> Any:
 async def _serve(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     config = Config() if args.config is None else load_config_file(args.config)
     settings = settings_from_args(args)
-    telemetry = Telemetry.create(env, level=getattr(logging, args.log_level.upper()))
+    telemetry = Telemetry.create(level=getattr(logging, args.log_level.upper()))
     context = None
     if args.tls_cert_file or args.tls_key_file:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -226,6 +227,9 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         return asyncio.run(_serve(args, env))
     except ConfigError as exc:
         print(f"hamipy-extender: bad configuration: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except TracingConfigError as exc:
+        print(f"hamipy-extender: bad OpenTelemetry environment: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except (KubeError, OSError, ssl.SSLError) as exc:
         print(f"hamipy-extender: {exc}", file=sys.stderr)

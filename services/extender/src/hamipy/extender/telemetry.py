@@ -14,7 +14,7 @@ share counters):
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Final, TextIO
 
 from opentelemetry.sdk.trace import SpanProcessor
@@ -161,11 +161,10 @@ class Telemetry(ServiceTelemetry[Metrics]):
     @classmethod
     def create(
         cls,
-        env: Mapping[str, str],
         *,
         stream: TextIO | None = None,
         level: int = logging.INFO,
         processor: SpanProcessor | None = None,
     ) -> Telemetry:
-        """Everything from the environment (the service's normal set-up)."""
-        return cls.build(SERVICE_NAME, Metrics(), env, stream=stream, level=level, processor=processor)
+        """The service's normal set-up: JSON logs to ``stream``, spans per the ``OTEL_*`` variables."""
+        return cls.build(SERVICE_NAME, Metrics(), stream=stream, level=level, processor=processor)

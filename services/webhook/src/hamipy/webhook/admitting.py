@@ -1,7 +1,8 @@
 """One admission, end to end but without HTTP: body in, HTTP status and JSON answer out.
 
 Decodes the review, opens the admission span (continuing the pod's trace when it already carries
-one), runs the pure ``mutation.decide``, encodes the answer in the version asked, and reports the
+one, else the API server's when its request carried a ``traceparent``, linked to the other), runs
+the pure ``mutation.decide``, encodes the answer in the version asked, and reports the
 outcome to the log, the metrics and the span. The server only moves bytes; the benchmark times
 exactly this.
 """
@@ -11,13 +12,23 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+import typing
+from collections.abc import Mapping
 from typing import Any
 
 from opentelemetry import context as otel_context
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry import trace
+from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
-from hamipy.telemetry import pod_trace_context, traceparent_of
-from hamipy.webhook.admission import AdmissionReview, BadReview, Review, decode_review, encode_response
+from hamipy.telemetry import incoming_context, pod_trace_context, traceparent_of
+from hamipy.webhook.admission import (
+    AdmissionReview,
+    BadReview,
+    BadReviewReason,
+    Review,
+    decode_review,
+    encode_response,
+)
 from hamipy.webhook.mutation import Decision, MutationSettings, decide
 from hamipy.webhook.telemetry import Telemetry
 
@@ -58,6 +69,11 @@ class Admitter:
     def __init__(self, settings: MutationSettings, telemetry: Telemetry) -> None:
         self.settings = settings
         self.telemetry = telemetry
+        # Known label values start at zero, so that an alert's increase() sees the first one.
+        metrics = telemetry.metrics
+        for reason in (*typing.get_args(BadReviewReason), "too_large"):
+            metrics.bad_requests.labels(reason=reason)
+        metrics.admissions.labels(outcome="error", reason="exception")
 
     def bad_request(self, reason: str, message: str, *, remote: str | None = None) -> Answer:
         """The HTTP 400 answer for a request we cannot read, logged and counted."""
@@ -65,8 +81,10 @@ class Admitter:
         self.telemetry.logger.warning("bad admission request", reason=reason, error=message, remote=remote)
         return Answer(400, _dump({"error": reason, "message": message}))
 
-    def admit(self, body: bytes, *, remote: str | None = None) -> Answer:
-        """Answer one request body."""
+    def admit(
+        self, body: bytes, *, remote: str | None = None, headers: Mapping[str, str] | None = None
+    ) -> Answer:
+        """Answer one request body; ``headers`` are the HTTP request's (its trace context)."""
         started = time.perf_counter()
         try:
             review = decode_review(body)
@@ -74,11 +92,12 @@ class Admitter:
             return self.bad_request(exc.reason, str(exc), remote=remote)
 
         identity = pod_identity(review)
-        parent = self._parent_context(review)
+        parent, links = self._parent_context(review, headers)
         tel = self.telemetry
         with tel.tracer.start_as_current_span(
             "webhook.admission",
             context=parent,
+            links=links,
             kind=SpanKind.SERVER,
             attributes={
                 "k8s.namespace.name": identity["namespace"],
@@ -105,27 +124,36 @@ class Admitter:
             doc = encode_response(
                 review, allowed=decision.allowed, patch=decision.patch, message=decision.message
             )
-            answer = Answer(200, _dump(doc), decision)
+            elapsed = time.perf_counter() - started
+            tel.metrics.admissions.labels(outcome=decision.outcome, reason=decision.reason).inc()
+            tel.metrics.admission_seconds.labels(outcome=decision.outcome).observe(elapsed)
+            fields: dict[str, Any] = {
+                **identity,
+                "outcome": decision.outcome,
+                "reason": decision.reason,
+                "patch_ops": len(decision.patch),
+                "duration_ms": round(elapsed * 1000, 3),
+            }
+            # Inside the span, so the line carries its trace and span ids.
+            if decision.outcome == "refused":
+                tel.logger.warning("pod refused", message=decision.message, **fields)
+            else:
+                tel.logger.info("pod admitted", **fields)
+        return Answer(200, _dump(doc), decision)
 
-        elapsed = time.perf_counter() - started
-        tel.metrics.admissions.labels(outcome=decision.outcome, reason=decision.reason).inc()
-        tel.metrics.admission_seconds.labels(outcome=decision.outcome).observe(elapsed)
-        fields: dict[str, Any] = {
-            **identity,
-            "outcome": decision.outcome,
-            "reason": decision.reason,
-            "patch_ops": len(decision.patch),
-            "duration_ms": round(elapsed * 1000, 3),
-        }
-        if decision.outcome == "refused":
-            tel.logger.warning("pod refused", message=decision.message, **fields)
-        else:
-            tel.logger.info("pod admitted", **fields)
-        return answer
-
-    def _parent_context(self, review: Review) -> otel_context.Context | None:
-        """The pod's existing trace context (annotation ``keys.TRACE_CONTEXT``), if any."""
-        return pod_trace_context(review.pod) if review.pod else None
+    @staticmethod
+    def _parent_context(
+        review: Review, headers: Mapping[str, str] | None
+    ) -> tuple[otel_context.Context | None, list[Link]]:
+        """The admission span's parent and links: the pod's own trace (annotation
+        ``keys.TRACE_CONTEXT``, set by whoever made the pod) when it has one, else the API server's
+        request trace (its ``traceparent`` header); the one not chosen is linked."""
+        from_pod = pod_trace_context(review.pod) if review.pod else None
+        from_caller = incoming_context(headers) if headers else None
+        parent = from_pod or from_caller
+        other = from_caller if from_pod is not None else None
+        links = [Link(trace.get_current_span(other).get_span_context())] if other is not None else []
+        return parent, links
 
     def _decide(self, review: Review, traceparent: str | None) -> Decision:
         if not review.is_pod:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from hamipy.protocol.config import Config, ConfigError, load_config_file
+from hamipy.telemetry import TracingConfigError
 from hamipy.webhook import certs, registration
 from hamipy.webhook.admitting import Admitter
 from hamipy.webhook.mutation import MutationSettings
@@ -172,7 +173,7 @@ def _run_serve(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     settings = MutationSettings.from_config(
         config, overwrite_env=args.overwrite_env, runtime_class_name=args.runtime_class_name
     )
-    telemetry = Telemetry.create(env, level=getattr(logging, args.log_level.upper()))
+    telemetry = Telemetry.create(level=getattr(logging, args.log_level.upper()))
     server_settings = ServerSettings(
         cert_file=args.cert_file,
         key_file=args.key_file,
@@ -283,6 +284,9 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         return _run_serve(args, env)
     except ConfigError as exc:
         print(f"hamipy-webhook: bad configuration: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except TracingConfigError as exc:
+        print(f"hamipy-webhook: bad OpenTelemetry environment: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except (certs.CertificateSetupError, OSError) as exc:
         print(f"hamipy-webhook: {exc}", file=sys.stderr)

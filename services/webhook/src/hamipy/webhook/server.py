@@ -167,7 +167,7 @@ async def _webhook(request: web.Request) -> web.Response:
             "too_large", f"request body larger than {limit} bytes", remote=request.remote
         )
         return web.Response(status=answer.status, body=answer.body, content_type=_JSON)
-    answer = admitter.admit(body, remote=request.remote)
+    answer = admitter.admit(body, remote=request.remote, headers=request.headers)
     return web.Response(status=answer.status, body=answer.body, content_type=_JSON)
 
 

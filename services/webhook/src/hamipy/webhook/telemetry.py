@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from typing import Final, TextIO
 
 from opentelemetry.sdk.trace import SpanProcessor
@@ -90,11 +89,10 @@ class Telemetry(ServiceTelemetry[Metrics]):
     @classmethod
     def create(
         cls,
-        env: Mapping[str, str],
         *,
         stream: TextIO | None = None,
         level: int = logging.INFO,
         processor: SpanProcessor | None = None,
     ) -> Telemetry:
-        """Everything from the environment (the service's normal set-up)."""
-        return cls.build(SERVICE_NAME, Metrics(), env, stream=stream, level=level, processor=processor)
+        """The service's normal set-up: JSON logs to ``stream``, spans per the ``OTEL_*`` variables."""
+        return cls.build(SERVICE_NAME, Metrics(), stream=stream, level=level, processor=processor)
