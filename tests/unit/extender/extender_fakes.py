@@ -163,8 +163,7 @@ class FakeKube:
                 items = [p for p in items if (p["metadata"].get("labels") or {}).get(key) == want]
             return {"items": copy.deepcopy(items), "metadata": {"resourceVersion": "1"}}
         if parts[:3] == ["api", "v1", "namespaces"] and parts[4] == "events":
-            self.events.append(body)
-            return body
+            return self._event(method, parts[3], parts[5] if len(parts) == 6 else "", body, path)
         if parts[:3] == ["api", "v1", "namespaces"] and parts[4] == "pods":
             key = (parts[3], parts[5])
             obj = self.pods.get(key)
@@ -178,6 +177,23 @@ class FakeKube:
                 return {"kind": "Status", "status": "Success"}
             return copy.deepcopy(obj) if method == "GET" else self._write(obj, body)
         raise AssertionError(f"unexpected call {method} {path}")
+
+    def _event(self, method: str, namespace: str, name: str, body: Any, path: str) -> Any:
+        """Events as the API server keeps them: by namespace and name; ``events`` is the live list."""
+        found = [
+            e for e in self.events if (e["metadata"]["namespace"], e["metadata"]["name"]) == (namespace, name)
+        ]
+        if method == "POST":
+            key = (namespace, body["metadata"]["name"])
+            if any((e["metadata"]["namespace"], e["metadata"]["name"]) == key for e in self.events):
+                raise Conflict(f"event {key} already exists", status=409)
+            self.events.append(copy.deepcopy(body))
+            return body
+        if not found:
+            raise NotFound(path, status=404)
+        if method == "PATCH":
+            _merge(found[0], body)
+        return copy.deepcopy(found[0])
 
     async def stream(
         self, path: str, *, query: Sequence[tuple[str, str]], inactivity_s: float

@@ -1,34 +1,75 @@
-"""Kubernetes Events, posted in the background so that no filter or bind waits for them.
+"""Kubernetes Events, aggregated as client-go's recorder does, and written in the background so that
+no filter or bind waits for them.
 
-``EventSink.emit`` only queues (bounded; a full queue drops the event and counts it); ``run`` posts
-them one by one with a timeout each. Events about the same object and reason within a short
-window are coalesced: a pod retried every second by the scheduler gets one FilteringFailed per
-window, not hundreds.
+One Event per involved object and reason (a *series*): the first occurrence is created at once;
+each repeat raises the Event's ``count`` and ``lastTimestamp`` and takes its message, written back
+at most once per ``update_interval_s`` per series. A pod the scheduler retries every few seconds
+therefore has one ``FilteringFailed`` whose count rises, not one object per retry.
+
+The Event's name is derived from the series (component, object, reason), so a restarted extender or
+another replica finds the same object: a create answered 409 reads the count already there and adds
+to it. Counts from replicas writing at the same moment may overwrite each other (as two client-go
+recorders would); the object stays one. Series are kept for the ``cache_size`` most recent keys
+(LRU; 4,096 as client-go); writes waiting are bounded by ``size`` (beyond it a write is dropped and
+counted in ``hamipy_extender_events_dropped_total``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import dataclasses
+import hashlib
+import heapq
+import itertools
 import time
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any, Final
 
-from hamipy.extender.errors import KubeError
-from hamipy.extender.kube import KubeApi, create_event
+from hamipy.extender.errors import Conflict, KubeError, NotFound
+from hamipy.extender.kube import KubeApi, create_event, get_event, patch_event
 from hamipy.extender.telemetry import SERVICE_NAME, Telemetry
 
 __all__ = ["EventSink", "PendingEvent", "involved_pod"]
 
-_COALESCE_S: Final = 10.0
+UPDATE_INTERVAL_S: Final = 10.0
+"""Least time between two writes of one series: repeats in between only raise its count."""
+CACHE_SIZE: Final = 4096
+_NAME_PREFIX_MAX: Final = 200
+"""An Event name is ``<object name>.<16 hex>``; names may be 253 characters."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class PendingEvent:
+    """One occurrence as emitted (``EventSink.recorded`` keeps the latest, for tests and logs)."""
+
     involved: Mapping[str, str]
     reason: str
     message: str
     warning: bool
+
+
+@dataclasses.dataclass(slots=True)
+class _Series:
+    """One Event object: an involved object and a reason, with the occurrences seen here."""
+
+    name: str
+    namespace: str
+    involved: dict[str, str]
+    reason: str
+    message: str
+    warning: bool
+    first: str
+    last: str
+    count: int = 0
+    """Occurrences emitted by this process."""
+    base: int = 0
+    """Count already on the object when this process first wrote it (another writer's)."""
+    created: bool = False
+    queued: bool = False
+    next_write_at: float = 0.0
 
 
 def involved_pod(pod: Mapping[str, Any]) -> dict[str, str]:
@@ -41,53 +82,159 @@ def involved_pod(pod: Mapping[str, Any]) -> dict[str, str]:
     }
 
 
+def _timestamp() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _event_name(involved: Mapping[str, str], reason: str) -> str:
+    identity = "/".join(
+        (SERVICE_NAME, involved.get("kind", ""), involved.get("namespace", ""), involved.get("uid", ""))
+    )
+    digest = hashlib.sha256(f"{identity}/{involved.get('name', '')}/{reason}".encode()).hexdigest()[:16]
+    return f"{involved.get('name', '')[:_NAME_PREFIX_MAX]}.{digest}"
+
+
 class EventSink:
-    """Queue of Events to post; ``api`` None only records them (unit tests, ``recorded``)."""
+    """Aggregates Events and writes them; ``api`` None only records them (unit tests)."""
 
     def __init__(
-        self, api: KubeApi | None, telemetry: Telemetry, *, size: int = 1000, timeout_s: float = 5.0
+        self,
+        api: KubeApi | None,
+        telemetry: Telemetry,
+        *,
+        size: int = 1000,
+        timeout_s: float = 5.0,
+        update_interval_s: float = UPDATE_INTERVAL_S,
+        cache_size: int = CACHE_SIZE,
     ) -> None:
         self.api = api
         self.telemetry = telemetry
+        self.size = size
         self.timeout_s = timeout_s
-        self.queue: asyncio.Queue[PendingEvent] = asyncio.Queue(maxsize=size)
-        self.recorded: list[PendingEvent] = []
-        self._recent: dict[tuple[str, str, str], float] = {}
+        self.update_interval_s = update_interval_s
+        self.cache_size = cache_size
+        self.recorded: collections.deque[PendingEvent] = collections.deque(maxlen=1000)
+        self._series: collections.OrderedDict[tuple[str, ...], _Series] = collections.OrderedDict()
+        self._due: list[tuple[float, int, tuple[str, ...]]] = []
+        self._order = itertools.count()
+        self._wake = asyncio.Event()
 
     def emit(self, involved: Mapping[str, str], reason: str, message: str, *, warning: bool = False) -> None:
-        key = (involved.get("uid", "") or involved.get("name", ""), reason, message)
-        now = time.monotonic()
-        last = self._recent.get(key)
-        if last is not None and now - last < _COALESCE_S:
+        """Record one occurrence; never blocks and never calls the API."""
+        self.recorded.append(PendingEvent(dict(involved), reason, message, warning))
+        namespace = involved.get("namespace") or "default"
+        key = (involved.get("kind", ""), namespace, involved.get("uid") or involved.get("name", ""), reason)
+        series = self._series.get(key)
+        now = _timestamp()
+        if series is None:
+            series = _Series(
+                name=_event_name(involved, reason),
+                namespace=namespace,
+                involved=dict(involved),
+                reason=reason,
+                message=message,
+                warning=warning,
+                first=now,
+                last=now,
+            )
+            self._series[key] = series
+            if len(self._series) > self.cache_size:
+                self._series.popitem(last=False)
+        else:
+            self._series.move_to_end(key)
+        series.count += 1
+        series.message, series.warning, series.last = message, warning, now
+        if series.queued:
             return
-        if len(self._recent) > 10_000:
-            self._recent = {k: t for k, t in self._recent.items() if now - t < _COALESCE_S}
-        self._recent[key] = now
-        event = PendingEvent(dict(involved), reason, message, warning)
-        self.recorded.append(event)
-        if len(self.recorded) > 1000:
-            del self.recorded[:500]
-        try:
-            self.queue.put_nowait(event)
-        except asyncio.QueueFull:
+        if len(self._due) >= self.size:
             self.telemetry.metrics.events_dropped.labels(reason="queue-full").inc()
+            return
+        series.queued = True
+        due = max(time.monotonic(), series.next_write_at)
+        heapq.heappush(self._due, (due, next(self._order), key))
+        self._wake.set()
+
+    def series_count(self, involved: Mapping[str, str], reason: str) -> int:
+        """Occurrences of one series emitted by this process (0 when unknown)."""
+        namespace = involved.get("namespace") or "default"
+        key = (involved.get("kind", ""), namespace, involved.get("uid") or involved.get("name", ""), reason)
+        series = self._series.get(key)
+        return series.count if series is not None else 0
 
     async def run(self) -> None:
-        """Post queued events until cancelled."""
+        """Write series as they fall due, until cancelled."""
         while True:
-            event = await self.queue.get()
+            if not self._due:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            due, _, key = self._due[0]
+            delay = due - time.monotonic()
+            if delay > 0:
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(delay):
+                        await self._wake.wait()
+                continue
+            heapq.heappop(self._due)
+            series = self._series.get(key)
+            if series is None:  # evicted from the cache meanwhile
+                continue
+            series.queued = False
+            series.next_write_at = time.monotonic() + self.update_interval_s
             if self.api is None:
                 continue
             try:
-                await create_event(
-                    self.api,
-                    involved=event.involved,
-                    reason=event.reason,
-                    message=event.message,
-                    warning=event.warning,
-                    component=SERVICE_NAME,
-                    timeout_s=self.timeout_s,
-                )
+                await self._write(self.api, series)
             except KubeError as exc:
                 self.telemetry.metrics.events_dropped.labels(reason="api-error").inc()
-                self.telemetry.logger.warning("event not posted", reason=event.reason, error=str(exc))
+                self.telemetry.logger.warning(
+                    "event not written", reason=series.reason, name=series.name, error=str(exc)
+                )
+
+    async def _write(self, api: KubeApi, series: _Series) -> None:
+        if series.created:
+            try:
+                await patch_event(
+                    api,
+                    series.namespace,
+                    series.name,
+                    count=series.base + series.count,
+                    last=series.last,
+                    message=series.message,
+                    timeout_s=self.timeout_s,
+                )
+                return
+            except NotFound:  # expired (the API server keeps Events for an hour): start it again
+                series.created, series.base = False, 0
+        try:
+            await self._create(api, series)
+        except Conflict:  # another replica, or this extender before a restart, made it first
+            existing = await get_event(api, series.namespace, series.name, timeout_s=self.timeout_s)
+            series.base = int(existing.get("count") or 1)
+            series.created = True
+            await patch_event(
+                api,
+                series.namespace,
+                series.name,
+                count=series.base + series.count,
+                last=series.last,
+                message=series.message,
+                timeout_s=self.timeout_s,
+            )
+
+    async def _create(self, api: KubeApi, series: _Series) -> None:
+        await create_event(
+            api,
+            name=series.name,
+            involved=series.involved,
+            reason=series.reason,
+            message=series.message,
+            warning=series.warning,
+            component=SERVICE_NAME,
+            count=series.count,
+            first=series.first,
+            last=series.last,
+            timeout_s=self.timeout_s,
+        )
+        series.created = True

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import secrets
 from collections.abc import AsyncIterator, Mapping, Sequence
-from datetime import UTC, datetime
 from typing import Any, Final, Protocol
 
 import aiohttp
@@ -26,10 +24,12 @@ __all__ = [
     "KubeApi",
     "create_binding",
     "create_event",
+    "get_event",
     "get_node",
     "get_pod",
     "list_all",
     "list_pods",
+    "patch_event",
     "patch_node",
     "patch_pod",
 ]
@@ -244,31 +244,56 @@ async def create_binding(
     )
 
 
+def _event_path(namespace: str, name: str = "") -> str:
+    base = f"/api/v1/namespaces/{namespace}/events"
+    return f"{base}/{name}" if name else base
+
+
 async def create_event(
     api: KubeApi,
     *,
+    name: str,
     involved: Mapping[str, str],
     reason: str,
     message: str,
     warning: bool,
     component: str,
+    count: int,
+    first: str,
+    last: str,
     timeout_s: float,
 ) -> None:
-    """A core/v1 Event about ``involved`` (kind, name, namespace, uid); nodes' go to ``default``."""
+    """A core/v1 Event ``name`` about ``involved`` (kind, name, namespace, uid) seen ``count`` times
+    between ``first`` and ``last`` (RFC 3339); nodes' go to ``default``. ``Conflict`` when it exists."""
     namespace = involved.get("namespace") or "default"
-    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     body = {
         "apiVersion": "v1",
         "kind": "Event",
-        "metadata": {"name": f"{involved['name']}.{secrets.token_hex(8)}", "namespace": namespace},
+        "metadata": {"name": name, "namespace": namespace},
         "involvedObject": {"apiVersion": "v1", **involved},
         "reason": reason,
         "message": message[:1024],
         "type": "Warning" if warning else "Normal",
         "source": {"component": component},
         "reportingComponent": component,
-        "firstTimestamp": now,
-        "lastTimestamp": now,
-        "count": 1,
+        "firstTimestamp": first,
+        "lastTimestamp": last,
+        "count": count,
     }
-    await api.request("POST", f"/api/v1/namespaces/{namespace}/events", body=body, timeout_s=timeout_s)
+    await api.request("POST", _event_path(namespace), body=body, timeout_s=timeout_s)
+
+
+async def patch_event(
+    api: KubeApi, namespace: str, name: str, *, count: int, last: str, message: str, timeout_s: float
+) -> None:
+    """Raise an existing Event's count and last time, with the latest message (``NotFound`` when
+    it expired)."""
+    body = {"count": count, "lastTimestamp": last, "message": message[:1024]}
+    await api.request(
+        "PATCH", _event_path(namespace, name), body=body, content_type=MERGE_PATCH, timeout_s=timeout_s
+    )
+
+
+async def get_event(api: KubeApi, namespace: str, name: str, *, timeout_s: float) -> dict[str, Any]:
+    event: dict[str, Any] = await api.request("GET", _event_path(namespace, name), timeout_s=timeout_s)
+    return event

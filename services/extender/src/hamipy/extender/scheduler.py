@@ -86,33 +86,64 @@ class Scheduler:
         self.binder = binder
         self.clock = clock
         self._traceparents: dict[str, str] = {}
+        # Per pending pod: its last failure's detail and how many identical ones followed it.
+        self._last_failure: dict[str, tuple[str, int]] = {}
+        # Known label values start at zero, so that an alert's increase() sees the first one.
+        for result in ("refused", "error"):
+            telemetry.metrics.decisions.labels(verb="bind", result=result, reason=result)
 
     # -- filter ----------------------------------------------------------------------------------
 
     def filter(self, args: Any) -> dict[str, Any]:
         """ExtenderArgs -> ExtenderFilterResult."""
-        started = time.perf_counter()
+        started, started_ns = time.perf_counter(), time.time_ns()
         pod = _pod(args)
         names, items = _node_names(args)
-        meta = pod["metadata"]
-        tracer = self.telemetry.tracer
-        with tracer.start_as_current_span("extender.filter", context=pod_trace_context(pod)) as span:
-            span.set_attribute("k8s.pod.name", str(meta.get("name", "")))
-            span.set_attribute("k8s.namespace.name", str(meta.get("namespace", "")))
-            span.set_attribute("k8s.pod.uid", str(meta.get("uid", "")))
-            span.set_attribute("hamipy.nodes", len(names))
-            result, outcome, reason = self._filter(pod, names, items)
-            span.set_attribute("hamipy.outcome", outcome)
-            if outcome == "failed":
-                span.set_status(trace.StatusCode.ERROR, reason)
+        result, outcome, reason, detail = self._filter(pod, names, items)
+        self._trace_filter(pod, started_ns, nodes=len(names), outcome=outcome, detail=detail)
         metrics = self.telemetry.metrics
         metrics.filter_seconds.labels(result=outcome).observe(time.perf_counter() - started)
         metrics.decisions.labels(verb="filter", result=outcome, reason=reason.split(" ", 1)[0][:64]).inc()
         return result
 
+    def _trace_filter(
+        self, pod: dict[str, Any], started_ns: int, *, nodes: int, outcome: str, detail: str
+    ) -> None:
+        """The filter's span, made once the decision is known: a pending pod is filtered again on
+        every retry, so a failure identical to the pod's previous one adds no span (the next span
+        that does carries ``hamipy.filter.repeats``, how many it stands for)."""
+        meta = pod["metadata"]
+        uid = str(meta.get("uid", ""))
+        last = self._last_failure.pop(uid, None)
+        if outcome == "failed":
+            if last is not None and last[0] == detail:
+                self._last_failure[uid] = (detail, last[1] + 1)
+                return
+            if len(self._last_failure) >= _MAX_TRACEPARENTS:
+                self._last_failure.pop(next(iter(self._last_failure)))
+            self._last_failure[uid] = (detail, 0)
+        span = self.telemetry.tracer.start_span(
+            "extender.filter",
+            context=pod_trace_context(pod),
+            start_time=started_ns,
+            attributes={
+                "k8s.pod.name": str(meta.get("name", "")),
+                "k8s.namespace.name": str(meta.get("namespace", "")),
+                "k8s.pod.uid": uid,
+                "hamipy.nodes": nodes,
+                "hamipy.outcome": outcome,
+                "hamipy.filter.repeats": last[1] if last is not None else 0,
+            },
+        )
+        if outcome == "failed":
+            span.set_status(trace.StatusCode.ERROR, detail)
+        span.end()
+
     def _filter(
         self, pod: dict[str, Any], names: list[str], items: list[Any] | None
-    ) -> tuple[dict[str, Any], str, str]:
+    ) -> tuple[dict[str, Any], str, str, str]:
+        """The answer, the outcome (fit, failed, passthrough), a short reason (metric label) and
+        the detail a user reads (the Event's message)."""
         meta = pod["metadata"]
         uid = PodUid(str(meta.get("uid", "")))
         involved = involved_pod(pod)
@@ -135,9 +166,10 @@ class Scheduler:
                 self._result(names, items, [], {}, dict.fromkeys(names, reason)),
                 "failed",
                 "InvalidRequest",
+                reason,
             )
         if not ask.requests.any:
-            return self._result(names, items, names, {}, {}), "passthrough", "NoGPURequest"
+            return self._result(names, items, names, {}, {}), "passthrough", "NoGPURequest", ""
         now_mono = self.clock()
         self.model.expire(now_mono)
         if not (pod.get("spec") or {}).get("nodeName"):
@@ -148,7 +180,8 @@ class Scheduler:
         )
         if self.settings.cooperative and decision.feasible:
             chosen = [name for name, _, _ in decision.feasible]
-            return self._result(names, items, chosen, decision.failed, decision.unresolvable), "fit", "Fit"
+            result = self._result(names, items, chosen, decision.failed, decision.unresolvable)
+            return result, "fit", "Fit", f"{len(chosen)} nodes fit"
         if decision.node is not None and decision.devices is not None:
             self.model.reserve(
                 uid=uid,
@@ -159,22 +192,19 @@ class Scheduler:
                 n_init=ask.n_init,
                 expires_at=now_mono + self.settings.reservation_ttl_s,
             )
-            self.events.emit(
-                involved,
-                FILTERING_SUCCEED,
-                f"chose node {decision.node} among {len(names)} ({decision.fitted} fitted)",
-            )
+            chose = f"chose node {decision.node} among {len(names)} ({decision.fitted} fitted)"
+            self.events.emit(involved, FILTERING_SUCCEED, chose)
             return (
                 self._result(names, items, [decision.node], decision.failed, decision.unresolvable),
                 "fit",
                 "Fit",
+                chose,
             )
         summary = summarize(decision.failed, decision.unresolvable)
-        self.events.emit(
-            involved, FILTERING_FAILED, f"no node fits the pod's GPU request: {summary}", warning=True
-        )
+        message = f"no node fits the pod's GPU request: {summary}"
+        self.events.emit(involved, FILTERING_FAILED, message, warning=True)
         top = (summary.split(" nodes ", 1)[-1].split("(", 1)[0]) if summary else "NoNodes"
-        return self._result(names, items, [], decision.failed, decision.unresolvable), "failed", top
+        return self._result(names, items, [], decision.failed, decision.unresolvable), "failed", top, message
 
     @staticmethod
     def _result(
@@ -255,15 +285,16 @@ class Scheduler:
                 error, outcome = exc.reason, "refused"
             except KubeError as exc:
                 error, outcome = f"API error while binding to {node}: {exc}", "error"
+            # Inside the span, so the lines carry its trace and span ids.
             if error:
                 span.set_status(trace.StatusCode.ERROR, error)
+                self.telemetry.logger.warning(
+                    "bind failed", namespace=namespace, pod=name, uid=uid, node=node, error=error
+                )
+            else:
+                self.telemetry.logger.info("bound", namespace=namespace, pod=name, uid=uid, node=node)
         self.telemetry.metrics.bind_seconds.labels(result=outcome).observe(time.perf_counter() - started)
         self.telemetry.metrics.decisions.labels(verb="bind", result=outcome, reason=outcome).inc()
         if error:
-            self.telemetry.logger.warning(
-                "bind failed", namespace=namespace, pod=name, uid=uid, node=node, error=error
-            )
             self.events.emit(involved, BINDING_FAILED, error, warning=True)
-        else:
-            self.telemetry.logger.info("bound", namespace=namespace, pod=name, uid=uid, node=node)
         return {"Error": error}
