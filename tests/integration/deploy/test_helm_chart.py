@@ -1,8 +1,10 @@
-"""The Helm chart (issue 10): rendered with the pinned helm for several value sets and applied to
-the real test apiserver with server-side dry-run, so every object is valid for this Kubernetes
-release; and its pieces that must equal what the code and the integration tests use (the shared
-config schema, the MutatingWebhookConfiguration, the hami-scheduler's KubeSchedulerConfiguration)
-are checked against them."""
+"""The Helm chart (issues 10 and 14): rendered with the pinned helm for several value sets and
+applied to the real test apiserver with server-side dry-run, so every object is valid for this
+Kubernetes release; its pieces that must equal what the code and the integration tests use (the
+shared config schema, the MutatingWebhookConfiguration, the hami-scheduler's
+KubeSchedulerConfiguration, the alerts file) are checked against them; and the operator's values
+(ServiceMonitors, the webhook's PodDisruptionBudget, the scheduler's image, name overrides, extra
+arguments and environment) are checked where they land."""
 
 from __future__ import annotations
 
@@ -26,6 +28,34 @@ ROOT = Path(__file__).resolve().parents[3]
 CHART = ROOT / "deploy" / "helm" / "hami-py"
 RELEASE = "hami-py"
 API_TIMEOUT_S = 10.0
+# values key -> (workload kind, name suffix, container, the container's argument list, metrics port)
+SERVICES = {
+    "webhook": ("Deployment", "-webhook", "webhook", "args", 9090),
+    "extender": ("Deployment", "-extender", "extender", "args", 8888),
+    "scheduler": ("Deployment", "-scheduler", "kube-scheduler", "command", None),
+    "devicePlugin": ("DaemonSet", "-device-plugin", "device-plugin", "args", 9395),
+    "monitor": ("DaemonSet", "-monitor", "monitor", "args", 9394),
+}
+# The series of these carry the namespace and pod of tenants' pods (see the chart's serviceMonitor).
+HONOR_LABELS = {"extender", "monitor"}
+EXTRA_ENV = [
+    {"name": "HAMIPY_TEST_EXTRA", "value": "1"},
+    {"name": "HAMIPY_TEST_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+]
+
+
+def _extra_args(key: str) -> list[str]:
+    return [f"--{key.lower()}-extra=1", "--v=4"]
+
+
+def _extras() -> list[str]:
+    args: list[str] = []
+    for key in SERVICES:
+        args += ["--set-json", f"{key}.extraArgs={json.dumps(_extra_args(key))}"]
+        args += ["--set-json", f"{key}.extraEnv={json.dumps(EXTRA_ENV)}"]
+    return args
+
+
 VALUE_SETS = {
     "defaults": [],
     "three-extenders": ["--set", "extender.replicas=3"],
@@ -37,17 +67,30 @@ VALUE_SETS = {
         "--set",
         "tracing.otlpEndpoint=http://otel-collector.observability:4318",
     ],
+    "monitoring": [
+        *[a for key in SERVICES if SERVICES[key][4] for a in ("--set", f"{key}.serviceMonitor.enabled=true")],
+        "--set",
+        "extender.serviceMonitor.labels.release=kube-prometheus-stack",
+        "--set",
+        "prometheusRule.enabled=true",
+        "--set",
+        "prometheusRule.labels.release=kube-prometheus-stack",
+    ],
+    "renamed-with-extras": ["--set", "fullnameOverride=gpu-sharing", *_extras()],
 }
 # The CRDs cert-manager and the Prometheus operator would install: only their kinds, so the
-# dry-run can place the chart's Issuer, Certificate and ServiceMonitor.
+# dry-run can place the chart's Issuer, Certificate, ServiceMonitors and PrometheusRule.
 FOREIGN_CRDS = [
     ("cert-manager.io", "v1", "Issuer", "issuers"),
     ("cert-manager.io", "v1", "Certificate", "certificates"),
     ("monitoring.coreos.com", "v1", "ServiceMonitor", "servicemonitors"),
+    ("monitoring.coreos.com", "v1", "PrometheusRule", "prometheusrules"),
 ]
 
 
-def render(namespace: str, *args: str) -> list[dict[str, Any]]:
+def render(
+    namespace: str, *args: str, kube_version: str = KUBERNETES_VERSION.lstrip("v")
+) -> list[dict[str, Any]]:
     proc = subprocess.run(
         [
             str(ensure_helm()),
@@ -57,7 +100,7 @@ def render(namespace: str, *args: str) -> list[dict[str, Any]]:
             "--namespace",
             namespace,
             "--kube-version",
-            KUBERNETES_VERSION.lstrip("v"),
+            kube_version,
             *args,
         ],
         capture_output=True,
@@ -72,6 +115,17 @@ def render(namespace: str, *args: str) -> list[dict[str, Any]]:
 def one(docs: list[dict[str, Any]], kind: str, suffix: str) -> dict[str, Any]:
     (doc,) = [d for d in docs if d["kind"] == kind and d["metadata"]["name"].endswith(suffix)]
     return doc
+
+
+def container(docs: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    kind, suffix, name, _, _ = SERVICES[key]
+    containers: list[dict[str, Any]] = one(docs, kind, suffix)["spec"]["template"]["spec"]["containers"]
+    (found,) = [c for c in containers if c["name"] == name]
+    return found
+
+
+def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
 
 
 @pytest.fixture(scope="module")
@@ -144,6 +198,210 @@ def test_scheduler_config_is_the_one_the_integration_tests_run(
 def test_extender_replicas_are_their_own(rendered: dict[str, list[dict[str, Any]]]) -> None:
     assert one(rendered["three-extenders"], "Deployment", "-extender")["spec"]["replicas"] == 3
     assert one(rendered["three-extenders"], "Deployment", "-webhook")["spec"]["replicas"] == 2
+
+
+# -- monitoring: ServiceMonitors and the PrometheusRule -------------------------------------------
+
+
+def test_monitoring_objects_are_off_by_default(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    kinds = {d["kind"] for d in rendered["defaults"]}
+    assert not kinds & {"ServiceMonitor", "PrometheusRule"}
+
+
+@pytest.mark.parametrize("key", [k for k in SERVICES if SERVICES[k][4]])
+def test_a_service_monitor_scrapes_each_metrics_port(
+    rendered: dict[str, list[dict[str, Any]]], key: str
+) -> None:
+    docs = rendered["monitoring"]
+    kind, suffix, _, _, port = SERVICES[key]
+    monitor = one(docs, "ServiceMonitor", suffix)
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["path"] == "/metrics"
+    # Without honorLabels the operator's target labels replace the tenants' namespace and pod.
+    assert endpoint["honorLabels"] is (key in HONOR_LABELS)
+    # It selects exactly one Service, whose port of that name reaches the container's metrics port.
+    (service,) = [
+        d
+        for d in docs
+        if d["kind"] == "Service"
+        and selects(monitor["spec"]["selector"]["matchLabels"], d["metadata"]["labels"])
+    ]
+    (service_port,) = [p for p in service["spec"]["ports"] if p["name"] == endpoint["port"]]
+    assert service_port["port"] == port
+    workload = one(docs, kind, suffix)
+    assert selects(service["spec"]["selector"], workload["spec"]["template"]["metadata"]["labels"])
+    (container_port,) = [p for p in container(docs, key)["ports"] if p["name"] == service_port["targetPort"]]
+    assert container_port["containerPort"] == port
+    # A DaemonSet's targets are its nodes: headless, and each series says which node.
+    node = {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node"}
+    assert (service["spec"].get("clusterIP") == "None") is (kind == "DaemonSet")
+    assert (node in endpoint.get("relabelings", [])) is (kind == "DaemonSet")
+    # The extender's per-container series name the tenant's container by index: the scraped
+    # container's own name ("extender") is not attached to them.
+    tenant_series = {
+        "sourceLabels": ["__name__"],
+        "regex": "hami_vgpu_.*",
+        "targetLabel": "container",
+        "replacement": "",
+    }
+    assert (tenant_series in endpoint.get("metricRelabelings", [])) is (key == "extender")
+
+
+def test_service_monitor_labels_and_interval_are_the_values(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    docs = rendered["monitoring"]
+    extender = one(docs, "ServiceMonitor", "-extender")
+    assert extender["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert extender["spec"]["endpoints"][0]["interval"] == "30s"
+    assert one(docs, "ServiceMonitor", "-monitor")["spec"]["endpoints"][0]["interval"] == "15s"
+
+
+def test_prometheus_rule_groups_are_the_alerts_file(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    rule = one(rendered["monitoring"], "PrometheusRule", "-alerts")
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    alerts = yaml.safe_load((CHART / "files" / "alerts.yaml").read_text())
+    assert rule["spec"]["groups"] == alerts["groups"]
+    # Prometheus's own templates reach it verbatim (never rendered by helm).
+    assert "{{ $labels.pod }}" in json.dumps(rule["spec"]["groups"])
+
+
+# -- the webhook's PodDisruptionBudget -----------------------------------------------------------
+
+
+def test_webhook_pdb_selects_the_webhook_pods_only(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    docs = rendered["defaults"]
+    (pdb,) = [d for d in docs if d["kind"] == "PodDisruptionBudget"]
+    assert pdb["spec"]["maxUnavailable"] == 1
+    selector = pdb["spec"]["selector"]["matchLabels"]
+    webhook = one(docs, "Deployment", "-webhook")
+    assert selector == webhook["spec"]["selector"]["matchLabels"]
+    pods = {
+        d["metadata"]["name"]: d["spec"]["template"]["metadata"]["labels"]
+        for d in docs
+        if d["kind"] in ("Deployment", "DaemonSet", "Job")
+    }
+    assert [name for name, labels in pods.items() if selects(selector, labels)] == [f"{RELEASE}-webhook"]
+
+
+@pytest.mark.parametrize(
+    "args", [["--set", "webhook.replicas=1"], ["--set", "webhook.podDisruptionBudget.enabled=false"]]
+)
+def test_no_webhook_pdb_with_one_replica_or_disabled(args: list[str]) -> None:
+    assert not [d for d in render("hami-system", *args) if d["kind"] == "PodDisruptionBudget"]
+
+
+# -- the kube-scheduler's image ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kube_version", "args", "image"),
+    [
+        ("1.31.5", [], "registry.k8s.io/kube-scheduler:v1.31.5"),
+        # Managed clusters' versions: only vMAJOR.MINOR.PATCH has an image.
+        ("1.30.2-eks-1234", [], "registry.k8s.io/kube-scheduler:v1.30.2"),
+        ("1.33.1+k3s1", [], "registry.k8s.io/kube-scheduler:v1.33.1"),
+        (
+            "1.31.5",
+            [
+                "--set",
+                "scheduler.image.repository=mirror.example.com/kube-scheduler",
+                "--set",
+                "scheduler.image.tag=v1.31.4",
+            ],
+            "mirror.example.com/kube-scheduler:v1.31.4",
+        ),
+        # The chart's first form, a string, still works.
+        (
+            "1.31.5",
+            ["--set", "scheduler.image=mirror.example.com/kube-scheduler:v1.31.3"],
+            "mirror.example.com/kube-scheduler:v1.31.3",
+        ),
+    ],
+)
+def test_scheduler_image_follows_the_cluster_version(
+    rendered: dict[str, list[dict[str, Any]]], kube_version: str, args: list[str], image: str
+) -> None:
+    docs = render("hami-system", *args, kube_version=kube_version)
+    assert container(docs, "scheduler")["image"] == image
+    # Only the image follows the version: the scheduler's configuration stays the same.
+    config = one(docs, "ConfigMap", "-scheduler")["data"]
+    assert config == one(rendered["defaults"], "ConfigMap", "-scheduler")["data"]
+
+
+# -- names, extra arguments and environment ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "prefix"),
+    [
+        ([], f"{RELEASE}-"),
+        (["--set", "nameOverride=gpu"], f"{RELEASE}-gpu-"),
+        (["--set", "fullnameOverride=gpu-sharing"], "gpu-sharing-"),
+        (
+            ["--set", "fullnameOverride=gpu-sharing", "--set", "webhook.certificates.mode=certManager"],
+            "gpu-sharing-",
+        ),
+    ],
+)
+def test_name_overrides_name_every_object_and_keep_references(args: list[str], prefix: str) -> None:
+    docs = render("hami-system", *args)
+    for doc in docs:
+        assert doc["metadata"]["name"].startswith(prefix), doc["metadata"]["name"]
+    webhook = f"{prefix}webhook"
+    service = one(docs, "Service", "-webhook")
+    assert service["metadata"]["name"] == webhook
+    mwc = one(docs, "MutatingWebhookConfiguration", "-webhook")
+    assert mwc["metadata"]["name"] == webhook
+    assert mwc["webhooks"][0]["clientConfig"]["service"]["name"] == webhook
+    pod = one(docs, "Deployment", "-webhook")["spec"]["template"]["spec"]
+    (secret,) = [v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v]
+    certificates = [d for d in docs if d["kind"] == "Certificate"]
+    if certificates:
+        (certificate,) = certificates
+        assert certificate["spec"]["secretName"] == secret
+        assert certificate["spec"]["dnsNames"] == [
+            f"{webhook}.hami-system.svc",
+            f"{webhook}.hami-system.svc.cluster.local",
+        ]
+        annotation = mwc["metadata"]["annotations"]["cert-manager.io/inject-ca-from"]
+        assert annotation == f"hami-system/{certificate['metadata']['name']}"
+    else:
+        (job,) = [d for d in docs if d["kind"] == "Job"]
+        certs = job["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert {
+            "--namespace=hami-system",
+            f"--service={webhook}",
+            f"--secret={secret}",
+            f"--webhook-config={webhook}",
+        } <= set(certs)
+    # The scheduler calls the extender's Service; every pod runs as a ServiceAccount of the chart.
+    scheduler = yaml.safe_load(one(docs, "ConfigMap", "-scheduler")["data"]["config.yaml"])
+    extender = one(docs, "Service", "-extender")["metadata"]["name"]
+    assert scheduler["extenders"][0]["urlPrefix"] == f"http://{extender}.hami-system.svc:8888"
+    accounts = {d["metadata"]["name"] for d in docs if d["kind"] == "ServiceAccount"}
+    for doc in docs:
+        if doc["kind"] in ("Deployment", "DaemonSet", "Job"):
+            assert doc["spec"]["template"]["spec"]["serviceAccountName"] in accounts
+
+
+@pytest.mark.parametrize("key", sorted(SERVICES))
+def test_extra_args_and_env_land_in_each_service(rendered: dict[str, list[dict[str, Any]]], key: str) -> None:
+    plain = container(rendered["defaults"], key)
+    extra = container(rendered["renamed-with-extras"], key)
+    field = SERVICES[key][3]
+    assert extra[field] == plain.get(field, []) + _extra_args(key)
+    assert extra["env"] == plain.get("env", []) + EXTRA_ENV
+
+
+def test_the_certificate_job_takes_none_of_the_webhooks_extras(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    # `hamipy-webhook certs` is another command than `serve`: the webhook's flags are not its own.
+    (job,) = [d for d in rendered["renamed-with-extras"] if d["kind"] == "Job"]
+    (certs,) = job["spec"]["template"]["spec"]["containers"]
+    assert not set(_extra_args("webhook")) & set(certs["args"])
+    assert "env" not in certs
 
 
 # -- the chart against the real apiserver --------------------------------------------------------
