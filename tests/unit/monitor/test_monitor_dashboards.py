@@ -5,6 +5,7 @@ integration test checks the same against the live services)."""
 from __future__ import annotations
 
 import io
+import re
 from pathlib import Path
 from typing import Any
 
@@ -112,3 +113,32 @@ def test_a_misspelt_metric_would_be_caught() -> None:
     assert "hami_vgpu_memory_used_bytes" in declared
     assert "hami_vgpu_memory_usedbytes" not in declared
     assert metric_names("sum(hami_vgpu_memory_usedbytes)") - declared == {"hami_vgpu_memory_usedbytes"}
+
+
+# Every extender replica exports the whole cluster's allocation: summed as they come, two replicas
+# would show twice the GPUs and twice the memory allocated.
+EXTENDER_SERIES = (
+    "hami_gpu_memory_limit_bytes",
+    "hami_gpu_memory_allocated_bytes",
+    "hami_gpu_core_limit_ratio",
+    "hami_gpu_core_allocated_ratio",
+    "hami_gpu_shared_count",
+    "hami_node_gpu_overview",
+    "hami_node_gpu_memory_allocated_ratio",
+    "hami_vgpu_memory_allocated_bytes",
+    "hami_vgpu_core_allocated_ratio",
+)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_the_extenders_series_are_reduced_over_its_replicas_first(name: str) -> None:
+    from dashboard_queries import queries
+
+    unreduced = [
+        expr
+        for expr in queries(dashboards()[name])
+        for metric in EXTENDER_SERIES
+        for found in re.finditer(rf"\b{metric}\b", expr)
+        if not re.search(r"max by \([\w, ]+\) \($", expr[: found.start()])
+    ]
+    assert unreduced == []
