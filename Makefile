@@ -14,7 +14,7 @@ RUN := $(UV) run --frozen --no-sync
 TYPED_PACKAGES := hamipy.protocol hamipy.devcluster hamipy.telemetry hamipy.kubelet_api hamipy.webhook hamipy.extender hamipy.device_plugin hamipy.monitor
 PYTEST_ARGS ?=
 
-.PHONY: help sync lint typecheck native proto kube-binaries test unit bench up down clean
+.PHONY: help sync lint typecheck native proto kube-binaries test unit bench up down gpus trace clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -57,6 +57,13 @@ bench: sync native ## run the benchmarks; figures go to tests/bench/results/
 
 up: sync native kube-binaries ## run the whole system locally (stays up until `make down`)
 	$(RUN) hamipy-devcluster up
+
+gpus: ## every GPU of `make up`'s cluster: memory, cores, slots and the pods on it
+	$(RUN) hamipy-devcluster gpus
+
+trace: ## one pod's trace from admission to Allocate: make trace POD=namespace/name
+	@if [ -z "$(POD)" ]; then echo "usage: make trace POD=namespace/name" >&2; exit 2; fi
+	$(RUN) hamipy-devcluster trace "$(POD)"
 
 down: ## stop what `make up` started
 	@if [ -x .venv/bin/hamipy-devcluster ]; then $(RUN) hamipy-devcluster down; else echo "nothing to stop"; fi

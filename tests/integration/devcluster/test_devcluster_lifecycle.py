@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -10,6 +11,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -100,6 +102,9 @@ def test_processes_die_and_files_are_swept_when_their_python_owner_is_killed() -
             owner.stdout.close()
 
 
+ROOT = Path(__file__).resolve().parents[3]
+
+
 def _cli(state_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "hamipy.devcluster.cli", "--state-dir", str(state_dir), *args],
@@ -110,57 +115,94 @@ def _cli(state_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _as_a_user_types_it(state_dir: Path, command: str) -> subprocess.CompletedProcess[str]:
+    """``command`` run by bash in the repository, as a user would after the two set-up commands:
+    the workspace's .venv/bin is not on their PATH (nor uv, which make keeps in .hamipy/tools)."""
+    venv_bin = str(ROOT / ".venv" / "bin")
+    path = os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep) if p != venv_bin)
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    return subprocess.run(
+        ["bash", "-c", command],
+        cwd=ROOT,
+        env={**env, "PATH": path, "HAMIPY_STATE_DIR": str(state_dir)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def _readme_after_up() -> list[str]:
+    """The README's block of commands after ``make up`` (read as tests/unit/docs reads it)."""
+    path = ROOT / "tests" / "unit" / "docs" / "test_documented_commands.py"
+    spec = importlib.util.spec_from_file_location("hamipy_documented_commands", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    commands: list[str] = module.readme_after_up()
+    return commands
+
+
 def _row(table: str, pod: str) -> list[str]:
     (line,) = [line for line in table.splitlines() if line.startswith(pod + " ")]
     return line.split()
 
 
-def test_cli_up_down_twice_leaves_nothing_running(tmp_path: Path) -> None:
+def _check_examples(table: str) -> None:
+    """The example workloads landed as they should, and the table says so."""
+    single = _row(table, "hami-examples/single-slice")
+    assert single[1] == "Running"
+    assert single[2].startswith("hamipy-gpu-")
+    assert "H100" in " ".join(_row(table, "hami-examples/multi-gpu"))
+    assert "100%" in _row(table, "hami-examples/exclusive")
+    cannot_fit = _row(table, "hami-examples/cannot-fit")
+    assert cannot_fit[1] == "Pending"
+    assert "CardInsufficientMemory" in " ".join(cannot_fit)
+
+
+def _check_gone(state_dir: Path, state: dict[str, Any]) -> None:
+    pids = [state["daemon_pid"], *state["process_pids"].values()]
+    assert _wait_gone(pids, state["ports"]) == ([], [])
+    assert not (state_dir / "state.json").exists()
+    assert not (state_dir / "kubeconfig").exists()
+
+
+def test_the_readme_commands_work_as_written_then_up_down_again_leaves_nothing(tmp_path: Path) -> None:
+    """``make up``, then the README's follow-up block line by line as a user types it (``make gpus``,
+    ``make trace POD=...``, ``make down``); then the CLI's own up/down once more."""
     state_dir = tmp_path / ".hamipy"
     try:
-        for attempt in range(2):
-            up = _cli(state_dir, "up")
-            assert up.returncode == 0, up.stderr
-            assert "KUBECONFIG=" in up.stdout
-            state = json.loads((state_dir / "state.json").read_text())
-            assert (state_dir / "kubeconfig").is_file()
-            assert len(state["nodes"]) == 3
-            # The example workloads landed as they should, and the table says so.
-            single = _row(up.stdout, "hami-examples/single-slice")
-            assert single[1] == "Running"
-            assert single[2].startswith("hamipy-gpu-")
-            assert "H100" in " ".join(_row(up.stdout, "hami-examples/multi-gpu"))
-            assert "100%" in _row(up.stdout, "hami-examples/exclusive")
-            cannot_fit = _row(up.stdout, "hami-examples/cannot-fit")
-            assert cannot_fit[1] == "Pending"
-            assert "CardInsufficientMemory" in " ".join(cannot_fit)
-            if attempt == 0:
-                gpus = _cli(state_dir, "gpus")
-                assert gpus.returncode == 0, gpus.stderr
-                assert "hami-examples/exclusive" in gpus.stdout
-                trace = _cli(state_dir, "trace", "hami-examples/single-slice")
-                assert trace.returncode == 0, trace.stdout + trace.stderr
-                spans = ("webhook.", "extender.", "device_plugin.")
-                names = [
-                    w for line in trace.stdout.splitlines()[1:] for w in line.split() if w.startswith(spans)
-                ]
-                assert names == [
-                    "webhook.admission",
-                    "extender.filter",
-                    "extender.bind",
-                    "device_plugin.allocate",
-                ]
+        up = _as_a_user_types_it(state_dir, "make up")
+        assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
+        assert "KUBECONFIG=" in up.stdout
+        state = json.loads((state_dir / "state.json").read_text())
+        assert (state_dir / "kubeconfig").is_file()
+        assert len(state["nodes"]) == 3
+        _check_examples(up.stdout)
 
-            again = _cli(state_dir, "up")
-            assert again.returncode == 1
-            assert "already up" in again.stderr
+        outputs = {}
+        for command in _readme_after_up():
+            done = _as_a_user_types_it(state_dir, command)
+            assert done.returncode == 0, f"{command!r} failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
+            outputs[command.split()[1]] = done.stdout
+        assert set(outputs) == {"gpus", "trace", "down"}
+        assert "hami-examples/exclusive" in outputs["gpus"]
+        spans = ("webhook.", "extender.", "device_plugin.")
+        names = [w for line in outputs["trace"].splitlines() for w in line.split() if w.startswith(spans)]
+        assert names == ["webhook.admission", "extender.filter", "extender.bind", "device_plugin.allocate"]
+        _check_gone(state_dir, state)
 
-            down = _cli(state_dir, "down")
-            assert down.returncode == 0, down.stderr
-            pids = [state["daemon_pid"], *state["process_pids"].values()]
-            assert _wait_gone(pids, state["ports"]) == ([], [])
-            assert not (state_dir / "state.json").exists()
-            assert not (state_dir / "kubeconfig").exists()
+        up = _cli(state_dir, "up")
+        assert up.returncode == 0, up.stderr
+        _check_examples(up.stdout)
+        state = json.loads((state_dir / "state.json").read_text())
+        again = _cli(state_dir, "up")
+        assert again.returncode == 1
+        assert "already up" in again.stderr
+        down = _cli(state_dir, "down")
+        assert down.returncode == 0, down.stderr
+        _check_gone(state_dir, state)
 
         not_up = _cli(state_dir, "down")
         assert not_up.returncode == 0
