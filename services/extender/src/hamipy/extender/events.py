@@ -195,15 +195,7 @@ class EventSink:
     async def _write(self, api: KubeApi, series: _Series) -> None:
         if series.created:
             try:
-                await patch_event(
-                    api,
-                    series.namespace,
-                    series.name,
-                    count=series.base + series.count,
-                    last=series.last,
-                    message=series.message,
-                    timeout_s=self.timeout_s,
-                )
+                await self._patch(api, series)
                 return
             except NotFound:  # expired (the API server keeps Events for an hour): start it again
                 series.created, series.base = False, 0
@@ -213,15 +205,18 @@ class EventSink:
             existing = await get_event(api, series.namespace, series.name, timeout_s=self.timeout_s)
             series.base = int(existing.get("count") or 1)
             series.created = True
-            await patch_event(
-                api,
-                series.namespace,
-                series.name,
-                count=series.base + series.count,
-                last=series.last,
-                message=series.message,
-                timeout_s=self.timeout_s,
-            )
+            await self._patch(api, series)
+
+    async def _patch(self, api: KubeApi, series: _Series) -> None:
+        await patch_event(
+            api,
+            series.namespace,
+            series.name,
+            count=series.base + series.count,
+            last=series.last,
+            message=series.message,
+            timeout_s=self.timeout_s,
+        )
 
     async def _create(self, api: KubeApi, series: _Series) -> None:
         await create_event(
