@@ -142,3 +142,43 @@ def test_the_extenders_series_are_reduced_over_its_replicas_first(name: str) -> 
         if not re.search(r"max by \([\w, ]+\) \($", expr[: found.start()])
     ]
     assert unreduced == []
+
+
+def test_series_the_alerts_and_latency_panels_read_exist_before_any_event() -> None:
+    """A labelled series born at its first event hides that event from rate() and increase(): the
+    latency panels showed NaN and a healthy node's region errors showed no data. Known label
+    values start at zero."""
+    from hamipy.device_plugin.telemetry import Telemetry as PluginTelemetry
+    from hamipy.extender.telemetry import Telemetry as ExtenderTelemetry
+    from hamipy.webhook.telemetry import Telemetry as WebhookTelemetry
+
+    monitor, _ = telemetry()
+    registries = {
+        "extender": ExtenderTelemetry.create(stream=io.StringIO()).metrics.registry,
+        "plugin": PluginTelemetry(log_stream=io.StringIO()).metrics.registry,
+        "monitor": monitor.metrics.registry,
+        "webhook": WebhookTelemetry.create(stream=io.StringIO()).metrics.registry,
+    }
+    expected = {
+        "extender": [
+            ("hamipy_extender_filter_duration_seconds_count", {"result": "fit"}),
+            ("hamipy_extender_bind_duration_seconds_count", {"result": "bound"}),
+            ("hamipy_extender_decisions_total", {"verb": "bind", "result": "refused", "reason": "refused"}),
+        ],
+        "plugin": [
+            ("hamipy_device_plugin_allocate_duration_seconds_count", {"result": "success"}),
+            ("hamipy_device_plugin_allocations_total", {"result": "failed", "reason": "NoPendingPod"}),
+            ("hamipy_device_plugin_devices", {"health": "Unhealthy"}),
+        ],
+        "monitor": [("hamipy_monitor_region_errors_total", {"reason": "truncated"})],
+        "webhook": [
+            ("hamipy_webhook_admission_duration_seconds_count", {"outcome": "mutated"}),
+            ("hamipy_webhook_bad_requests_total", {"reason": "not_json"}),
+        ],
+    }
+    values = {
+        (service, name): registries[service].get_sample_value(name, labels)
+        for service, samples in expected.items()
+        for name, labels in samples
+    }
+    assert values == dict.fromkeys(values, 0.0)

@@ -72,9 +72,6 @@ class Allocator:
         self.telemetry = telemetry
         self.cache_id = cache_id
         self._serial = asyncio.Lock()
-        # The refusal every wrong-pod Allocate gets starts at zero, so that an alert's increase()
-        # sees the first one; other reasons are exception names, caught by the alert's offset rule.
-        telemetry.metrics.allocations.labels(result="failed", reason="NoPendingPod")
 
     async def allocate(self, device_counts: Sequence[int]) -> list[ContainerAllocation]:
         """One Allocate call: a ``ContainerAllocation`` per requested container, in order."""

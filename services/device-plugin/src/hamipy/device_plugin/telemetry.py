@@ -64,6 +64,17 @@ class Metrics:
             ["result"],
             registry=self.registry,
         )
+        # Known label values start at zero: a series that appears only at its first event hides
+        # that event from rate() and increase() (dashboards show nothing, alerts see no increase).
+        # Other refusal reasons are exception names, caught by the alerts' "unless offset" rule.
+        for result in ("success", "failed"):
+            self.allocate_seconds.labels(result=result)
+            self.registrations.labels(result=result)
+            self.register_writes.labels(result=result)
+        self.allocations.labels(result="success", reason="Allocated")
+        self.allocations.labels(result="failed", reason="NoPendingPod")
+        for health in ("Healthy", "Unhealthy"):
+            self.devices.labels(health=health)
 
 
 class Telemetry:

@@ -88,9 +88,6 @@ class Scheduler:
         self._traceparents: dict[str, str] = {}
         # Per pending pod: its last failure's detail and how many identical ones followed it.
         self._last_failure: dict[str, tuple[str, int]] = {}
-        # Known label values start at zero, so that an alert's increase() sees the first one.
-        for result in ("refused", "error"):
-            telemetry.metrics.decisions.labels(verb="bind", result=result, reason=result)
 
     # -- filter ----------------------------------------------------------------------------------
 

@@ -128,7 +128,7 @@ class Metrics:
         )
         self.watch_restarts = Counter(
             "hamipy_extender_watch_restarts",
-            "Watches restarted, by resource and cause (gone, error, inactivity, closed).",
+            "Watches restarted, by resource and cause (gone, error, closed).",
             ["resource", "cause"],
             registry=r,
         )
@@ -142,6 +142,21 @@ class Metrics:
             registry=r,
         )
         self._collector: GpuCollector | None = None
+        # Known label values start at zero: a series that appears only at its first event hides
+        # that event from rate() and increase() (dashboards show nothing, alerts see no increase).
+        for result in ("fit", "failed", "passthrough", "prioritize"):
+            self.filter_seconds.labels(result=result)
+        for result in ("bound", "refused", "error"):
+            self.bind_seconds.labels(result=result)
+        for result in ("refused", "error"):
+            self.decisions.labels(verb="bind", result=result, reason=result)
+        for reason in ("queue-full", "api-error"):
+            self.events_dropped.labels(reason=reason)
+        for resource in ("nodes", "pods"):
+            for cause in ("gone", "error", "closed"):
+                self.watch_restarts.labels(resource=resource, cause=cause)
+        for reason in ("expired", "owner-gone", "owner-done", "malformed"):
+            self.lock_breaks.labels(reason=reason)
 
     def attach(self, model: ClusterModel) -> None:
         """Serve the GPU gauges from ``model``."""

@@ -21,6 +21,7 @@ from typing import Final, TextIO
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from hamipy.monitor.region_dirs import ERROR_PROBLEMS
 from hamipy.telemetry import make_logger
 
 __all__ = ["SERVICE_NAME", "Metrics", "Telemetry"]
@@ -74,6 +75,12 @@ class Metrics:
             ["cause"],
             registry=r,
         )
+        # Known label values start at zero: a series that appears only at its first event hides
+        # that event from rate() and increase() (a healthy node's "Region errors" showed no data).
+        for reason in sorted(ERROR_PROBLEMS):
+            self.region_errors.labels(reason=reason)
+        for cause in ("gone", "error", "closed"):
+            self.watch_restarts.labels(cause=cause)
 
 
 class Telemetry:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-import typing
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,7 +23,6 @@ from hamipy.telemetry import incoming_context, pod_trace_context, traceparent_of
 from hamipy.webhook.admission import (
     AdmissionReview,
     BadReview,
-    BadReviewReason,
     Review,
     decode_review,
     encode_response,
@@ -69,11 +67,6 @@ class Admitter:
     def __init__(self, settings: MutationSettings, telemetry: Telemetry) -> None:
         self.settings = settings
         self.telemetry = telemetry
-        # Known label values start at zero, so that an alert's increase() sees the first one.
-        metrics = telemetry.metrics
-        for reason in (*typing.get_args(BadReviewReason), "too_large"):
-            metrics.bad_requests.labels(reason=reason)
-        metrics.admissions.labels(outcome="error", reason="exception")
 
     def bad_request(self, reason: str, message: str, *, remote: str | None = None) -> Answer:
         """The HTTP 400 answer for a request we cannot read, logged and counted."""

@@ -11,12 +11,14 @@
 from __future__ import annotations
 
 import logging
+import typing
 from typing import Final, TextIO
 
 from opentelemetry.sdk.trace import SpanProcessor
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 from hamipy.telemetry.service import ServiceTelemetry
+from hamipy.webhook.admission import BadReviewReason
 
 __all__ = [
     "SERVICE_NAME",
@@ -75,6 +77,16 @@ class Metrics:
             ["result"],
             registry=self.registry,
         )
+
+        # Known label values start at zero: a series that appears only at its first event hides
+        # that event from rate() and increase() (an alert on the first bad request would miss it).
+        for reason in (*typing.get_args(BadReviewReason), "too_large"):
+            self.bad_requests.labels(reason=reason)
+        self.admissions.labels(outcome="error", reason="exception")
+        for outcome in ("mutated", "allowed", "refused", "error"):
+            self.admission_seconds.labels(outcome=outcome)
+        for result in ("ok", "failed"):
+            self.certificate_reloads.labels(result=result)
 
     def render(self) -> bytes:
         """The text exposition format of every metric."""
