@@ -46,23 +46,22 @@ MANAGED = tuple(
 
 
 class Webhook:
-    """A webhook in this process, registered for one namespace."""
+    """A webhook in this process, registered for one namespace; with ``metrics`` also serving
+    ``/metrics`` on a plain-HTTP port (``metrics_port``), as the chart runs it."""
 
     def __init__(
-        self,
-        api: Any,
-        namespace: str,
-        certs: CertificateBundle,
-        tmp: Path,
+        self, api: Any, namespace: str, certs: CertificateBundle, tmp: Path, *, metrics: bool = False
     ) -> None:
         self.api = api
         self.namespace = namespace
         self.certs = certs
-        self.cert_file, self.key_file, _ = write_files(certs, tmp)
+        self.cert_file, self.key_file, self.ca_file = write_files(certs, tmp)
         self.log = io.StringIO()
         self.admitter = Admitter(MutationSettings(), Telemetry.create(stream=self.log))
         self.server: WebhookServer | None = None
         self.port = 0
+        self.metrics = metrics
+        self.metrics_port: int | None = None
         self.configuration = f"hamipy-webhook-{namespace}"
 
     async def start(self) -> None:
@@ -71,11 +70,13 @@ class Webhook:
             key_file=self.key_file,
             host="127.0.0.1",
             port=self.port,
+            metrics_port=0 if self.metrics else None,
             shutdown_timeout_s=1.0,
         )
         self.server = WebhookServer(settings, self.admitter)
         await self.server.start()
         self.port = self.server.port
+        self.metrics_port = self.server.metrics_port
 
     async def stop(self) -> None:
         if self.server is not None:
@@ -87,11 +88,12 @@ class Webhook:
         return 0.0 if value is None else value
 
 
-async def start_webhook(api: Any, namespace: str, tmp: Path) -> Webhook:
-    """A webhook in this process with a certificate for 127.0.0.1, registered for `namespace` only.
-    Its tracing follows this process's OTEL_* variables (a test sets them with monkeypatch)."""
+async def start_webhook(api: Any, namespace: str, tmp: Path, *, metrics: bool = False) -> Webhook:
+    """A webhook in this process with a certificate for 127.0.0.1, registered for `namespace` only
+    (``metrics``: see ``Webhook``). Its tracing follows this process's OTEL_* variables (a test sets
+    them with monkeypatch)."""
     certs = generate_certificates(dns_names=["localhost"], ip_addresses=["127.0.0.1"])
-    hook = Webhook(api, namespace, certs, tmp)
+    hook = Webhook(api, namespace, certs, tmp, metrics=metrics)
     await hook.start()
     try:
         await register_webhook(

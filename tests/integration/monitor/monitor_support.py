@@ -10,9 +10,13 @@ the container's mount (what a container runtime would do).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
+import shutil
 import subprocess
+import tempfile
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,8 +24,9 @@ from typing import Any
 import aiohttp
 from kubernetes_asyncio.client import CoreV1Api
 from prometheus_client.parser import text_string_to_metric_families
+from stack_support import Webhook, start_extenders, start_webhook, stop_webhook, use_extender
 
-from hamipy.devcluster import API_TIMEOUT_S, gpu_nodes, wait_for
+from hamipy.devcluster import API_TIMEOUT_S, DevCluster, NodePool, NodeSpec, gpu_nodes, wait_for
 from hamipy.devcluster.gpu_nodes import DevicePluginAgent, FakeGpu
 from hamipy.devcluster.kubelet_standin import ContainerAllocation, KubeletStandIn
 from hamipy.extender.server import ExtenderServer
@@ -224,3 +229,48 @@ def gpu_container(
 
 
 MONITOR_ARGS = ("--feedback-interval", "0.3", "--legacy-metrics")
+
+
+@contextlib.asynccontextmanager
+async def running_monitor_stack(
+    devcluster: DevCluster,
+    api: Any,
+    namespace: str,
+    pool: NodePool,
+    hami_scheduler: Callable[..., Any],
+    *,
+    monitor_args: Sequence[str] = MONITOR_ARGS,
+    webhook_metrics: bool = False,
+) -> AsyncIterator[tuple[MonitorStack, Webhook]]:
+    """The real control plane, the webhook (``webhook_metrics``: with its plain-HTTP metrics port)
+    and one extender in this process, and one simulated GPU node running the kubelet stand-in, the
+    real device plugin and the real monitor (``monitor_args``) as processes over the fake driver
+    (one GPU, so that every pod shares it). On exit the monitor must still run and the stand-in
+    must have met no error."""
+    # Unix socket paths must stay short (about 100 bytes): a directory under /tmp, not tmp_path.
+    workdir = Path(tempfile.mkdtemp(prefix="hamipy-mon-", dir="/tmp"))
+    webhook = await start_webhook(api, namespace, workdir / "webhook", metrics=webhook_metrics)
+    try:
+        (extender,) = await start_extenders(api)
+        try:
+            await use_extender(hami_scheduler, extender.url)
+            standin, plugin = gpu_nodes.gpu_node_agents(
+                workdir=workdir / "node",
+                gpus=(GPU,),
+                kubeconfig=Path(devcluster.access.kubeconfig),
+                native_build=NATIVE_BUILD,
+            )
+            monitor = MonitorAgent(plugin, extra_args=monitor_args)
+            node = f"{namespace}-gpu"
+            await pool.add(
+                NodeSpec(name=node, labels={"gpu-test": namespace}), agents=(standin, plugin, monitor)
+            )
+            await standin.wait_registered(RESOURCE)
+            yield MonitorStack(api, namespace, node, standin, plugin, monitor, extender), webhook
+            assert monitor.running(), f"the monitor exited; its log:\n{monitor.log_path.read_text()[-4000:]}"
+            assert not standin.errors, standin.errors
+        finally:
+            await extender.stop()
+    finally:
+        await stop_webhook(webhook)
+        shutil.rmtree(workdir, ignore_errors=True)

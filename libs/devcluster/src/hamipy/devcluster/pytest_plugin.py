@@ -11,9 +11,14 @@ built or started until a test asks for a fixture.
 - ``node_pool``: a `NodePool` for this test's simulated nodes, removed after the test.
 - ``hami_scheduler``: a function that (re)starts the ``hami-scheduler`` kube-scheduler with an
   extender config; it is stopped after the test.
+- ``prometheus_binaries`` (session): ``prometheus`` and ``promtool`` (`hamipy.devcluster.prometheus`:
+  PATH, the cache, or Debian's package fetched once per machine); the test is skipped, with the
+  reason, when they cannot be had.
+- ``prometheus_server``: ``prometheus_server(targets, rule_files=...)`` starts a ready Prometheus
+  scraping `ScrapeTarget`s; every one started is stopped after the test.
 
 When a test that used ``devcluster`` fails, the tail of each control-plane log is attached to its
-report.
+report, and so is each of its Prometheus servers' log.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ if TYPE_CHECKING:
     from hamipy.devcluster.cluster import DevCluster
     from hamipy.devcluster.config import ExtenderConfig
     from hamipy.devcluster.nodes import NodePool
+    from hamipy.devcluster.prometheus import PrometheusBinaries, PrometheusFactory
 
 KEEP_ENV = "HAMIPY_DEVCLUSTER_KEEP"
 
@@ -112,6 +118,30 @@ def hami_scheduler(devcluster: DevCluster) -> Iterator[Callable[..., Any]]:
     devcluster.stop_scheduler("hami")
 
 
+@pytest.fixture(scope="session")
+def prometheus_binaries() -> PrometheusBinaries:
+    """``prometheus`` and ``promtool``, fetched once per machine if need be; skips the test (saying
+    which step failed) when they cannot be had."""
+    from hamipy.devcluster.prometheus import PrometheusUnavailable, ensure_prometheus
+
+    try:
+        return ensure_prometheus()
+    except PrometheusUnavailable as exc:
+        pytest.skip(f"Prometheus cannot be installed here: {exc}")
+
+
+@pytest.fixture
+def prometheus_server(prometheus_binaries: PrometheusBinaries) -> Iterator[PrometheusFactory]:
+    """``prometheus_server(targets, rule_files=(), ...)`` starts a ready `PrometheusServer`; all are
+    stopped after the test. From an async test, call the server's API through ``asyncio.to_thread``
+    when a target is served by the test's own event loop."""
+    from hamipy.devcluster.prometheus import PrometheusFactory
+
+    factory = PrometheusFactory(prometheus_binaries)
+    yield factory
+    factory.close()
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
     report = yield
@@ -122,4 +152,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
         for name in cluster.processes:
             report.sections.append((f"devcluster log: {name}", tail(cluster.log_path(name), 30)))
+    prometheus = funcargs.get("prometheus_server")
+    if report.failed and prometheus is not None:
+        for i, server in enumerate(getattr(prometheus, "servers", [])):
+            report.sections.append((f"prometheus log {i}", server.log_tail()))
     return report
