@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -14,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from by_path import load
 
 from hamipy.devcluster import ClusterSettings, DevCluster, StartupError, ensure_binaries
 from hamipy.devcluster.cluster import _sweep_stale_workdirs
@@ -134,13 +134,7 @@ def _as_a_user_types_it(state_dir: Path, command: str) -> subprocess.CompletedPr
 
 def _readme_after_up() -> list[str]:
     """The README's block of commands after ``make up`` (read as tests/unit/docs reads it)."""
-    path = ROOT / "tests" / "unit" / "docs" / "test_documented_commands.py"
-    spec = importlib.util.spec_from_file_location("hamipy_documented_commands", path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    commands: list[str] = module.readme_after_up()
+    commands: list[str] = load("unit/docs/test_documented_commands.py").readme_after_up()
     return commands
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
 import re
 import select
 import ssl
@@ -29,13 +28,12 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-import aiohttp
 import pytest
 import yaml
+from by_path import load
 from observability_support import ObservedSystem, monitor_support
 
 from hamipy.devcluster import wait_for
@@ -67,18 +65,7 @@ ACCEPTED_LINT = frozenset(
 T = TypeVar("T")
 
 
-def _load_dashboard_queries() -> ModuleType:
-    """The dashboard reader of the unit tests, loaded by path (test folders are not packages)."""
-    path = ROOT / "tests" / "unit" / "monitor" / "dashboard_queries.py"
-    spec = importlib.util.spec_from_file_location("hamipy_observability_dashboard_queries", path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load {path}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-dashboard_queries = _load_dashboard_queries()
+dashboard_queries = load("unit/monitor/dashboard_queries.py")
 
 
 async def call(fn: Callable[..., T], *args: Any) -> T:
@@ -181,15 +168,6 @@ def scrape_targets(system: ObservedSystem) -> list[ScrapeTarget]:
     ]
 
 
-async def metrics_text(url: str) -> str:
-    async with (
-        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session,
-        session.get(url) as resp,
-    ):
-        assert resp.status == 200, f"GET {url}: HTTP {resp.status}"
-        return await resp.text()
-
-
 def launch_once(container: Any) -> subprocess.Popen[str]:
     """One kernel launch through the interposer (``launch_paths_are_throttled once``): the region
     gets its ``recent_kernel`` mark and ``last_kernel_time``; the program waits on stdin after."""
@@ -286,10 +264,14 @@ async def test_prometheus_scrapes_the_system_dashboards_and_alerts_work(
 
         # promtool's lint of each service's exposition, taken while the workload runs.
         texts = {
-            "extender": await metrics_text(f"{s.extender.url}/metrics"),
-            "webhook": await metrics_text(f"http://127.0.0.1:{system.webhook.metrics_port}/metrics"),
-            "device plugin": await metrics_text(f"http://127.0.0.1:{s.plugin.metrics_port}/metrics"),
-            "monitor": await metrics_text(f"{s.monitor.url}/metrics"),
+            "extender": await monitor_support.scrape_text(f"{s.extender.url}/metrics"),
+            "webhook": await monitor_support.scrape_text(
+                f"http://127.0.0.1:{system.webhook.metrics_port}/metrics"
+            ),
+            "device plugin": await monitor_support.scrape_text(
+                f"http://127.0.0.1:{s.plugin.metrics_port}/metrics"
+            ),
+            "monitor": await monitor_support.scrape_text(f"{s.monitor.url}/metrics"),
         }
         lint = {}
         for name, text in texts.items():
