@@ -1,5 +1,6 @@
-"""Suite-wide test hygiene: an async test that leaves asyncio tasks running fails, and the developer's
-own ``OTEL_*`` settings do not reach the services under test."""
+"""Suite-wide test hygiene: an async test that leaves asyncio tasks running fails, a unit test that
+hangs fails after 30 s, and the developer's own ``OTEL_*`` settings do not reach the services under
+test."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import asyncio
 import inspect
 import os
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
@@ -24,12 +26,20 @@ async def _no_leaked_tasks() -> AsyncIterator[None]:
         pytest.fail(f"test left asyncio tasks running: {names}")
 
 
+UNIT_TIMEOUT_S = 30
+"""A unit test runs in milliseconds; one that hangs should fail in seconds, not after the suite's
+300 s (kept for the integration tests, which start processes)."""
+UNIT = Path(__file__).resolve().parent / "unit"
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # Only coroutine tests get the check: sync (and hypothesis) tests have no loop to leak into.
     for item in items:
+        # Only coroutine tests get the check: sync (and hypothesis) tests have no loop to leak into.
         func = getattr(item, "function", None)
         if func is not None and inspect.iscoroutinefunction(func):
             item.fixturenames.insert(0, "_no_leaked_tasks")  # type: ignore[attr-defined]
+        if item.path.is_relative_to(UNIT) and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(UNIT_TIMEOUT_S))
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -1,0 +1,162 @@
+"""The API server, as every service reaches it: raw JSON over kubernetes-asyncio's ``ApiClient``.
+
+Objects stay plain dicts: decoding 10,000 pods into generated models would cost more than what the
+services do with them. ``KubeApi`` is the small interface everything else is built on, so a test can
+hand in a fake; ``RawKube`` implements it over an ``ApiClient`` (which supplies the server, the
+certificates and the token). Every call has a timeout; every failure comes out as a
+``hamipy.kube.errors.KubeError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Final, Protocol
+
+import aiohttp
+
+from hamipy.kube.errors import KubeError, error_for
+
+__all__ = [
+    "API_TIMEOUT_S",
+    "JSON",
+    "MERGE_PATCH",
+    "KubeApi",
+    "Query",
+    "RawKube",
+    "api_client",
+    "connect",
+]
+
+API_TIMEOUT_S: Final = 10.0
+"""Default per call: the API server answers in milliseconds; 10 s covers a busy one."""
+JSON: Final = "application/json"
+MERGE_PATCH: Final = "application/merge-patch+json"
+CONNECT_TIMEOUT_S: Final = 30.0
+"""A watch's connection timeout (its reads time out after the caller's inactivity limit)."""
+_LINE_LIMIT: Final = 32 * 1024 * 1024
+"""Longest single watch event accepted (an object is at most ~1.5 MiB in etcd)."""
+
+Query = Sequence[tuple[str, str]]
+
+
+class KubeApi(Protocol):
+    """The two operations everything else is built on."""
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Query = (),
+        body: Any = None,
+        content_type: str = JSON,
+        timeout_s: float = API_TIMEOUT_S,
+    ) -> Any:
+        """One call; the decoded JSON answer. Raises ``KubeError`` (``NotFound``, ``Conflict``...)."""
+        ...
+
+    def stream(self, path: str, *, query: Query, inactivity_s: float) -> AsyncIterator[dict[str, Any]]:
+        """A watch: one decoded JSON object per line until the server ends it; a stream silent for
+        ``inactivity_s`` raises ``KubeError``."""
+        ...
+
+
+async def api_client(kubeconfig: str | None = None) -> Any:
+    """A kubernetes-asyncio ``ApiClient`` (the caller closes it): from ``kubeconfig`` when given,
+    else the pod's service account (in cluster), else ``~/.kube/config``. Each client gets its own
+    configuration, so two in one process never share credentials."""
+    from kubernetes_asyncio import client, config
+
+    configuration = client.Configuration()
+    if kubeconfig:
+        await config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    else:
+        try:
+            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        except config.ConfigException:
+            await config.load_kube_config(client_configuration=configuration)
+    return client.ApiClient(configuration)
+
+
+class RawKube:
+    """``KubeApi`` over a kubernetes-asyncio ``ApiClient`` (the caller owns and closes it)."""
+
+    def __init__(self, api_client: Any) -> None:
+        self.api_client = api_client
+
+    async def _call(
+        self, method: str, path: str, query: Query, body: Any, content_type: str, timeout: aiohttp.ClientTimeout
+    ) -> Any:
+        return await self.api_client.call_api(
+            path,
+            method,
+            query_params=list(query),
+            header_params={"Accept": JSON, "Content-Type": content_type},
+            body=body,
+            auth_settings=["BearerToken"],
+            _preload_content=False,
+            _request_timeout=timeout,
+        )
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Query = (),
+        body: Any = None,
+        content_type: str = JSON,
+        timeout_s: float = API_TIMEOUT_S,
+    ) -> Any:
+        what = f"{method} {path}"
+        try:
+            async with asyncio.timeout(timeout_s):
+                resp = await self._call(
+                    method, path, query, body, content_type, aiohttp.ClientTimeout(total=timeout_s)
+                )
+                try:
+                    data = await resp.read()
+                finally:
+                    resp.release()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise KubeError(f"{what}: {type(exc).__name__}: {exc}") from exc
+        if not 200 <= resp.status <= 299:
+            raise error_for(resp.status, what, data)
+        try:
+            return json.loads(data) if data else None
+        except ValueError as exc:
+            raise KubeError(f"{what}: the answer is not JSON: {exc}", status=resp.status) from exc
+
+    async def stream(self, path: str, *, query: Query, inactivity_s: float) -> AsyncIterator[dict[str, Any]]:
+        what = f"WATCH {path}"
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S, sock_read=inactivity_s)
+        try:
+            resp = await self._call("GET", path, query, None, JSON, timeout)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise KubeError(f"{what}: {type(exc).__name__}: {exc}") from exc
+        try:
+            if resp.status != 200:
+                raise error_for(resp.status, what, await resp.read())
+            buffer = b""
+            try:
+                # Chunks, not `async for line in resp.content`: its line limit (64 KiB) is below a pod.
+                async for chunk in resp.content.iter_any():
+                    buffer += chunk
+                    while b"\n" in buffer:
+                        line, buffer = buffer.split(b"\n", 1)
+                        if line.strip():
+                            yield json.loads(line)
+                    if len(buffer) > _LINE_LIMIT:
+                        raise KubeError(f"{what}: event longer than {_LINE_LIMIT} bytes")
+            except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                raise KubeError(f"{what}: {type(exc).__name__}: {exc}") from exc
+        finally:
+            resp.release()
+
+
+async def connect(kubeconfig: str | None = None) -> tuple[Any, RawKube]:
+    """``api_client(kubeconfig)`` and a ``RawKube`` over it (close the client when done)."""
+    client = await api_client(kubeconfig)
+    return client, RawKube(client)

@@ -1,0 +1,116 @@
+"""hamipy.kube's small parts: certificates, strict environment flags, the node agents' options,
+the error tree."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import ssl
+import tempfile
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+
+from hamipy.kube.certs import dns_names_of, issue_cert, make_ca, not_after
+from hamipy.kube.errors import Conflict, Gone, KubeError, NotFound, error_for
+from hamipy.kube.options import BadEnvironment, EnvFlags, add_node_options, parse_bool
+
+DAY = datetime.timedelta(days=1)
+
+
+def test_a_serving_certificate_verifies_against_its_ca_for_its_names() -> None:
+    ca = make_ca("test-ca", validity=DAY)
+    leaf = issue_cert(
+        ca, common_name="svc", validity=DAY, dns_names=["svc.ns.svc"], ip_addresses=["127.0.0.1"], server=True
+    )
+    assert dns_names_of(leaf.cert_pem) == {"svc.ns.svc"}
+    assert (
+        datetime.timedelta(hours=23) < not_after(leaf.cert_pem) - datetime.datetime.now(datetime.UTC) <= DAY
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "ca.pem").write_bytes(ca.cert_pem)
+        (Path(tmp) / "leaf.pem").write_bytes(leaf.cert_pem)
+        (Path(tmp) / "leaf.key").write_bytes(leaf.key_pem)
+        server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        server.load_cert_chain(Path(tmp) / "leaf.pem", Path(tmp) / "leaf.key")  # key matches
+    cert = x509.load_pem_x509_certificate(leaf.cert_pem)
+    issuer = x509.load_pem_x509_certificate(ca.cert_pem)
+    cert.verify_directly_issued_by(issuer)
+    usage = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert [u.dotted_string for u in usage] == ["1.3.6.1.5.5.7.3.1"]  # serverAuth only
+
+
+def test_a_client_certificate_names_user_and_groups() -> None:
+    ca = make_ca("test-ca", validity=DAY)
+    leaf = issue_cert(ca, common_name="admin", organizations=["system:masters"], validity=DAY, client=True)
+    subject = x509.load_pem_x509_certificate(leaf.cert_pem).subject.rfc4514_string()
+    assert subject == "CN=admin,O=system:masters"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "problem"),
+    [
+        pytest.param({}, "server, a client, or both", id="neither"),
+        pytest.param({"server": True}, "at least one DNS name", id="server-without-names"),
+    ],
+)
+def test_a_certificate_that_would_be_useless_is_refused(kwargs: dict[str, bool], problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        issue_cert(make_ca("ca", validity=DAY), common_name="x", validity=DAY, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("text", "value"), [("1", True), ("TRUE", True), (" on", True), ("no", False), ("Off", False)]
+)
+def test_booleans_in_every_spelling(text: str, value: bool) -> None:
+    assert parse_bool(text, name="X") is value
+
+
+@pytest.mark.parametrize("text", ["enable", "2", "treu", "y"])
+def test_an_unknown_boolean_is_refused_naming_the_variable(text: str) -> None:
+    """It used to be read as "off" by two services and refused by the monitor."""
+    flags = EnvFlags({"HAMIPY_X_FEEDBACK": text}, "HAMIPY_X_")
+    with pytest.raises(BadEnvironment, match="HAMIPY_X_FEEDBACK"):
+        flags.boolean("feedback", True)
+
+
+def test_env_flags_fall_back_and_check_numbers() -> None:
+    flags = EnvFlags({"HAMIPY_X_PORT": "9443", "HAMIPY_X_RATE": "fast", "HAMIPY_X_ON": ""}, "HAMIPY_X_")
+    assert flags.integer("port", 1) == 9443
+    assert flags.number("timeout", 2.5) == 2.5
+    assert flags.boolean("on", True) is True, "an empty value is unset"
+    with pytest.raises(BadEnvironment, match="HAMIPY_X_RATE"):
+        flags.number("rate", 1.0)
+
+
+def test_node_options_come_from_the_downward_api_and_the_service_env() -> None:
+    env = {"NODE_NAME": "gpu-1", "HAMIPY_CONFIG": "/etc/c.yaml", "HAMIPY_X_API_TIMEOUT": "3"}
+    parser = argparse.ArgumentParser()
+    add_node_options(parser, EnvFlags(env, "HAMIPY_X_"))
+    args = parser.parse_args([])
+    assert (args.node_name, args.config, args.api_timeout, args.log_level) == (
+        "gpu-1",
+        Path("/etc/c.yaml"),
+        3.0,
+        "info",
+    )
+    assert parser.parse_args(["--node-name", "other"]).node_name == "other"
+
+
+@pytest.mark.parametrize(
+    ("status", "kind"), [(404, NotFound), (409, Conflict), (410, Gone), (500, KubeError), (403, KubeError)]
+)
+def test_errors_by_status_with_the_servers_message(status: int, kind: type[KubeError]) -> None:
+    error = error_for(
+        status, "GET /api/v1/nodes/n1", b'{"kind":"Status","message":"nodes \\"n1\\" not found"}'
+    )
+    assert type(error) is kind
+    assert error.status == status
+    assert str(error) == f'GET /api/v1/nodes/n1: HTTP {status}: nodes "n1" not found'
+
+
+def test_an_error_body_that_is_not_a_status_is_quoted_shortly() -> None:
+    error = error_for(502, "GET /x", b"<html>" + b"x" * 1000)
+    assert str(error).startswith("GET /x: HTTP 502: <html>xx")
+    assert len(str(error)) < 260
