@@ -1,6 +1,6 @@
 """Benchmark: Allocate latency over gRPC against the real apiserver (target p99 <= 50 ms).
 
-Run as a script: ``uv run python tests/bench/bench_allocate.py [--pods N]``. It starts a devcluster
+Run as a script: ``.venv/bin/python tests/bench/bench_allocate.py [--pods N]``. It starts a devcluster
 (binaries built on first use), one Node, and ``--pods`` pods bound to it that wait for their
 devices (``bind-phase=allocating``, as the extender leaves them); then the device plugin's real
 gRPC service, on a unix socket in this process, serves one Allocate per pod, called by a gRPC
@@ -30,12 +30,13 @@ from hamipy.devcluster import DevCluster, NodePool, NodeSpec, ensure_default_ser
 from hamipy.devcluster.binaries import ensure_binaries
 from hamipy.devcluster.cluster import ClusterSettings
 from hamipy.device_plugin.allocator import Allocator
-from hamipy.device_plugin.discovery import Gpu
+from hamipy.device_plugin.devices import Gpu
 from hamipy.device_plugin.inventory import Inventory
-from hamipy.device_plugin.kube import NodeApi
+from hamipy.device_plugin.kube import NodeKube, node_pods_informer
 from hamipy.device_plugin.pod_cache import PodCache
 from hamipy.device_plugin.servicer import DevicePluginServicer
 from hamipy.device_plugin.telemetry import Telemetry
+from hamipy.kube import InformerSettings, RawKube
 from hamipy.kubelet_api.v1beta1 import api_pb2, api_pb2_grpc
 from hamipy.protocol import keys
 from hamipy.protocol.config import Config, load_config
@@ -94,9 +95,12 @@ async def run(pods: int) -> dict[str, Any]:
             for i in range(pods):
                 await core.create_namespaced_pod("default", pending_pod(i))
             config: Config = load_config(f"nvidia:\n  hookPath: {tmp}/vgpu\n")
-            telemetry = Telemetry(log_stream=io.StringIO())
-            node_api = NodeApi(api, node_name=NODE, timeout_s=10)
-            pods_cache = PodCache(node_api, telemetry)
+            telemetry = Telemetry.create(stream=io.StringIO())
+            kube = RawKube(api)
+            node_api = NodeKube(kube, node_name=NODE, timeout_s=10)
+            pods_cache = PodCache(
+                node_pods_informer(kube, NODE, logger=telemetry.logger, settings=InformerSettings())
+            )
             watch = asyncio.create_task(pods_cache.run(), name="bench-pod-watch")
             await pods_cache.synced.wait()
             allocator = Allocator(

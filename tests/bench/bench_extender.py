@@ -1,7 +1,7 @@
 """Benchmark: extender ``/filter`` latency (targets: p99 <= 2 ms in-process and <= 5 ms over HTTP at
 1,000 nodes x 8 GPUs with 10,000 running GPU pods; <= 10 ms over HTTP at 5,000 nodes).
 
-Run as a script: ``uv run python tests/bench/bench_extender.py [--iterations N] [--nodes 1000]``.
+Run as a script: ``.venv/bin/python tests/bench/bench_extender.py [--iterations N] [--nodes 1000]``.
 
 The model is fed the way the watch feeds it (Node and Pod JSON with real register and allocation
 annotations); each node runs 10 pods (1 GPU, 1-4 GiB, 0-30 % cores). The filtered pod asks

@@ -10,7 +10,8 @@ through ``cuLaunchKernel``, timed in the program) over the fake driver:
   that it is not limited;
 - ``limit_policy_disable``: the same limit with ``GPU_CORE_UTILIZATION_POLICY=disable`` (fast path).
 
-Target (docs/isolation.md, DESIGN.md): at most 100 ns added per launch when no limit applies.
+Target (docs/isolation.md, docs/design.md#performance-targets): at most 100 ns added per launch when
+no limit applies.
 Each figure is the median of REPEATS runs, the configurations interleaved. The same program runs
 on a machine with a GPU (it loads a real empty kernel from PTX there): pass ``--real-driver`` to
 leave the fake driver off the library path. Run as ``python tests/bench/bench_launch.py``.

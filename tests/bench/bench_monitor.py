@@ -1,6 +1,6 @@
 """Benchmark: one monitor scrape of 100 GPU containers (target <= 50 ms).
 
-Run as a script: ``uv run python tests/bench/bench_monitor.py [--containers N]``. It lays out a hook
+Run as a script: ``.venv/bin/python tests/bench/bench_monitor.py [--containers N]``. It lays out a hook
 directory like a busy node's: ``N`` containers (one per pod), each with a region file of 4 live
 processes on one of 8 GPUs, and their pods with allocation annotations in the monitor's pod view;
 then times ``Monitor.render()``, the whole ``/metrics`` body: directory scan, the ``pread`` reads
@@ -47,17 +47,15 @@ def gpu_uuid(i: int) -> str:
 
 
 class Pods:
-    """A pod source that lists once and then never changes (a ``PodsApi``)."""
+    """An API server that lists ``pods`` once and whose watch never says anything (a ``KubeApi``)."""
 
     def __init__(self, pods: list[dict[str, Any]]) -> None:
         self.pods = pods
 
-    async def list_pods(self) -> tuple[list[dict[str, Any]], str]:
-        return self.pods, "1"
+    async def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        return {"items": self.pods, "metadata": {"resourceVersion": "1"}}
 
-    async def watch_pods(
-        self, resource_version: str, *, timeout_s: int, inactivity_s: float
-    ) -> AsyncIterator[dict[str, Any]]:
+    async def stream(self, path: str, **kwargs: Any) -> AsyncIterator[dict[str, Any]]:
         await asyncio.Event().wait()
         yield {}
 
@@ -114,11 +112,11 @@ def layout(hook: Path, containers: int) -> list[dict[str, Any]]:
 def monitor(hook: Path, pods: list[dict[str, Any]], *, legacy: bool) -> Monitor:
     m = Monitor(
         settings=MonitorSettings(node_name=NODE, hook_path=hook, legacy_metrics=legacy),
-        telemetry=Telemetry(log_stream=io.StringIO()),
-        pods_api=Pods(pods),
+        telemetry=Telemetry.create(stream=io.StringIO()),
+        api=Pods(pods),
         host_gpus=Gpus(),
     )
-    asyncio.run(m.pods.list_once())
+    asyncio.run(m.pods.informer.list_once())
     return m
 
 

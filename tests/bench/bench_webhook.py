@@ -1,6 +1,6 @@
 """Benchmark: in-process admission of a typical GPU pod (target p99 <= 5 ms).
 
-Run as a script: ``uv run python tests/bench/bench_webhook.py [--iterations N]``. It times
+Run as a script: ``.venv/bin/python tests/bench/bench_webhook.py [--iterations N]``. It times
 ``Admitter.admit`` on the raw AdmissionReview body (JSON decode, admission span, the pure decision,
 JSONPatch + base64 encode, metrics and the JSON log line, written to /dev/null), and the pure
 ``mutation.decide`` alone, for a realistic pod as the apiserver sends it (defaults filled in).

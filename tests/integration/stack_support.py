@@ -19,10 +19,10 @@ from hamipy.devcluster import DevCluster, ExtenderConfig, ManagedResource, NodeP
 from hamipy.devcluster.gpu_nodes import DevicePluginAgent, FakeGpu, gpu_node_agents
 from hamipy.devcluster.kubelet_standin import ContainerAllocation, KubeletStandIn
 from hamipy.extender.invariant import check_cluster
-from hamipy.extender.kube import ApiClientKube
 from hamipy.extender.server import ExtenderServer
 from hamipy.extender.settings import ExtenderSettings
 from hamipy.extender.telemetry import Telemetry as ExtenderTelemetry
+from hamipy.kube.client import RawKube
 from hamipy.protocol import ContainerDevice, decode_pod_devices, keys
 from hamipy.protocol.config import Config
 from hamipy.webhook.admitting import Admitter
@@ -171,7 +171,7 @@ async def start_extenders(
             config=config or Config(),
             settings=settings,
             telemetry=ExtenderTelemetry.create(stream=io.StringIO()),
-            api=ApiClientKube(api),
+            api=RawKube(api),
         )
         await server.start()
         servers.append(server)
@@ -306,7 +306,7 @@ async def running_gpu_stack(
             await standin.wait_registered(RESOURCE)
             yield GpuStack(api, namespace, node, standin, plugin)
             assert not standin.errors, standin.errors
-            report = await check_cluster(ApiClientKube(api))
+            report = await check_cluster(RawKube(api))
             assert report.ok, report.violations
         finally:
             await extender.stop()

@@ -2,8 +2,8 @@
 
 The extender runs in this process (aiohttp on a loopback port) with its real watch and bind against
 the devcluster; the ``hami-scheduler`` kube-scheduler calls it for /filter and /bind. Simulated
-nodes carry a ``hami.io/node-nvidia-register`` annotation written here (there is no device plugin
-yet) and ``nvidia.com/gpu`` capacity. Every test ends with the invariant checked against the API.
+nodes carry a ``hami.io/node-nvidia-register`` annotation written here (no device plugin runs in
+these tests) and ``nvidia.com/gpu`` capacity. Every test ends with the invariant checked against the API.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from hamipy.devcluster import (
     wait_pod_bound,
 )
 from hamipy.extender.invariant import check_cluster
-from hamipy.extender.kube import ApiClientKube
 from hamipy.extender.server import ExtenderServer
+from hamipy.kube.client import RawKube
 from hamipy.protocol import keys
 from hamipy.protocol.devices import DeviceInfo
 from hamipy.protocol.node_devices import encode_node_devices
@@ -115,7 +115,7 @@ class Cluster:
         return node, [[d.uuid for d in slot] for slot in slots]
 
     async def assert_invariant(self) -> None:
-        report = await check_cluster(ApiClientKube(self.api))
+        report = await check_cluster(RawKube(self.api))
         assert report.ok, report.violations
 
 

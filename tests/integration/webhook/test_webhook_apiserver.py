@@ -27,8 +27,10 @@ from stack_support import register_webhook as register
 from stack_support import unregister_webhook as unregister
 
 from hamipy.devcluster.waiting import wait_for
+from hamipy.kube.client import RawKube
 from hamipy.protocol import keys
-from hamipy.webhook.certs import ensure_certificates, generate_certificates, write_files
+from hamipy.webhook.certificate_setup import ensure_certificates
+from hamipy.webhook.certs import generate_certificates, write_files
 from hamipy.webhook.registration import webhook_configuration
 
 pytestmark = pytest.mark.integration
@@ -277,8 +279,9 @@ async def test_certs_writes_secret_and_patches_ca_bundle(kube_client: Any, names
         "configuration_name": name,
         "create_configuration": create,
     }
+    kube = RawKube(kube_client)
     try:
-        bundle, renewed, patched = await ensure_certificates(kube_client, **kwargs)
+        bundle, renewed, patched = await ensure_certificates(kube, **kwargs)
         assert (renewed, patched) == (True, True)
         secret = await core.read_namespaced_secret(
             "hamipy-webhook-tls", namespace, _request_timeout=API_TIMEOUT_S
@@ -288,10 +291,10 @@ async def test_certs_writes_secret_and_patches_ca_bundle(kube_client: Any, names
         stored = await admission.read_mutating_webhook_configuration(name, _request_timeout=API_TIMEOUT_S)
         assert base64.b64decode(stored.webhooks[0].client_config.ca_bundle) == bundle.ca_pem
 
-        again, renewed, patched = await ensure_certificates(kube_client, **kwargs)
+        again, renewed, patched = await ensure_certificates(kube, **kwargs)
         assert (again, renewed, patched) == (bundle, False, False)
 
-        fresh, renewed, patched = await ensure_certificates(kube_client, **kwargs, force=True)
+        fresh, renewed, patched = await ensure_certificates(kube, **kwargs, force=True)
         assert (renewed, patched) == (True, True)
         assert fresh.ca_pem != bundle.ca_pem
         stored = await admission.read_mutating_webhook_configuration(name, _request_timeout=API_TIMEOUT_S)

@@ -1,10 +1,13 @@
 """The kubelet stand-in's pure decisions: what containers ask, which devices are free and chosen,
-what the node and the pods are told; and its records. No gRPC server, no cluster."""
+what the node and the pods are told; its records; and how it applies what its pod informer tells.
+No gRPC server, no cluster."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import json
+import logging
 import socket
 from pathlib import Path
 from typing import Any
@@ -36,7 +39,9 @@ from hamipy.devcluster.kubelet_standin import (
     KubeletStandIn,
     Mount,
     ResourceAllocation,
+    _PodFeed,
     _remove_sockets,
+    _StdlibLogger,
     _write_json,
 )
 from hamipy.kubelet_api.v1beta1 import api_pb2
@@ -295,3 +300,74 @@ def test_a_plugin_dir_too_long_for_unix_sockets_is_refused_up_front() -> None:
     with pytest.raises(ValueError, match="too long for unix sockets"):
         KubeletStandIn(Path("/tmp") / ("d" * 100))
     assert KubeletStandIn(Path("/tmp/short")).socket_path == Path("/tmp/short/kubelet.sock")
+
+
+def _pod(uid: str, created: str, **metadata: Any) -> dict[str, Any]:
+    meta = {"uid": uid, "name": uid, "namespace": "ns", "creationTimestamp": created, **metadata}
+    return {"metadata": meta, "spec": {"containers": [{"name": "main"}]}, "status": {"phase": "Pending"}}
+
+
+async def _applied(standin: KubeletStandIn, feed: _PodFeed) -> None:
+    """Run the stand-in's pod-event task until it has applied everything queued."""
+    task = asyncio.create_task(standin._apply_pod_events_forever(feed), name="pods")
+    try:
+        await asyncio.wait_for(feed.events.join(), timeout=5)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+def _queued(standin: KubeletStandIn) -> list[str]:
+    return [standin._queue.get_nowait() for _ in range(standin._queue.qsize())]
+
+
+class TestPodEvents:
+    async def test_a_list_queues_its_pods_in_creation_order(self) -> None:
+        standin = KubeletStandIn(Path("/tmp/short"))
+        feed = _PodFeed()
+        feed.listed([_pod("b", "2025-03-01T12:00:02Z"), _pod("a", "2025-03-01T12:00:01Z")])
+        feed.changed("ADDED", _pod("c", "2025-03-01T12:00:03Z"))
+        feed.changed("MODIFIED", _pod("a", "2025-03-01T12:00:01Z"))  # seen already: not again
+
+        await _applied(standin, feed)
+
+        assert _queued(standin) == ["a", "b", "c"]
+        assert sorted(standin._pods) == ["a", "b", "c"]
+
+    async def test_pods_gone_while_nobody_watched_free_their_devices_on_the_next_list(self) -> None:
+        standin = KubeletStandIn(Path("/tmp/short"))
+        for uid in ("kept", "gone"):
+            gpu = ResourceAllocation(GPU, (f"d-{uid}",), {})
+            await standin._record(ContainerAllocation("ns", uid, uid, "main", "app", (gpu,)))
+        feed = _PodFeed()
+        feed.listed([_pod("kept", "2025-03-01T12:00:01Z")])
+
+        await _applied(standin, feed)
+
+        assert [key.pod for key in standin.allocations] == ["kept"]
+
+    async def test_a_deleted_or_finished_pod_frees_its_devices(self) -> None:
+        standin = KubeletStandIn(Path("/tmp/short"))
+        for uid in ("deleted", "done"):
+            gpu = ResourceAllocation(GPU, (f"d-{uid}",), {})
+            await standin._record(ContainerAllocation("ns", uid, uid, "main", "app", (gpu,)))
+        feed = _PodFeed()
+        feed.changed("DELETED", _pod("deleted", "2025-03-01T12:00:01Z"))
+        finished = _pod("done", "2025-03-01T12:00:01Z")
+        finished["status"]["phase"] = "Succeeded"
+        feed.changed("MODIFIED", finished)
+
+        await _applied(standin, feed)
+
+        assert not standin.allocations
+        assert not standin._pods
+
+
+def test_the_informers_log_lines_go_to_the_stdlib_logger(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="hamipy.devcluster.kubelet_standin"):
+        _StdlibLogger("kubelet stand-in n1: pods").warning("list/watch failed; retrying", retry_s=0.2)
+        _StdlibLogger("kubelet stand-in n1: pods").info("watch expired; listing again")
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("WARNING", "kubelet stand-in n1: pods: list/watch failed; retrying (retry_s=0.2)"),
+        ("INFO", "kubelet stand-in n1: pods: watch expired; listing again"),
+    ]

@@ -2,72 +2,32 @@
 
 from __future__ import annotations
 
-import copy
 import io
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import pytest
+from plugin_fakes import NODE, FakeKube
 
 from hamipy.device_plugin.allocator import Allocator
-from hamipy.device_plugin.errors import AllocateError, Conflict
-from hamipy.device_plugin.kube import NodeApi
+from hamipy.device_plugin.errors import AllocateError
+from hamipy.device_plugin.kube import NodeKube, node_pods_informer
 from hamipy.device_plugin.pod_cache import PodCache
 from hamipy.device_plugin.telemetry import Telemetry
+from hamipy.kube.errors import KubeError
+from hamipy.kube.informer import InformerSettings
 from hamipy.protocol import keys
 from hamipy.protocol.config import load_config
 from hamipy.protocol.node_lock import NodeLock, format_node_lock
 
-NODE = "n1"
 
-
-class FakeApi:
-    """The calls Allocator makes, on dicts; counts writes and can lose one resourceVersion race."""
-
-    node_name = NODE
-
-    def __init__(self, pods: list[dict[str, Any]], *, lock_owner: str | None = None) -> None:
-        self.pods = {p["metadata"]["uid"]: p for p in pods}
-        self.node: dict[str, Any] = {"metadata": {"name": NODE, "resourceVersion": "1", "annotations": {}}}
-        if lock_owner is not None:
-            lock = NodeLock(time=datetime.now(UTC), namespace="ns", name=lock_owner)
-            self.node["metadata"]["annotations"][keys.NODE_LOCK] = format_node_lock(lock)
-        self.version = 10
-        self.conflicts = 0
-        self.lists = 0
-
-    async def get_node(self) -> dict[str, Any]:
-        return copy.deepcopy(self.node)
-
-    async def node_pods(self) -> tuple[list[dict[str, Any]], str]:
-        self.lists += 1
-        return copy.deepcopy(list(self.pods.values())), str(self.version)
-
-    async def patch_node_annotations(
-        self, annotations: dict[str, str | None], *, resource_version: str | None = None
-    ) -> dict[str, Any]:
-        if self.conflicts:
-            self.conflicts -= 1
-            self.node["metadata"]["resourceVersion"] = str(int(self.node["metadata"]["resourceVersion"]) + 1)
-            raise Conflict("lost the race", status=409)
-        assert resource_version == self.node["metadata"]["resourceVersion"]
-        current = self.node["metadata"]["annotations"]
-        for key, value in annotations.items():
-            if value is None:
-                current.pop(key, None)
-            else:
-                current[key] = value
-        return copy.deepcopy(self.node)
-
-    async def patch_pod_annotations(
-        self, namespace: str, name: str, uid: str, annotations: dict[str, str | None]
-    ) -> dict[str, Any]:
-        pod = self.pods[uid]
-        pod["metadata"]["annotations"].update(annotations)
-        self.version += 1
-        pod["metadata"]["resourceVersion"] = str(self.version)
-        return copy.deepcopy(pod)
+def fake_api(pods: list[dict[str, Any]], *, lock_owner: str | None = None) -> FakeKube:
+    api = FakeKube(pods)
+    if lock_owner is not None:
+        lock = NodeLock(time=datetime.now(UTC), namespace="ns", name=lock_owner)
+        api.node["metadata"]["annotations"][keys.NODE_LOCK] = format_node_lock(lock)
+    return api
 
 
 def pod(name: str, to_allocate: str, *, bind_time: int = 1) -> dict[str, Any]:
@@ -88,15 +48,17 @@ def pod(name: str, to_allocate: str, *, bind_time: int = 1) -> dict[str, Any]:
     }
 
 
-def make(api: FakeApi, tmp_path: Path, *, cached: bool = True) -> tuple[Allocator, Telemetry]:
+async def make(
+    api: FakeKube, tmp_path: Path, *, cached: bool = True, log: io.StringIO | None = None
+) -> tuple[Allocator, Telemetry]:
     config = load_config(f"nvidia:\n  hookPath: {tmp_path}/vgpu\n")
-    telemetry = Telemetry(log_stream=io.StringIO())
-    node_api = cast(NodeApi, api)
-    cache = PodCache(node_api, telemetry)
+    telemetry = Telemetry.create(stream=log or io.StringIO())
+    cache = PodCache(node_pods_informer(api, NODE, logger=telemetry.logger, settings=InformerSettings()))
     if cached:
-        cache.replace(copy.deepcopy(list(api.pods.values())))
+        await cache.informer.list_once()
+        api.lists = 0
     allocator = Allocator(
-        api=node_api,
+        api=NodeKube(api, node_name=NODE),
         pods=cache,
         nvidia=config.nvidia,
         node_settings=config.for_node(NODE),
@@ -106,14 +68,14 @@ def make(api: FakeApi, tmp_path: Path, *, cached: bool = True) -> tuple[Allocato
     return allocator, telemetry
 
 
-def annotations(api: FakeApi, name: str) -> dict[str, str]:
+def annotations(api: FakeKube, name: str) -> dict[str, str]:
     result: dict[str, str] = api.pods[f"uid-{name}"]["metadata"]["annotations"]
     return result
 
 
 async def test_two_containers_are_served_in_order_then_the_pod_succeeds(tmp_path: Path) -> None:
-    api = FakeApi([pod("p", "GPU-A,NVIDIA,1000,10:;GPU-B,NVIDIA,2000,20:;")], lock_owner="p")
-    allocator, _ = make(api, tmp_path)
+    api = fake_api([pod("p", "GPU-A,NVIDIA,1000,10:;GPU-B,NVIDIA,2000,20:;")], lock_owner="p")
+    allocator, _ = await make(api, tmp_path)
     (first,) = await allocator.allocate([1])
     assert first.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-A"
     assert first.envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"] == f"{tmp_path}/vgpu/c0ffee.cache"
@@ -130,32 +92,32 @@ async def test_two_containers_are_served_in_order_then_the_pod_succeeds(tmp_path
 
 
 async def test_another_pods_lock_is_left_alone(tmp_path: Path) -> None:
-    api = FakeApi([pod("p", "GPU-A,NVIDIA,1000,10:;;")], lock_owner="someone-else")
-    allocator, _ = make(api, tmp_path)
+    api = fake_api([pod("p", "GPU-A,NVIDIA,1000,10:;;")], lock_owner="someone-else")
+    allocator, _ = await make(api, tmp_path)
     await allocator.allocate([1])
     assert annotations(api, "p")[keys.BIND_PHASE] == "success"
     assert keys.NODE_LOCK in api.node["metadata"]["annotations"]
 
 
 async def test_lock_release_retries_a_lost_race(tmp_path: Path) -> None:
-    api = FakeApi([pod("p", "GPU-A,NVIDIA,1000,10:;;")], lock_owner="p")
+    api = fake_api([pod("p", "GPU-A,NVIDIA,1000,10:;;")], lock_owner="p")
     api.conflicts = 2
-    allocator, _ = make(api, tmp_path)
+    allocator, _ = await make(api, tmp_path)
     await allocator.allocate([1])
     assert keys.NODE_LOCK not in api.node["metadata"]["annotations"]
 
 
 async def test_a_pod_the_cache_has_not_seen_is_found_by_a_fresh_list(tmp_path: Path) -> None:
-    api = FakeApi([pod("late", "GPU-A,NVIDIA,1000,10:;;")])
-    allocator, _ = make(api, tmp_path, cached=False)
+    api = fake_api([pod("late", "GPU-A,NVIDIA,1000,10:;;")])
+    allocator, _ = await make(api, tmp_path, cached=False)
     (allocation,) = await allocator.allocate([1])
     assert allocation.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-A"
     assert api.lists == 1
 
 
 async def test_no_waiting_pod_is_a_clear_error(tmp_path: Path) -> None:
-    api = FakeApi([pod("p", "GPU-A,NVIDIA,1000,10:GPU-B,NVIDIA,1000,10:;;")])
-    allocator, telemetry = make(api, tmp_path)
+    api = fake_api([pod("p", "GPU-A,NVIDIA,1000,10:GPU-B,NVIDIA,1000,10:;;")])
+    allocator, telemetry = await make(api, tmp_path)
     with pytest.raises(AllocateError, match="no pod on node n1 is waiting for a container of 1 device"):
         await allocator.allocate([1])
     samples = telemetry.metrics.registry.get_sample_value(
@@ -166,8 +128,8 @@ async def test_no_waiting_pod_is_a_clear_error(tmp_path: Path) -> None:
 
 
 async def test_malformed_pod_is_marked_failed_and_its_lock_released(tmp_path: Path) -> None:
-    api = FakeApi([pod("bad", "GPU-A,NVIDIA,lots,10:;;")], lock_owner="bad")
-    allocator, _ = make(api, tmp_path)
+    api = fake_api([pod("bad", "GPU-A,NVIDIA,lots,10:;;")], lock_owner="bad")
+    allocator, _ = await make(api, tmp_path)
     with pytest.raises(AllocateError):
         await allocator.allocate([1])
     assert annotations(api, "bad")[keys.BIND_PHASE] == "failed"
@@ -176,8 +138,29 @@ async def test_malformed_pod_is_marked_failed_and_its_lock_released(tmp_path: Pa
 
 async def test_an_unbuildable_allocation_fails_the_pod(tmp_path: Path) -> None:
     # 0 MiB would read as "no limit" in the interposer: refused, and the pod is told.
-    api = FakeApi([pod("zero", "GPU-A,NVIDIA,0,10:;;")])
-    allocator, _ = make(api, tmp_path)
+    api = fake_api([pod("zero", "GPU-A,NVIDIA,0,10:;;")])
+    allocator, _ = await make(api, tmp_path)
     with pytest.raises(AllocateError, match="zero"):
         await allocator.allocate([1])
     assert annotations(api, "zero")[keys.BIND_PHASE] == "failed"
+
+
+async def test_an_api_error_fails_the_allocate_and_the_pod_with_its_cause(tmp_path: Path) -> None:
+    api = fake_api([pod("p", "GPU-A,NVIDIA,1000,10:;;")], lock_owner="p")
+    api.fail_pod_patches.append(KubeError("PATCH pod: HTTP 500: etcd is busy", status=500))
+    allocator, _ = await make(api, tmp_path)
+    with pytest.raises(AllocateError, match="pod ns/p: PATCH pod: HTTP 500: etcd is busy"):
+        await allocator.allocate([1])
+    assert annotations(api, "p")[keys.BIND_PHASE] == "failed"
+    assert keys.NODE_LOCK not in api.node["metadata"]["annotations"]
+
+
+async def test_a_lock_every_release_loses_is_left_to_expire(tmp_path: Path) -> None:
+    api = fake_api([pod("p", "GPU-A,NVIDIA,1000,10:;;")], lock_owner="p")
+    api.conflicts = 100
+    log = io.StringIO()
+    allocator, _ = await make(api, tmp_path, log=log)
+    await allocator.allocate([1])
+    assert annotations(api, "p")[keys.BIND_PHASE] == "success"
+    assert keys.NODE_LOCK in api.node["metadata"]["annotations"]
+    assert "node lock not released" in log.getvalue()

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from hamipy.device_plugin.devices import (
+    Gpu,
     gpu_of,
     kubelet_devices,
     preferred_allocation,
     register_devices,
 )
-from hamipy.device_plugin.discovery import Gpu
 from hamipy.protocol import decode_node_devices, encode_node_devices
 from hamipy.protocol.config import Config, load_config
 

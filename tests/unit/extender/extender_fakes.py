@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import itertools
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from hamipy.extender.errors import Conflict, KubeError, NotFound
+from hamipy.kube.errors import Conflict, KubeError, NotFound
 from hamipy.protocol import keys
 from hamipy.protocol.devices import DeviceInfo
 from hamipy.protocol.node_devices import encode_node_devices
@@ -94,8 +95,15 @@ def _merge(target: dict[str, Any], patch: dict[str, Any]) -> None:
             target[key] = copy.deepcopy(value)
 
 
+WatchStep = dict[str, Any] | BaseException | asyncio.Event
+"""One step of a scripted watch: an event sent, an exception raised, or a pause until the test
+sets the ``asyncio.Event``."""
+
+
 class FakeKube:
-    """Enough of an API server for binds: nodes, pods, bindings, events; resourceVersions enforced."""
+    """Enough of an API server for binds and informers: nodes, pods, bindings, events;
+    resourceVersions enforced. Lists answer what ``nodes`` and ``pods`` hold now; each watch of a
+    path replays the next script in ``streams[path]`` and, with none left, stays open and quiet."""
 
     def __init__(self) -> None:
         self.nodes: dict[str, dict[str, Any]] = {}
@@ -104,7 +112,8 @@ class FakeKube:
         self.calls: list[tuple[str, str]] = []
         self.fail: dict[tuple[str, str], KubeError] = {}
         self._rv = itertools.count(100)
-        self.watch_events: list[list[dict[str, Any]]] = []
+        self.streams: dict[str, list[list[WatchStep]]] = {}
+        self.watches: list[tuple[str, dict[str, str]]] = []
 
     def add_node(self, obj: dict[str, Any]) -> None:
         obj = copy.deepcopy(obj)
@@ -138,7 +147,7 @@ class FakeKube:
         query: Sequence[tuple[str, str]] = (),
         body: Any = None,
         content_type: str = "application/json",
-        timeout_s: float,
+        timeout_s: float = 10.0,
     ) -> Any:
         self.calls.append((method, path))
         failure = self.fail.get((method, path))
@@ -198,5 +207,23 @@ class FakeKube:
     async def stream(
         self, path: str, *, query: Sequence[tuple[str, str]], inactivity_s: float
     ) -> AsyncIterator[dict[str, Any]]:
-        for event in self.watch_events.pop(0) if self.watch_events else []:
-            yield event
+        self.watches.append((path, dict(query)))
+        scripts = self.streams.get(path)
+        if not scripts:
+            await asyncio.Event().wait()  # an open, quiet watch
+        for step in scripts.pop(0) if scripts else []:
+            if isinstance(step, BaseException):
+                raise step
+            if isinstance(step, asyncio.Event):
+                await step.wait()
+                continue
+            yield step
+
+
+def watch_event(kind: str, obj: dict[str, Any]) -> dict[str, Any]:
+    return {"type": kind, "object": obj}
+
+
+def gone() -> dict[str, Any]:
+    """The watch event of an expired resourceVersion (HTTP 410 in the stream)."""
+    return {"type": "ERROR", "object": {"kind": "Status", "code": 410, "message": "too old resource version"}}

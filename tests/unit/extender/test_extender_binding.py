@@ -1,4 +1,5 @@
-"""Bind against an in-memory API server: lock taking, waiting, breaking, fresh re-check, cleanup."""
+"""Bind against an in-memory API server: lock taking, waiting, breaking, fresh re-check, cleanup,
+and lock sessions shared by binds queued on one node."""
 
 from __future__ import annotations
 
@@ -14,13 +15,13 @@ from extender_fakes import FakeKube, container, gpu, node, pod
 from hamipy.devcluster.waiting import wait_for
 from hamipy.extender.binding import Binder
 from hamipy.extender.errors import BindRefused, LockTimeout
-from hamipy.extender.events import EventSink
 from hamipy.extender.invariant import check_cluster
 from hamipy.extender.model import ClusterModel
 from hamipy.extender.scheduler import Scheduler
 from hamipy.extender.settings import ExtenderSettings
 from hamipy.extender.telemetry import Telemetry
-from hamipy.extender.watching import Watcher, stamp_once
+from hamipy.kube.errors import KubeError
+from hamipy.kube.events import EventRecorder
 from hamipy.protocol import keys
 from hamipy.protocol.config import Config
 from hamipy.protocol.node_lock import NodeLock, format_node_lock, parse_node_lock
@@ -46,7 +47,7 @@ def rig(settings: ExtenderSettings = SETTINGS, *nodes: dict[str, Any]) -> Rig:
     model.replace_pods([])
     telemetry = Telemetry.create(stream=io.StringIO())
     binder = Binder(api=kube, model=model, config=Config(), settings=settings, telemetry=telemetry)
-    events = EventSink(None, telemetry)
+    events = EventRecorder(None, component="hamipy-extender", logger=telemetry.logger)
     scheduler = Scheduler(
         model=model, config=Config(), settings=settings, telemetry=telemetry, events=events, binder=binder
     )
@@ -128,8 +129,6 @@ async def test_bind_refused_when_nothing_fits_any_more_and_cleans_up() -> None:
 
 
 async def test_failed_binding_removes_written_annotations() -> None:
-    from hamipy.extender.errors import KubeError
-
     r = rig()
     p = pod("p")
     r.kube.add_pod(p)
@@ -214,63 +213,6 @@ async def test_pod_without_gpu_is_bound_without_lock() -> None:
     r.kube.add_pod(pod("p", container()))
     await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
     assert ("PATCH", "/api/v1/nodes/n") not in r.kube.calls
-
-
-async def test_invariant_reports_overcommit() -> None:
-    r = rig(SETTINGS, node("n", [gpu("A", 0, count=1, mem=1000)]))
-    for name in ("a", "b"):
-        r.kube.add_pod(
-            pod(
-                name, node_name="n", annotations={keys.DEVICES_ALLOCATED: "A,NVIDIA,600,0:;"}, phase="Running"
-            )
-        )
-    report = await check_cluster(r.kube)
-    assert {v.what for v in report.violations} == {"slots", "memory"}
-
-
-async def test_watcher_lists_then_applies_events_and_relists_on_gone() -> None:
-    r = rig()
-    events = EventSink(None, r.telemetry)
-    model = ClusterModel()
-    watcher = Watcher(
-        "pods", api=r.kube, model=model, settings=SETTINGS, telemetry=r.telemetry, events=events
-    )
-    await watcher.list_once()
-    assert model.pods_synced
-    running = pod("a", node_name="n", annotations={keys.DEVICES_ALLOCATED: "A,NVIDIA,5,0:;"}, phase="Running")
-    running["metadata"]["resourceVersion"] = "7"
-    r.kube.watch_events = [
-        [
-            {"type": "ADDED", "object": running},
-            {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "9"}}},
-        ],
-        [{"type": "ERROR", "object": {"code": 410, "message": "too old"}}],
-    ]
-    await watcher.watch_once()
-    assert watcher.resource_version == "9"
-    assert "uid-ns-a" in model.contributions
-    from hamipy.extender.errors import Gone
-
-    with pytest.raises(Gone):
-        await watcher.watch_once()
-
-
-async def test_handshake_stamped_only_where_needed() -> None:
-    r = rig(
-        SETTINGS, node("n"), node("m", annotations={keys.NODE_HANDSHAKE: "Requesting_2025-01-01 00:00:00"})
-    )
-    r.model.replace_nodes(r.kube.nodes.values())
-    stamped = await stamp_once(
-        api=r.kube,
-        model=r.model,
-        settings=SETTINGS,
-        telemetry=r.telemetry,
-        now=datetime(2025, 6, 1, tzinfo=UTC),
-    )
-    assert stamped == 1
-    assert (
-        r.kube.nodes["n"]["metadata"]["annotations"][keys.NODE_HANDSHAKE] == "Requesting_2025-06-01 00:00:00"
-    )
 
 
 # -- lock sessions: binds queued on one node share the lock and the fresh state ------------------------

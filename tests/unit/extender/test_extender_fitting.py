@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
 from extender_fakes import container, gpu, node, pod
 
 from hamipy.extender.filtering import build_ask, decide, summarize
-from hamipy.extender.fitting import fit_pod
+from hamipy.extender.fitting import NodeReasons, fit_pod
 from hamipy.extender.model import ClusterModel, NodeName, PodUid
 from hamipy.extender.scoring import prioritize_score
 from hamipy.protocol import keys
@@ -32,6 +33,10 @@ def fit(model: ClusterModel, name: str, p: dict[str, Any]) -> Any:
 
 def uuids(devices: Any) -> list[list[str]]:
     return [[d.uuid for d in slot] for slot in devices]
+
+
+def texts(reasons: Mapping[str, NodeReasons]) -> dict[str, str]:
+    return {name: r.text() for name, r in reasons.items()}
 
 
 # -- per-GPU rules -----------------------------------------------------------------------------------
@@ -84,15 +89,15 @@ def test_single_gpu_rule_refuses_with_hami_reason(
     model = model_with(node("n", [device]))
     result = fit(model, "n", pod("p", container(**limits), annotations=annotations))
     assert not result.ok
-    assert reason in result.reason_text()
+    assert reason in result.why().text()
 
 
 def test_cordoned_gpu_is_skipped() -> None:
     model = model_with(node("n", [gpu("A", 0), gpu("B", 1)], annotations={keys.DEVICE_CORDON: "A"}))
     result = fit(model, "n", pod("p", container(gpu="2", mem="10")))
     assert not result.ok
-    assert "1/2 CardCordoned" in result.reason_text()
-    assert "1/2 AllocatedCardsInsufficientRequest" in result.reason_text()
+    assert "1/2 CardCordoned" in result.why().text()
+    assert "1/2 AllocatedCardsInsufficientRequest" in result.why().text()
 
 
 def test_type_selector_picks_matching_gpu() -> None:
@@ -115,12 +120,12 @@ def test_exclusive_cores_refused_on_used_gpu_and_block_others() -> None:
     model = model_with(node("n", [gpu("A", 0)]))
     model.apply_pod("ADDED", allocated("a", "n", "A,NVIDIA,100,0:;"))
     result = fit(model, "n", pod("p", container(gpu="1", mem="10", cores="100")))
-    assert "ExclusiveDeviceAllocateConflict" in result.reason_text()
+    assert "ExclusiveDeviceAllocateConflict" in result.why().text()
     model2 = model_with(node("n", [gpu("A", 0)]))
     model2.apply_pod("ADDED", allocated("x", "n", "A,NVIDIA,100,100:;"))
     zero = fit(model2, "n", pod("p", container(gpu="1", mem="10")))
-    assert "CardInsufficientCore" not in zero.reason_text()
-    assert "CardComputeUnitsExhausted" in zero.reason_text()
+    assert "CardInsufficientCore" not in zero.why().text()
+    assert "CardComputeUnitsExhausted" in zero.why().text()
 
 
 def test_memory_percentage_is_resolved_per_gpu() -> None:
@@ -128,7 +133,7 @@ def test_memory_percentage_is_resolved_per_gpu() -> None:
     result = fit(model, "n", pod("p", container(gpu="1", pct="30")))
     assert result.devices[0][0].usedmem == 3000
     model.apply_pod("ADDED", allocated("a", "n", "A,NVIDIA,8000,0:;"))
-    assert "CardInsufficientMemory" in fit(model, "n", pod("p", container(gpu="1", pct="30"))).reason_text()
+    assert "CardInsufficientMemory" in fit(model, "n", pod("p", container(gpu="1", pct="30"))).why().text()
 
 
 def test_no_memory_asked_takes_whole_gpu() -> None:
@@ -149,13 +154,13 @@ def test_numa_bind_keeps_a_container_on_one_numa_node() -> None:
     bound = fit(model, "n", pod("p", container(gpu="2", mem="10"), annotations={keys.NUMA_BIND: "true"}))
     assert sorted(uuids(bound.devices)[0]) == ["B", "C"]
     three = fit(model, "n", pod("p", container(gpu="3", mem="10"), annotations={keys.NUMA_BIND: "true"}))
-    assert "NumaNotFit" in three.reason_text()
+    assert "NumaNotFit" in three.why().text()
 
 
 def test_containers_add_up_and_init_containers_count_by_peak() -> None:
     model = model_with(node("n", [gpu("A", 0, mem=10000)]))
     two = pod("p", container("a", gpu="1", mem="6000"), container("b", gpu="1", mem="6000"))
-    assert "CardInsufficientMemory" in fit(model, "n", two).reason_text()
+    assert "CardInsufficientMemory" in fit(model, "n", two).why().text()
     with_init = pod(
         "p",
         container("a", gpu="1", mem="5000"),
@@ -229,7 +234,7 @@ def test_reservation_is_seen_by_the_next_filter() -> None:
     )
     second = decide(model, ask, ["n"], now=NOW)
     assert second.node is None
-    assert second.failed == {"n": "1/1 CardTimeSlicingExhausted"}
+    assert texts(second.failed) == {"n": "1/1 CardTimeSlicingExhausted"}
     assert model.expire(10) == 1
     assert decide(model, ask, ["n"], now=NOW).node == "n"
 
@@ -240,13 +245,28 @@ def test_reasons_counted_per_cause_and_unresolvable_nodes() -> None:
     decision = decide(model, ask, ["small", "one", "ghost"], now=NOW)
     assert decision.node is None
     assert decision.unresolvable == {
-        "small": "1/1 NodeInsufficientDevice",
-        "one": "1/1 NodeInsufficientDevice",
-        "ghost": "NodeUnregistered",
+        "small": NodeReasons((("NodeInsufficientDevice", 1),), 1),
+        "one": NodeReasons((("NodeInsufficientDevice", 1),), 1),
+        "ghost": NodeReasons.of_node("NodeUnregistered"),
     }
-    assert summarize(decision.failed, decision.unresolvable).startswith(
-        "2 nodes NodeInsufficientDevice(one,small)"
+    summary = summarize(decision.failed, decision.unresolvable)
+    assert summary.by_cause == (
+        ("NodeInsufficientDevice", ("one", "small")),
+        ("NodeUnregistered", ("ghost",)),
     )
+    assert summary.top_cause() == "NodeInsufficientDevice"
+    assert summary.text() == "2 nodes NodeInsufficientDevice(one,small); 1 nodes NodeUnregistered(ghost)"
+
+
+def test_reasons_are_worded_once_as_hami_words_them() -> None:
+    assert NodeReasons((("CardInsufficientMemory", 1), ("CardTimeSlicingExhausted", 7)), 8).text() == (
+        "1/8 CardInsufficientMemory, 7/8 CardTimeSlicingExhausted"
+    )
+    assert NodeReasons.of_node("InvalidRequest", "bad gpumem").text() == "InvalidRequest: bad gpumem"
+    assert summarize({}, {}).top_cause() == "NoNodes"
+    assert summarize({}, {}).text() == ""
+    many = {f"n{i}": NodeReasons.of_node("NodeUnregistered") for i in range(7)}
+    assert summarize({}, many).text(limit=2) == "7 nodes NodeUnregistered(n0,n1,...)"
 
 
 def test_cooperative_returns_every_feasible_node() -> None:
@@ -266,7 +286,7 @@ def test_malformed_register_offers_nothing_and_is_reported() -> None:
     assert problems
     assert problems[0].kind == "Node"
     decision = decide(model, build_ask(pod("p"), CONFIG), ["n"], now=NOW)
-    assert decision.unresolvable == {"n": "NodeRegisterMalformed"}
+    assert texts(decision.unresolvable) == {"n": "NodeRegisterMalformed"}
 
 
 def test_malformed_allocation_makes_its_node_unusable_until_the_pod_goes() -> None:
@@ -276,7 +296,7 @@ def test_malformed_allocation_makes_its_node_unusable_until_the_pod_goes() -> No
     assert problems
     assert problems[0].kind == "Pod"
     ask = build_ask(pod("p"), CONFIG)
-    assert decide(model, ask, ["n"], now=NOW).failed == {"n": "NodeAllocationUnknown"}
+    assert texts(decide(model, ask, ["n"], now=NOW).failed) == {"n": "NodeAllocationUnknown"}
     model.apply_pod("DELETED", bad)
     assert decide(model, ask, ["n"], now=NOW).node == "n"
 
@@ -304,7 +324,7 @@ def test_dead_node_by_handshake_rule() -> None:
     n["status"]["allocatable"][keys.RESOURCE_COUNT] = "0"
     model = model_with(n)
     decision = decide(model, build_ask(pod("p"), CONFIG), ["n"], now=NOW)
-    assert decision.failed == {"n": "NodeHandshakeTimeout"}
+    assert texts(decision.failed) == {"n": "NodeHandshakeTimeout"}
 
 
 def test_pod_without_gpu_ask_and_malformed_ask() -> None:

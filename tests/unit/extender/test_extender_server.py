@@ -1,4 +1,5 @@
-"""The HTTP surface: routes, bad requests, readiness, metrics, the non-cache-capable form, CLI."""
+"""The HTTP surface: routes, bad requests, readiness, metrics, the non-cache-capable form; the CLI's
+flags and environment."""
 
 from __future__ import annotations
 
@@ -9,14 +10,16 @@ from typing import Any
 
 import aiohttp
 import pytest
-from extender_fakes import container, gpu, node, pod
+from extender_fakes import FakeKube, container, gpu, node, pod
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import hamipy.extender.cli as cli
+from hamipy.devcluster import wait_for
 from hamipy.extender.server import ExtenderServer
 from hamipy.extender.settings import ExtenderSettings
 from hamipy.extender.telemetry import Telemetry
+from hamipy.kube.errors import KubeError
 from hamipy.protocol import keys
 from hamipy.protocol.config import Config
 
@@ -55,10 +58,28 @@ async def get(srv: ExtenderServer, path: str) -> tuple[int, str]:
 async def test_readiness_follows_the_model_sync(server: Any) -> None:
     srv, _ = server
     assert (await get(srv, "/healthz"))[0] == 200
-    assert (await get(srv, "/readyz"))[0] == 503
+    assert await get(srv, "/readyz") == (503, "model not synced yet (listing nodes and pods)")
     srv.model.replace_nodes([])
     srv.model.replace_pods([])
     assert (await get(srv, "/readyz"))[0] == 200
+
+
+async def test_readiness_waits_for_both_informers_to_list() -> None:
+    kube = FakeKube()
+    kube.fail[("GET", "/api/v1/nodes")] = KubeError("GET /api/v1/nodes: HTTP 503: etcd", status=503)
+    srv = ExtenderServer(
+        config=Config(),
+        settings=ExtenderSettings(handshake_interval_s=0),
+        telemetry=Telemetry.create(stream=io.StringIO()),
+        api=kube,
+    )
+    async with srv:
+        await wait_for(lambda: srv.informers["pods"].listed.is_set() or None, timeout=5, interval=0.01)
+        assert await get(srv, "/readyz") == (503, "model not synced yet (listing nodes)")
+        del kube.fail[("GET", "/api/v1/nodes")]  # the API server recovers: the list is retried
+        await srv.wait_synced(5)
+        assert await get(srv, "/readyz") == (200, "ok")
+        assert srv.supervisor.failure is None
 
 
 @pytest.mark.parametrize(
@@ -178,6 +199,24 @@ def test_cli_settings_from_env() -> None:
     assert settings.cooperative
     assert not settings.release_lock_after_bind
     assert settings.bind_timeout_s == 7
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        pytest.param("HAMIPY_EXTENDER_COOPERATIVE", "maybe", id="boolean"),
+        pytest.param("HAMIPY_EXTENDER_RELEASE_LOCK_AFTER_BIND", "enabled", id="another-boolean"),
+        pytest.param("HAMIPY_EXTENDER_BIND_TIMEOUT", "20s", id="number"),
+        pytest.param("HAMIPY_EXTENDER_PORT", "http", id="integer"),
+        pytest.param("HAMIPY_EXTENDER_LOG_LEVEL", "verbose", id="log-level"),
+    ],
+)
+def test_cli_refuses_an_environment_value_it_cannot_read_naming_the_variable(
+    variable: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["serve"], env={variable: value}) == 2
+    err = capsys.readouterr().err
+    assert f"{variable}={value!r}" in err
 
 
 def test_cli_bad_config_exits_2(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:

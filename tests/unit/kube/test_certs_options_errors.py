@@ -14,7 +14,15 @@ from cryptography import x509
 
 from hamipy.kube.certs import dns_names_of, issue_cert, make_ca, not_after
 from hamipy.kube.errors import Conflict, Gone, KubeError, NotFound, error_for
-from hamipy.kube.options import BadEnvironment, EnvFlags, add_node_options, parse_bool
+from hamipy.kube.options import (
+    BadEnvironment,
+    EnvFlags,
+    add_node_options,
+    parse_bool,
+    run_command,
+    with_default_command,
+)
+from hamipy.protocol.config import ConfigError
 
 DAY = datetime.timedelta(days=1)
 
@@ -114,3 +122,105 @@ def test_an_error_body_that_is_not_a_status_is_quoted_shortly() -> None:
     error = error_for(502, "GET /x", b"<html>" + b"x" * 1000)
     assert str(error).startswith("GET /x: HTTP 502: <html>xx")
     assert len(str(error)) < 260
+
+
+def test_an_empty_variable_is_unset_for_every_kind_of_flag() -> None:
+    """A chart renders an unset value as "": it must mean the default, not an error."""
+    flags = EnvFlags({"HAMIPY_X_PORT": "", "HAMIPY_X_RATE": " ", "HAMIPY_X_ON": ""}, "HAMIPY_X_")
+    assert flags.integer("port", 7) == 7
+    assert flags.optional_integer("port") is None
+    assert flags.number("rate", 1.5) == 1.5
+    assert flags.boolean("on", False) is False
+    assert EnvFlags({"HAMIPY_X_PORT": "9090"}, "HAMIPY_X_").optional_integer("port") == 9090
+
+
+async def test_no_api_configuration_is_a_kube_error_naming_where_it_looked(tmp_path: Path) -> None:
+    from hamipy.kube.client import api_client
+
+    missing = tmp_path / "no-such-kubeconfig"
+    with pytest.raises(KubeError, match="no-such-kubeconfig"):
+        await api_client(str(missing))
+
+
+def _parser(env: dict[str, str]) -> argparse.ArgumentParser:
+    flags = EnvFlags(env, "HAMIPY_X_")
+    parser = argparse.ArgumentParser(prog="hamipy-x")
+    parser.add_argument("command")
+    parser.add_argument("--port", type=int, default=flags.integer("port", 1))
+    return parser
+
+
+class Broken(Exception):
+    pass
+
+
+class BadTracing(Exception):
+    pass
+
+
+@pytest.mark.parametrize(
+    ("env", "raised", "status", "line"),
+    [
+        pytest.param({}, None, 0, "", id="ok"),
+        pytest.param(
+            {"HAMIPY_X_PORT": "eighty"}, None, 2, "hamipy-x: bad environment: HAMIPY_X_PORT", id="env"
+        ),
+        pytest.param(
+            {},
+            ConfigError("nvidia.deviceSplitCount", "ten", "not a number"),
+            2,
+            "hamipy-x: bad configuration: nvidia",
+            id="config",
+        ),
+        pytest.param(
+            {},
+            BadTracing("OTEL_TRACES_EXPORTER names 'zipkin'"),
+            2,
+            "hamipy-x: bad tracing: OTEL",
+            id="usage",
+        ),
+        pytest.param({}, Broken("cannot reach the API"), 1, "hamipy-x: cannot reach the API", id="failure"),
+    ],
+)
+def test_a_command_turns_what_an_operator_can_fix_into_one_line_and_a_status(
+    env: dict[str, str], raised: Exception | None, status: int, line: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+        assert args.command == "serve"
+        if raised is not None:
+            raise raised
+        return 0
+
+    got = run_command(
+        "hamipy-x",
+        parser=lambda: _parser(env),
+        argv=with_default_command([], ["serve", "check"], "serve"),
+        run=run,
+        usage_errors={BadTracing: "bad tracing"},
+        failures=(Broken,),
+    )
+    assert got == status
+    err = capsys.readouterr().err
+    assert err.startswith(line) if line else err == ""
+
+
+def test_a_bug_keeps_its_traceback() -> None:
+    def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+        raise TypeError("a bug")
+
+    with pytest.raises(TypeError):
+        run_command("hamipy-x", parser=lambda: _parser({}), argv=["serve"], run=run)
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        ([], ["serve"]),
+        (["--port", "1"], ["serve", "--port", "1"]),
+        (["check"], ["check"]),
+        (["--version"], ["--version"]),
+        (["-h"], ["-h"]),
+    ],
+)
+def test_the_default_command(argv: list[str], expected: list[str]) -> None:
+    assert with_default_command(argv, ["serve", "check"], "serve") == expected

@@ -175,3 +175,27 @@ def test_without_a_cache_every_change_still_reaches_the_handlers() -> None:
     inf._apply("MODIFIED", obj("a", 1))
     assert inf.cache == {}
     assert seen.changes == [("ADDED", "a"), ("MODIFIED", "a")]
+
+
+async def test_a_list_answered_before_our_own_write_does_not_undo_it() -> None:
+    api = ScriptedKube()
+    api.lists.append([([obj("a", 1)], "", "10")])
+    api.lists.append([([obj("a", 5), obj("b", 6)], "", "20")])  # taken before our write (v30) landed
+    inf, _, _ = informer(api)
+    await inf.list_once()
+    inf.remember(obj("a", 30))
+    async with running(inf):
+        await until(lambda: inf.lists >= 2, "the re-list")
+    assert inf.cache["a"]["metadata"]["resourceVersion"] == "30"
+    assert sorted(inf.cache) == ["a", "b"]
+
+
+async def test_a_watch_line_that_is_not_an_event_is_an_api_error() -> None:
+    api = ScriptedKube()
+    api.lists.append([([obj("a", 1)], "", "10")])
+    api.streams.append([[]])  # type: ignore[list-item]
+    api.lists.append([([obj("a", 1)], "", "11")])
+    inf, seen, restarts = informer(api)
+    async with running(inf):
+        await until(lambda: len(seen.lists) == 2, "listed again after the bad line")
+    assert restarts == ["error"]

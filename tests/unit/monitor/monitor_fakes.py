@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from hamipy.kube.errors import KubeError
 from hamipy.monitor.host_gpus import HostGpuSample
 from hamipy.monitor.telemetry import Telemetry
 from hamipy.protocol import keys
@@ -104,31 +105,44 @@ def write_region(
 
 
 class FakePodsApi:
-    """An API that lists ``pods`` and then delivers queued watch events (a ``PodsApi``)."""
+    """An API server that lists ``pods`` and then delivers queued watch events (a ``KubeApi``):
+    an event, ``None`` (the server ends this watch) or an exception (raised in the stream)."""
 
     def __init__(self, pods: Sequence[dict[str, Any]] = (), *, version: str = "10") -> None:
         self.pods = list(pods)
         self.version = version
-        self.events: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        self.events: asyncio.Queue[dict[str, Any] | BaseException | None] = asyncio.Queue()
         self.lists = 0
         self.fail_lists = 0
 
-    async def list_pods(self) -> tuple[list[dict[str, Any]], str]:
-        from hamipy.monitor.errors import KubeError
-
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Sequence[tuple[str, str]] = (),
+        body: Any = None,
+        content_type: str = "application/json",
+        timeout_s: float = 10.0,
+    ) -> Any:
+        assert (method, path) == ("GET", "/api/v1/pods")
+        assert dict(query)["fieldSelector"] == "spec.nodeName=gpu-node"
         if self.fail_lists:
             self.fail_lists -= 1
-            raise KubeError("LIST pods: HTTP 500: boom", status=500)
+            raise KubeError("GET /api/v1/pods: HTTP 500: boom", status=500)
         self.lists += 1
-        return [json.loads(json.dumps(p)) for p in self.pods], self.version
+        items = [json.loads(json.dumps(p)) for p in self.pods]
+        return {"items": items, "metadata": {"resourceVersion": self.version}}
 
-    async def watch_pods(
-        self, resource_version: str, *, timeout_s: int, inactivity_s: float
+    async def stream(
+        self, path: str, *, query: Sequence[tuple[str, str]], inactivity_s: float
     ) -> AsyncIterator[dict[str, Any]]:
         while True:
             event = await self.events.get()
-            if event is None:  # the server ends this watch
+            if event is None:
                 return
+            if isinstance(event, BaseException):
+                raise event
             yield event
 
 
@@ -148,7 +162,7 @@ class FakeHostGpus:
 
 def telemetry() -> tuple[Telemetry, io.StringIO]:
     stream = io.StringIO()
-    return Telemetry(log_stream=stream), stream
+    return Telemetry.create(stream=stream), stream
 
 
 def log_lines(stream: io.StringIO) -> list[dict[str, Any]]:

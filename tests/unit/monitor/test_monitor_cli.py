@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from hamipy.monitor.cli import EXIT_USAGE, build_parser, main, settings_from
+from hamipy.kube.options import EXIT_USAGE
+from hamipy.monitor.cli import build_parser, main, settings_from
 from hamipy.protocol.config import Config, load_config
 
 FLAGS = (
@@ -118,3 +119,9 @@ def test_a_bad_configuration_file_is_a_usage_error(
 def test_the_port_comes_from_its_flag_variable() -> None:
     env = {"HAMIPY_MONITOR_METRICS_PORT": "9600"}
     assert build_parser(env).parse_args(["--node-name", "n"]).metrics_port == 9600
+
+
+def test_an_empty_variable_is_unset() -> None:
+    env = {"HAMIPY_MONITOR_FEEDBACK": "", "HAMIPY_MONITOR_LEGACY_METRICS": " "}
+    args = build_parser(env).parse_args(["--node-name", "n"])
+    assert (args.feedback, args.legacy_metrics) == (True, False), "the defaults"

@@ -31,7 +31,7 @@ def declared_names() -> set[str]:
     t.metrics.registry.register(UsageCollector(lambda: empty, node="n", legacy=True))
     extender = ExtenderTelemetry.create(stream=io.StringIO())
     extender.metrics.attach(ClusterModel())
-    plugin = PluginTelemetry(log_stream=io.StringIO())
+    plugin = PluginTelemetry.create(stream=io.StringIO())
     names: set[str] = set()
     for registry in (t.metrics.registry, extender.metrics.registry, plugin.metrics.registry):
         names |= exported_names(generate_latest(registry).decode())
@@ -155,7 +155,7 @@ def test_series_the_alerts_and_latency_panels_read_exist_before_any_event() -> N
     monitor, _ = telemetry()
     registries = {
         "extender": ExtenderTelemetry.create(stream=io.StringIO()).metrics.registry,
-        "plugin": PluginTelemetry(log_stream=io.StringIO()).metrics.registry,
+        "plugin": PluginTelemetry.create(stream=io.StringIO()).metrics.registry,
         "monitor": monitor.metrics.registry,
         "webhook": WebhookTelemetry.create(stream=io.StringIO()).metrics.registry,
     }

@@ -49,7 +49,7 @@ from hamipy.protocol.region import (
 
 def reader(hook: Path) -> tuple[RegionFiles, Telemetry, io.StringIO]:
     t, stream = telemetry()
-    return RegionFiles(hook, log=t.log, metrics=t.metrics, max_entries_per_dir=8), t, stream
+    return RegionFiles(hook, logger=t.logger, metrics=t.metrics, max_entries_per_dir=8), t, stream
 
 
 def errors(t: Telemetry, reason: str) -> float:

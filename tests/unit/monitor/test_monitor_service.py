@@ -77,7 +77,7 @@ Start = Callable[..., Any]
 @pytest.fixture
 async def start_monitor(tmp_path: Path) -> AsyncIterator[Start]:
     """start_monitor(pods=[...], **settings) -> Running, stopped after the test."""
-    stops: list[tuple[asyncio.Event, asyncio.Task[None]]] = []
+    stops: list[tuple[asyncio.Event, asyncio.Task[str | None]]] = []
 
     async def start(
         pods: list[dict[str, Any]] | None = None, *, gpus: FakeHostGpus | None = None, **settings: Any
@@ -91,7 +91,7 @@ async def start_monitor(tmp_path: Path) -> AsyncIterator[Start]:
         monitor = Monitor(
             settings=MonitorSettings(node_name=NODE, hook_path=hook, **values),
             telemetry=t,
-            pods_api=api,
+            api=api,
             host_gpus=gpus,
             wall_clock=lambda: 1_750_000_000.0,
             monotonic=lambda: clock[0],
@@ -105,7 +105,7 @@ async def start_monitor(tmp_path: Path) -> AsyncIterator[Start]:
     yield start
     for stop, task in stops:
         stop.set()
-        await asyncio.wait_for(task, timeout=10)
+        assert await asyncio.wait_for(task, timeout=10) is None, "stopped, no task died"
 
 
 def key(name: str, **labels: str) -> tuple[str, frozenset[tuple[str, str]]]:
@@ -331,10 +331,10 @@ async def test_directories_of_pods_gone_are_removed_after_the_grace_period(start
 async def test_nothing_is_removed_while_the_pod_view_is_not_fresh(start_monitor: Start) -> None:
     m = await start_monitor([], gone_grace_s=0)
     gone = write_region(m.hook, "uid-new", "main").parent
-    m.monitor.pods.fresh = False  # as after a failed watch, until the next list
+    m.monitor.pods.informer.fresh = False  # as after a failed watch, until the next list
     await asyncio.to_thread(m.monitor.housekeeping_once)
     assert gone.exists()
-    m.monitor.pods.fresh = True
+    m.monitor.pods.informer.fresh = True
     await asyncio.to_thread(m.monitor.housekeeping_once)
     assert not gone.exists()
 
@@ -348,7 +348,7 @@ async def test_readiness_waits_for_the_pod_list(tmp_path: Path) -> None:
             node_name=NODE, hook_path=tmp_path, metrics_host="127.0.0.1", metrics_port=0
         ),
         telemetry=t,
-        pods_api=api,
+        api=api,
         host_gpus=None,
     )
     stop = asyncio.Event()
@@ -370,24 +370,48 @@ def test_region_contents_written_by_the_fixture_are_what_the_tests_assume(tmp_pa
     assert (snap.devices[0].context_bytes, snap.devices[0].data_bytes) == (70 * MIB, 630 * MIB)
 
 
-async def test_a_failing_background_task_is_logged_and_ends_the_monitor(tmp_path: Path) -> None:
+DIED = "background task died; the service stops"
+
+
+def bare_monitor(tmp_path: Path, api: FakePodsApi) -> tuple[Monitor, io.StringIO]:
     t, stream = telemetry()
     monitor = Monitor(
         settings=MonitorSettings(
             node_name=NODE, hook_path=tmp_path, metrics_host="127.0.0.1", metrics_port=0
         ),
         telemetry=t,
-        pods_api=FakePodsApi([]),
+        api=api,
         host_gpus=None,
     )
+    return monitor, stream
+
+
+async def test_a_bug_in_the_pod_watch_fails_readiness_with_the_reason(tmp_path: Path) -> None:
+    api = FakePodsApi([pod_json("p", slots=[[slice_()]])])
+    monitor, stream = bare_monitor(tmp_path, api)
+    async with monitor.running():
+        await wait_for(lambda: monitor.metrics_port is not None and monitor.not_ready() is None, timeout=10)
+        api.events.put_nowait(TypeError("'NoneType' object is not subscriptable"))
+        await asyncio.wait_for(monitor.supervisor.failed.wait(), timeout=10)
+        url = f"http://127.0.0.1:{monitor.metrics_port}/readyz"
+        async with aiohttp.ClientSession() as session, session.get(url) as resp:
+            reason = "task monitor:pod-informer died: TypeError: 'NoneType' object is not subscriptable"
+            assert (resp.status, await resp.text()) == (503, reason)
+    (line,) = [e for e in log_lines(stream) if e["event"] == DIED]
+    assert (line["level"], line["task"]) == ("error", "monitor:pod-informer")
+    assert line["error"] == "TypeError: 'NoneType' object is not subscriptable"
+
+
+async def test_a_failing_background_task_is_logged_and_ends_the_run(tmp_path: Path) -> None:
+    monitor, stream = bare_monitor(tmp_path, FakePodsApi([]))
 
     def broken() -> None:
         raise RuntimeError("disk on fire")
 
     monitor.housekeeping_once = broken  # type: ignore[method-assign]
-    with pytest.raises(ExceptionGroup) as caught:
-        await asyncio.wait_for(monitor.run(asyncio.Event()), timeout=10)
-    assert caught.group_contains(RuntimeError, match="disk on fire")
-    (failure,) = [e for e in log_lines(stream) if e["event"].startswith("background task failed")]
-    assert failure["task"] == "monitor:housekeeping"
-    assert "disk on fire" in str(failure.get("exception"))
+    failure = await asyncio.wait_for(monitor.run(asyncio.Event()), timeout=10)
+    assert failure == "task monitor:housekeeping died: RuntimeError: disk on fire"
+    (line,) = [e for e in log_lines(stream) if e["event"] == DIED]
+    assert line["task"] == "monitor:housekeeping"
+    assert line["exception"][0]["exc_value"] == "disk on fire"
+    assert monitor.supervisor.tasks == {}, "the other tasks were stopped"

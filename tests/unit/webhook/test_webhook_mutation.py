@@ -103,7 +103,7 @@ def test_configured_resource_names_are_used() -> None:
     assert out["spec"]["containers"][0]["resources"]["limits"]["example.com/vgpu"] == "1"
 
 
-# -- resource defaults (hami-wire.md section 3) ---------------------------------------------------------
+# -- resource defaults (docs/wire-format.md#resources) -------------------------------------------------
 
 
 @pytest.mark.parametrize(

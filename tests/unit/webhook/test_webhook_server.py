@@ -1,4 +1,5 @@
-"""The HTTPS server: admissions over real TLS, bad requests, probes, metrics, certificate reload."""
+"""The HTTPS server: admissions over real TLS, bad requests, probes, metrics, certificate reload,
+and readiness once its supervised certificate watch died."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import asyncio
 import io
 import json
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ REVIEW = {
     },
 }
 BODY_LIMIT = 64 * 1024
+CHECK_INTERVAL_S = 0.02
 
 
 def bundle() -> CertificateBundle:
@@ -87,7 +89,7 @@ async def running(tmp_path: Path) -> AsyncIterator[Running]:
         port=0,
         metrics_port=0,
         max_body_bytes=BODY_LIMIT,
-        cert_check_interval_s=0.0,
+        cert_check_interval_s=CHECK_INTERVAL_S,
         shutdown_timeout_s=1.0,
     )
     async with WebhookServer(settings, admitter) as server:
@@ -164,42 +166,93 @@ async def test_readyz_fails_until_ready() -> None:
         assert (await client.get("/readyz")).status == 200
 
 
+def reloads(running: Running, result: str) -> float:
+    registry = running.server.admitter.telemetry.metrics.registry
+    return registry.get_sample_value("hamipy_webhook_certificate_reloads_total", {"result": result}) or 0.0
+
+
+async def until(predicate: Callable[[], bool], what: str) -> None:
+    """Poll ``predicate`` (the watch checks the files on its own clock) for up to 5 s."""
+    for _ in range(int(5 / CHECK_INTERVAL_S)):
+        if predicate():
+            return
+        await asyncio.sleep(CHECK_INTERVAL_S)
+    pytest.fail(f"timed out waiting for {what}")
+
+
 async def test_certificate_is_reloaded_when_files_change(running: Running) -> None:
     fresh = bundle()
     write_files(fresh, running.directory)
+    await until(lambda: reloads(running, "ok") == 1, "the reload")
     status, _ = await running.request("GET", "/healthz", ca=fresh.ca_pem)
     assert status == 200
     with pytest.raises(aiohttp.ClientConnectorCertificateError):
         await running.request("GET", "/healthz", ca=running.certs.ca_pem)
-    registry = running.server.admitter.telemetry.metrics.registry
-    assert registry.get_sample_value("hamipy_webhook_certificate_reloads_total", {"result": "ok"}) == 1
+    assert "serving certificate reloaded" in running.log.getvalue()
 
 
 async def test_mismatched_rotation_keeps_the_old_certificate(running: Running) -> None:
     fresh = bundle()
     (running.directory / "tls.crt").write_bytes(fresh.cert_pem)  # key not yet rotated
+    await until(lambda: reloads(running, "failed") == 1, "the failed reload")
     status, _ = await running.request("GET", "/healthz")
     assert status == 200
-    registry = running.server.admitter.telemetry.metrics.registry
-    assert registry.get_sample_value("hamipy_webhook_certificate_reloads_total", {"result": "failed"}) == 1
+    await asyncio.sleep(5 * CHECK_INTERVAL_S)
+    assert reloads(running, "failed") == 1  # reported once, not at every check
     (running.directory / "tls.key").write_bytes(fresh.key_pem)
+    await until(lambda: reloads(running, "ok") == 1, "the reload")
     status, _ = await running.request("GET", "/healthz", ca=fresh.ca_pem)
     assert status == 200
 
 
-def test_reload_is_checked_at_most_once_per_interval(tmp_path: Path) -> None:
+async def test_a_dead_certificate_watch_fails_readiness(
+    running: Running, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken() -> bool:
+        raise RuntimeError("injected: the watch broke")
+
+    monkeypatch.setattr(running.server.certificates, "refresh", broken)
+    await asyncio.wait_for(running.server.supervisor.failed.wait(), timeout=5)
+
+    failure = "task certificate-watch died: RuntimeError: injected: the watch broke"
+    assert running.server.supervisor.failure == failure
+    status, body = await running.request("GET", "/readyz")
+    assert (status, body.decode()) == (503, f"not ready: {failure}")
+    timeout = aiohttp.ClientTimeout(total=10)
+    async with (
+        aiohttp.ClientSession(timeout=timeout) as session,
+        session.get(f"http://127.0.0.1:{running.server.metrics_port}/readyz") as response,
+    ):
+        assert (response.status, await response.text()) == (503, f"not ready: {failure}")
+    lines = [json.loads(line) for line in running.log.getvalue().splitlines()]
+    died = [line for line in lines if line["event"] == "background task died; the service stops"]
+    assert [(line["level"], line["task"]) for line in died] == [("error", "certificate-watch")]
+    status, _ = await running.request("POST", "/webhook", data=json.dumps(REVIEW).encode())
+    assert status == 200  # still answering until the process ends (cli: status 1)
+
+
+def test_a_handshake_swaps_the_context_and_never_reads_the_files(tmp_path: Path) -> None:
     cert, key, _ = write_files(bundle(), tmp_path)
     store = CertificateStore(cert, key, check_interval_s=3600)
     first = store.current
     write_files(bundle(), tmp_path)
-    store._on_hello(_FakeSSLObject(), None, store.ssl_context)  # type: ignore[arg-type]
+    hello = _FakeSSLObject()
+    store._on_hello(hello, None, store.ssl_context)  # type: ignore[arg-type]
     assert store.current is first
+    assert hello.context is None
     assert store.refresh()
     assert store.current is not first
+    store._on_hello(hello, None, store.ssl_context)  # type: ignore[arg-type]
+    assert hello.context is store.current
 
 
 class _FakeSSLObject:
     context: Any = None
+
+
+def test_the_check_interval_must_be_positive(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="cert_check_interval_s must be > 0"):
+        ServerSettings(cert_file=tmp_path / "c", key_file=tmp_path / "k", cert_check_interval_s=0)
 
 
 def test_missing_certificate_is_a_clear_error(tmp_path: Path) -> None:

@@ -179,7 +179,7 @@ def cmd_up(
     if kubectl is None:
         print("  (kubectl is not installed here; any Kubernetes client can use that kubeconfig)")
     print(f"logs: {Path(state.workdir).resolve() / 'logs'} and {daemon_log.resolve()}")
-    print("stop it with: make down   (or: uv run hamipy-devcluster down)")
+    print("stop it with: make down")
     return 0
 
 
@@ -201,11 +201,10 @@ async def _examples_table(state: State) -> str:
 
 
 async def _api_client(state: State) -> Any:
-    from kubernetes_asyncio import client, config
+    """An admin ``ApiClient`` from the kubeconfig `up` wrote (the caller closes it)."""
+    from hamipy.kube.client import api_client
 
-    configuration = client.Configuration()
-    await config.load_kube_config(config_file=state.kubeconfig, client_configuration=configuration)
-    return client.ApiClient(configuration)
+    return await api_client(state.kubeconfig)
 
 
 def cmd_gpus(state_dir: Path) -> int:
@@ -339,17 +338,18 @@ async def _serve_nodes(
 
 async def _service_account_sync(api: Any, stop: asyncio.Event) -> None:
     """The ServiceAccount controller's one job we need: a `default` ServiceAccount in every namespace."""
-    from kubernetes_asyncio.client import CoreV1Api
+    from hamipy.devcluster.kubeobjects import ensure_default_service_account
+    from hamipy.kube.client import RawKube
+    from hamipy.kube.resources import list_all
 
-    from hamipy.devcluster.kubeobjects import API_TIMEOUT_S, ensure_default_service_account
-
+    kube = RawKube(api)
     done: set[str] = set()
     while not stop.is_set():
         try:
-            listed = await CoreV1Api(api).list_namespace(_request_timeout=API_TIMEOUT_S)
-            for ns in listed.items:
-                name = ns.metadata.name
-                if name not in done and ns.status.phase == "Active":
+            namespaces, _ = await list_all(kube, "/api/v1/namespaces")
+            for ns in namespaces:
+                name = ns["metadata"]["name"]
+                if name not in done and (ns.get("status") or {}).get("phase") == "Active":
                     await ensure_default_service_account(api, name)
                     done.add(name)
         except Exception:

@@ -19,6 +19,9 @@ import yaml
 from hamipy.devcluster.errors import DevClusterError
 from hamipy.devcluster.kubeobjects import API_TIMEOUT_S, ensure_default_service_account
 from hamipy.devcluster.waiting import wait_for
+from hamipy.kube.client import RawKube
+from hamipy.kube.errors import Conflict, KubeError
+from hamipy.kube.resources import pod_path
 from hamipy.protocol import ProtocolError, decode_node_devices, decode_pod_devices, keys
 
 __all__ = ["apply_examples", "format_table", "gpu_rows", "pod_rows", "wait_settled"]
@@ -42,24 +45,20 @@ def _load(directory: Path) -> list[dict[str, Any]]:
 async def apply_examples(api: Any, directory: Path) -> list[tuple[str, str]]:
     """Create the example Namespaces and Pods (existing ones are kept); their (namespace, name).
     A directory that does not exist has no examples."""
-    from kubernetes_asyncio.client import CoreV1Api
-    from kubernetes_asyncio.client.exceptions import ApiException
-
-    core: Any = CoreV1Api(api)  # manifests go in as dicts, not generated models
+    kube = RawKube(api)
     pods = []
     for doc in await asyncio.to_thread(_load, directory):
         try:
             if doc["kind"] == "Namespace":
-                await core.create_namespace(doc, _request_timeout=API_TIMEOUT_S)
+                await kube.request("POST", "/api/v1/namespaces", body=doc)
             else:
                 namespace = doc["metadata"].get("namespace", "default")
                 await ensure_default_service_account(api, namespace)
-                await core.create_namespaced_pod(namespace, doc, _request_timeout=API_TIMEOUT_S)
-        except ApiException as exc:
-            if exc.status != 409:
-                raise DevClusterError(
-                    f"example {doc['kind']} {doc['metadata']['name']}: {exc.reason}"
-                ) from exc
+                await kube.request("POST", pod_path(namespace), body=doc)
+        except Conflict:
+            pass  # there already
+        except KubeError as exc:
+            raise DevClusterError(f"example {doc['kind']} {doc['metadata']['name']}: {exc}") from exc
         if doc["kind"] == "Pod":
             pods.append((doc["metadata"].get("namespace", "default"), doc["metadata"]["name"]))
     return pods

@@ -1,5 +1,6 @@
 """Simulated GPU nodes: a Node + a fake NVML/CUDA configuration + the real device plugin process +
-the kubelet stand-in driving it (DESIGN.md decisions 2 and 3).
+the kubelet stand-in driving it (docs/design.md#2-real-nodes-one-stand-in and
+#3-real-nvml-or-a-fake-driver).
 
 The device plugin runs as its own process (``python -m hamipy.device_plugin.cli``) with native/'s
 fake ``libnvidia-ml.so.1`` first on its library path, so its ``pynvml`` discovery, health watch and

@@ -1,7 +1,8 @@
 """A kubelet stand-in: the kubelet's device-manager role, over the real device plugin gRPC API.
 
-No container runtime runs here, so no kubelet does. This is the one deliberate stand-in (DESIGN.md,
-decision 2): a `NodeAgent` for a `SimulatedNode` that does what a kubelet's device manager does
+No container runtime runs here, so no kubelet does. This is the one deliberate stand-in
+(docs/design.md#2-real-nodes-one-stand-in; the real kubelet over a fake runtime is issue 17): a
+`NodeAgent` for a `SimulatedNode` that does what a kubelet's device manager does
 (``pkg/kubelet/cm/devicemanager``, Kubernetes v1.34), with a device plugin talking to it exactly as
 it would talk to a kubelet:
 
@@ -10,10 +11,12 @@ it would talk to a kubelet:
 - on ``Register`` it dials ``<plugin_dir>/<endpoint>``, asks ``GetDevicePluginOptions`` and reads
   ``ListAndWatch`` for as long as the plugin lives; the Node's capacity is the number of devices and
   its allocatable the number of healthy ones (0 while the plugin is gone);
-- it watches the pods bound to its node and admits them one at a time, in the order they were bound:
-  for each container, init containers first, it chooses devices (``GetPreferredAllocation`` when the
-  plugin offers it) and calls ``Allocate``, then ``PreStartContainer`` if asked, and reports the pod
-  ``Running``; a pod it cannot admit is reported ``Failed`` with ``UnexpectedAdmissionError``;
+- it watches the pods bound to its node (a ``hamipy.kube.informer.Informer``; after every list, pods
+  that went while nobody watched free their devices) and admits them one at a time, in the order
+  they were bound: for each container, init containers first, it chooses devices
+  (``GetPreferredAllocation`` when the plugin offers it) and calls ``Allocate``, then
+  ``PreStartContainer`` if asked, and reports the pod ``Running``; a pod it cannot admit is
+  reported ``Failed`` with ``UnexpectedAdmissionError``;
 - a pod that finishes or is deleted frees its devices, and a deleted pod is removed (grace 0);
 - `restart` is a kubelet restart: sockets deleted, plugins must register again, and the
   allocations made so far are kept (the kubelet's checkpoint).
@@ -37,12 +40,11 @@ import datetime
 import json
 import logging
 import os
-import random
 import stat
 from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Final, NamedTuple, TypeVar
+from typing import Any, Final, NamedTuple, TypeVar
 
 import grpc
 import grpc.aio
@@ -69,11 +71,13 @@ from hamipy.devcluster.kubelet_admission import (
     waiting_status,
 )
 from hamipy.devcluster.kubeobjects import API_TIMEOUT_S
+from hamipy.devcluster.nodes import SimulatedNode
+from hamipy.kube.client import STRATEGIC_MERGE_PATCH, KubeApi
+from hamipy.kube.errors import Conflict, KubeError, NotFound
+from hamipy.kube.informer import ChangeKind, Informer, InformerSettings
+from hamipy.kube.resources import node_pods_query, pod_path
 from hamipy.kubelet_api import HEALTHY, KUBELET_SOCKET, VERSION
 from hamipy.kubelet_api.v1beta1 import api_pb2, api_pb2_grpc
-
-if TYPE_CHECKING:
-    from hamipy.devcluster.nodes import SimulatedNode
 
 __all__ = [
     "ContainerAllocation",
@@ -232,28 +236,35 @@ class _Endpoint:
     task: asyncio.Task[None] | None = None
 
 
-class _Gone(Exception):
-    """A list or watch answered 410: list again."""
+class _PodFeed:
+    """The pod informer's handler: what it tells, queued in order for the stand-in to apply (the
+    informer's calls are synchronous; freeing devices and deleting pods are not)."""
+
+    def __init__(self) -> None:
+        self.events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+
+    def listed(self, objects: list[dict[str, Any]]) -> None:
+        self.events.put_nowait(("LISTED", objects))
+
+    def changed(self, kind: ChangeKind, obj: dict[str, Any]) -> None:
+        self.events.put_nowait((kind, obj))
 
 
-class _ApiError(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
+class _StdlibLogger:
+    """The informer's structlog-style calls (event and fields) on this module's stdlib logger."""
 
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
 
-async def _json_body(resp: Any, what: str) -> dict[str, Any]:
-    """Read a raw (``_preload_content=False``) API response; raise on a non-2xx status."""
-    try:
-        data = await resp.read()
-        if resp.status == 410:
-            raise _Gone(f"{what}: 410 Gone")
-        if not 200 <= resp.status < 300:
-            raise _ApiError(resp.status, f"{what}: HTTP {resp.status}: {data[:500].decode(errors='replace')}")
-        body: dict[str, Any] = json.loads(data)
-        return body
-    finally:
-        resp.release()
+    def _line(self, event: str, fields: dict[str, Any]) -> str:
+        details = " ".join(f"{key}={value!r}" for key, value in fields.items())
+        return f"{self.prefix}: {event}" + (f" ({details})" if details else "")
+
+    def info(self, event: str, **fields: Any) -> None:
+        log.info("%s", self._line(event, fields))
+
+    def warning(self, event: str, **fields: Any) -> None:
+        log.warning("%s", self._line(event, fields))
 
 
 def _remove_sockets(directory: Path) -> list[str]:
@@ -438,7 +449,9 @@ class KubeletStandIn:
         self._server = server
         self._queue = asyncio.Queue()
         self._seen.clear()
-        self._spawn(self._watch_pods_forever(), "pods")
+        feed = _PodFeed()
+        self._spawn(self._pod_informer(feed).run(), "pods-watch")
+        self._spawn(self._apply_pod_events_forever(feed), "pods")
         self._spawn(self._admit_pods_forever(), "admit")
         self._spawn(self._report_capacity_forever(), "capacity")
         if self._devices:
@@ -616,98 +629,60 @@ class KubeletStandIn:
 
     # -- pods: list + watch -----------------------------------------------------------------------
 
-    def _core(self) -> Any:
-        from kubernetes_asyncio.client import CoreV1Api
+    def _kube(self) -> KubeApi:
+        return self._require_node().kube
 
-        return CoreV1Api(self._require_node().api)
+    def _pod_informer(self, feed: _PodFeed) -> Informer:
+        """The pods bound to this node, listed and watched by ``hamipy.kube.informer``."""
+        node = self._require_node()
+        s = self.settings
+        informer = Informer(
+            self._kube(),
+            pod_path(),
+            logger=_StdlibLogger(f"kubelet stand-in {node.name}: pods"),
+            query=node_pods_query(node.name),
+            settings=InformerSettings(
+                page_size=s.list_page_size,
+                list_timeout_s=API_TIMEOUT_S,
+                watch_timeout_s=s.watch_timeout_s,
+                inactivity_s=s.watch_inactivity_s,
+                first_backoff_s=s.first_backoff_s,
+                max_backoff_s=s.max_backoff_s,
+            ),
+            keep=False,  # the stand-in keeps its own `_pods`
+        )
+        informer.subscribe(feed)
+        return informer
 
-    @property
-    def _field_selector(self) -> str:
-        return f"spec.nodeName={self._require_node().name}"
-
-    async def _watch_pods_forever(self) -> None:
-        backoff = self.settings.first_backoff_s
+    async def _apply_pod_events_forever(self, feed: _PodFeed) -> None:
+        """Apply what the informer told, in its order (one at a time: freeing devices and deleting
+        a pod are awaited before the next event)."""
         while True:
-            try:
-                resource_version = await self._list_pods()
-                backoff = self.settings.first_backoff_s
-                while True:
-                    resource_version = await self._watch_pods(resource_version)
-            except _Gone as exc:
-                log.info("kubelet stand-in: %s; listing pods again", exc)
-            except Exception as exc:
-                log.warning("kubelet stand-in: pod list/watch failed (%r); retrying in %.1fs", exc, backoff)
-                await asyncio.sleep(backoff * (0.5 + random.random()))
-                backoff = min(backoff * 2, self.settings.max_backoff_s)
+            kind, payload = await feed.events.get()
+            if kind == "LISTED":
+                await self._on_listed(payload)
+            elif kind == "DELETED":
+                await self._forget(str((payload.get("metadata") or {}).get("uid", "")))
+            else:
+                await self._on_pod(payload)
+            feed.events.task_done()  # `feed.events.join()`: everything told so far is applied
 
-    async def _list_pods(self) -> str:
-        core = self._core()
-        items: list[dict[str, Any]] = []
-        token = ""
-        while True:
-            kwargs: dict[str, Any] = {
-                "field_selector": self._field_selector,
-                "limit": self.settings.list_page_size,
-                "_preload_content": False,
-                "_request_timeout": API_TIMEOUT_S,
-            }
-            if token:
-                kwargs["_continue"] = token
-            body = await _json_body(await core.list_pod_for_all_namespaces(**kwargs), "list pods")
-            items.extend(body.get("items") or [])
-            meta = body.get("metadata") or {}
-            token = str(meta.get("continue") or "")
-            if not token:
-                break
+    async def _on_listed(self, items: list[dict[str, Any]]) -> None:
         listed = {str(p["metadata"]["uid"]) for p in items}
         # Pods that went while nobody watched (e.g. during a restart) free their devices.
         for uid in [*self._pods, *self._by_pod]:
             if uid not in listed:
                 await self._forget(uid)
         # A kubelet admits a batch of pods in creation order.
-        items.sort(
+        for pod in sorted(
+            items,
             key=lambda p: (
                 str(p["metadata"].get("creationTimestamp") or ""),
                 str(p["metadata"].get("namespace") or ""),
                 str(p["metadata"].get("name") or ""),
-            )
-        )
-        for pod in items:
+            ),
+        ):
             await self._on_pod(pod)
-        return str(meta["resourceVersion"])
-
-    async def _watch_pods(self, resource_version: str) -> str:
-        """One watch from `resource_version` until the server ends it; returns the last one seen."""
-        resp = await self._core().list_pod_for_all_namespaces(
-            field_selector=self._field_selector,
-            watch=True,
-            resource_version=resource_version,
-            allow_watch_bookmarks=True,
-            timeout_seconds=self.settings.watch_timeout_s,
-            _preload_content=False,
-            _request_timeout=(API_TIMEOUT_S, self.settings.watch_inactivity_s),
-        )
-        try:
-            if resp.status != 200:
-                await _json_body(resp, "watch pods")
-                raise _ApiError(resp.status, f"watch pods: unexpected HTTP {resp.status}")
-            while True:
-                line = await resp.content.readline()
-                if not line:
-                    return resource_version
-                event = json.loads(line)
-                kind, obj = event.get("type"), event.get("object") or {}
-                if kind == "ERROR":
-                    if obj.get("code") == 410:
-                        raise _Gone(f"watch pods: {obj.get('message', '410 Gone')}")
-                    raise _ApiError(int(obj.get("code") or 0), f"watch pods: {obj.get('message', obj)}")
-                if kind in ("ADDED", "MODIFIED"):
-                    await self._on_pod(obj)
-                elif kind == "DELETED":
-                    await self._forget(str((obj.get("metadata") or {}).get("uid", "")))
-                resource_version = str((obj.get("metadata") or {}).get("resourceVersion") or resource_version)
-        finally:
-            resp.close()
 
     async def _on_pod(self, pod: dict[str, Any]) -> None:
         uid = str((pod.get("metadata") or {}).get("uid") or "")
@@ -736,18 +711,16 @@ class KubeletStandIn:
         """Remove a pod marked for deletion at once, as a kubelet does once its containers stopped."""
         meta = pod["metadata"]
         try:
-            resp = await self._core().delete_namespaced_pod(
-                meta["name"],
-                meta["namespace"],
+            await self._kube().request(
+                "DELETE",
+                pod_path(meta["namespace"], meta["name"]),
                 # With a body the apiserver reads the options only from it, not the query.
                 body={"gracePeriodSeconds": 0, "preconditions": {"uid": meta["uid"]}},
-                _preload_content=False,
-                _request_timeout=API_TIMEOUT_S,
             )
-            await _json_body(resp, f"delete pod {meta['namespace']}/{meta['name']}")
-        except _ApiError as exc:
-            if exc.status not in (404, 409):
-                log.warning("kubelet stand-in: %s", exc)
+        except (NotFound, Conflict):
+            pass  # gone already, or a new pod of that name
+        except KubeError as exc:
+            log.warning("kubelet stand-in: %s", exc)
 
     # -- pods: admission --------------------------------------------------------------------------
 
@@ -898,26 +871,17 @@ class KubeletStandIn:
 
     async def _post_status(self, pod: dict[str, Any], body: dict[str, Any]) -> None:
         meta = pod["metadata"]
-        what = f"patch status of pod {meta['namespace']}/{meta['name']}"
+        path = f"{pod_path(meta['namespace'], meta['name'])}/status"
         backoff = self.settings.first_backoff_s
         for attempt in range(1, self.settings.status_attempts + 1):
             try:
-                resp = await self._core().patch_namespaced_pod_status(
-                    meta["name"],
-                    meta["namespace"],
-                    body,
-                    _preload_content=False,
-                    _request_timeout=API_TIMEOUT_S,
-                )
-                await _json_body(resp, what)
+                await self._kube().request("PATCH", path, body=body, content_type=STRATEGIC_MERGE_PATCH)
                 return
-            except _ApiError as exc:
-                if exc.status == 404:
-                    return
+            except NotFound:
+                return
+            except KubeError as exc:
+                # A refusal (4xx) stays one; an unreachable or failing apiserver (0, 5xx) is retried.
                 if attempt == self.settings.status_attempts or 400 <= exc.status < 500:
-                    raise
-            except (OSError, TimeoutError):
-                if attempt == self.settings.status_attempts:
                     raise
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, self.settings.max_backoff_s)

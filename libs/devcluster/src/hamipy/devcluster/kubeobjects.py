@@ -7,48 +7,44 @@ There is no kube-controller-manager, so:
   `delete_namespace` deletes the pods (grace 0: no kubelet confirms) and the usual namespaced
   objects itself, then clears the namespace's ``kubernetes`` finalizer.
 
-Every call carries `API_TIMEOUT_S`.
+Every call goes through ``hamipy.kube.client.RawKube`` over the caller's ``ApiClient``, with its
+timeout (`API_TIMEOUT_S`) and its errors (``hamipy.kube.errors``: a ``KubeError`` other than the
+``Conflict``/``NotFound`` each helper expects is raised).
 """
 
 from __future__ import annotations
 
+import contextlib
 import secrets
-from typing import Any, cast
+from typing import Any
 
-# Timeout of one API request; the apiserver answers in milliseconds on loopback.
-API_TIMEOUT_S = 10.0
+from hamipy.kube.client import API_TIMEOUT_S, RawKube
+from hamipy.kube.errors import Conflict, NotFound
 
+__all__ = [
+    "API_TIMEOUT_S",
+    "create_namespace",
+    "delete_namespace",
+    "ensure_default_service_account",
+    "ensure_namespace",
+]
 
-def _is_status(exc: BaseException, *codes: int) -> bool:
-    return getattr(exc, "status", None) in codes
+# The namespaced collections `delete_namespace` empties, pods first.
+_NAMESPACED: tuple[str, ...] = ("pods", "configmaps", "secrets", "serviceaccounts", "events")
 
 
 async def ensure_default_service_account(api: Any, namespace: str) -> None:
     """Create the ``default`` ServiceAccount in `namespace` (what the ServiceAccount controller does)."""
-    from kubernetes_asyncio.client import CoreV1Api
-    from kubernetes_asyncio.client.exceptions import ApiException
-
     body = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}}
-    try:
-        await CoreV1Api(api).create_namespaced_service_account(
-            namespace, cast("Any", body), _request_timeout=API_TIMEOUT_S
-        )
-    except ApiException as exc:
-        if not _is_status(exc, 409):
-            raise
+    with contextlib.suppress(Conflict):
+        await RawKube(api).request("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts", body=body)
 
 
 async def ensure_namespace(api: Any, name: str, *, labels: dict[str, str] | None = None) -> None:
     """Create namespace `name` (if missing) with its ``default`` ServiceAccount."""
-    from kubernetes_asyncio.client import CoreV1Api
-    from kubernetes_asyncio.client.exceptions import ApiException
-
     body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels or {}}}
-    try:
-        await CoreV1Api(api).create_namespace(cast("Any", body), _request_timeout=API_TIMEOUT_S)
-    except ApiException as exc:
-        if not _is_status(exc, 409):
-            raise
+    with contextlib.suppress(Conflict):
+        await RawKube(api).request("POST", "/api/v1/namespaces", body=body)
     await ensure_default_service_account(api, name)
 
 
@@ -61,28 +57,20 @@ async def create_namespace(api: Any, *, prefix: str = "test") -> str:
 
 async def delete_namespace(api: Any, name: str) -> None:
     """Delete `name` and what is in it now, without a namespace controller (see module docstring)."""
-    from kubernetes_asyncio.client import CoreV1Api
-    from kubernetes_asyncio.client.exceptions import ApiException
-
-    core = CoreV1Api(api)
-    kw: dict[str, Any] = {"_request_timeout": API_TIMEOUT_S}
+    kube = RawKube(api)
+    namespace = f"/api/v1/namespaces/{name}"
     try:
-        await core.delete_collection_namespaced_pod(name, grace_period_seconds=0, **kw)
-        for delete in (
-            core.delete_collection_namespaced_config_map,
-            core.delete_collection_namespaced_secret,
-            core.delete_collection_namespaced_service_account,
-            core.delete_collection_namespaced_event,
-        ):
-            await delete(name, **kw)
-        await core.delete_namespace(name, **kw)
+        for collection in _NAMESPACED:
+            # Pods go at once: no kubelet would confirm a graceful deletion.
+            query = [("gracePeriodSeconds", "0")] if collection == "pods" else []
+            await kube.request("DELETE", f"{namespace}/{collection}", query=query)
+        await kube.request("DELETE", namespace)
         body = {
             "apiVersion": "v1",
             "kind": "Namespace",
             "metadata": {"name": name},
             "spec": {"finalizers": []},
         }
-        await core.replace_namespace_finalize(name, cast("Any", body), **kw)
-    except ApiException as exc:
-        if not _is_status(exc, 404):
-            raise
+        await kube.request("PUT", f"{namespace}/finalize", body=body)
+    except NotFound:
+        pass

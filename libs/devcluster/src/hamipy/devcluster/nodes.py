@@ -9,6 +9,9 @@ every new Node (the controller would remove it once the node is Ready).
 The GPU side of a node (a device plugin and the kubelet stand-in that drives it) plugs in as a
 `NodeAgent`: ``node.attach(agent)`` starts it with the node and stops it before the node goes.
 `NodePool` owns a set of nodes for a test or for ``make up`` and removes them all on exit.
+
+The node's calls go through ``hamipy.kube.client.RawKube`` (``SimulatedNode.kube``) over the pool's
+``ApiClient``; its errors are ``hamipy.kube.errors``.
 """
 
 from __future__ import annotations
@@ -20,9 +23,11 @@ import datetime
 import logging
 from collections.abc import Mapping
 from types import MappingProxyType, TracebackType
-from typing import Any, Protocol, Self, cast
+from typing import Any, Protocol, Self
 
-from hamipy.devcluster.kubeobjects import API_TIMEOUT_S
+from hamipy.kube.client import STRATEGIC_MERGE_PATCH, RawKube
+from hamipy.kube.errors import Conflict, NotFound
+from hamipy.kube.resources import node_path, patch_node_annotations
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +41,7 @@ LEASE_DURATION_S = 40
 RETRY_DELAY_S = 1.0
 
 DEFAULT_CAPACITY: Mapping[str, str] = MappingProxyType({"cpu": "16", "memory": "64Gi", "pods": "110"})
+# What kubectl and the kubelet send for built-in kinds: lists merge by their keys (conditions by type).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,6 +138,11 @@ def _micro_time(now: datetime.datetime) -> str:
     return now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+def _lease_path(name: str = "") -> str:
+    base = f"/apis/coordination.k8s.io/v1/namespaces/{LEASE_NAMESPACE}/leases"
+    return f"{base}/{name}" if name else base
+
+
 class SimulatedNode:
     """One Node object plus its heartbeat task and attached agents."""
 
@@ -140,6 +151,8 @@ class SimulatedNode:
     ) -> None:
         self.spec = spec
         self.api = api
+        """The kubernetes-asyncio ``ApiClient`` (agents reach the API through it too)."""
+        self.kube = RawKube(api)
         self.heartbeat_interval_s = heartbeat_interval_s
         self._agents: list[NodeAgent] = []
         self._started_agents: list[NodeAgent] = []
@@ -158,67 +171,49 @@ class SimulatedNode:
 
     async def register(self) -> None:
         """Create (or adopt) the Node and its Lease and make it Ready and untainted."""
-        from kubernetes_asyncio.client import CoreV1Api
-        from kubernetes_asyncio.client.exceptions import ApiException
-
-        try:
-            await CoreV1Api(self.api).create_node(
-                cast("Any", self.spec.node_body()), _request_timeout=API_TIMEOUT_S
-            )
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
+        with contextlib.suppress(Conflict):
+            await self.kube.request("POST", node_path(), body=self.spec.node_body())
         await self.heartbeat()
 
     async def heartbeat(self) -> None:
         """One beat: conditions + capacity, Lease renewal, and the not-ready taint removed."""
-        from kubernetes_asyncio.client import CoreV1Api
-
         now = datetime.datetime.now(datetime.UTC)
-        core = CoreV1Api(self.api)
-        node = await core.patch_node_status(
-            self.name, self.spec.status_body(now), _request_timeout=API_TIMEOUT_S
+        node = await self.kube.request(
+            "PATCH",
+            f"{node_path(self.name)}/status",
+            body=self.spec.status_body(now),
+            content_type=STRATEGIC_MERGE_PATCH,
         )
-        taints = list(node.spec.taints or [])
-        kept = [t for t in taints if t.key != NOT_READY_TAINT]
+        taints = list((node.get("spec") or {}).get("taints") or [])
+        kept = [t for t in taints if t.get("key") != NOT_READY_TAINT]
         if len(kept) != len(taints):
-            await core.patch_node(
-                self.name,
-                {"spec": {"taints": [self.api.sanitize_for_serialization(t) for t in kept] or None}},
-                _request_timeout=API_TIMEOUT_S,
+            await self.kube.request(
+                "PATCH",
+                node_path(self.name),
+                body={"spec": {"taints": kept or None}},
+                content_type=STRATEGIC_MERGE_PATCH,
             )
         await self._renew_lease(now)
         self.beats += 1
 
     async def _renew_lease(self, now: datetime.datetime) -> None:
-        from kubernetes_asyncio.client import CoordinationV1Api
-        from kubernetes_asyncio.client.exceptions import ApiException
-
-        coord = CoordinationV1Api(self.api)
         spec = {
             "holderIdentity": self.name,
             "leaseDurationSeconds": LEASE_DURATION_S,
             "renewTime": _micro_time(now),
         }
         try:
-            await coord.patch_namespaced_lease(
-                self.name,
-                LEASE_NAMESPACE,
-                {"spec": spec},
-                _request_timeout=API_TIMEOUT_S,
+            await self.kube.request(
+                "PATCH", _lease_path(self.name), body={"spec": spec}, content_type=STRATEGIC_MERGE_PATCH
             )
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
+        except NotFound:
             body = {
                 "apiVersion": "coordination.k8s.io/v1",
                 "kind": "Lease",
                 "metadata": {"name": self.name, "namespace": LEASE_NAMESPACE},
                 "spec": {**spec, "acquireTime": _micro_time(now)},
             }
-            await coord.create_namespaced_lease(
-                LEASE_NAMESPACE, cast("Any", body), _request_timeout=API_TIMEOUT_S
-            )
+            await self.kube.request("POST", _lease_path(), body=body)
 
     async def _beat_forever(self) -> None:
         while True:
@@ -255,31 +250,13 @@ class SimulatedNode:
             await self.delete()
 
     async def delete(self) -> None:
-        from kubernetes_asyncio.client import CoordinationV1Api, CoreV1Api
-        from kubernetes_asyncio.client.exceptions import ApiException
-
-        deletions = (
-            CoreV1Api(self.api).delete_node(self.name, _request_timeout=API_TIMEOUT_S),
-            CoordinationV1Api(self.api).delete_namespaced_lease(
-                self.name, LEASE_NAMESPACE, _request_timeout=API_TIMEOUT_S
-            ),
-        )
-        for deletion in deletions:
-            try:
-                await deletion
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise
+        for path in (node_path(self.name), _lease_path(self.name)):
+            with contextlib.suppress(NotFound):
+                await self.kube.request("DELETE", path)
 
     async def patch_annotations(self, annotations: Mapping[str, str | None]) -> None:
         """Set (or with None, remove) node annotations, as a device plugin registering GPUs does."""
-        from kubernetes_asyncio.client import CoreV1Api
-
-        await CoreV1Api(self.api).patch_node(
-            self.name,
-            {"metadata": {"annotations": dict(annotations)}},
-            _request_timeout=API_TIMEOUT_S,
-        )
+        await patch_node_annotations(self.kube, self.name, annotations)
 
     async def set_capacity(
         self, capacity: Mapping[str, str], allocatable: Mapping[str, str] | None = None

@@ -29,8 +29,9 @@ from hamipy.devcluster.config import ExtenderConfig, ManagedResource, SchedulerC
 from hamipy.devcluster.gpu_nodes import FakeGpu, MonitorAgent, gpu_node_agents
 from hamipy.devcluster.kubeobjects import API_TIMEOUT_S
 from hamipy.devcluster.nodes import NodePool, NodeSpec
-from hamipy.devcluster.pki import issue_cert, make_ca
+from hamipy.devcluster.pki import CERT_VALIDITY
 from hamipy.devcluster.processes import ManagedProcess, free_port, http_ok
+from hamipy.kube.certs import issue_cert, make_ca
 
 __all__ = ["GPU_NODE_MODELS", "GpuNodeModel", "LocalStack"]
 
@@ -162,8 +163,10 @@ class LocalStack:
 
         certs = self.workdir / "webhook"
         certs.mkdir(parents=True, exist_ok=True)
-        ca = make_ca("hamipy-webhook-ca")
-        serving = issue_cert(ca, common_name="hamipy-webhook", ip_addresses=["127.0.0.1"], server=True)
+        ca = make_ca("hamipy-webhook-ca", validity=CERT_VALIDITY)
+        serving = issue_cert(
+            ca, common_name="hamipy-webhook", validity=CERT_VALIDITY, ip_addresses=["127.0.0.1"], server=True
+        )
         for name, data in (
             ("ca.crt", ca.cert_pem),
             ("tls.crt", serving.cert_pem),

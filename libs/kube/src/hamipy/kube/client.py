@@ -21,7 +21,9 @@ from hamipy.kube.errors import KubeError, error_for
 __all__ = [
     "API_TIMEOUT_S",
     "JSON",
+    "JSON_PATCH",
     "MERGE_PATCH",
+    "STRATEGIC_MERGE_PATCH",
     "KubeApi",
     "Query",
     "RawKube",
@@ -33,6 +35,8 @@ API_TIMEOUT_S: Final = 10.0
 """Default per call: the API server answers in milliseconds; 10 s covers a busy one."""
 JSON: Final = "application/json"
 MERGE_PATCH: Final = "application/merge-patch+json"
+STRATEGIC_MERGE_PATCH: Final = "application/strategic-merge-patch+json"
+JSON_PATCH: Final = "application/json-patch+json"
 CONNECT_TIMEOUT_S: Final = 30.0
 """A watch's connection timeout (its reads time out after the caller's inactivity limit)."""
 _LINE_LIMIT: Final = 32 * 1024 * 1024
@@ -65,18 +69,23 @@ class KubeApi(Protocol):
 
 async def api_client(kubeconfig: str | None = None) -> Any:
     """A kubernetes-asyncio ``ApiClient`` (the caller closes it): from ``kubeconfig`` when given,
-    else the pod's service account (in cluster), else ``~/.kube/config``. Each client gets its own
-    configuration, so two in one process never share credentials."""
+    else the pod's service account (in cluster), else ``~/.kube/config``; ``KubeError`` when there
+    is none to be read. Each client gets its own configuration, so two in one process never share
+    credentials."""
     from kubernetes_asyncio import client, config
 
     configuration = client.Configuration()
-    if kubeconfig:
-        await config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-    else:
-        try:
-            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-        except config.ConfigException:
-            await config.load_kube_config(client_configuration=configuration)
+    try:
+        if kubeconfig:
+            await config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+        else:
+            try:
+                config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+            except config.ConfigException:
+                await config.load_kube_config(client_configuration=configuration)
+    except (config.ConfigException, OSError) as exc:
+        where = kubeconfig or "the service account or ~/.kube/config"
+        raise KubeError(f"no Kubernetes API configuration in {where}: {exc}") from exc
     return client.ApiClient(configuration)
 
 
@@ -87,7 +96,13 @@ class RawKube:
         self.api_client = api_client
 
     async def _call(
-        self, method: str, path: str, query: Query, body: Any, content_type: str, timeout: aiohttp.ClientTimeout
+        self,
+        method: str,
+        path: str,
+        query: Query,
+        body: Any,
+        content_type: str,
+        client_timeout: aiohttp.ClientTimeout,
     ) -> Any:
         return await self.api_client.call_api(
             path,
@@ -97,7 +112,7 @@ class RawKube:
             body=body,
             auth_settings=["BearerToken"],
             _preload_content=False,
-            _request_timeout=timeout,
+            _request_timeout=client_timeout,
         )
 
     async def request(

@@ -205,7 +205,9 @@ class EventRecorder:
                 await self._write(self.api, series)
             except KubeError as exc:
                 self._dropped("api-error")
-                self.logger.warning("event not written", reason=series.reason, name=series.name, error=str(exc))
+                self.logger.warning(
+                    "event not written", reason=series.reason, name=series.name, error=str(exc)
+                )
 
     def _dropped(self, reason: DropReason) -> None:
         if self.on_drop is not None:

@@ -7,7 +7,8 @@ Four small steps, in the shape of kopf's ``watching``:
   ``run`` with its exception, for the service's supervisor to report (a watch must never die
   quietly behind a process that still says it is ready).
 - ``list_once``: the collection page by page (``limit``/``continue``), then the whole set to the
-  handlers (``listed``), the cache replaced, ``listed`` set (readiness) and ``fresh`` true.
+  handlers (``listed``), the cache replaced (an object we wrote ourselves stays at its newer
+  version), ``listed`` set (readiness) and ``fresh`` true.
 - ``watch_once``: a watch from the list's resourceVersion with bookmarks, applying each event
   (``changed``) and advancing the resourceVersion on every event and bookmark, until the server
   ends it (re-opened from there by ``run``); a stream silent for ``inactivity_s`` is an error.
@@ -167,6 +168,8 @@ class Informer:
             page=self.settings.page_size,
         )
         if self.keep:
+            # A list answered before our own write landed must not undo it (``remember``).
+            items = [self._newest(obj) for obj in items]
             self.cache = {object_uid(obj): obj for obj in items}
         for handler in self.handlers:
             handler.listed(items)
@@ -185,6 +188,8 @@ class Informer:
             ("timeoutSeconds", str(self.settings.watch_timeout_s)),
         ]
         async for event in self.api.stream(self.path, query=query, inactivity_s=self.settings.inactivity_s):
+            if not isinstance(event, dict):
+                raise KubeError(f"WATCH {self.path}: a line that is not an event: {str(event)[:200]}")
             kind = event.get("type")
             obj = event.get("object")
             if not isinstance(obj, dict):
@@ -192,12 +197,18 @@ class Informer:
             if kind == "ERROR":
                 message = f"WATCH {self.path}: {obj.get('message', obj)}"
                 code = obj.get("code")
-                raise (Gone if code == 410 else KubeError)(message, status=code if isinstance(code, int) else 0)
+                raise (Gone if code == 410 else KubeError)(
+                    message, status=code if isinstance(code, int) else 0
+                )
             if kind in _CHANGES:
                 self._apply(kind, obj)
             version = (obj.get("metadata") or {}).get("resourceVersion")
             if version:  # events and bookmarks alike advance it
                 self.resource_version = str(version)
+
+    def _newest(self, obj: dict[str, Any]) -> dict[str, Any]:
+        known = self.cache.get(object_uid(obj))
+        return known if known is not None and _version(known) > _version(obj) else obj
 
     def _apply(self, kind: ChangeKind, obj: dict[str, Any]) -> None:
         if self.keep:

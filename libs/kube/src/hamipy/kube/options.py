@@ -2,31 +2,46 @@
 
 Every flag of a service may come from ``HAMIPY_<SERVICE>_<FLAG>`` (``EnvFlags``): the chart sets
 them, a flag on the command line wins. Booleans are strict: ``1/true/yes/on`` or
-``0/false/no/off`` (any case), and anything else is refused with the variable's name (``BadEnvironment``),
-never quietly read as off. The node agents (device plugin, monitor) share their node options
-(``add_node_options``): ``--node-name`` (the downward API's ``NODE_NAME``), ``--config``
-(``HAMIPY_CONFIG``), ``--kubeconfig`` (``KUBECONFIG``), ``--api-timeout`` and ``--log-level``.
+``0/false/no/off`` (any case), and anything else is refused with the variable's name
+(``BadEnvironment``), never quietly read as off. An empty variable is unset, for every kind of flag.
+The node agents (device plugin, monitor) share their node options (``add_node_options``):
+``--node-name`` (the downward API's ``NODE_NAME``), ``--config`` (``HAMIPY_CONFIG``),
+``--kubeconfig`` (``KUBECONFIG``), ``--api-timeout`` and ``--log-level``.
+
+``run_command`` is the shape of every service's ``main``: parse, run, and turn the errors an
+operator can act on into one line on stderr and an exit status (2: their input is wrong; 1: it
+could not be done), never a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Final
 
 from hamipy.kube.client import API_TIMEOUT_S
+from hamipy.protocol.config import ConfigError
 
 __all__ = [
     "CONFIG_ENV",
+    "EXIT_FAILED",
+    "EXIT_USAGE",
     "LOG_LEVELS",
     "BadEnvironment",
     "EnvFlags",
     "add_node_options",
     "parse_bool",
+    "run_command",
+    "with_default_command",
 ]
 
 CONFIG_ENV: Final = "HAMIPY_CONFIG"
+EXIT_FAILED: Final = 1
+"""It could not be done (the API, a file, the driver): the message says what."""
+EXIT_USAGE: Final = 2
+"""The operator's input is wrong (a flag, a variable, the configuration file), as argparse's own."""
 LOG_LEVELS: Final = ("debug", "info", "warning", "error")
 _TRUE: Final = frozenset({"1", "true", "yes", "on"})
 _FALSE: Final = frozenset({"0", "false", "no", "off"})
@@ -65,8 +80,13 @@ class EnvFlags:
         value = self.env.get(self.name(flag))
         return fallback if value is None else value
 
-    def number(self, flag: str, fallback: float) -> float:
+    def _set(self, flag: str) -> str | None:
+        """The variable's value, or None when it is unset or empty (as a chart leaves it)."""
         value = self.env.get(self.name(flag))
+        return value if value is not None and value.strip() else None
+
+    def number(self, flag: str, fallback: float) -> float:
+        value = self._set(flag)
         if value is None:
             return fallback
         try:
@@ -75,17 +95,22 @@ class EnvFlags:
             raise BadEnvironment(f"{self.name(flag)}={value!r}: expected a number") from None
 
     def integer(self, flag: str, fallback: int) -> int:
-        value = self.env.get(self.name(flag))
+        value = self.optional_integer(flag)
+        return fallback if value is None else value
+
+    def optional_integer(self, flag: str) -> int | None:
+        """An integer flag whose default is "off": None when unset or empty."""
+        value = self._set(flag)
         if value is None:
-            return fallback
+            return None
         try:
             return int(value)
         except ValueError:
             raise BadEnvironment(f"{self.name(flag)}={value!r}: expected a whole number") from None
 
     def boolean(self, flag: str, fallback: bool) -> bool:
-        value = self.env.get(self.name(flag))
-        return fallback if value is None or not value.strip() else parse_bool(value, name=self.name(flag))
+        value = self._set(flag)
+        return fallback if value is None else parse_bool(value, name=self.name(flag))
 
     def epilog(self, example: str) -> str:
         """The help text's last line: where else a flag can come from."""
@@ -123,3 +148,42 @@ def add_node_options(
         help="seconds per Kubernetes API call",
     )
     parser.add_argument("--log-level", default=flags.text("log-level", "info"), choices=LOG_LEVELS)
+
+
+def with_default_command(argv: Sequence[str], commands: Sequence[str], default: str) -> list[str]:
+    """``argv`` with ``default`` in front when it names none of ``commands`` (``serve`` is what an
+    image runs with flags alone), unless it asks for help or the version."""
+    arguments = list(argv)
+    if not arguments or arguments[0] not in (*commands, "-h", "--help", "--version"):
+        arguments.insert(0, default)
+    return arguments
+
+
+def run_command(
+    prog: str,
+    *,
+    parser: Callable[[], argparse.ArgumentParser],
+    argv: Sequence[str],
+    run: Callable[[argparse.ArgumentParser, argparse.Namespace], int],
+    usage_errors: Mapping[type[Exception], str] | None = None,
+    failures: tuple[type[Exception], ...] = (),
+) -> int:
+    """Build the parser (``BadEnvironment``: exit 2), parse ``argv`` and ``run``. A bad configuration
+    file and ``usage_errors`` (error type -> what the message calls it) exit 2, ``failures`` exit 1,
+    each with one line naming ``prog`` on stderr; anything else is a bug and keeps its traceback."""
+    try:
+        built = parser()
+    except BadEnvironment as exc:
+        print(f"{prog}: bad environment: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    args = built.parse_args(list(argv))
+    usage: dict[type[Exception], str] = {ConfigError: "bad configuration", **(usage_errors or {})}
+    try:
+        return run(built, args)
+    except tuple(usage) as exc:
+        what = next(text for kind, text in usage.items() if isinstance(exc, kind))
+        print(f"{prog}: {what}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except failures as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return EXIT_FAILED

@@ -17,6 +17,7 @@ __all__ = [
     "get_pod",
     "list_all",
     "node_path",
+    "node_pods_query",
     "patch_node_annotations",
     "patch_pod",
     "patch_pod_annotations",
@@ -36,6 +37,11 @@ def pod_path(namespace: str = "", name: str = "") -> str:
         return "/api/v1/pods"
     base = f"/api/v1/namespaces/{namespace}/pods"
     return f"{base}/{name}" if name else base
+
+
+def node_pods_query(node: str) -> list[tuple[str, str]]:
+    """The field selector of the pods bound to ``node`` (with ``pod_path()``, every namespace)."""
+    return [("fieldSelector", f"spec.nodeName={node}")]
 
 
 async def get_node(api: KubeApi, name: str, *, timeout_s: float = API_TIMEOUT_S) -> dict[str, Any]:

@@ -1,8 +1,8 @@
 """One service's logger, metrics and tracer together: what the request paths report through.
 
-Each service subclasses ``ServiceTelemetry`` with its own metrics class (metric names and labels
-are the service's contract) and its tracer's name; ``build`` makes all three the normal way (JSON
-logs; spans as the ``OTEL_*`` variables of the process environment say, read by the SDK).
+Each service subclasses ``ServiceTelemetry`` with its name, its tracer's name and its metrics (their
+names and labels are the service's contract); ``create`` makes all three the normal way (JSON logs;
+spans as the ``OTEL_*`` variables of the process environment say, read by the SDK).
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ MetricsT = TypeVar("MetricsT")
 class ServiceTelemetry(Generic[MetricsT]):
     """Logger, metrics and tracer of one service instance (no module-level state)."""
 
+    SERVICE: ClassVar[str]
+    """The service's name in logs and traces, e.g. ``hamipy-extender``."""
     TRACER_NAME: ClassVar[str]
     """The instrumentation scope of the service's spans, e.g. ``hamipy.extender``."""
 
@@ -40,21 +42,24 @@ class ServiceTelemetry(Generic[MetricsT]):
         self.tracer: Tracer = tracer_provider.get_tracer(self.TRACER_NAME)
 
     @classmethod
-    def build(
+    def new_metrics(cls) -> MetricsT:
+        """The service's metrics, on a registry of their own."""
+        raise NotImplementedError
+
+    @classmethod
+    def create(
         cls,
-        service: str,
-        metrics: MetricsT,
         *,
         stream: TextIO | None = None,
         level: int = logging.INFO,
         processor: SpanProcessor | None = None,
     ) -> Self:
         """Logs to ``stream`` (stdout); spans per the ``OTEL_*`` variables (``TracingConfigError``
-        when they name an exporter or protocol that does not exist)."""
+        when they name an exporter or protocol that does not exist), plus ``processor`` (tests)."""
         return cls(
-            logger=make_logger(service, stream, level=level),
-            metrics=metrics,
-            tracer_provider=make_tracer_provider(service, processor=processor),
+            logger=make_logger(cls.SERVICE, stream, level=level),
+            metrics=cls.new_metrics(),
+            tracer_provider=make_tracer_provider(cls.SERVICE, processor=processor),
         )
 
     def shutdown(self) -> None:

@@ -1,9 +1,9 @@
 """Which pod and container an Allocate request is for, decided from the node's pods (pure).
 
 The kubelet's Allocate names only fake device IDs, not the pod; the scheduler's decision is in the
-pod annotations (hami-wire.md section 2). The pod served is, among the pods bound to this node with
-``hami.io/bind-phase=allocating``, in the order they were bound (the kubelet admits pods in the order
-it sees them bound), the first whose next unserved container (first non-empty slot of
+pod annotations (docs/wire-format.md#pod-annotations). The pod served is, among the pods bound to
+this node with ``hami.io/bind-phase=allocating``, in the order they were bound (the kubelet admits
+pods in the order it sees them bound), the first whose next unserved container (first non-empty slot of
 ``vgpu-devices-to-allocate``; slots are init containers first, then regular ones) asks for as many
 devices as the request names. Serving empties that slot; a pod whose slots are all empty is fully
 served.

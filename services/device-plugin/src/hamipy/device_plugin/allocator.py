@@ -1,4 +1,5 @@
-"""Allocate: the env and mounts of each container the kubelet asks about (hami-wire.md section 4).
+"""Allocate: the env and mounts of each container the kubelet asks about
+(docs/wire-format.md#allocate-response).
 
 For each ``ContainerAllocateRequest`` the pod and container are found (``allocating.choose``)
 among this node's pods as the watch-fed ``PodCache`` has them (a fresh list when no pod there
@@ -22,29 +23,17 @@ from typing import Any
 from opentelemetry import trace
 
 from hamipy.device_plugin.allocating import PHASE_FAILED, PHASE_SUCCESS, Served, choose
-from hamipy.device_plugin.errors import AllocateError, Conflict, DevicePluginError, KubeError
-from hamipy.device_plugin.kube import NodeApi
+from hamipy.device_plugin.errors import AllocateError, DevicePluginError
+from hamipy.device_plugin.kube import NodeKube
 from hamipy.device_plugin.pod_cache import PodCache
 from hamipy.device_plugin.telemetry import Telemetry
+from hamipy.kube.errors import KubeError
 from hamipy.protocol import ProtocolError, keys
 from hamipy.protocol.allocation_env import ContainerAllocation, container_allocation, region_host_dir
 from hamipy.protocol.config import NodeSettings, NvidiaConfig
-from hamipy.protocol.node_lock import NodeLock, owned_by, parse_node_lock
 from hamipy.telemetry import pod_trace_context
 
 __all__ = ["Allocator"]
-
-_LOCK_RELEASE_ATTEMPTS = 5
-
-
-def _node_lock(node: Mapping[str, Any]) -> NodeLock | None:
-    value = ((node.get("metadata") or {}).get("annotations") or {}).get(keys.NODE_LOCK)
-    if not value:
-        return None
-    try:
-        return parse_node_lock(value)
-    except ProtocolError:
-        return None  # not ours to judge: the scheduler breaks malformed locks
 
 
 def _make_region_dir(path: Path) -> None:
@@ -58,7 +47,7 @@ class Allocator:
     def __init__(
         self,
         *,
-        api: NodeApi,
+        api: NodeKube,
         pods: PodCache,
         nvidia: NvidiaConfig,
         node_settings: NodeSettings,
@@ -96,7 +85,7 @@ class Allocator:
             if choice.served is None and not listed:
                 # The watch may not have delivered the pod yet: read the node's pods afresh once.
                 items, _ = await self.api.node_pods()
-                self.pods.replace(items)
+                self.pods.merge(items)
                 listed = True
                 choice = choose(self.pods.pods(), node=node, device_count=count, bind_order=order)
             for pod, reason in choice.broken:
@@ -112,13 +101,13 @@ class Allocator:
             pod = next(p for p in self.pods.pods() if (p.get("metadata") or {}).get("uid") == served.uid)
             try:
                 allocations.append(await self._serve(pod, served))
-            except (DevicePluginError, ProtocolError, OSError) as exc:
+            except (DevicePluginError, KubeError, ProtocolError, OSError) as exc:
                 await self._fail(pod.get("metadata") or {}, str(exc))
                 raise AllocateError(f"pod {served.namespace}/{served.name}: {exc}") from exc
         return allocations
 
     async def _serve(self, pod: Mapping[str, Any], served: Served) -> ContainerAllocation:
-        log = self.telemetry.log.bind(
+        log = self.telemetry.logger.bind(
             namespace=served.namespace, pod=served.name, uid=served.uid, container=served.container
         )
         with self.telemetry.tracer.start_as_current_span(
@@ -170,7 +159,7 @@ class Allocator:
     async def _fail(self, meta: Mapping[str, Any], reason: str) -> None:
         """Best effort: ``bind-phase=failed`` on the pod and its lock released; logged either way."""
         namespace, name, uid = str(meta.get("namespace")), str(meta.get("name")), str(meta.get("uid"))
-        self.telemetry.log.error(
+        self.telemetry.logger.error(
             "pod allocation failed", namespace=namespace, pod=name, uid=uid, reason=reason
         )
         try:
@@ -180,24 +169,19 @@ class Allocator:
             self.pods.remember(written)
             await self._release_lock(namespace, name)
         except KubeError as exc:
-            self.telemetry.log.error(
+            self.telemetry.logger.error(
                 "could not mark pod failed", namespace=namespace, pod=name, error=str(exc)
             )
 
     async def _release_lock(self, namespace: str, name: str) -> None:
-        """Remove the node lock if this pod holds it (never another pod's)."""
-        for _ in range(_LOCK_RELEASE_ATTEMPTS):
-            node = await self.api.get_node()
-            lock = _node_lock(node)
-            if lock is None or not owned_by(lock, namespace=namespace, name=name):
-                return
-            version = str((node.get("metadata") or {}).get("resourceVersion", ""))
-            try:
-                await self.api.patch_node_annotations({keys.NODE_LOCK: None}, resource_version=version)
-            except Conflict:
-                continue
-            self.telemetry.log.info("node lock released", namespace=namespace, pod=name)
-            return
+        """Remove the node lock if this pod holds it (never another pod's: ``hamipy.kube.node_lock``)."""
+        released = await self.api.release_node_lock(namespace, name)
+        if released == "released":
+            self.telemetry.logger.info("node lock released", namespace=namespace, pod=name)
+        elif released == "contended":
+            self.telemetry.logger.warning(
+                "node lock not released: every write lost a race; it expires", namespace=namespace, pod=name
+            )
 
     def _count(self, result: str, reason: str) -> None:
         self.telemetry.metrics.allocations.labels(result=result, reason=reason).inc()

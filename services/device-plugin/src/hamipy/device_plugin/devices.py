@@ -1,7 +1,10 @@
 """What the plugin advertises, as pure functions of the GPUs NVML reports and the node's settings.
 
-- ``register_devices``: the ``hami.io/node-nvidia-register`` entries (hami-wire.md section 1): per
-  GPU the split count, memory times memory scaling, 100 times core scaling, ``NVIDIA-<model>``.
+- ``Gpu``: one physical GPU as discovery (NVML) reports it; a plain record, so that this module and
+  its tests need no NVML.
+- ``register_devices``: the ``hami.io/node-nvidia-register`` entries
+  (docs/wire-format.md#register-annotation): per GPU the split count, memory times memory scaling,
+  100 times core scaling, ``NVIDIA-<model>``.
 - ``kubelet_devices``: the fake device IDs ``<UUID>-<i>`` (i < split count) the kubelet counts, with
   health and NUMA topology.
 - ``preferred_allocation``: which fake IDs one container should get: spread over distinct GPUs
@@ -14,13 +17,13 @@ import dataclasses
 from collections.abc import Collection, Iterable, Sequence
 from typing import Final
 
-from hamipy.device_plugin.discovery import Gpu
 from hamipy.protocol import DeviceInfo
 from hamipy.protocol.config import NodeSettings
 from hamipy.protocol.node_devices import device_type
 
 __all__ = [
     "MODE_HAMI_CORE",
+    "Gpu",
     "KubeletDevice",
     "gpu_of",
     "kubelet_devices",
@@ -29,6 +32,19 @@ __all__ = [
 ]
 
 MODE_HAMI_CORE: Final = "hami-core"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Gpu:
+    """One physical GPU as NVML reports it."""
+
+    index: int
+    uuid: str
+    name: str
+    memory_mib: int
+    numa: int
+    """NUMA node; 0 where NVML does not know (as HAMi registers it)."""
+    pci_bus_id: str
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

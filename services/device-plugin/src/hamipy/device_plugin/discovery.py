@@ -1,4 +1,4 @@
-"""GPU discovery and health with NVML through ``pynvml`` (DESIGN.md decision 3).
+"""GPU discovery and health with NVML through ``pynvml`` (docs/design.md#3-real-nvml-or-a-fake-driver).
 
 The same code runs over the real ``libnvidia-ml.so.1`` on a GPU node and over native/'s fake one
 elsewhere. NVML calls block, so the async callers run them in a thread (``asyncio.to_thread``).
@@ -12,32 +12,19 @@ Unhealthy. An Unhealthy GPU stays so until the plugin restarts, as upstream.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import threading
 from collections.abc import Callable, Iterator
 from typing import Final
 
 import pynvml
 
+from hamipy.device_plugin.devices import Gpu
 from hamipy.device_plugin.errors import NvmlError
 
-__all__ = ["APPLICATION_XIDS", "Gpu", "HealthWatch", "Nvml"]
+__all__ = ["APPLICATION_XIDS", "HealthWatch", "Nvml", "discover_gpus"]
 
 APPLICATION_XIDS: Final = frozenset({13, 31, 43, 45, 68, 109})
 _MIB: Final = 1024 * 1024
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Gpu:
-    """One physical GPU as NVML reports it."""
-
-    index: int
-    uuid: str
-    name: str
-    memory_mib: int
-    numa: int
-    """NUMA node; 0 where NVML does not know (as HAMi registers it)."""
-    pci_bus_id: str
 
 
 def _text(value: str | bytes) -> str:
@@ -83,11 +70,21 @@ class Nvml:
         )
 
 
-class HealthWatch:
-    """Watches GPUs for XID critical errors in a thread; calls ``on_unhealthy(uuid, reason)``.
+def discover_gpus() -> list[Gpu]:
+    """Every GPU of this node, in NVML index order (blocking)."""
+    with Nvml() as nvml:
+        return nvml.gpus()
 
-    ``on_unhealthy`` is called from the watch thread: the caller hands it over to its event loop
-    (``loop.call_soon_threadsafe``). ``stop()`` ends the thread within one ``poll_s``.
+
+class HealthWatch:
+    """Watches GPUs for XID critical errors; calls ``on_unhealthy(uuid, reason)``.
+
+    ``run()`` blocks (run it in a thread: the plugin runs it as a supervised task) until
+    ``stop()``; ``on_unhealthy`` is called from that thread, so the caller hands it over to its
+    event loop (``loop.call_soon_threadsafe``). Where NVML cannot be used every GPU is reported
+    Unhealthy once and ``run()`` waits for ``stop()`` (as when NVML fails mid-watch: upstream's
+    rule, the driver is gone); any other error ends ``run()`` with it.
+    ``stop()`` ends ``run()`` within one ``poll_s``.
     """
 
     def __init__(self, uuids: list[str], on_unhealthy: Callable[[str, str], None], *, poll_s: float) -> None:
@@ -95,22 +92,23 @@ class HealthWatch:
         self.on_unhealthy = on_unhealthy
         self.poll_ms = max(1, int(poll_s * 1000))
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="hamipy-gpu-health", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=self.poll_ms / 1000 + 5)
 
-    def _run(self) -> None:
+    def run(self) -> None:
         try:
             with Nvml():
                 self._watch()
         except NvmlError as exc:
-            for uuid in self.uuids:
-                self.on_unhealthy(uuid, f"NVML unavailable: {exc}")
+            self._all_unhealthy(f"NVML unavailable: {exc}")
+        except pynvml.NVMLError as exc:
+            self._all_unhealthy(f"NVML health watch failed: {exc}")
+
+    def _all_unhealthy(self, reason: str) -> None:
+        for uuid in self.uuids:
+            self.on_unhealthy(uuid, reason)
+        self._stop.wait()
 
     def _watch(self) -> None:
         events = pynvml.nvmlEventSetCreate()

@@ -10,8 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from hamipy.device_plugin.devices import KubeletDevice, kubelet_devices, register_devices
-from hamipy.device_plugin.discovery import Gpu
+from hamipy.device_plugin.devices import Gpu, KubeletDevice, kubelet_devices, register_devices
 from hamipy.protocol import DeviceInfo
 from hamipy.protocol.config import NodeSettings
 

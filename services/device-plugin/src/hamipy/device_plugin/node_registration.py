@@ -2,7 +2,7 @@
 
 Written at start, whenever GPU health changes, and every ``register_interval_s`` even when nothing
 changed: the handshake answers the scheduler's ``Requesting_`` stamp with ``Reported_<now>``, and
-a scheduler that sees no answer for 60 s counts the node dead (hami-wire.md section 1).
+a scheduler that sees no answer for 60 s counts the node dead (docs/wire-format.md#handshake).
 """
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime
 
-from hamipy.device_plugin.errors import KubeError
 from hamipy.device_plugin.inventory import Inventory
-from hamipy.device_plugin.kube import NodeApi
+from hamipy.device_plugin.kube import NodeKube
 from hamipy.device_plugin.settings import PluginSettings
 from hamipy.device_plugin.telemetry import Telemetry
+from hamipy.kube.errors import KubeError
 from hamipy.protocol import encode_node_devices, keys
 from hamipy.protocol.node_handshake import Handshake, format_handshake
 
@@ -23,7 +23,7 @@ __all__ = ["register_node_forever", "write_node_register"]
 _RETRY_S = 2.0
 
 
-async def write_node_register(api: NodeApi, inventory: Inventory) -> str:
+async def write_node_register(api: NodeKube, inventory: Inventory) -> str:
     """One write of both annotations; returns the register value written."""
     value = encode_node_devices(inventory.register_devices())
     handshake = format_handshake(Handshake("Reported", datetime.now(UTC)))
@@ -33,13 +33,14 @@ async def write_node_register(api: NodeApi, inventory: Inventory) -> str:
 
 async def register_node_forever(
     *,
-    api: NodeApi,
+    api: NodeKube,
     inventory: Inventory,
     settings: PluginSettings,
     telemetry: Telemetry,
     written: asyncio.Event,
 ) -> None:
-    """Write on start, on every inventory change and on the interval; never returns."""
+    """Write on start, on every inventory change and on the interval; never returns (a failed
+    write is retried; anything but a ``KubeError`` ends the task for the supervisor)."""
     last = ""
     while True:
         seen = inventory.version
@@ -47,14 +48,14 @@ async def register_node_forever(
             value = await write_node_register(api, inventory)
         except KubeError as exc:
             telemetry.metrics.register_writes.labels(result="failed").inc()
-            telemetry.log.error(
+            telemetry.logger.error(
                 "node register write failed; retrying", node=settings.node_name, error=str(exc)
             )
             await asyncio.sleep(_RETRY_S)
             continue
         telemetry.metrics.register_writes.labels(result="success").inc()
         if value != last:
-            telemetry.log.info("node devices registered", node=settings.node_name, devices=value)
+            telemetry.logger.info("node devices registered", node=settings.node_name, devices=value)
             last = value
         written.set()
         await inventory.wait_changed(seen, timeout_s=settings.register_interval_s)

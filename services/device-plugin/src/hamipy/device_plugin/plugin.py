@@ -1,33 +1,50 @@
 """One running device plugin: discovery, the gRPC service, kubelet and node registration, GPU
-health, and the HTTP endpoints (``/metrics``, ``/healthz``, ``/readyz``), under one TaskGroup.
+health, this node's pods, and the HTTP endpoints (``/metrics``, ``/healthz``, ``/readyz``).
 
-``DevicePlugin.run(stop)`` returns when ``stop`` is set; every background task is named, and one
-that fails ends the plugin (the DaemonSet restarts it) after logging why.
+Every long-lived task runs under one ``hamipy.telemetry.supervision.Supervisor``, by name:
+
+- ``device-plugin:serve``: the gRPC socket and the kubelet registration (``serving``);
+- ``device-plugin:node-register``: the node's register annotation and handshake (``node_registration``);
+- ``device-plugin:pod-informer``: this node's pods (``pod_cache``, ``hamipy.kube.informer``);
+- ``device-plugin:health-watch``: the NVML health watch, in a worker thread (``discovery``);
+- ``device-plugin:health-record``: its findings into the inventory.
+
+Each retries what is expected to fail (API errors, an absent kubelet). One that dies anyway (a bug,
+or a forever-task that returned) is logged with its name and error, turns ``/readyz`` to 503 with
+that reason, and ends ``run``, which returns the reason: the CLI exits with status 1 and the
+DaemonSet restarts the plugin, rather than a plugin that still looks ready serving Allocate from a
+pod view whose watch is dead.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any, Final
+from typing import Final, Protocol
 
 from prometheus_client import generate_latest
 
 from hamipy.device_plugin.allocator import Allocator
-from hamipy.device_plugin.discovery import Gpu, HealthWatch, Nvml
+from hamipy.device_plugin.devices import Gpu
+from hamipy.device_plugin.discovery import HealthWatch, discover_gpus
 from hamipy.device_plugin.inventory import Inventory
-from hamipy.device_plugin.kube import NodeApi
+from hamipy.device_plugin.kube import NodeKube, node_pods_informer
 from hamipy.device_plugin.node_registration import register_node_forever
 from hamipy.device_plugin.pod_cache import PodCache
 from hamipy.device_plugin.servicer import DevicePluginServicer
 from hamipy.device_plugin.serving import serve_and_register
 from hamipy.device_plugin.settings import PluginSettings
 from hamipy.device_plugin.telemetry import Telemetry
+from hamipy.kube.client import KubeApi
+from hamipy.kube.informer import InformerSettings
 from hamipy.protocol.config import Config
-from hamipy.telemetry.probes import ProbeServer, start_probe_server
+from hamipy.telemetry.probes import start_probe_server
+from hamipy.telemetry.supervision import Supervisor
 
-__all__ = ["DevicePlugin", "install_interposer"]
+__all__ = ["DevicePlugin", "HealthSource", "HealthWatchFactory", "install_interposer"]
 
 _PRELOAD: Final = "ld.so.preload"
 _LIBRARY: Final = "libvgpu.so"
@@ -44,32 +61,83 @@ def install_interposer(library: Path, hook_path: str) -> None:
     (hook / _PRELOAD).write_text(f"{hook / _LIBRARY}\n")
 
 
+class HealthSource(Protocol):
+    """A blocking health watch (``discovery.HealthWatch``): ``run`` until ``stop``."""
+
+    def run(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+class HealthWatchFactory(Protocol):
+    def __call__(
+        self, uuids: list[str], on_unhealthy: Callable[[str, str], None], *, poll_s: float
+    ) -> HealthSource: ...
+
+
+async def _run_in_thread(source: HealthSource) -> None:
+    """``source.run()`` in a worker thread; cancelled, it stops the source and waits for the thread."""
+    done = asyncio.get_running_loop().run_in_executor(None, source.run)
+    try:
+        await asyncio.shield(done)
+    except asyncio.CancelledError:
+        source.stop()
+        with contextlib.suppress(Exception):
+            await done
+        raise
+
+
 class DevicePlugin:
-    """Wiring of one plugin instance."""
+    """Wiring of one plugin instance. ``discover`` and ``health_watch`` reach NVML (tests hand in
+    fakes)."""
 
     def __init__(
-        self, *, config: Config, settings: PluginSettings, telemetry: Telemetry, api_client: Any
+        self,
+        *,
+        config: Config,
+        settings: PluginSettings,
+        telemetry: Telemetry,
+        api: KubeApi,
+        discover: Callable[[], list[Gpu]] = discover_gpus,
+        health_watch: HealthWatchFactory = HealthWatch,
     ) -> None:
         self.config = config
         self.settings = settings
         self.telemetry = telemetry
-        self.api = NodeApi(api_client, node_name=settings.node_name, timeout_s=settings.api_timeout_s)
+        self.discover = discover
+        self.health_watch = health_watch
+        self.logger = telemetry.logger.bind(node=settings.node_name)
+        self.kube = NodeKube(api, node_name=settings.node_name, timeout_s=settings.api_timeout_s)
         self.node_settings = config.for_node(settings.node_name)
+        self.supervisor = Supervisor(self.logger)
+        self.pods = PodCache(
+            node_pods_informer(
+                api,
+                settings.node_name,
+                logger=self.logger,
+                settings=InformerSettings(list_timeout_s=settings.api_timeout_s),
+            )
+        )
         self.registered = asyncio.Event()
         self.node_written = asyncio.Event()
         self.metrics_port: int | None = None
         self.inventory: Inventory | None = None
-        self.pods: PodCache | None = None
 
-    async def run(self, stop: asyncio.Event) -> None:
-        gpus: list[Gpu] = await asyncio.to_thread(self._discover)
+    async def run(self, stop: asyncio.Event) -> str | None:
+        """Run until ``stop`` is set (None) or a supervised task dies (its failure, logged)."""
+        return await self.supervisor.run(self.running(), stop)
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        """Discover, serve HTTP and start the supervised tasks; on exit stop them all."""
+        gpus = await asyncio.to_thread(self.discover)
         inventory = self.inventory = Inventory(gpus, self.node_settings)
-        log = self.telemetry.log.bind(node=self.settings.node_name)
-        log.info("discovered GPUs", gpus=[(g.index, g.uuid, g.name, g.memory_mib, g.numa) for g in gpus])
-        pods = self.pods = PodCache(self.api, self.telemetry)
+        self.logger.info(
+            "discovered GPUs", gpus=[(g.index, g.uuid, g.name, g.memory_mib, g.numa) for g in gpus]
+        )
         allocator = Allocator(
-            api=self.api,
-            pods=pods,
+            api=self.kube,
+            pods=self.pods,
             nvidia=self.config.nvidia,
             node_settings=self.node_settings,
             telemetry=self.telemetry,
@@ -85,60 +153,58 @@ class DevicePlugin:
             while True:
                 uuid, reason = await sick.get()
                 if await inventory.mark_unhealthy(uuid, reason):
-                    log.warning("GPU unhealthy", device_uuid=uuid, reason=reason)
+                    self.logger.warning("GPU unhealthy", device_uuid=uuid, reason=reason)
 
-        health = HealthWatch(inventory.uuids, unhealthy, poll_s=self.settings.health_poll_s)
-        runner = await self._start_http()
-        health.start()
-        try:
-            async with asyncio.TaskGroup() as group:
-                group.create_task(
-                    serve_and_register(
-                        servicer=servicer,
-                        settings=self.settings,
-                        resource_name=self.config.nvidia.resource_count_name,
-                        telemetry=self.telemetry,
-                        stop=stop,
-                        registered=self.registered,
-                    ),
-                    name="device-plugin:serve",
-                )
-                register = group.create_task(
-                    register_node_forever(
-                        api=self.api,
-                        inventory=inventory,
-                        settings=self.settings,
-                        telemetry=self.telemetry,
-                        written=self.node_written,
-                    ),
-                    name="device-plugin:node-register",
-                )
-                health_task = group.create_task(record_health(), name="device-plugin:health")
-                watch = group.create_task(pods.run(), name="device-plugin:pod-watch")
-                await stop.wait()
-                for task in (register, health_task, watch):
-                    task.cancel()
-        finally:
-            await asyncio.to_thread(health.stop)
-            await runner.close()
-            log.info("stopped")
-
-    def _discover(self) -> list[Gpu]:
-        with Nvml() as nvml:
-            return nvml.gpus()
-
-    def _not_ready(self) -> str | None:
-        synced = self.pods is not None and self.pods.synced.is_set()
-        if synced and self.registered.is_set() and self.node_written.is_set():
-            return None
-        return "not registered with the kubelet and the node, or pods not listed"
-
-    async def _start_http(self) -> ProbeServer:
         server = await start_probe_server(
             host=self.settings.metrics_host,
             port=self.settings.metrics_port,
             render=lambda: generate_latest(self.telemetry.metrics.registry),
-            not_ready=self._not_ready,
+            not_ready=self.not_ready,
         )
         self.metrics_port = server.port
-        return server
+        health = self.health_watch(inventory.uuids, unhealthy, poll_s=self.settings.health_poll_s)
+        start = self.supervisor.start
+        try:
+            start("device-plugin:pod-informer", self.pods.run())
+            start("device-plugin:health-watch", _run_in_thread(health))
+            start("device-plugin:health-record", record_health())
+            start(
+                "device-plugin:node-register",
+                register_node_forever(
+                    api=self.kube,
+                    inventory=inventory,
+                    settings=self.settings,
+                    telemetry=self.telemetry,
+                    written=self.node_written,
+                ),
+            )
+            start(
+                "device-plugin:serve",
+                serve_and_register(
+                    servicer=servicer,
+                    settings=self.settings,
+                    resource_name=self.config.nvidia.resource_count_name,
+                    telemetry=self.telemetry,
+                    registered=self.registered,
+                ),
+            )
+            yield
+        finally:
+            await self.supervisor.stop()
+            await server.close()
+            self.logger.info("stopped", failure=self.supervisor.failure)
+
+    def not_ready(self) -> str | None:
+        """``/readyz``: None when ready, else why not (a dead task first)."""
+        if self.supervisor.failure is not None:
+            return self.supervisor.failure
+        waiting = [
+            what
+            for done, what in (
+                (self.registered.is_set(), "not registered with the kubelet"),
+                (self.node_written.is_set(), "the node's register annotation not written"),
+                (self.pods.synced.is_set(), "this node's pods not listed"),
+            )
+            if not done
+        ]
+        return "; ".join(waiting) or None

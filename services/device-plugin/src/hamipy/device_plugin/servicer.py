@@ -1,4 +1,4 @@
-"""The ``v1beta1.DevicePlugin`` gRPC service the kubelet calls (hami-wire.md section 8)."""
+"""The ``v1beta1.DevicePlugin`` gRPC service the kubelet calls (docs/wire-format.md#device-plugin-api)."""
 
 from __future__ import annotations
 

@@ -1,15 +1,14 @@
 """Serve the plugin's gRPC socket and register with the kubelet; do both again when needed.
 
-The kubelet's contract (hami-wire.md section 8): the plugin must be serving before it registers,
-and a restarted kubelet deletes every socket in the device-plugin directory, so a plugin whose
-socket vanished (or whose ``kubelet.sock`` was replaced) serves a new socket and registers again.
-``serve_and_register`` does that until stopped; ``registered`` is set while registered.
+The kubelet's contract (docs/wire-format.md#device-plugin-api): the plugin must be serving before it
+registers, and a restarted kubelet deletes every socket in the device-plugin directory, so a plugin
+whose socket vanished (or whose ``kubelet.sock`` was replaced) serves a new socket and registers again.
+``serve_and_register`` does that until cancelled; ``registered`` is set while registered.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 from pathlib import Path
 
@@ -35,6 +34,16 @@ def _inode(path: Path) -> int | None:
         return None
 
 
+async def _until_replaced(socket: Path, kubelet: Path, *, interval_s: float) -> None:
+    """Return once our socket or ``kubelet.sock`` is gone or another file (polled: a kubelet
+    restart gives no other sign)."""
+    ours, theirs = _inode(socket), _inode(kubelet)
+    while True:
+        await asyncio.sleep(interval_s)
+        if _inode(socket) != ours or _inode(kubelet) != theirs:
+            return
+
+
 async def register_with_kubelet(settings: PluginSettings, resource_name: str) -> None:
     """One ``Registration/Register`` call on ``kubelet.sock`` (raises ``grpc.aio.AioRpcError``)."""
     target = f"unix://{settings.plugin_dir / KUBELET_SOCKET}"
@@ -56,27 +65,25 @@ async def _start_server(servicer: DevicePluginServicer, socket: Path) -> grpc.ai
     return server
 
 
-async def _register_until_done(
-    settings: PluginSettings, resource_name: str, telemetry: Telemetry, stop: asyncio.Event
-) -> bool:
-    """Register, retrying with backoff while the kubelet is not there; False if stopped first."""
+async def _register_until_done(settings: PluginSettings, resource_name: str, telemetry: Telemetry) -> None:
+    """Register, retrying with backoff while the kubelet is not there."""
     delay = _RETRY_MIN_S
-    while not stop.is_set():
+    while True:
         try:
             await register_with_kubelet(settings, resource_name)
         except grpc.aio.AioRpcError as exc:
             telemetry.metrics.registrations.labels(result="failed").inc()
-            telemetry.log.warning("kubelet registration failed; retrying", error=exc.details(), retry_s=delay)
+            telemetry.logger.warning(
+                "kubelet registration failed; retrying", error=exc.details(), retry_s=delay
+            )
         else:
             telemetry.metrics.registrations.labels(result="success").inc()
-            telemetry.log.info(
+            telemetry.logger.info(
                 "registered with the kubelet", resource=resource_name, endpoint=settings.socket_name
             )
-            return True
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), delay)
+            return
+        await asyncio.sleep(delay)
         delay = min(delay * 2, _RETRY_MAX_S)
-    return False
 
 
 async def serve_and_register(
@@ -85,27 +92,24 @@ async def serve_and_register(
     settings: PluginSettings,
     resource_name: str,
     telemetry: Telemetry,
-    stop: asyncio.Event,
     registered: asyncio.Event,
 ) -> None:
-    """Serve and register; again whenever our socket vanishes or kubelet.sock is replaced."""
+    """Serve and register; again whenever our socket vanishes or kubelet.sock is replaced. Runs
+    until cancelled, then stops serving and removes the socket."""
     socket = settings.plugin_dir / settings.socket_name
     kubelet = settings.plugin_dir / KUBELET_SOCKET
     await asyncio.to_thread(settings.plugin_dir.mkdir, parents=True, exist_ok=True)
-    while not stop.is_set():
-        server = await _start_server(servicer, socket)
-        try:
-            telemetry.log.info("serving", socket=str(socket))
-            if not await _register_until_done(settings, resource_name, telemetry, stop):
-                return
-            registered.set()
-            ours, theirs = _inode(socket), _inode(kubelet)
-            while not stop.is_set() and _inode(socket) == ours and _inode(kubelet) == theirs:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), settings.socket_check_interval_s)
-            if not stop.is_set():
-                telemetry.log.warning("kubelet restarted (socket removed or replaced); serving again")
-        finally:
-            registered.clear()
-            await server.stop(_STOP_GRACE_S)
-    await asyncio.to_thread(socket.unlink, missing_ok=True)
+    try:
+        while True:
+            server = await _start_server(servicer, socket)
+            try:
+                telemetry.logger.info("serving", socket=str(socket))
+                await _register_until_done(settings, resource_name, telemetry)
+                registered.set()
+                await _until_replaced(socket, kubelet, interval_s=settings.socket_check_interval_s)
+                telemetry.logger.warning("kubelet restarted (socket removed or replaced); serving again")
+            finally:
+                registered.clear()
+                await server.stop(_STOP_GRACE_S)
+    finally:
+        await asyncio.to_thread(socket.unlink, missing_ok=True)

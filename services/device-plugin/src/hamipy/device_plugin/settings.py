@@ -35,9 +35,6 @@ class PluginSettings:
     """Per Kubernetes API call."""
     grpc_timeout_s: float = 10.0
     """Per call to the kubelet (Register)."""
-    pod_lookup_attempts: int = 5
-    """Allocate reads this node's pods up to this many times (0.1 s apart, doubling) when no pod is
-    waiting yet: the kubelet can see a bound pod a moment before our cache-free list does."""
     metrics_host: str = "0.0.0.0"
     metrics_port: int = 9395
     """``/metrics``, ``/healthz``, ``/readyz``; 0 picks a free port (tests)."""

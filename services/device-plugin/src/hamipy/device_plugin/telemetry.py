@@ -1,4 +1,5 @@
-"""Logs, metrics and traces of the device plugin (DESIGN.md decision 8), with no module-level state.
+"""Logs, metrics and traces of the device plugin, with no module-level state
+(docs/design.md#8-observable-by-default).
 
 Metrics live on a per-instance ``CollectorRegistry``:
 
@@ -11,15 +12,11 @@ Metrics live on a per-instance ``CollectorRegistry``:
 
 from __future__ import annotations
 
-import logging
-from typing import Final, TextIO
+from typing import Final
 
-import structlog
-from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
-from opentelemetry.trace import Tracer
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from hamipy.telemetry import make_logger, make_tracer_provider
+from hamipy.telemetry.service import ServiceTelemetry
 
 __all__ = ["SERVICE_NAME", "Metrics", "Telemetry"]
 
@@ -77,22 +74,12 @@ class Metrics:
             self.devices.labels(health=health)
 
 
-class Telemetry:
+class Telemetry(ServiceTelemetry[Metrics]):
     """Logger, metrics and tracer of one plugin instance."""
 
-    def __init__(
-        self,
-        *,
-        log_stream: TextIO | None = None,
-        log_level: int = logging.INFO,
-        span_processor: SpanProcessor | None = None,
-    ) -> None:
-        self.log: structlog.typing.FilteringBoundLogger = make_logger(
-            SERVICE_NAME, log_stream, level=log_level
-        )
-        self.metrics = Metrics()
-        self.tracer_provider: TracerProvider = make_tracer_provider(SERVICE_NAME, processor=span_processor)
-        self.tracer: Tracer = self.tracer_provider.get_tracer("hamipy.device_plugin")
+    SERVICE = SERVICE_NAME
+    TRACER_NAME = "hamipy.device_plugin"
 
-    def shutdown(self) -> None:
-        self.tracer_provider.shutdown()
+    @classmethod
+    def new_metrics(cls) -> Metrics:
+        return Metrics()

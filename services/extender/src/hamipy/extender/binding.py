@@ -1,4 +1,4 @@
-"""``/bind``: where correctness is enforced (DESIGN.md decision 5).
+"""``/bind``: where correctness is enforced (docs/design.md#5-bind-enforces-correctness).
 
 For one pod and the node kube-scheduler chose:
 
@@ -41,21 +41,25 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from hamipy.extender.errors import BindRefused, Conflict, KubeError, LockTimeout, NotFound
+from hamipy.extender.errors import BindRefused, LockTimeout
 from hamipy.extender.filtering import build_ask
 from hamipy.extender.fitting import fit_pod
-from hamipy.extender.kube import (
-    KubeApi,
-    create_binding,
-    get_node,
-    get_pod,
-    list_pods,
-    patch_node,
-    patch_pod,
-)
 from hamipy.extender.model import ClusterModel, NodeName, PodUid, now_epoch, pod_finished
 from hamipy.extender.settings import ExtenderSettings
 from hamipy.extender.telemetry import Telemetry
+from hamipy.kube.client import KubeApi
+from hamipy.kube.errors import Conflict, KubeError, NotFound
+from hamipy.kube.node_lock import release_node_lock
+from hamipy.kube.resources import (
+    create_binding,
+    get_node,
+    get_pod,
+    list_all,
+    node_pods_query,
+    patch_node_annotations,
+    patch_pod,
+    pod_path,
+)
 from hamipy.protocol import keys
 from hamipy.protocol.config import Config
 from hamipy.protocol.errors import ProtocolError
@@ -178,7 +182,7 @@ class Binder:
             preferred = reservation.devices if reservation is not None and reservation.node == node else None
             fit = fit_pod(state, ask, preferred=preferred)
             if fit.devices is None:
-                raise BindRefused(f"pod no longer fits node {node}: {fit.reason_text()}")
+                raise BindRefused(f"pod no longer fits node {node}: {fit.why().text()}")
             devices = fit.devices
             encoded = encode_pod_devices(devices, field=keys.DEVICES_ALLOCATED)
             stamp = str(int(self.wall_clock().timestamp()))
@@ -245,7 +249,7 @@ class Binder:
         for _ in range(5):
             mine = format_node_lock(NodeLock(self.wall_clock().replace(microsecond=0), namespace, name))
             try:
-                written = await patch_node(
+                written = await patch_node_annotations(
                     self.api,
                     node,
                     {keys.NODE_LOCK: mine},
@@ -293,7 +297,7 @@ class Binder:
             if not value or breaking:
                 mine = format_node_lock(NodeLock(self.wall_clock().replace(microsecond=0), namespace, name))
                 try:
-                    obj = await patch_node(
+                    obj = await patch_node_annotations(
                         self.api,
                         node,
                         {keys.NODE_LOCK: mine},
@@ -341,31 +345,17 @@ class Binder:
 
     async def _release(self, node: str, namespace: str, name: str) -> None:
         """Remove our lock, if it is still ours; best effort (an expired lock is broken anyway)."""
-        for _ in range(5):
-            try:
-                obj = await get_node(self.api, node, timeout_s=self.settings.api_timeout_s)
-                meta = _meta(obj)
-                value = (meta.get("annotations") or {}).get(keys.NODE_LOCK)
-                if not value:
-                    return
-                try:
-                    if not owned_by(parse_node_lock(value), namespace=namespace, name=name):
-                        return
-                except ProtocolError:
-                    return
-                await patch_node(
-                    self.api,
-                    node,
-                    {keys.NODE_LOCK: None},
-                    resource_version=str(meta.get("resourceVersion")),
-                    timeout_s=self.settings.api_timeout_s,
-                )
-                return
-            except Conflict:
-                continue
-            except KubeError as exc:
-                self.telemetry.logger.warning("node lock not released", node=node, error=str(exc))
-                return
+        try:
+            outcome = await release_node_lock(
+                self.api, node, namespace=namespace, name=name, timeout_s=self.settings.api_timeout_s
+            )
+        except KubeError as exc:
+            self.telemetry.logger.warning("node lock not released", node=node, error=str(exc))
+            return
+        if outcome == "contended":
+            self.telemetry.logger.warning(
+                "node lock not released", node=node, error="every attempt lost a write race"
+            )
 
     # -- fresh state -----------------------------------------------------------------------------
 
@@ -373,14 +363,16 @@ class Binder:
         """A model of just this node, from the Node and every pod bound or annotated for it."""
         node = str(_meta(node_obj).get("name"))
         timeout = self.settings.api_timeout_s
-        queries: list[list[tuple[str, str]]] = [[("fieldSelector", f"spec.nodeName={node}")]]
+        queries: list[list[tuple[str, str]]] = [node_pods_query(node)]
         if len(node) <= _LABEL_MAX:
             queries.append([("labelSelector", f"{keys.VGPU_NODE_LABEL}={node}")])
-        results = await asyncio.gather(*(list_pods(self.api, query=q, timeout_s=timeout) for q in queries))
+        results = await asyncio.gather(
+            *(list_all(self.api, pod_path(), query=q, timeout_s=timeout) for q in queries)
+        )
         fresh = ClusterModel(count_resource=self.model.count_resource)
         fresh.apply_node("ADDED", node_obj)
         seen: set[str] = {exclude}
-        for pods in results:
+        for pods, _ in results:
             for pod in pods:
                 uid = str(_meta(pod).get("uid", ""))
                 if uid in seen:

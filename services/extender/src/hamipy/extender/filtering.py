@@ -19,7 +19,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
-from hamipy.extender.fitting import Fit, PodAsk, fit_pod
+from hamipy.extender.fitting import Fit, NodeReasons, PodAsk, fit_pod
 from hamipy.extender.model import ClusterModel, NodeState
 from hamipy.extender.scoring import Policy
 from hamipy.protocol.config import Config
@@ -33,6 +33,7 @@ __all__ = [
     "NODE_REGISTER_MALFORMED",
     "NODE_UNREGISTERED",
     "Decision",
+    "FailureSummary",
     "build_ask",
     "decide",
     "summarize",
@@ -52,8 +53,10 @@ class Decision:
     node: str | None = None
     devices: PodDevices | None = None
     feasible: list[tuple[str, PodDevices, float]] = dataclasses.field(default_factory=list)
-    failed: dict[str, str] = dataclasses.field(default_factory=dict)
-    unresolvable: dict[str, str] = dataclasses.field(default_factory=dict)
+    failed: dict[str, NodeReasons] = dataclasses.field(default_factory=dict)
+    """Nodes that do not fit now but could (kube-scheduler may preempt for them)."""
+    unresolvable: dict[str, NodeReasons] = dataclasses.field(default_factory=dict)
+    """Nodes that could not fit the pod even empty."""
     fitted: int = 0
     """How many nodes got a full fit (the rest were ranked out or skipped by the summary check)."""
 
@@ -152,18 +155,17 @@ def _explain(model: ClusterModel, ask: PodAsk, names: Iterable[str], now: float,
     for name in names:
         node = model.nodes.get(name)
         if node is None or not node.registered:
-            decision.unresolvable[name] = NODE_UNREGISTERED
+            decision.unresolvable[name] = NodeReasons.of_node(NODE_UNREGISTERED)
         elif node.problem is not None:
-            decision.unresolvable[name] = NODE_REGISTER_MALFORMED
+            decision.unresolvable[name] = NodeReasons.of_node(NODE_REGISTER_MALFORMED)
         elif node.bad_pods:
-            decision.failed[name] = NODE_ALLOCATION_UNKNOWN
+            decision.failed[name] = NodeReasons.of_node(NODE_ALLOCATION_UNKNOWN)
         elif node.dead(now):
-            decision.failed[name] = NODE_HANDSHAKE_TIMEOUT
+            decision.failed[name] = NodeReasons.of_node(NODE_HANDSHAKE_TIMEOUT)
         else:
             fit: Fit = fit_pod(node, ask)
             if fit.ok:
                 continue  # fits after all (only possible when asked twice); not a failure
-            text = fit.reason_text() or "NodeUnfitPod"
             shape = tuple(
                 (
                     g.uuid if by_uuid else "",
@@ -182,21 +184,37 @@ def _explain(model: ClusterModel, ask: PodAsk, names: Iterable[str], now: float,
             if possible is None:
                 possible = ever[shape] = fit_pod(node, ask, empty=True).ok
             if possible:
-                decision.failed[name] = text
+                decision.failed[name] = fit.why()
             else:
-                decision.unresolvable[name] = text
+                decision.unresolvable[name] = fit.why()
 
 
-def summarize(failed: Mapping[str, str], unresolvable: Mapping[str, str], *, limit: int = 5) -> str:
-    """Reasons counted per cause across nodes, as HAMi's FilteringFailed events word them:
-    ``3 nodes CardInsufficientMemory(n1,n2,n3); 1 nodes NodeUnregistered(n4)``."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class FailureSummary:
+    """Why no node fits, across nodes: each cause with the nodes that failed that way, the cause
+    that failed most nodes first (ties by name)."""
+
+    by_cause: tuple[tuple[str, tuple[str, ...]], ...]
+
+    def top_cause(self) -> str:
+        """The cause that failed most nodes (``NoNodes`` when none was explained): a metric label."""
+        return self.by_cause[0][0] if self.by_cause else "NoNodes"
+
+    def text(self, *, limit: int = 5) -> str:
+        """As HAMi's FilteringFailed events word it:
+        ``3 nodes CardInsufficientMemory(n1,n2,n3); 1 nodes NodeUnregistered(n4)``."""
+        parts = []
+        for cause, nodes in self.by_cause:
+            shown = ",".join(nodes[:limit]) + (",..." if len(nodes) > limit else "")
+            parts.append(f"{len(nodes)} nodes {cause}({shown})")
+        return "; ".join(parts)
+
+
+def summarize(failed: Mapping[str, NodeReasons], unresolvable: Mapping[str, NodeReasons]) -> FailureSummary:
+    """Every node's reasons counted per cause."""
     by_cause: dict[str, list[str]] = defaultdict(list)
-    for name, text in (*failed.items(), *unresolvable.items()):
-        for part in text.split(", "):
-            cause = part.split(" ", 1)[-1]
+    for name, reasons in (*failed.items(), *unresolvable.items()):
+        for cause, _ in reasons.causes:
             by_cause[cause].append(name)
-    parts = []
-    for cause, nodes in sorted(by_cause.items(), key=lambda kv: (-len(kv[1]), kv[0])):
-        shown = ",".join(sorted(nodes)[:limit]) + (",..." if len(nodes) > limit else "")
-        parts.append(f"{len(nodes)} nodes {cause}({shown})")
-    return "; ".join(parts)
+    ranked = sorted(by_cause.items(), key=lambda kv: (-len(kv[1]), kv[0]))
+    return FailureSummary(tuple((cause, tuple(sorted(nodes))) for cause, nodes in ranked))

@@ -1,7 +1,7 @@
 """Whether a pod fits a node's GPUs, and on which ones (pure).
 
-The checks are hami-wire.md sections 2-3 in HAMi's order (``pkg/device/nvidia/device.go`` ``Fit``),
-each failing GPU counted under HAMi's reason name:
+The checks are those of docs/wire-format.md#resources and #user-annotations, in HAMi's order
+(``pkg/device/nvidia/device.go`` ``Fit``), each failing GPU counted under HAMi's reason name:
 
 =================================  ===========================================================
 ``CardNotHealth``                  the GPU registered unhealthy
@@ -53,11 +53,12 @@ __all__ = [
     "ALLOCATED_INSUFFICIENT",
     "CARD_CORDONED",
     "NODE_INSUFFICIENT_DEVICE",
+    "NODE_UNFIT_POD",
     "NUMA_NOT_FIT",
     "Fit",
+    "NodeReasons",
     "PodAsk",
     "fit_pod",
-    "format_reasons",
 ]
 
 CARD_NOT_HEALTH: Final = "CardNotHealth"
@@ -72,6 +73,7 @@ COMPUTE_EXHAUSTED: Final = "CardComputeUnitsExhausted"
 NUMA_NOT_FIT: Final = "NumaNotFit"
 ALLOCATED_INSUFFICIENT: Final = "AllocatedCardsInsufficientRequest"
 NODE_INSUFFICIENT_DEVICE: Final = "NodeInsufficientDevice"
+NODE_UNFIT_POD: Final = "NodeUnfitPod"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -104,6 +106,35 @@ class PodAsk:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class NodeReasons:
+    """Why one node does not take a pod, as data: per cause, how many of its ``n_gpus`` GPUs failed
+    that way (HAMi's ``GenReason`` counts). A node-level cause (``NodeUnregistered``...) has
+    ``n_gpus`` 0, and ``detail`` says more where a cause alone would not (``InvalidRequest``).
+
+    Kept as data from the fit to the edge: the HTTP answer, the Event and the metric label each
+    format it once, and nothing parses text back."""
+
+    causes: tuple[tuple[str, int], ...]
+    n_gpus: int = 0
+    detail: str = ""
+
+    @classmethod
+    def of_gpus(cls, counts: Counter[str], n_gpus: int) -> NodeReasons:
+        return cls(tuple(sorted(counts.items())), n_gpus)
+
+    @classmethod
+    def of_node(cls, cause: str, detail: str = "") -> NodeReasons:
+        return cls(((cause, 1),), 0, detail)
+
+    def text(self) -> str:
+        """HAMi's wording: ``1/8 CardInsufficientMemory, 7/8 CardTimeSlicingExhausted``; a node-level
+        cause alone (``NodeUnregistered``, ``InvalidRequest: <detail>``)."""
+        if not self.n_gpus:
+            return ", ".join(f"{cause}: {self.detail}" if self.detail else cause for cause, _ in self.causes)
+        return ", ".join(f"{count}/{self.n_gpus} {cause}" for cause, count in self.causes)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Fit:
     """``devices`` when the pod fits (one slot per container), else ``reasons`` (cause -> GPUs)."""
 
@@ -115,13 +146,11 @@ class Fit:
     def ok(self) -> bool:
         return self.devices is not None
 
-    def reason_text(self) -> str:
-        return format_reasons(self.reasons, self.n_gpus)
-
-
-def format_reasons(reasons: Counter[str], n_gpus: int) -> str:
-    """HAMi's ``GenReason``: ``1/8 CardInsufficientMemory, 7/8 CardTimeSlicingExhausted``."""
-    return ", ".join(f"{count}/{n_gpus} {reason}" for reason, count in sorted(reasons.items()))
+    def why(self) -> NodeReasons:
+        """The reasons as data (``NodeUnfitPod`` when a fit failed with none counted)."""
+        if not self.reasons:
+            return NodeReasons.of_node(NODE_UNFIT_POD)
+        return NodeReasons.of_gpus(self.reasons, self.n_gpus)
 
 
 def _check(gpu: Gpu, used: list[int], req: ContainerRequest, prefs: PodPreferences) -> str | None:

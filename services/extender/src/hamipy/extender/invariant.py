@@ -1,5 +1,5 @@
 """The safety invariant, checked against the cluster itself: no GPU has more memory, cores or slots
-allocated than it has (DESIGN.md decision 5).
+allocated than it has (docs/design.md#5-bind-enforces-correctness).
 
 Reads every node's ``hami.io/node-nvidia-register`` and every not-finished pod's
 ``hami.io/vgpu-devices-allocated`` from the API (not from any extender's model) and adds the pods'
@@ -13,8 +13,9 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from hamipy.extender.kube import KubeApi, list_all
 from hamipy.extender.model import pod_finished, pod_usage
+from hamipy.kube.client import KubeApi
+from hamipy.kube.resources import list_all, node_path, pod_path
 from hamipy.protocol import keys
 from hamipy.protocol.errors import ProtocolError
 from hamipy.protocol.node_devices import decode_node_devices
@@ -120,6 +121,6 @@ def check_objects(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str
 
 async def check_cluster(api: KubeApi, *, timeout_s: float = 30.0) -> Report:
     """The invariant over the cluster as the API server has it now."""
-    nodes, _ = await list_all(api, "/api/v1/nodes", timeout_s=timeout_s)
-    pods, _ = await list_all(api, "/api/v1/pods", timeout_s=timeout_s)
+    nodes, _ = await list_all(api, node_path(), timeout_s=timeout_s)
+    pods, _ = await list_all(api, pod_path(), timeout_s=timeout_s)
     return check_objects(nodes, pods)

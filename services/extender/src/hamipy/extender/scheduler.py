@@ -2,7 +2,7 @@
 prioritize and bind), with reservations, metrics, Events and spans around the pure decision.
 
 ``filter`` and ``prioritize`` are synchronous and make no API call: they read and update the model
-only. Events are queued (``EventSink``), never awaited here.
+only. Events are queued (``hamipy.kube.events.EventRecorder``), never awaited here.
 """
 
 from __future__ import annotations
@@ -14,13 +14,15 @@ from typing import Any, Final
 from opentelemetry import trace
 
 from hamipy.extender.binding import Binder
-from hamipy.extender.errors import BindRefused, KubeError
-from hamipy.extender.events import EventSink, involved_pod
+from hamipy.extender.errors import BindRefused
 from hamipy.extender.filtering import Decision, build_ask, decide, summarize
+from hamipy.extender.fitting import NodeReasons
 from hamipy.extender.model import ClusterModel, NodeName, PodUid, now_epoch
 from hamipy.extender.scoring import prioritize_score
 from hamipy.extender.settings import ExtenderSettings
 from hamipy.extender.telemetry import Telemetry
+from hamipy.kube.errors import KubeError
+from hamipy.kube.events import EventRecorder, involved_pod
 from hamipy.protocol import keys
 from hamipy.protocol.config import Config
 from hamipy.protocol.errors import ProtocolError
@@ -31,6 +33,7 @@ __all__ = ["BadRequest", "Scheduler"]
 FILTERING_SUCCEED: Final = "FilteringSucceed"
 FILTERING_FAILED: Final = "FilteringFailed"
 BINDING_FAILED: Final = "BindingFailed"
+INVALID_REQUEST: Final = "InvalidRequest"
 # Pods filtered but not (yet) bound whose trace context is remembered; oldest dropped beyond it.
 _MAX_TRACEPARENTS: Final = 10_000
 
@@ -74,7 +77,7 @@ class Scheduler:
         config: Config,
         settings: ExtenderSettings,
         telemetry: Telemetry,
-        events: EventSink,
+        events: EventRecorder,
         binder: Binder | None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -100,7 +103,7 @@ class Scheduler:
         self._trace_filter(pod, started_ns, nodes=len(names), outcome=outcome, detail=detail)
         metrics = self.telemetry.metrics
         metrics.filter_seconds.labels(result=outcome).observe(time.perf_counter() - started)
-        metrics.decisions.labels(verb="filter", result=outcome, reason=reason.split(" ", 1)[0][:64]).inc()
+        metrics.decisions.labels(verb="filter", result=outcome, reason=reason).inc()
         return result
 
     def _trace_filter(
@@ -157,14 +160,10 @@ class Scheduler:
         try:
             ask = build_ask(pod, self.config)
         except ProtocolError as exc:
-            reason = f"InvalidRequest: {exc}"
-            self.events.emit(involved, FILTERING_FAILED, reason, warning=True)
-            return (
-                self._result(names, items, [], {}, dict.fromkeys(names, reason)),
-                "failed",
-                "InvalidRequest",
-                reason,
-            )
+            invalid = NodeReasons.of_node(INVALID_REQUEST, str(exc))
+            self.events.emit(involved, FILTERING_FAILED, invalid.text(), warning=True)
+            result = self._result(names, items, [], {}, dict.fromkeys(names, invalid))
+            return result, "failed", INVALID_REQUEST, invalid.text()
         if not ask.requests.any:
             return self._result(names, items, names, {}, {}), "passthrough", "NoGPURequest", ""
         now_mono = self.clock()
@@ -198,22 +197,23 @@ class Scheduler:
                 chose,
             )
         summary = summarize(decision.failed, decision.unresolvable)
-        message = f"no node fits the pod's GPU request: {summary}"
+        message = f"no node fits the pod's GPU request: {summary.text()}"
         self.events.emit(involved, FILTERING_FAILED, message, warning=True)
-        top = (summary.split(" nodes ", 1)[-1].split("(", 1)[0]) if summary else "NoNodes"
-        return self._result(names, items, [], decision.failed, decision.unresolvable), "failed", top, message
+        result = self._result(names, items, [], decision.failed, decision.unresolvable)
+        return result, "failed", summary.top_cause(), message
 
     @staticmethod
     def _result(
         names: list[str],
         items: list[Any] | None,
         chosen: list[str],
-        failed: Mapping[str, str],
-        unresolvable: Mapping[str, str],
+        failed: Mapping[str, NodeReasons],
+        unresolvable: Mapping[str, NodeReasons],
     ) -> dict[str, Any]:
+        """The ExtenderFilterResult; the one place node reasons become the text kube-scheduler shows."""
         result: dict[str, Any] = {
-            "FailedNodes": dict(failed),
-            "FailedAndUnresolvableNodes": dict(unresolvable),
+            "FailedNodes": {name: reasons.text() for name, reasons in failed.items()},
+            "FailedAndUnresolvableNodes": {name: reasons.text() for name, reasons in unresolvable.items()},
             "Error": "",
         }
         if items is not None:

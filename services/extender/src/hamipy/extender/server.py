@@ -2,22 +2,27 @@
 
 Routes: ``POST /filter``, ``/prioritize``, ``/bind`` (extender JSON, Go field names);
 ``GET /healthz`` (the process serves), ``/readyz`` (both Nodes and Pods listed, so decisions see
-the whole cluster), ``/metrics`` (Prometheus). A body that is not JSON, not the expected argument,
-or over ``max_body_bytes`` gets HTTP 400 with the reason; kube-scheduler counts that as an extender
-error for the pod and retries it, and the server keeps serving.
+the whole cluster, and no background task dead), ``/metrics`` (Prometheus). A body that is not
+JSON, not the expected argument, or over ``max_body_bytes`` gets HTTP 400 with the reason;
+kube-scheduler counts that as an extender error for the pod and retries it, and the server keeps
+serving.
 
-``ExtenderServer`` owns one extender: model, scheduler, binder, event sink, the Node and Pod
-watchers and the handshake loop, all started in the app's ``cleanup_ctx`` as named tasks and
-cancelled on shutdown (SIGTERM: readiness fails first, in-flight requests drain).
+``ExtenderServer`` owns one extender: model, scheduler, binder, event recorder, the Node and Pod
+informers and the handshake loop. The background ones run under a ``Supervisor``
+(``hamipy.telemetry.supervision``), started in the app's ``cleanup_ctx`` as named tasks and
+cancelled on shutdown (SIGTERM: readiness fails first, in-flight requests drain). A task that dies
+is logged by name and, from then on, ``/readyz`` answers 503 with the reason and ``/filter``,
+``/prioritize`` and ``/bind`` answer 503 with ``{"Error": reason}`` instead of a decision: the
+model is no longer kept current, so no decision is made from it (``hamipy-extender serve`` then
+exits with status 1).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import ssl
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Mapping
 from types import TracebackType
 from typing import Any, Final, Self
 
@@ -25,21 +30,62 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from hamipy.extender.binding import Binder
-from hamipy.extender.events import EventSink
-from hamipy.extender.kube import KubeApi
+from hamipy.extender.errors import ExtenderError
 from hamipy.extender.model import ClusterModel
 from hamipy.extender.scheduler import BadRequest, Scheduler
 from hamipy.extender.settings import ExtenderSettings
-from hamipy.extender.telemetry import Telemetry
-from hamipy.extender.watching import Watcher, stamp_handshakes
+from hamipy.extender.telemetry import SERVICE_NAME, Telemetry
+from hamipy.extender.watching import Resource, model_informers, stamp_handshakes
+from hamipy.kube.client import KubeApi
+from hamipy.kube.events import DropReason, EventRecorder
+from hamipy.kube.informer import Informer
 from hamipy.protocol.config import Config
+from hamipy.telemetry.supervision import Supervisor
 
-__all__ = ["SCHEDULER", "STOPPING", "ExtenderServer", "make_app"]
+__all__ = ["HEALTH", "SCHEDULER", "ExtenderServer", "Health", "make_app"]
+
+_JSON: Final = "application/json"
+UNAVAILABLE_REASON: Final = "BackgroundTaskDied"
+"""The ``reason`` label of decisions refused because a background task died."""
+
+
+class Health:
+    """Whether this extender may decide and whether it is ready: what ``/readyz`` and the decision
+    routes consult. ``informers`` by resource (none when running without the cluster: then the
+    model counts as listed once it was fed both resources)."""
+
+    def __init__(
+        self,
+        *,
+        model: ClusterModel,
+        supervisor: Supervisor,
+        informers: Mapping[Resource, Informer] | None = None,
+    ) -> None:
+        self.model = model
+        self.supervisor = supervisor
+        self.informers = dict(informers or {})
+        self.stopping = asyncio.Event()
+
+    def broken(self) -> str | None:
+        """Why decisions are refused (a background task died: the model may be stale), or None."""
+        return self.supervisor.failure
+
+    def not_ready(self) -> str | None:
+        """Why ``/readyz`` fails, or None when ready."""
+        if self.stopping.is_set():
+            return "stopping"
+        failure = self.broken()
+        if failure is not None:
+            return failure
+        waiting = [name for name, informer in self.informers.items() if not informer.listed.is_set()]
+        if waiting or not self.model.synced:
+            return f"model not synced yet (listing {' and '.join(waiting or ['nodes', 'pods'])})"
+        return None
+
 
 SCHEDULER: Final = web.AppKey("scheduler", Scheduler)
-STOPPING: Final = web.AppKey("stopping", asyncio.Event)
+HEALTH: Final = web.AppKey("health", Health)
 MAX_BODY: Final = web.AppKey("max_body_bytes", int)
-_JSON: Final = "application/json"
 
 
 async def _json_body(request: web.Request) -> Any:
@@ -63,7 +109,22 @@ def _bad(request: web.Request, exc: BadRequest) -> web.Response:
     return web.json_response({"Error": str(exc)}, status=400)
 
 
+def _refused(request: web.Request) -> web.Response | None:
+    """HTTP 503 with the reason when a background task died (the model is no longer kept current),
+    else None. The body is a filter, prioritize or bind result with only ``Error`` set."""
+    failure = request.app[HEALTH].broken()
+    if failure is None:
+        return None
+    request.app[SCHEDULER].telemetry.metrics.decisions.labels(
+        verb=request.path.strip("/"), result="unavailable", reason=UNAVAILABLE_REASON
+    ).inc()
+    error = f"extender unavailable, its cluster model is no longer kept current: {failure}"
+    return web.json_response({"Error": error}, status=503)
+
+
 async def _filter(request: web.Request) -> web.Response:
+    if (refused := _refused(request)) is not None:
+        return refused
     try:
         args = await _json_body(request)
         result = request.app[SCHEDULER].filter(args)
@@ -73,6 +134,8 @@ async def _filter(request: web.Request) -> web.Response:
 
 
 async def _prioritize(request: web.Request) -> web.Response:
+    if (refused := _refused(request)) is not None:
+        return refused
     try:
         args = await _json_body(request)
         result = request.app[SCHEDULER].prioritize(args)
@@ -82,6 +145,8 @@ async def _prioritize(request: web.Request) -> web.Response:
 
 
 async def _bind(request: web.Request) -> web.Response:
+    if (refused := _refused(request)) is not None:
+        return refused
     try:
         args = await _json_body(request)
         result = await request.app[SCHEDULER].bind(args)
@@ -95,11 +160,9 @@ async def _healthz(request: web.Request) -> web.Response:
 
 
 async def _readyz(request: web.Request) -> web.Response:
-    scheduler = request.app[SCHEDULER]
-    if request.app[STOPPING].is_set():
-        return web.Response(status=503, text="stopping")
-    if not scheduler.model.synced:
-        return web.Response(status=503, text="model not synced yet (listing nodes and pods)")
+    reason = request.app[HEALTH].not_ready()
+    if reason is not None:
+        return web.Response(status=503, text=reason)
     return web.Response(text="ok")
 
 
@@ -108,14 +171,12 @@ async def _metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-def make_app(
-    scheduler: Scheduler, *, max_body_bytes: int, stopping: asyncio.Event | None = None
-) -> web.Application:
+def make_app(scheduler: Scheduler, *, max_body_bytes: int, health: Health) -> web.Application:
     """The routes over one ``Scheduler`` (no background work: ``ExtenderServer`` adds that)."""
     app = web.Application(client_max_size=max_body_bytes)
     app[SCHEDULER] = scheduler
     app[MAX_BODY] = max_body_bytes
-    app[STOPPING] = stopping if stopping is not None else asyncio.Event()
+    app[HEALTH] = health
     app.router.add_post("/filter", _filter)
     app.router.add_post("/prioritize", _prioritize)
     app.router.add_post("/bind", _bind)
@@ -129,7 +190,7 @@ class ExtenderServer:
     """One running extender (``async with ExtenderServer(...) as server``); ``port`` once started.
 
     ``api`` None runs without the cluster (no watch, no bind): for benchmarks and unit tests that
-    feed the model themselves.
+    feed the model themselves. ``supervisor.failed`` is set when a background task died.
     """
 
     def __init__(
@@ -154,14 +215,23 @@ class ExtenderServer:
         self.shutdown_timeout_s = shutdown_timeout_s
         self.model = ClusterModel(count_resource=config.nvidia.resource_count_name)
         telemetry.metrics.attach(self.model)
-        self.events = EventSink(
-            api, telemetry, size=settings.event_queue_size, timeout_s=settings.api_timeout_s
+        self.supervisor = Supervisor(telemetry.logger)
+        self.events = EventRecorder(
+            api,
+            component=SERVICE_NAME,
+            logger=telemetry.logger,
+            on_drop=self._event_dropped,
+            size=settings.event_queue_size,
+            timeout_s=settings.api_timeout_s,
         )
-        binder = (
-            Binder(api=api, model=self.model, config=config, settings=settings, telemetry=telemetry)
-            if api is not None
-            else None
-        )
+        self.informers: dict[Resource, Informer] = {}
+        binder = None
+        if api is not None:
+            self.informers = model_informers(
+                api, model=self.model, settings=settings, telemetry=telemetry, events=self.events
+            )
+            binder = Binder(api=api, model=self.model, config=config, settings=settings, telemetry=telemetry)
+        self.health = Health(model=self.model, supervisor=self.supervisor, informers=self.informers)
         self.scheduler = Scheduler(
             model=self.model,
             config=config,
@@ -170,60 +240,27 @@ class ExtenderServer:
             events=self.events,
             binder=binder,
         )
-        self.stopping = asyncio.Event()
-        self.synced = asyncio.Event()
         self.port = 0
         self._runner: web.AppRunner | None = None
-        self._tasks: list[asyncio.Task[None]] = []
 
-    def _on_change(self) -> None:
-        if self.model.synced:
-            self.synced.set()
-
-    async def _supervised(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
-        try:
-            await coro
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            self.telemetry.logger.exception("background task failed", task=name)
-            raise
+    def _event_dropped(self, reason: DropReason) -> None:
+        self.telemetry.metrics.events_dropped.labels(reason=reason).inc()
 
     async def _background(self, app: web.Application) -> AsyncIterator[None]:
-        jobs: list[tuple[str, Coroutine[Any, Any, None]]] = [("extender-events", self.events.run())]
-        if self.api is not None:
-            for resource in ("nodes", "pods"):
-                watcher = Watcher(
-                    resource,
-                    api=self.api,
-                    model=self.model,
-                    settings=self.settings,
-                    telemetry=self.telemetry,
-                    events=self.events,
-                    on_change=self._on_change,
-                )
-                jobs.append((f"extender-watch-{resource}", watcher.run()))
-            if self.settings.handshake_interval_s > 0:
-                jobs.append(
-                    (
-                        "extender-handshake",
-                        stamp_handshakes(
-                            api=self.api, model=self.model, settings=self.settings, telemetry=self.telemetry
-                        ),
-                    )
-                )
-        self._tasks = [asyncio.create_task(self._supervised(n, c), name=n) for n, c in jobs]
+        self.supervisor.start("extender-events", self.events.run())
+        for resource, informer in self.informers.items():
+            self.supervisor.start(f"extender-watch-{resource}", informer.run())
+        if self.api is not None and self.settings.handshake_interval_s > 0:
+            stamping = stamp_handshakes(
+                api=self.api, model=self.model, settings=self.settings, telemetry=self.telemetry
+            )
+            self.supervisor.start("extender-handshake", stamping)
         yield
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        self._tasks.clear()
+        await self.supervisor.stop()
         await asyncio.to_thread(self.telemetry.shutdown)
 
     async def start(self) -> None:
-        app = make_app(self.scheduler, max_body_bytes=self.settings.max_body_bytes, stopping=self.stopping)
+        app = make_app(self.scheduler, max_body_bytes=self.settings.max_body_bytes, health=self.health)
         app.cleanup_ctx.append(self._background)
         runner = web.AppRunner(app, shutdown_timeout=self.shutdown_timeout_s, access_log=None)
         await runner.setup()
@@ -241,13 +278,23 @@ class ExtenderServer:
         )
 
     async def wait_synced(self, timeout_s: float = 30.0) -> None:
-        """Return once the model has listed Nodes and Pods."""
-        async with asyncio.timeout(timeout_s):
-            await self.synced.wait()
+        """Return once Nodes and Pods are listed; ``ExtenderError`` when a background task died
+        first, ``TimeoutError`` after ``timeout_s``."""
+        listed = asyncio.gather(*(informer.listed.wait() for informer in self.informers.values()))
+        failed = asyncio.ensure_future(self.supervisor.failed.wait())
+        waiters: set[asyncio.Future[Any]] = {listed, failed}
+        try:
+            async with asyncio.timeout(timeout_s):
+                await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            listed.cancel()
+            failed.cancel()
+        if self.supervisor.failure is not None:
+            raise ExtenderError(f"the extender cannot sync: {self.supervisor.failure}")
 
     async def stop(self) -> None:
         """Fail readiness, drain in-flight requests, stop the background tasks."""
-        self.stopping.set()
+        self.health.stopping.set()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None

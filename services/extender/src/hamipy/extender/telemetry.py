@@ -1,23 +1,23 @@
-"""Logs, metrics and traces of the extender (DESIGN.md decision 8), with no module-level state.
+"""Logs, metrics and traces of the extender, with no module-level state
+(docs/design.md#8-observable-by-default).
 
 Metrics live on a per-instance ``CollectorRegistry`` (several extenders in one test process do not
 share counters):
 
-- HAMi's scheduler metrics (hami-wire.md section 7, same names and labels), computed from the model
+- HAMi's scheduler metrics (docs/wire-format.md#metrics, same names and labels), computed from the model
   at scrape time by ``GpuCollector``: nothing is updated on the filter path.
 - ``hamipy_extender_filter_duration_seconds`` / ``..._bind_duration_seconds`` (by result),
-  ``hamipy_extender_decisions`` (verb, result, reason), ``hamipy_extender_malformed_annotations``
+  ``hamipy_extender_decisions`` (verb, result, reason; ``unavailable``/``BackgroundTaskDied`` for
+  a decision refused because a background task died), ``hamipy_extender_malformed_annotations``
   (kind, field), ``hamipy_extender_events_dropped``, ``hamipy_extender_watch_restarts`` (resource,
   cause), ``hamipy_extender_lock_waits`` / ``..._lock_breaks`` (reason).
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator
-from typing import Final, TextIO
+from typing import Final
 
-from opentelemetry.sdk.trace import SpanProcessor
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -150,6 +150,8 @@ class Metrics:
             self.bind_seconds.labels(result=result)
         for result in ("refused", "error"):
             self.decisions.labels(verb="bind", result=result, reason=result)
+        for verb in ("filter", "prioritize", "bind"):
+            self.decisions.labels(verb=verb, result="unavailable", reason="BackgroundTaskDied")
         for reason in ("queue-full", "api-error"):
             self.events_dropped.labels(reason=reason)
         for resource in ("nodes", "pods"):
@@ -171,15 +173,9 @@ class Metrics:
 class Telemetry(ServiceTelemetry[Metrics]):
     """Logger, metrics and tracer of one extender."""
 
+    SERVICE = SERVICE_NAME
     TRACER_NAME = "hamipy.extender"
 
     @classmethod
-    def create(
-        cls,
-        *,
-        stream: TextIO | None = None,
-        level: int = logging.INFO,
-        processor: SpanProcessor | None = None,
-    ) -> Telemetry:
-        """The service's normal set-up: JSON logs to ``stream``, spans per the ``OTEL_*`` variables."""
-        return cls.build(SERVICE_NAME, Metrics(), stream=stream, level=level, processor=processor)
+    def new_metrics(cls) -> Metrics:
+        return Metrics()

@@ -3,9 +3,10 @@
 Runs on every GPU node (``hamipy-monitor``). Modules, the I/O ones marked (io):
 
 - ``cli``: the entry point (wiring only); ``settings``: its settings; ``errors``: the exception tree.
-- ``monitor``: one running monitor: the pod watch, the scrape, the housekeeping pass, HTTP.
-- ``kube`` (io) and ``pod_cache``: this node's pods by list+watch; ``pods``: a pod reduced to what the
-  monitor needs, its allocation annotation decoded.
+- ``monitor``: one running monitor: the pod watch, the scrape, the housekeeping pass, HTTP, its
+  background tasks under one supervisor.
+- ``pod_cache`` (io): this node's pods by list+watch (``hamipy.kube``'s informer);
+  ``pods``: a pod reduced to what the monitor needs, its allocation annotation decoded.
 - ``region_files`` (io): the region files of the node's containers, read without ``mmap``;
   ``region_dirs``: what their directory names and decoding errors mean.
 - ``host_gpus`` (io): host GPU use from NVML.

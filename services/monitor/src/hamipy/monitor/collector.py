@@ -1,4 +1,4 @@
-"""The GPU metrics, made when Prometheus scrapes (hami-wire.md section 7 names and labels).
+"""The GPU metrics, made when Prometheus scrapes (names and labels: docs/wire-format.md#metrics).
 
 ``UsageCollector.collect`` calls its ``gather`` function (the I/O: region files, NVML, the pod
 cache) and turns what it returns into metric families; nothing is kept between scrapes, so a

@@ -2,36 +2,25 @@
 
     Exception
      └── MonitorError         something the monitor could not do; the message names the object
-          ├── KubeError       the API server answered an error or could not be reached
-          │    └── Gone       410: the watch's resourceVersion is too old (list again)
           ├── NvmlError       NVML could not be loaded or answered an error (host GPU metrics)
           └── RegionError     one region file cannot be read; ``reason`` is its metric label
                               (``truncated``, ``foreign``, ``version``, ``malformed``, ...)
 
-Library errors (kubernetes-asyncio, aiohttp, pynvml, ``OSError`` and ``ProtocolError`` from a region
-file) are translated at the boundary in ``kube``, ``host_gpus`` and ``region_files``. None of them
-stops the monitor: each costs one object its metrics, with a log line and a counter.
+Kubernetes errors are ``hamipy.kube.errors``' (``KubeError``, ``Gone``, ...), shared by every
+service; the pod informer retries them. Library errors (pynvml, ``OSError`` and ``ProtocolError``
+from a region file) are translated at the boundary in ``host_gpus`` and ``region_files``. None of
+them stops the monitor: each costs one object its metrics, with a log line and a counter. A
+background task that dies is not an exception here: the monitor's supervisor logs it and ends the
+process (``hamipy.telemetry.supervision``).
 """
 
 from __future__ import annotations
 
-__all__ = ["Gone", "KubeError", "MonitorError", "NvmlError", "RegionError"]
+__all__ = ["MonitorError", "NvmlError", "RegionError"]
 
 
 class MonitorError(Exception):
     """Base of every error raised by the monitor."""
-
-
-class KubeError(MonitorError):
-    """An API call failed; ``status`` is the HTTP status (0 when no answer came)."""
-
-    def __init__(self, message: str, *, status: int = 0) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-class Gone(KubeError):
-    """A watch asked for a resourceVersion the server no longer has (HTTP 410): list again."""
 
 
 class NvmlError(MonitorError):

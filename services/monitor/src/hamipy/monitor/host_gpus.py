@@ -1,4 +1,5 @@
-"""Host GPU use from NVML through ``pynvml`` (DESIGN.md decision 3): memory and utilization per GPU.
+"""Host GPU use from NVML through ``pynvml``: memory and utilization per GPU
+(docs/design.md#3-real-nvml-or-a-fake-driver).
 
 The same code runs over the real ``libnvidia-ml.so.1`` and over native/'s fake one. NVML calls
 block, so callers run ``sample`` in a worker thread (the scrape does). NVML is initialised on the
@@ -66,12 +67,12 @@ class NvmlHostGpus:
     def __init__(
         self,
         *,
-        log: structlog.typing.FilteringBoundLogger,
+        logger: structlog.typing.FilteringBoundLogger,
         metrics: Metrics,
         retry_s: float = _RETRY_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.log = log
+        self.logger = logger
         self.metrics = metrics
         self.retry_s = retry_s
         self.clock = clock
@@ -93,7 +94,7 @@ class NvmlHostGpus:
                 try:
                     pynvml.nvmlShutdown()
                 except pynvml.NVMLError as exc:
-                    self.log.warning("NVML shutdown failed", error=str(exc))
+                    self.logger.warning("NVML shutdown failed", error=str(exc))
 
     def _init(self) -> list[_Device]:
         if self._devices is not None:
@@ -106,7 +107,7 @@ class NvmlHostGpus:
             pynvml.nvmlInit()
         except pynvml.NVMLError as exc:
             self.metrics.nvml_errors.labels(call="nvmlInit").inc()
-            self.log.error("NVML could not be initialised; no host GPU metrics", error=str(exc))
+            self.logger.error("NVML could not be initialised; no host GPU metrics", error=str(exc))
             raise NvmlError(f"NVML could not be initialised: {exc}") from exc
         try:
             devices = []
@@ -122,10 +123,10 @@ class NvmlHostGpus:
                 )
         except pynvml.NVMLError as exc:
             self.metrics.nvml_errors.labels(call="discovery").inc()
-            self.log.error("NVML device discovery failed; no host GPU metrics", error=str(exc))
+            self.logger.error("NVML device discovery failed; no host GPU metrics", error=str(exc))
             pynvml.nvmlShutdown()
             raise NvmlError(f"NVML device discovery failed: {exc}") from exc
-        self.log.info("NVML ready", gpus=[(d.index, d.uuid, d.device_type) for d in devices])
+        self.logger.info("NVML ready", gpus=[(d.index, d.uuid, d.device_type) for d in devices])
         self._devices = devices
         return devices
 
@@ -153,11 +154,11 @@ class NvmlHostGpus:
             self.metrics.nvml_errors.labels(call=call).inc()
             if key not in self._failing:
                 self._failing.add(key)
-                self.log.warning(
+                self.logger.warning(
                     "NVML call failed", call=call, device_index=d.index, device_uuid=d.uuid, error=str(exc)
                 )
             return None
         if key in self._failing:
             self._failing.discard(key)
-            self.log.info("NVML call answers again", call=call, device_index=d.index, device_uuid=d.uuid)
+            self.logger.info("NVML call answers again", call=call, device_index=d.index, device_uuid=d.uuid)
         return value

@@ -1,10 +1,15 @@
 """One running monitor: the pod watch, the scrape, the feedback and housekeeping pass, and the HTTP
-endpoints (``/metrics``, ``/healthz``, ``/readyz``), under one TaskGroup.
+endpoints (``/metrics``, ``/healthz``, ``/readyz``).
 
-``Monitor.run(stop)`` returns when ``stop`` is set; every background task is named, and one that
-fails ends the monitor (the DaemonSet restarts it) after logging why. File reads and NVML calls
-block, so the scrape and the housekeeping pass run in worker threads; they share the region files
-under their lock and read the pod cache's immutable snapshot.
+The long-lived tasks run under one ``hamipy.telemetry.supervision.Supervisor``, by name:
+``monitor:pod-informer`` (this node's pods, ``pod_cache``) and ``monitor:housekeeping``. One that
+dies (a bug: API errors are retried inside the informer) is logged with its name and error, turns
+``/readyz`` to 503 with that reason, and ends ``Monitor.run``, which returns the reason: the CLI
+exits with status 1 and the DaemonSet restarts the monitor, rather than one that still looks ready
+reporting from a pod view whose watch is dead. ``run`` returns None when ``stop`` is set.
+
+File reads and NVML calls block, so the scrape and the housekeeping pass run in worker threads;
+they share the region files under their lock and read the pod cache's immutable snapshot.
 
 Housekeeping, every ``feedback_interval_s``: read every region, apply the priority feedback
 (``feedback.py``) unless it is switched off, and remove the region directories of pods that have
@@ -16,24 +21,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
 
 from prometheus_client import generate_latest
 
+from hamipy.kube.client import KubeApi
+from hamipy.kube.informer import InformerSettings
 from hamipy.monitor.collector import ScrapeData, UsageCollector
 from hamipy.monitor.errors import NvmlError
 from hamipy.monitor.feedback import FeedbackInput, feedback
 from hamipy.monitor.host_gpus import HostGpus, HostGpuSample
-from hamipy.monitor.kube import PodsApi
 from hamipy.monitor.pod_cache import PodCache
 from hamipy.monitor.region_dirs import RegionReading
 from hamipy.monitor.region_files import RegionFiles
 from hamipy.monitor.settings import MonitorSettings
 from hamipy.monitor.telemetry import Telemetry
 from hamipy.monitor.usage import usage_report
-from hamipy.telemetry.probes import ProbeServer, start_probe_server
+from hamipy.telemetry.probes import start_probe_server
+from hamipy.telemetry.supervision import Supervisor
 
 __all__ = ["Monitor"]
 
@@ -46,7 +52,7 @@ class Monitor:
         *,
         settings: MonitorSettings,
         telemetry: Telemetry,
-        pods_api: PodsApi,
+        api: KubeApi,
         host_gpus: HostGpus | None,
         wall_clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
@@ -56,16 +62,21 @@ class Monitor:
         self.host_gpus = host_gpus
         self.wall_clock = wall_clock
         self.monotonic = monotonic
-        self.log = telemetry.log.bind(node=settings.node_name)
+        self.logger = telemetry.logger.bind(node=settings.node_name)
+        self.supervisor = Supervisor(self.logger)
         self.pods = PodCache(
-            pods_api,
+            api,
             telemetry,
-            watch_timeout_s=settings.watch_timeout_s,
-            watch_inactivity_s=settings.watch_inactivity_s,
+            node_name=settings.node_name,
+            settings=InformerSettings(
+                list_timeout_s=settings.api_timeout_s,
+                watch_timeout_s=settings.watch_timeout_s,
+                inactivity_s=settings.watch_inactivity_s,
+            ),
         )
         self.regions = RegionFiles(
             settings.hook_path,
-            log=self.log,
+            logger=self.logger,
             metrics=telemetry.metrics,
             max_entries_per_dir=settings.max_cache_files_per_dir,
         )
@@ -118,7 +129,9 @@ class Monitor:
         ]
         for write in feedback(inputs):
             if self.regions.write_feedback(write.key, write.field, write.value):
-                self.log.debug("feedback written", file=str(write.key), field=write.field, value=write.value)
+                self.logger.debug(
+                    "feedback written", file=str(write.key), field=write.field, value=write.value
+                )
 
     def _remove_gone(self, readings: list[RegionReading]) -> None:
         pods = self.pods.snapshot
@@ -145,52 +158,43 @@ class Monitor:
 
     # --- running ---
 
-    async def run(self, stop: asyncio.Event) -> None:
-        self.log.info(
+    async def run(self, stop: asyncio.Event) -> str | None:
+        """Run until ``stop`` is set (None) or a supervised task dies (its failure, logged)."""
+        return await self.supervisor.run(self.running(), stop)
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        """Serve HTTP and start the supervised tasks; on exit stop them, then the files and NVML."""
+        self.logger.info(
             "starting",
             hook_path=str(self.settings.hook_path),
             feedback=self.settings.feedback,
             legacy_metrics=self.settings.legacy_metrics,
         )
-        runner = await self._start_http()
+        server = await start_probe_server(
+            host=self.settings.metrics_host,
+            port=self.settings.metrics_port,
+            render=self.render,
+            not_ready=self.not_ready,
+        )
+        self.metrics_port = server.port
         try:
-            async with asyncio.TaskGroup() as group:
-                watch = group.create_task(
-                    self._supervised("monitor:pod-watch", self.pods.run()), name="monitor:pod-watch"
-                )
-                housekeeping = group.create_task(
-                    self._supervised("monitor:housekeeping", self._housekeeping_forever()),
-                    name="monitor:housekeeping",
-                )
-                await stop.wait()
-                watch.cancel()
-                housekeeping.cancel()
+            self.supervisor.start("monitor:pod-informer", self.pods.run())
+            self.supervisor.start("monitor:housekeeping", self._housekeeping_forever())
+            yield
         finally:
-            await runner.close()
+            await self.supervisor.stop()
+            await server.close()
             await asyncio.to_thread(self._close)
-            self.log.info("stopped")
+            self.logger.info("stopped", failure=self.supervisor.failure)
 
-    async def _supervised(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
-        """Run a background task; log why it failed before the failure ends the monitor."""
-        try:
-            await coro
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            self.log.exception("background task failed; stopping", task=name)
-            raise
+    def not_ready(self) -> str | None:
+        """``/readyz``: None when ready, else why not (a dead task first)."""
+        if self.supervisor.failure is not None:
+            return self.supervisor.failure
+        return None if self.pods.synced.is_set() else "this node's pods are not listed yet"
 
     def _close(self) -> None:
         self.regions.close()
         if self.host_gpus is not None:
             self.host_gpus.close()
-
-    async def _start_http(self) -> ProbeServer:
-        server = await start_probe_server(
-            host=self.settings.metrics_host,
-            port=self.settings.metrics_port,
-            render=self.render,
-            not_ready=lambda: None if self.pods.synced.is_set() else "this node's pods are not listed yet",
-        )
-        self.metrics_port = server.port
-        return server

@@ -1,7 +1,7 @@
 """The region files of this node's containers: finding, reading and writing them (the file I/O).
 
 ``<hook>/containers/<podUID>_<container>/*.cache`` holds one region file per GPU container, written
-by the interposer in the container (hami-wire.md section 6). ``RegionFiles.read_all`` scans the
+by the interposer in the container (docs/wire-format.md#region-file). ``RegionFiles.read_all`` scans the
 directories and decodes each file with ``hamipy.protocol.region.parse_region``; ``write_feedback``
 sets the two monitor-owned fields; ``remove_dir`` deletes the directory of a pod that is gone.
 
@@ -107,13 +107,13 @@ class RegionFiles:
         self,
         hook_path: Path,
         *,
-        log: structlog.typing.FilteringBoundLogger,
+        logger: structlog.typing.FilteringBoundLogger,
         metrics: Metrics,
         max_entries_per_dir: int = 64,
     ) -> None:
         self.hook_path = hook_path
         self.containers_dir = hook_path / _CONTAINERS
-        self.log = log
+        self.logger = logger
         self.metrics = metrics
         self.max_entries_per_dir = max_entries_per_dir
         self._lock = threading.Lock()
@@ -286,7 +286,9 @@ class RegionFiles:
                 writer(self._buf, value)
                 os.pwrite(opened.fd, self._buf[offset : offset + 4], offset)
             except (OSError, ProtocolError, RegionError) as exc:
-                self.log.warning("region feedback not written", file=str(path), field=field, error=str(exc))
+                self.logger.warning(
+                    "region feedback not written", file=str(path), field=field, error=str(exc)
+                )
                 return False
         self.metrics.feedback_writes.labels(field=field).inc()
         return True
@@ -309,12 +311,12 @@ class RegionFiles:
 
             shutil.rmtree(d.path, onerror=failed)  # symlink-safe: it never follows links out of d.path
         if errors and os.path.lexists(d.path):
-            self.log.warning(
+            self.logger.warning(
                 "region directory not removed", dir=str(d.path), pod_uid=d.pod_uid, errors=errors
             )
             return False
         self.metrics.dirs_removed.inc()
-        self.log.info("removed the region directory of a pod gone", dir=str(d.path), pod_uid=d.pod_uid)
+        self.logger.info("removed the region directory of a pod gone", dir=str(d.path), pod_uid=d.pod_uid)
         return True
 
     def close(self) -> None:
@@ -340,7 +342,7 @@ class RegionFiles:
                 raise
             fd = os.open(path, os.O_RDONLY | _OPEN_FLAGS)
             writable = False
-            self.log.warning("region file is read-only; no priority feedback for it", file=str(path))
+            self.logger.warning("region file is read-only; no priority feedback for it", file=str(path))
         opened_st = os.fstat(fd)
         if not stat.S_ISREG(opened_st.st_mode):  # replaced between stat and open
             os.close(fd)
@@ -363,10 +365,10 @@ class RegionFiles:
         self._states[path] = state
         if state == "ok":
             if previous is not None:
-                self.log.info("region file readable again", file=str(path), was=previous)
+                self.logger.info("region file readable again", file=str(path), was=previous)
             return
         if state in ERROR_PROBLEMS:
             self.metrics.region_errors.labels(reason=state).inc()
-            self.log.warning("region file skipped", file=str(path), reason=state, error=detail)
+            self.logger.warning("region file skipped", file=str(path), reason=state, error=detail)
         else:
-            self.log.info("region entry skipped", path=str(path), reason=state, detail=detail)
+            self.logger.info("region entry skipped", path=str(path), reason=state, detail=detail)

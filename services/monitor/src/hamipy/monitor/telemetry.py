@@ -1,4 +1,4 @@
-"""Logs and the monitor's own metrics (DESIGN.md decision 8), with no module-level state.
+"""Logs and the monitor's own metrics (docs/design.md#8-observable-by-default), with no module-level state.
 
 The GPU usage metrics (HAMi's names) are made at scrape time by ``collector.UsageCollector``; the
 counters here are the monitor's account of itself, on the same per-instance ``CollectorRegistry``:
@@ -15,14 +15,12 @@ counters here are the monitor's account of itself, on the same per-instance ``Co
 
 from __future__ import annotations
 
-import logging
-from typing import Final, TextIO
+from typing import Final
 
-import structlog
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from hamipy.monitor.region_dirs import ERROR_PROBLEMS
-from hamipy.telemetry import make_logger
+from hamipy.telemetry.service import ServiceTelemetry
 
 __all__ = ["SERVICE_NAME", "Metrics", "Telemetry"]
 
@@ -83,11 +81,13 @@ class Metrics:
             self.watch_restarts.labels(cause=cause)
 
 
-class Telemetry:
-    """Logger and metrics of one monitor."""
+class Telemetry(ServiceTelemetry[Metrics]):
+    """Logger and metrics of one monitor (it makes no spans; the tracer is there as in every
+    service)."""
 
-    def __init__(self, *, log_stream: TextIO | None = None, log_level: int = logging.INFO) -> None:
-        self.log: structlog.typing.FilteringBoundLogger = make_logger(
-            SERVICE_NAME, log_stream, level=log_level
-        )
-        self.metrics = Metrics()
+    SERVICE = SERVICE_NAME
+    TRACER_NAME = "hamipy.monitor"
+
+    @classmethod
+    def new_metrics(cls) -> Metrics:
+        return Metrics()

@@ -1,4 +1,5 @@
-"""AdmissionReview in and out: the kube-apiserver's side of the webhook wire (hami-wire.md section 8).
+"""AdmissionReview in and out: the kube-apiserver's side of the webhook wire
+(docs/wire-format.md#admission-review).
 
 The apiserver POSTs an ``AdmissionReview`` (``admission.k8s.io/v1``, or ``v1beta1`` where a
 configuration still asks for it) and expects one back in the same version, with ``response.uid``

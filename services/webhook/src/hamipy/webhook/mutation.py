@@ -1,7 +1,7 @@
 """What the webhook does to a pod: a pure function from a pod and settings to a decision.
 
 The rules follow HAMi's webhook (``pkg/scheduler/webhook.go``, NVIDIA ``MutateAdmission``) with the
-request parsing and defaulting taken from ``hamipy.protocol.resources`` (hami-wire.md section 3):
+request parsing and defaulting taken from ``hamipy.protocol.resources`` (docs/wire-format.md#resources):
 
 1. A pod that names none of our resources (``requests_any_gpu``) is allowed unchanged.
 2. A pod naming another scheduler is left alone, except ``default-scheduler`` (what the apiserver
@@ -19,7 +19,7 @@ request parsing and defaulting taken from ``hamipy.protocol.resources`` (hami-wi
 Unlike upstream, which appends env entries on every admission, each change is made only when the
 pod lacks it, so mutating the mutated pod yields an empty patch (``reinvocationPolicy: IfNeeded``
 and retried admissions are harmless). Init containers get the same treatment as containers, as in
-current upstream: they take device-list slots too (hami-wire.md section 2).
+current upstream: they take device-list slots too (docs/wire-format.md#device-lists).
 """
 
 from __future__ import annotations
@@ -60,8 +60,8 @@ __all__ = [
 ]
 
 DEFAULT_SCHEDULER: Final = "default-scheduler"
-# hami-wire.md section 4: "The webhook adds CUDA_TASK_PRIORITY from nvidia.com/priority". Not yet a
-# constant of hamipy.protocol.allocation_env (reported as a gap); kept here until it is.
+# NVIDIA_VISIBLE_DEVICES=none: the NVIDIA runtime hands the container no GPU (``overwrite_env``). The
+# env names, CUDA_TASK_PRIORITY included, come from hamipy.protocol (docs/wire-format.md#allocate-response).
 VISIBLE_NONE: Final = "none"
 
 Outcome = Literal["mutated", "allowed", "refused"]

@@ -1,10 +1,16 @@
 """The HTTPS server the kube-apiserver calls: ``POST /webhook``, health, readiness and metrics.
 
 TLS comes from a certificate and key on disk (a mounted Secret), reloaded when the files change:
-every handshake runs an SNI callback (OpenSSL calls it with or without SNI) that, at most once per
-``cert_check_interval_s``, compares the files' stat stamps and loads a fresh ``SSLContext`` when
-they changed. A half-written rotation (certificate and key that do not match) is logged, counted and
-retried on the next check while the old pair keeps serving.
+the ``certificate-watch`` task compares the files' stat stamps every ``cert_check_interval_s`` and
+loads a fresh ``SSLContext`` when they changed; every handshake runs an SNI callback (OpenSSL calls
+it with or without SNI) that hands the connection the current context, so handshakes never touch
+the disk. A half-written rotation (certificate and key that do not match) is logged and counted
+once, and tried again when the files change again, while the old pair keeps serving.
+
+The server's own long-lived tasks (the certificate watch) run under a
+``hamipy.telemetry.supervision.Supervisor``: one that dies is logged by name, ``/readyz`` answers
+503 with the failure from then on, and ``supervisor.failed`` tells ``cli`` to end the process with
+status 1, so the pod is restarted instead of serving with a certificate nobody watches.
 
     Exception
      └── CertificateError     the serving certificate or key cannot be loaded at start-up
@@ -19,7 +25,6 @@ import asyncio
 import dataclasses
 import os
 import ssl
-import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from types import TracebackType
@@ -28,12 +33,14 @@ from typing import Final, Self
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from hamipy.telemetry.supervision import Supervisor
 from hamipy.webhook.admitting import Admitter
 
 __all__ = [
     "ADMITTER",
     "MAX_BODY",
     "READY",
+    "SUPERVISOR",
     "CertificateError",
     "CertificateStore",
     "ServerSettings",
@@ -44,6 +51,7 @@ __all__ = [
 
 ADMITTER: Final = web.AppKey("admitter", Admitter)
 READY: Final = web.AppKey("ready", asyncio.Event)
+SUPERVISOR: Final = web.AppKey("supervisor", Supervisor)
 MAX_BODY: Final = web.AppKey("max_body_bytes", int)
 _JSON: Final = "application/json"
 
@@ -71,9 +79,14 @@ class ServerSettings:
     """Largest request body read. The apiserver caps an object at about 1.5 MiB in etcd and a
     request at 3 MiB; 4 MiB leaves room for the review around it."""
     cert_check_interval_s: float = 1.0
-    """Least time between two checks of the certificate files (on a handshake)."""
+    """How often the certificate files are checked for a rotation: a stat of two files a second
+    costs nothing, and the kubelet takes far longer to update a mounted Secret."""
     shutdown_timeout_s: float = 10.0
     """Time in-flight admissions get to finish after SIGTERM (the apiserver's timeout is <= 30 s)."""
+
+    def __post_init__(self) -> None:
+        if not self.cert_check_interval_s > 0:
+            raise ValueError(f"cert_check_interval_s must be > 0 (got {self.cert_check_interval_s})")
 
 
 def _stamp(path: Path) -> tuple[int, int, int]:
@@ -82,7 +95,8 @@ def _stamp(path: Path) -> tuple[int, int, int]:
 
 
 class CertificateStore:
-    """The serving TLS context, reloaded from ``cert_file``/``key_file`` when they change.
+    """The serving TLS context, reloaded from ``cert_file``/``key_file`` when they change (``watch``
+    checks every ``check_interval_s``; ``refresh`` checks now).
 
     ``on_reload(ok, error)`` is called after each reload attempt (for the log and a counter).
     """
@@ -99,6 +113,8 @@ class CertificateStore:
         self.key_file = key_file
         self.check_interval_s = check_interval_s
         self._on_reload = on_reload
+        self._failed: object = None
+        """The files' state (stamps, or a stat error) last reported as failed."""
         try:
             self._stamps = (_stamp(cert_file), _stamp(key_file))
             self._current = self._load()
@@ -106,7 +122,6 @@ class CertificateStore:
             raise CertificateError(
                 f"cannot load serving certificate {cert_file} / key {key_file}: {exc}"
             ) from exc
-        self._checked = time.monotonic()
         self.ssl_context = self._current
         self.ssl_context.sni_callback = self._on_hello
         self.reloads = 0
@@ -122,34 +137,48 @@ class CertificateStore:
         """The context new connections are served with."""
         return self._current
 
+    async def watch(self) -> None:
+        """Check the files every ``check_interval_s``, forever (a supervised task)."""
+        while True:
+            await asyncio.sleep(self.check_interval_s)
+            self.refresh()
+
     def refresh(self) -> bool:
         """Reload now if the files changed; True when a new certificate was loaded."""
-        self._checked = time.monotonic()
         try:
             stamps = (_stamp(self.cert_file), _stamp(self.key_file))
         except OSError as exc:  # mid-rotation (symlink swap) or removed: keep serving the old pair
-            self._report(False, f"cannot stat certificate files: {exc}")
+            self._fail(str(exc), f"cannot stat certificate files: {exc}")
             return False
         if stamps == self._stamps:
+            self._failed = None  # back to the files being served: a later failure is news
+            return False
+        if stamps == self._failed:
             return False
         try:
             fresh = self._load()
         except (OSError, ssl.SSLError) as exc:
-            self._report(False, f"cannot load new certificate: {exc}")
+            self._fail(stamps, f"cannot load new certificate: {exc}")
             return False
+        self._failed = None
         self._stamps = stamps
         self._current = fresh
         self.reloads += 1
         self._report(True, None)
         return True
 
+    def _fail(self, state: object, error: str) -> None:
+        """Report a failed check once per state of the files (not every ``check_interval_s``)."""
+        if state != self._failed:
+            self._failed = state
+            self._report(False, error)
+
     def _report(self, ok: bool, error: str | None) -> None:
         if self._on_reload is not None:
             self._on_reload(ok, error)
 
     def _on_hello(self, sslobj: ssl.SSLObject, server_name: str | None, ctx: ssl.SSLContext) -> None:
-        if time.monotonic() - self._checked >= self.check_interval_s:
-            self.refresh()
+        # The listening socket keeps the first context: each connection gets the current one.
         if self._current is not ctx:
             sslobj.context = self._current
 
@@ -176,6 +205,9 @@ async def _healthz(request: web.Request) -> web.Response:
 
 
 async def _readyz(request: web.Request) -> web.Response:
+    failure = request.app[SUPERVISOR].failure
+    if failure is not None:
+        return web.Response(status=503, text=f"not ready: {failure}")
     if request.app[READY].is_set():
         return web.Response(text="ok")
     return web.Response(status=503, text="not ready")
@@ -187,32 +219,40 @@ async def _metrics(request: web.Request) -> web.Response:
 
 
 def make_app(
-    admitter: Admitter, *, max_body_bytes: int = 4 * 1024 * 1024, ready: asyncio.Event | None = None
+    admitter: Admitter,
+    *,
+    max_body_bytes: int = 4 * 1024 * 1024,
+    ready: asyncio.Event | None = None,
+    supervisor: Supervisor | None = None,
 ) -> web.Application:
     """The webhook application: ``POST /webhook``, ``GET /healthz``, ``/readyz``, ``/metrics``.
 
-    ``ready`` is shared with the probe app; the server sets it once listening and clears it when
-    shutting down, so readiness fails before in-flight requests are drained.
+    ``ready`` and ``supervisor`` are shared with the probe app; the server sets ``ready`` once
+    listening and clears it when shutting down, so readiness fails before in-flight requests are
+    drained; a supervised task that died fails readiness for good.
     """
     app = web.Application(client_max_size=max_body_bytes)
-    app[ADMITTER] = admitter
     app[MAX_BODY] = max_body_bytes
-    app[READY] = ready if ready is not None else asyncio.Event()
     app.router.add_post("/webhook", _webhook)
-    _add_probes(app)
+    _add_probes(app, admitter, ready, supervisor)
     return app
 
 
-def make_probe_app(admitter: Admitter, *, ready: asyncio.Event) -> web.Application:
+def make_probe_app(
+    admitter: Admitter, *, ready: asyncio.Event, supervisor: Supervisor | None = None
+) -> web.Application:
     """``/metrics``, ``/healthz`` and ``/readyz`` alone, for the optional plain-HTTP port."""
     app = web.Application(client_max_size=1024)
-    app[ADMITTER] = admitter
-    app[READY] = ready
-    _add_probes(app)
+    _add_probes(app, admitter, ready, supervisor)
     return app
 
 
-def _add_probes(app: web.Application) -> None:
+def _add_probes(
+    app: web.Application, admitter: Admitter, ready: asyncio.Event | None, supervisor: Supervisor | None
+) -> None:
+    app[ADMITTER] = admitter
+    app[READY] = ready if ready is not None else asyncio.Event()
+    app[SUPERVISOR] = supervisor if supervisor is not None else Supervisor(admitter.telemetry.logger)
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
     app.router.add_get("/metrics", _metrics)
@@ -221,7 +261,8 @@ def _add_probes(app: web.Application) -> None:
 class WebhookServer:
     """The running server (``async with WebhookServer(settings, admitter) as server``).
 
-    ``port`` is the bound HTTPS port (useful with port 0), ``metrics_port`` the plain one.
+    ``port`` is the bound HTTPS port (useful with port 0), ``metrics_port`` the plain one;
+    ``supervisor`` runs the server's own tasks (``supervisor.failed``: one died, stop the process).
     """
 
     def __init__(self, settings: ServerSettings, admitter: Admitter) -> None:
@@ -243,19 +284,26 @@ class WebhookServer:
             check_interval_s=settings.cert_check_interval_s,
             on_reload=on_reload,
         )
+        self.supervisor = Supervisor(telemetry.logger)
         self._runners: list[web.AppRunner] = []
         self.port = 0
         self.metrics_port: int | None = None
 
     async def start(self) -> None:
         s = self.settings
-        app = make_app(self.admitter, max_body_bytes=s.max_body_bytes, ready=self.ready)
-        app.cleanup_ctx.append(self._telemetry_ctx)
-        self.port = await self._start_site(app, s.port, self.certificates.ssl_context)
-        if s.metrics_port is not None:
-            self.metrics_port = await self._start_site(
-                make_probe_app(self.admitter, ready=self.ready), s.metrics_port, None
+        try:
+            app = make_app(
+                self.admitter, max_body_bytes=s.max_body_bytes, ready=self.ready, supervisor=self.supervisor
             )
+            app.cleanup_ctx.append(self._telemetry_ctx)
+            self.port = await self._start_site(app, s.port, self.certificates.ssl_context)
+            if s.metrics_port is not None:
+                probes = make_probe_app(self.admitter, ready=self.ready, supervisor=self.supervisor)
+                self.metrics_port = await self._start_site(probes, s.metrics_port, None)
+            self.supervisor.start("certificate-watch", self.certificates.watch())
+        except BaseException:
+            await self.stop()
+            raise
         self.ready.set()
         self.admitter.telemetry.logger.info(
             "webhook serving", host=s.host, port=self.port, metrics_port=self.metrics_port
@@ -278,6 +326,7 @@ class WebhookServer:
     async def stop(self) -> None:
         """Fail readiness, then drain and close (probe port last, so probes see the drain)."""
         self.ready.clear()
+        await self.supervisor.stop()
         for runner in self._runners:
             await runner.cleanup()
         self._runners.clear()

@@ -1,4 +1,5 @@
-"""Logs, metrics and traces of the webhook (DESIGN.md decision 8), with no module-level state.
+"""Logs, metrics and traces of the webhook, with no module-level state
+(docs/design.md#8-observable-by-default).
 
 - Logs: structlog JSON lines (``hamipy.telemetry``), each admission line carrying namespace/name/uid.
 - Metrics: a per-server ``CollectorRegistry`` (so tests and several servers in one process do not
@@ -10,11 +11,9 @@
 
 from __future__ import annotations
 
-import logging
 import typing
-from typing import Final, TextIO
+from typing import Final
 
-from opentelemetry.sdk.trace import SpanProcessor
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 from hamipy.telemetry.service import ServiceTelemetry
@@ -96,15 +95,9 @@ class Metrics:
 class Telemetry(ServiceTelemetry[Metrics]):
     """What the admission path reports through: logger, metrics and tracer."""
 
+    SERVICE = SERVICE_NAME
     TRACER_NAME = "hamipy.webhook"
 
     @classmethod
-    def create(
-        cls,
-        *,
-        stream: TextIO | None = None,
-        level: int = logging.INFO,
-        processor: SpanProcessor | None = None,
-    ) -> Telemetry:
-        """The service's normal set-up: JSON logs to ``stream``, spans per the ``OTEL_*`` variables."""
-        return cls.build(SERVICE_NAME, Metrics(), stream=stream, level=level, processor=processor)
+    def new_metrics(cls) -> Metrics:
+        return Metrics()

@@ -1,0 +1,168 @@
+"""Fakes for the device plugin's unit tests: an API server over dicts (a ``hamipy.kube.KubeApi``),
+GPUs, a health watch, and a kubelet that accepts ``Register``."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import io
+import json
+import threading
+from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from hamipy.device_plugin.devices import Gpu
+from hamipy.kube.errors import Conflict, KubeError, NotFound
+from hamipy.kubelet_api import KUBELET_SOCKET
+from hamipy.kubelet_api.v1beta1 import api_pb2, api_pb2_grpc
+
+NODE = "n1"
+GPU_A = Gpu(0, "GPU-aaaaaaaa-0000-4000-8000-000000000000", "NVIDIA A100", 81920, 0, "00000000:10:00.0")
+
+
+class FakeKube:
+    """One node and its pods as the API server keeps them, behind ``KubeApi``.
+
+    Writes bump the resourceVersion; a node patch with a stale ``resourceVersion`` and a pod patch
+    with another ``uid`` are ``Conflict``; ``conflicts`` node patches lose a race first. A watch
+    replays ``events``: an event, ``None`` (the server ends the watch) or an exception (raised)."""
+
+    def __init__(self, pods: Sequence[dict[str, Any]] = (), *, node: str = NODE) -> None:
+        self.node: dict[str, Any] = {"metadata": {"name": node, "resourceVersion": "1", "annotations": {}}}
+        self.pods = {p["metadata"]["uid"]: copy.deepcopy(p) for p in pods}
+        self.version = 10
+        self.conflicts = 0
+        self.lists = 0
+        self.fail_pod_patches: list[KubeError] = []
+        self.calls: list[tuple[str, str]] = []
+        self.events: asyncio.Queue[dict[str, Any] | BaseException | None] = asyncio.Queue()
+
+    def _bump(self, obj: dict[str, Any]) -> None:
+        self.version += 1
+        obj["metadata"]["resourceVersion"] = str(self.version)
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Sequence[tuple[str, str]] = (),
+        body: Any = None,
+        content_type: str = "application/json",
+        timeout_s: float = 10.0,
+    ) -> Any:
+        self.calls.append((method, path))
+        parts = path.strip("/").split("/")
+        if parts[:3] == ["api", "v1", "nodes"]:
+            return self._node(method, body)
+        if path == "/api/v1/pods" and method == "GET":
+            assert dict(query)["fieldSelector"] == f"spec.nodeName={self.node['metadata']['name']}"
+            self.lists += 1
+            items = copy.deepcopy(list(self.pods.values()))
+            return {"items": items, "metadata": {"resourceVersion": str(self.version)}}
+        if parts[:3] == ["api", "v1", "namespaces"] and len(parts) == 6 and method == "PATCH":
+            return self._patch_pod(parts[3], parts[5], body)
+        raise KubeError(f"{method} {path}: not faked", status=501)
+
+    def _node(self, method: str, body: Any) -> dict[str, Any]:
+        meta = self.node["metadata"]
+        if method == "PATCH":
+            wanted = body["metadata"].get("resourceVersion")
+            if self.conflicts:
+                self.conflicts -= 1
+                self._bump(self.node)
+                raise Conflict("lost the race", status=409)
+            if wanted is not None and wanted != meta["resourceVersion"]:
+                raise Conflict(f"node: resourceVersion {wanted} is not {meta['resourceVersion']}", status=409)
+            for key, value in body["metadata"]["annotations"].items():
+                if value is None:
+                    meta["annotations"].pop(key, None)
+                else:
+                    meta["annotations"][key] = value
+            self._bump(self.node)
+        return copy.deepcopy(self.node)
+
+    def _patch_pod(self, namespace: str, name: str, body: Any) -> dict[str, Any]:
+        found = [
+            p
+            for p in self.pods.values()
+            if (p["metadata"]["namespace"], p["metadata"]["name"]) == (namespace, name)
+        ]
+        if not found:
+            raise NotFound(f"pod {namespace}/{name}", status=404)
+        if self.fail_pod_patches:
+            raise self.fail_pod_patches.pop(0)
+        pod = found[0]
+        if body["metadata"]["uid"] != pod["metadata"]["uid"]:
+            raise Conflict(f"pod {namespace}/{name}: another uid", status=409)
+        pod["metadata"].setdefault("annotations", {}).update(body["metadata"]["annotations"])
+        self._bump(pod)
+        return copy.deepcopy(pod)
+
+    async def stream(
+        self, path: str, *, query: Sequence[tuple[str, str]], inactivity_s: float
+    ) -> AsyncIterator[dict[str, Any]]:
+        while True:
+            item = await self.events.get()
+            if item is None:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+
+class FakeHealth:
+    """A health watch without NVML: reports what ``sick`` names, then waits for ``stop``;
+    ``fail`` makes ``run`` raise it instead."""
+
+    def __init__(self, uuids: list[str], on_unhealthy: Callable[[str, str], None], *, poll_s: float) -> None:
+        self.uuids = uuids
+        self.on_unhealthy = on_unhealthy
+        self.stopped = threading.Event()
+        self.fail: BaseException | None = None
+
+    def run(self) -> None:
+        if self.fail is not None:
+            raise self.fail
+        self.stopped.wait()
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+
+class _Registration(api_pb2_grpc.RegistrationServicer):
+    def __init__(self) -> None:
+        self.requests: list[api_pb2.RegisterRequest] = []
+
+    async def Register(
+        self,
+        request: api_pb2.RegisterRequest,
+        context: grpc.aio.ServicerContext[api_pb2.RegisterRequest, api_pb2.Empty],
+    ) -> api_pb2.Empty:
+        self.requests.append(request)
+        return api_pb2.Empty()
+
+
+class FakeKubelet:
+    """``Registration/Register`` on ``<plugin_dir>/kubelet.sock``, answering yes (``async with``)."""
+
+    def __init__(self, plugin_dir: Path) -> None:
+        self.plugin_dir = plugin_dir
+        self.registration = _Registration()
+        self.server = grpc.aio.server()
+
+    async def __aenter__(self) -> FakeKubelet:
+        api_pb2_grpc.add_RegistrationServicer_to_server(self.registration, self.server)
+        self.server.add_insecure_port(f"unix://{self.plugin_dir / KUBELET_SOCKET}")
+        await self.server.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.server.stop(None)
+
+
+def log_lines(stream: io.StringIO) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in stream.getvalue().splitlines() if line.strip()]

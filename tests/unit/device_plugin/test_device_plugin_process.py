@@ -1,0 +1,83 @@
+"""The ``hamipy-device-plugin`` process over native/'s fake NVML and a fake API server: SIGTERM
+stops it with status 0; a background task that dies ends it with status 1 and a log line naming
+the task."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from agent_process import DIED, INJECT_BUG, AgentProcess, FakeApiServer
+from plugin_fakes import NODE
+
+from hamipy.devcluster.gpu_nodes import FakeGpu, fake_gpu_config
+
+pytestmark = pytest.mark.native
+
+FAKE_DRIVER = Path(__file__).resolve().parents[3] / "native" / "build" / "fake"
+MODULE = "hamipy.device_plugin.cli"
+POD = {
+    "metadata": {"name": "other", "namespace": "ns", "uid": "uid-other", "resourceVersion": "6"},
+    "spec": {"nodeName": NODE, "containers": [{"name": "main"}]},
+}
+
+
+@pytest.fixture
+async def api() -> AsyncIterator[FakeApiServer]:
+    async with FakeApiServer(NODE) as server:
+        yield server
+
+
+def plugin(api: FakeApiServer, tmp_path: Path, *, python_args: list[str]) -> AgentProcess:
+    if not (FAKE_DRIVER / "libnvidia-ml.so.1").is_file():
+        pytest.skip("needs native/build/fake (make native)")
+    gpus = tmp_path / "gpus.conf"
+    gpus.write_text(fake_gpu_config([FakeGpu("GPU-aaaaaaaa-0000-4000-8000-000000000000")]))
+    config = tmp_path / "hami-py.yaml"
+    config.write_text(f"nvidia:\n  hookPath: {tmp_path}/vgpu\n")
+    args = [
+        "--node-name",
+        NODE,
+        "--kubeconfig",
+        str(api.kubeconfig(tmp_path / "kubeconfig")),
+        "--config",
+        str(config),
+        "--plugin-dir",
+        str(tmp_path / "plugins"),
+        "--metrics-host",
+        "127.0.0.1",
+        "--metrics-port",
+        "0",
+    ]
+    env = {"LD_LIBRARY_PATH": str(FAKE_DRIVER), "HAMIPY_FAKE_GPU_CONFIG": str(gpus)}
+    return AgentProcess([*python_args, *args], log=tmp_path / "plugin.log", env=env)
+
+
+async def test_sigterm_stops_the_plugin_with_status_0(api: FakeApiServer, tmp_path: Path) -> None:
+    process = await plugin(api, tmp_path, python_args=["-m", MODULE]).start()
+    try:
+        await process.wait_up(api)
+        process.terminate()
+        assert await process.exit_code() == 0, process.log.read_text()
+    finally:
+        await process.kill()
+    events = [line["event"] for line in process.lines()]
+    assert "stopped" in events
+    assert DIED not in events
+
+
+async def test_a_task_that_dies_ends_the_plugin_with_status_1(api: FakeApiServer, tmp_path: Path) -> None:
+    process = await plugin(api, tmp_path, python_args=["-c", INJECT_BUG, MODULE]).start()
+    try:
+        await process.wait_up(api)
+        api.send({"type": "ADDED", "object": POD})
+        assert await process.exit_code() == 1, process.log.read_text()
+    finally:
+        await process.kill()
+    (died,) = [line for line in process.lines() if line["event"] == DIED]
+    assert (died["level"], died["task"], died["error"]) == (
+        "error",
+        "device-plugin:pod-informer",
+        "TypeError: injected",
+    )

@@ -1,0 +1,43 @@
+"""The invariant checked against the API's objects: no GPU holds more slots, memory or cores than it
+registers, and an unreadable annotation is a violation rather than a pass."""
+
+from __future__ import annotations
+
+from extender_fakes import FakeKube, gpu, node, pod
+
+from hamipy.extender.invariant import check_cluster, check_objects
+from hamipy.protocol import keys
+
+
+def running(name: str, allocated: str) -> dict[str, object]:
+    return pod(name, node_name="n", annotations={keys.DEVICES_ALLOCATED: allocated}, phase="Running")
+
+
+async def test_overcommit_is_reported_per_gpu_and_dimension() -> None:
+    kube = FakeKube()
+    kube.add_node(node("n", [gpu("A", 0, count=1, mem=1000)]))
+    for name in ("a", "b"):
+        kube.add_pod(running(name, "A,NVIDIA,600,0:;"))
+    report = await check_cluster(kube)
+    assert {v.what for v in report.violations} == {"slots", "memory"}
+    assert not report.ok
+
+
+async def test_a_cluster_within_capacity_passes_and_finished_pods_do_not_count() -> None:
+    kube = FakeKube()
+    kube.add_node(node("n", [gpu("A", 0, count=1, mem=1000)]))
+    kube.add_pod(running("a", "A,NVIDIA,600,0:;"))
+    kube.add_pod(
+        pod(
+            "done", node_name="n", annotations={keys.DEVICES_ALLOCATED: "A,NVIDIA,600,0:;"}, phase="Succeeded"
+        )
+    )
+    report = await check_cluster(kube)
+    assert report.ok
+    assert (report.nodes, report.gpus, report.pods) == (1, 1, 1)
+
+
+def test_an_unreadable_allocation_is_a_violation() -> None:
+    report = check_objects([node("n")], [running("a", "not a device list")])
+    assert not report.ok
+    assert "unreadable allocation of ns/a" in str(report.violations[0])

@@ -1,0 +1,121 @@
+"""A background task that dies is never hidden: it is logged by name, ``/readyz`` fails with the
+reason, ``/filter``, ``/prioritize`` and ``/bind`` refuse to decide from a model no longer kept
+current, and ``serve`` ends with exit status 1. SIGTERM still ends it with 0."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import signal
+from typing import Any
+
+import aiohttp
+import pytest
+from extender_fakes import FakeKube, gpu, node, pod
+
+import hamipy.extender.cli as cli
+from hamipy.devcluster import wait_for
+from hamipy.extender.errors import ExtenderError
+from hamipy.extender.server import ExtenderServer
+from hamipy.extender.settings import ExtenderSettings
+from hamipy.extender.telemetry import Telemetry
+from hamipy.protocol.config import Config
+
+PODS = "/api/v1/pods"
+BUG = TypeError("'NoneType' object is not subscriptable")
+
+
+def extender(kube: FakeKube, log: io.StringIO) -> ExtenderServer:
+    kube.add_node(node("n", [gpu("A", 0)]))
+    return ExtenderServer(
+        config=Config(),
+        settings=ExtenderSettings(handshake_interval_s=0, api_timeout_s=1.0),
+        telemetry=Telemetry.create(stream=log),
+        api=kube,
+    )
+
+
+def broken_pod_watch() -> FakeKube:
+    """An API whose pod watch stream raises what no Kubernetes error handler catches."""
+    kube = FakeKube()
+    kube.streams[PODS] = [[BUG]]
+    return kube
+
+
+def log_lines(log: io.StringIO) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in log.getvalue().splitlines()]
+
+
+async def call(srv: ExtenderServer, method: str, path: str, body: Any = None) -> tuple[int, str]:
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session,
+        session.request(method, srv.url + path, json=body) as resp,
+    ):
+        return resp.status, await resp.text()
+
+
+async def test_a_dead_watch_is_logged_fails_readiness_and_refuses_decisions() -> None:
+    log = io.StringIO()
+    kube = broken_pod_watch()
+    async with extender(kube, log) as srv:
+        await asyncio.wait_for(srv.supervisor.failed.wait(), timeout=5)
+        assert srv.model.synced, "both lists went through: only the watch died"
+
+        [died] = [line for line in log_lines(log) if line["event"].startswith("background task died")]
+        assert died["task"] == "extender-watch-pods"
+        assert "TypeError" in died["error"]
+
+        status, text = await call(srv, "GET", "/readyz")
+        assert status == 503
+        assert "task extender-watch-pods died: TypeError" in text
+
+        p = pod("p")
+        kube.add_pod(p)
+        for path, body in [
+            ("/filter", {"Pod": p, "NodeNames": ["n"]}),
+            ("/prioritize", {"Pod": p, "NodeNames": ["n"]}),
+            ("/bind", {"PodName": "p", "PodNamespace": "ns", "PodUID": "uid-ns-p", "Node": "n"}),
+        ]:
+            status, text = await call(srv, "POST", path, body)
+            assert status == 503, path
+            error = json.loads(text)["Error"]
+            assert "no longer kept current: task extender-watch-pods died" in error, path
+        assert srv.model.contributions == {}, "nothing reserved from the stale model"
+        assert not [c for c in kube.calls if c[0] != "GET"], "nothing written"
+        refused = srv.telemetry.metrics.registry.get_sample_value(
+            "hamipy_extender_decisions_total",
+            {"verb": "filter", "result": "unavailable", "reason": "BackgroundTaskDied"},
+        )
+        assert refused == 1
+        assert (await call(srv, "GET", "/healthz"))[0] == 200, "the process itself still serves"
+
+
+async def test_wait_synced_reports_a_task_that_died() -> None:
+    kube = FakeKube()
+    kube.fail[("GET", "/api/v1/nodes")] = TypeError("not a KubeError")  # type: ignore[assignment]
+    async with extender(kube, io.StringIO()) as srv:
+        with pytest.raises(ExtenderError, match="extender-watch-nodes died: TypeError"):
+            await srv.wait_synced(5)
+
+
+async def test_serve_exits_1_when_a_background_task_dies() -> None:
+    log = io.StringIO()
+    srv = extender(broken_pod_watch(), log)
+    assert await asyncio.wait_for(cli.serve(srv), timeout=10) == cli.EXIT_FAILED
+    events = [(line["event"], line.get("task")) for line in log_lines(log)]
+    assert ("background task died; the service stops", "extender-watch-pods") in events
+    assert ("stopping: a background task died", None) in events
+    assert srv.health.stopping.is_set()
+
+
+async def test_sigterm_ends_serve_with_exit_0() -> None:
+    log = io.StringIO()
+    srv = extender(FakeKube(), log)
+    serving = asyncio.create_task(cli.serve(srv), name="serve")
+    await wait_for(lambda: srv.health.not_ready() is None or None, timeout=5, interval=0.01, what="ready")
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert await asyncio.wait_for(serving, timeout=10) == 0
+    assert srv.supervisor.failure is None
+    assert "stopping on signal" in [line["event"] for line in log_lines(log)]
