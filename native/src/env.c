@@ -1,4 +1,4 @@
-/* The interposer's environment (hami-wire.md section 5), parsed once per process.
+/* The interposer's environment (docs/wire-format.md#interposer-environment), parsed once per process.
  *
  * A malformed value is reported once on stderr and handled fail-closed: a bad memory limit
  * makes that device's limit 1 byte (every allocation is refused with CUDA_ERROR_OUT_OF_MEMORY,

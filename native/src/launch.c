@@ -3,7 +3,8 @@
  * cuLaunchKernel, cuLaunchKernelEx, cuLaunchCooperativeKernel and cuGraphLaunch, each with its
  * per-thread-default-stream (_ptsz) twin, reached by symbol, dlsym or cuGetProcAddress (hooks.c).
  *
- * What a launch does, in order (hami-wire.md sections 5 and 6; docs/isolation.md):
+ * What a launch does, in order (docs/wire-format.md#interposer-environment and #region-file;
+ * docs/isolation.md):
  *  1. Priority feedback. The monitor sets the region's recent_kernel to -1 while a container of
  *     higher priority has run on the GPU recently: launches wait until it is >= 0 again (unless
  *     GPU_CORE_UTILIZATION_POLICY=disable). A launch then marks the container active for the

@@ -1,6 +1,6 @@
 """Compute (SM) limiting: the control law holds its number against a simulated GPU, every launch
 path goes through it over the fake driver, and the policy, utilization_switch and recent_kernel
-(priority) semantics of hami-wire.md sections 5 and 6 hold.
+(priority) semantics of docs/wire-format.md#interposer-environment and #region-file hold.
 
 The controller tests run ``sm_limit_tracks_target`` (native/tests), which steps a simulated GPU
 in simulated time, so they are exact and independent of how busy the machine is. The fake-driver

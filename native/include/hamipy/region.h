@@ -1,4 +1,4 @@
-/* The shared region file, HAMi-core v1.2 layout (hami-wire.md section 6).
+/* The shared region file, HAMi-core v1.2 layout (docs/wire-format.md#region-file).
  *
  * One file per container, mmap'ed MAP_SHARED by every CUDA process of the container and read
  * by the monitor. The layout is HAMi's byte for byte, so HAMi's monitor can read our files; the

@@ -1,4 +1,5 @@
-"""The committed stubs match the proto, and the proto speaks the kubelet's wire (hami-wire.md s. 8)."""
+"""The committed stubs match the proto, and the proto speaks the kubelet's wire
+(docs/wire-format.md#device-plugin-api)."""
 
 from __future__ import annotations
 
