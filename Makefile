@@ -30,9 +30,10 @@ $(TOOLS_DIR)/bin/uv:
 
 sync: .venv/.synced ## install the workspace (all libs and services) from uv.lock
 
-lint: sync ## ruff lint and format check
+lint: sync ## ruff lint and format check, and the layer contracts (import-linter)
 	$(RUN) ruff check .
 	$(RUN) ruff format --check .
+	$(RUN) lint-imports --no-cache
 
 typecheck: sync ## mypy --strict over the libs and services
 	$(RUN) mypy $(addprefix -p ,$(TYPED_PACKAGES))
