@@ -48,7 +48,7 @@ CLUSTER_DIR = "cluster"
 DEFAULT_NODES = 0
 DEFAULT_GPU_NODES = 3
 # First `up` on a machine may also wait for etcd/apiserver to settle on a loaded box.
-UP_TIMEOUT_S = 120.0
+UP_TIMEOUT_S = 240.0
 # The daemon's graceful stop (nodes, schedulers, apiserver, etcd) takes ~2 s; this is headroom.
 DOWN_GRACE_S = 30.0
 # How often `up`'s daemon makes sure every namespace has its `default` ServiceAccount.
@@ -444,7 +444,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="native/ build with the fake NVML driver the GPU nodes use (default native/build)",
     )
     up.add_argument(
-        "--timeout", type=float, default=UP_TIMEOUT_S, help="seconds to wait for it (default 120)"
+        "--timeout", type=float, default=UP_TIMEOUT_S, help="seconds to wait for it (default 240)"
     )
     sub.add_parser("down", help="stop what `up` started and remove its state")
     sub.add_parser("gpus", help="every GPU's allocation (memory, cores, slots) and the pods holding it")
