@@ -35,8 +35,9 @@ lint: sync ## ruff lint and format check, and the layer contracts (import-linter
 	$(RUN) ruff format --check .
 	$(RUN) lint-imports --no-cache
 
-typecheck: sync ## mypy --strict over the libs and services
+typecheck: sync ## mypy --strict over the libs, the services and the tests
 	$(RUN) mypy $(addprefix -p ,$(TYPED_PACKAGES))
+	$(RUN) python tests/typecheck.py
 
 native: ## build native/ (libvgpu.so, the fake driver, C test programs)
 	@if [ -f native/Makefile ]; then $(MAKE) -C native; fi

@@ -91,7 +91,7 @@ async def run(pods: int) -> dict[str, Any]:
         async with cluster.api_client() as api, NodePool(api) as pool:
             await pool.add(NodeSpec(name=NODE))
             await ensure_default_service_account(api, "default")
-            core = CoreV1Api(api)
+            core: Any = CoreV1Api(api)  # its hint asks for a V1Pod; the client sends a JSON body as it is
             for i in range(pods):
                 await core.create_namespaced_pod("default", pending_pod(i))
             config: Config = load_config(f"nvidia:\n  hookPath: {tmp}/vgpu\n")

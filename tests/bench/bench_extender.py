@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import gc
 import io
 import json
@@ -161,7 +162,7 @@ def main() -> None:
         proc = percentiles_us(in_process(server, args, opts.iterations))
         nofit_args = {"Pod": pending_pod(mem="40000"), "NodeNames": names, "Nodes": None}
         nofit = percentiles_us(
-            time_calls(lambda a=nofit_args, s=server: s.scheduler.filter(a), iterations=50, warmup=5)
+            time_calls(functools.partial(server.scheduler.filter, nofit_args), iterations=50, warmup=5)
         )
         http = percentiles_us(asyncio.run(over_http(server, args, opts.iterations)))
         figures[f"in_process_{nodes}"] = proc

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import builders
 from kubernetes_asyncio.client import CoreV1Api
 
 from hamipy.devcluster import DevCluster, ExtenderConfig, ManagedResource, NodePool, NodeSpec, wait_for
@@ -114,16 +115,6 @@ async def stop_webhook(hook: Webhook) -> None:
     await hook.stop()
 
 
-def probe_pod(name: str, limits: dict[str, str]) -> dict[str, Any]:
-    container = {"name": "main", "image": "registry.k8s.io/pause:3.10", "resources": {"limits": limits}}
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {"containers": [container]},
-    }
-
-
 async def register_webhook(
     api: Any, *, name: str, namespace: str, url: str, ca_pem: bytes, versions: list[str] | None = None
 ) -> None:
@@ -140,7 +131,7 @@ async def register_webhook(
     core: Any = client.CoreV1Api(api)
 
     async def applied() -> bool:
-        probe = probe_pod("probe", {keys.RESOURCE_COUNT: "1"})
+        probe = builders.pod("probe", builders.container(gpu=1))
         pod = await core.create_namespaced_pod(
             namespace, probe, dry_run="All", _request_timeout=API_TIMEOUT_S
         )
@@ -220,17 +211,18 @@ class GpuStack:
     def pod_body(
         self, name: str, containers: list[dict[str, Any]], init: list[dict[str, Any]] | None = None
     ) -> dict[str, Any]:
-        spec: dict[str, Any] = {
-            "containers": containers,
-            "nodeSelector": {"gpu-test": self.namespace},
-            "terminationGracePeriodSeconds": 0,
-        }
-        if init:
-            spec["initContainers"] = list(init)
-        return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+        """``builders.pod`` for this stack's node, deleted at once."""
+        return builders.pod(
+            name,
+            *containers,
+            init=init or (),
+            nodeSelector={"gpu-test": self.namespace},
+            terminationGracePeriodSeconds=0,
+        )
 
     async def create(self, body: dict[str, Any]) -> None:
-        await self.core.create_namespaced_pod(self.namespace, body, _request_timeout=API_TIMEOUT_S)
+        core: Any = self.core  # its hint asks for a V1Pod; the client sends a JSON body as it is
+        await core.create_namespaced_pod(self.namespace, body, _request_timeout=API_TIMEOUT_S)
 
     async def pod(self, name: str) -> dict[str, Any]:
         pod = await self.core.read_namespaced_pod(name, self.namespace, _request_timeout=API_TIMEOUT_S)
@@ -246,28 +238,14 @@ class GpuStack:
             assert phase != "failed", f"pod {name} failed allocation: {pod['metadata'].get('annotations')}"
             return pod if phase == "success" else None
 
-        result: dict[str, Any] = await wait_for(
+        pod: dict[str, Any] | None = await wait_for(
             done, timeout=timeout, interval=0.1, what=f"pod {name} served"
         )
-        return result
+        assert pod is not None  # wait_for returns the first truthy value
+        return pod
 
     async def allocation(self, pod: str, container: str) -> ContainerAllocation:
         return await self.standin.wait_allocated(self.namespace, pod, container, timeout_s=60)
-
-
-def gpu_container(
-    name: str, *, gpus: int = 1, mem: int | None = None, cores: int | None = None
-) -> dict[str, Any]:
-    limits = {RESOURCE: str(gpus)}
-    if mem is not None:
-        limits[keys.RESOURCE_MEMORY] = str(mem)
-    if cores is not None:
-        limits[keys.RESOURCE_CORES] = str(cores)
-    return {"name": name, "image": "registry.k8s.io/pause:3.10", "resources": {"limits": limits}}
-
-
-def plain_container(name: str) -> dict[str, Any]:
-    return {"name": name, "image": "registry.k8s.io/pause:3.10"}
 
 
 def allocated_slots(pod: dict[str, Any]) -> list[list[ContainerDevice]]:

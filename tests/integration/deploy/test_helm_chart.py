@@ -452,7 +452,7 @@ async def _ensure_foreign_crds(api: Any) -> None:
 
     from hamipy.devcluster import wait_for
 
-    ext = ApiextensionsV1Api(api)
+    ext: Any = ApiextensionsV1Api(api)  # its hint asks for a model object; a JSON body is sent as it is
     for group, version, kind, plural in FOREIGN_CRDS:
         body = {
             "apiVersion": "apiextensions.k8s.io/v1",

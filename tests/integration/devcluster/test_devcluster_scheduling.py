@@ -9,6 +9,7 @@ from typing import Any, cast
 
 import pytest
 from aiohttp import web
+from builders import container, pod
 from kubernetes_asyncio.client import CoordinationV1Api, CoreV1Api
 
 from hamipy.devcluster import (
@@ -24,22 +25,6 @@ from hamipy.devcluster import (
 pytestmark = pytest.mark.integration
 
 GPU = "nvidia.com/gpu"
-
-
-def _pod(
-    name: str,
-    *,
-    scheduler: str = "default-scheduler",
-    limits: dict[str, str] | None = None,
-    node_selector: dict[str, str] | None = None,
-) -> Any:
-    container: dict[str, Any] = {"name": "main", "image": "registry.invalid/app:1"}
-    if limits:
-        container["resources"] = {"limits": limits}
-    spec: dict[str, Any] = {"schedulerName": scheduler, "containers": [container]}
-    if node_selector:
-        spec["nodeSelector"] = node_selector
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
 
 
 async def test_simulated_node_is_ready_untainted_and_leased(
@@ -73,9 +58,16 @@ async def test_default_scheduler_binds_pod_to_simulated_node(
         (await node_pool.add(NodeSpec(name=f"{namespace}-n{i}", labels={"devcluster-test": namespace}))).name
         for i in range(2)
     }
-    core = CoreV1Api(kube_client)
+    core: Any = CoreV1Api(kube_client)  # its hint asks for a V1Pod; the client sends a JSON body as it is
     await core.create_namespaced_pod(
-        namespace, _pod("plain", node_selector={"devcluster-test": namespace}), _request_timeout=API_TIMEOUT_S
+        namespace,
+        pod(
+            "plain",
+            container(),
+            scheduler_name="default-scheduler",
+            nodeSelector={"devcluster-test": namespace},
+        ),
+        _request_timeout=API_TIMEOUT_S,
     )
 
     node = await wait_pod_bound(kube_client, namespace, "plain", timeout=30)
@@ -171,10 +163,10 @@ async def test_hami_scheduler_calls_extender_filter_and_bind(
             http_timeout_s=5,
         )
     )
-    core = CoreV1Api(kube_client)
+    core: Any = CoreV1Api(kube_client)  # its hint asks for a V1Pod; the client sends a JSON body as it is
     created = await core.create_namespaced_pod(
         namespace,
-        _pod("gpu-pod", scheduler="hami-scheduler", limits={GPU: "1"}),
+        pod("gpu-pod", container(limits={GPU: "1"}), scheduler_name="hami-scheduler"),
         _request_timeout=API_TIMEOUT_S,
     )
 

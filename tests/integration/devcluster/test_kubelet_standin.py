@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from typing import Any
 
+import builders
 import grpc
 import grpc.aio
 import pytest
@@ -25,6 +26,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from hamipy.devcluster import (
     API_TIMEOUT_S,
+    ContainerKey,
     KubeletStandIn,
     NodePool,
     NodeSpec,
@@ -72,7 +74,7 @@ class FakeDevicePlugin(api_pb2_grpc.DevicePluginServicer):
     ) -> api_pb2.DevicePluginOptions:
         return PLUGIN_OPTIONS
 
-    async def ListAndWatch(  # type: ignore[override]
+    async def ListAndWatch(
         self, request: api_pb2.Empty, context: Any
     ) -> AsyncIterator[api_pb2.ListAndWatchResponse]:
         while True:
@@ -203,24 +205,19 @@ async def rig(kube_client: Any, namespace: str, node_pool: NodePool, tmp_path: P
 
 
 def _pod(name: str, node: str, *, init: int | None = None, **containers: int) -> dict[str, Any]:
-    def container(cname: str, count: int) -> dict[str, Any]:
-        return {
-            "name": cname,
-            "image": "registry.invalid/app:1",
-            "resources": {"limits": {RESOURCE: str(count)}},
-        }
+    """``builders.pod`` bound to ``node``: each container (and the init container ``setup``) asks
+    for that many ``RESOURCE``."""
 
-    spec: dict[str, Any] = {
-        "nodeName": node,
-        "containers": [container(c, n) for c, n in containers.items()],
-    }
-    if init is not None:
-        spec["initContainers"] = [container("setup", init)]
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+    def asking(cname: str, count: int) -> dict[str, Any]:
+        return builders.container(cname, limits={RESOURCE: str(count)})
+
+    setup = [asking("setup", init)] if init is not None else []
+    return builders.pod(name, *(asking(c, n) for c, n in containers.items()), init=setup, node_name=node)
 
 
 async def _create(rig: Rig, body: dict[str, Any]) -> None:
-    await rig.core.create_namespaced_pod(rig.namespace, body, _request_timeout=API_TIMEOUT_S)
+    core: Any = rig.core  # its hint asks for a V1Pod; the client sends a JSON body as it is
+    await core.create_namespaced_pod(rig.namespace, body, _request_timeout=API_TIMEOUT_S)
 
 
 async def _wait_phase(rig: Rig, name: str, phase: str, *, timeout_s: float = 20) -> Any:
@@ -294,8 +291,9 @@ class TestRegistration:
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await api_pb2_grpc.RegistrationStub(channel).Register(request, timeout=10)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert err.value.details() is not None
-        assert complaint.replace("\\", "") in err.value.details()
+        details = err.value.details()
+        assert details is not None
+        assert complaint.replace("\\", "") in details
         assert rig.standin.registrations[RESOURCE] == 1
 
 
@@ -305,8 +303,8 @@ class TestAdmission:
 
         pod = await _wait_phase(rig, "two", "Running")
 
-        setup = rig.standin.allocations[(rig.namespace, "two", "setup")]
-        main = rig.standin.allocations[(rig.namespace, "two", "main")]
+        setup = rig.standin.allocations[ContainerKey(rig.namespace, "two", "setup")]
+        main = rig.standin.allocations[ContainerKey(rig.namespace, "two", "main")]
         # The init container first; the plugin's preference (highest IDs) is followed, and, as in
         # the kubelet, the app container reuses the device the finished init container gave back.
         assert rig.plugin.allocate_calls == [("gpu-3",), ("gpu-3", "gpu-2")]
@@ -340,8 +338,8 @@ class TestAdmission:
         await _wait_phase(rig, "second", "Running")
         third = await _wait_phase(rig, "third", "Failed")
 
-        first = rig.standin.allocations[(rig.namespace, "first", "main")]
-        second = rig.standin.allocations[(rig.namespace, "second", "main")]
+        first = rig.standin.allocations[ContainerKey(rig.namespace, "first", "main")]
+        second = rig.standin.allocations[ContainerKey(rig.namespace, "second", "main")]
         assert (first.device_ids, second.device_ids) == (("gpu-3", "gpu-2"), ("gpu-1", "gpu-0"))
         assert third.status.reason == "UnexpectedAdmissionError"
         assert third.status.message == (
@@ -404,7 +402,7 @@ class TestRestart:
     ) -> None:
         await _create(rig, _pod("before", rig.node.name, main=2))
         await _wait_phase(rig, "before", "Running")
-        before = rig.standin.allocations[(rig.namespace, "before", "main")]
+        before = rig.standin.allocations[ContainerKey(rig.namespace, "before", "main")]
         # Some other plugin's socket, left behind: a restarting kubelet deletes every socket.
         stale = rig.standin.plugin_dir / "stale.sock"
         with socket.socket(socket.AF_UNIX) as sock:
@@ -418,7 +416,7 @@ class TestRestart:
         await wait_for(lambda: rig.plugin.registered == 2, timeout=10, what="the plugin's second Register")
         # The plugin served again only because its socket was deleted.
         assert rig.plugin.serves == 2
-        assert rig.standin.allocations[(rig.namespace, "before", "main")] == before
+        assert rig.standin.allocations[ContainerKey(rig.namespace, "before", "main")] == before
         await _wait_node_devices(rig, "4", "4")
 
         await _create(rig, _pod("after", rig.node.name, main=2))
@@ -426,7 +424,7 @@ class TestRestart:
         await _wait_phase(rig, "after", "Running")
         await _wait_phase(rig, "extra", "Failed")
 
-        after = rig.standin.allocations[(rig.namespace, "after", "main")]
+        after = rig.standin.allocations[ContainerKey(rig.namespace, "after", "main")]
         assert set(after.device_ids).isdisjoint(before.device_ids)
         assert _held(rig) == list(DEVICE_IDS)
         assert _flat(rig.plugin.allocate_calls) == [*before.device_ids, *after.device_ids]

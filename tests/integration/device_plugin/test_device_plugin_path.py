@@ -14,12 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from builders import container
 from stack_support import (
     RESOURCE,
     GpuStack,
     allocated_slots,
-    gpu_container,
-    plain_container,
     running_gpu_stack,
 )
 
@@ -85,7 +84,7 @@ async def test_node_registers_its_gpus(gpu_stack: GpuStack) -> None:
 
 
 async def test_container_env_and_mounts_match_its_allocation(gpu_stack: GpuStack) -> None:
-    await gpu_stack.create(gpu_stack.pod_body("one", [gpu_container("main", mem=3000, cores=30)]))
+    await gpu_stack.create(gpu_stack.pod_body("one", [container("main", gpu=1, gpumem=3000, gpucores=30)]))
     pod = await gpu_stack.served("one")
     allocation = await gpu_stack.allocation("one", "main")
     annotations = pod["metadata"]["annotations"]
@@ -99,7 +98,8 @@ async def test_container_env_and_mounts_match_its_allocation(gpu_stack: GpuStack
     assert keys.NODE_LOCK not in (node.metadata.annotations or {})
 
     async def running() -> bool:
-        return (await gpu_stack.pod("one"))["status"].get("phase") == "Running"
+        phase: str | None = (await gpu_stack.pod("one"))["status"].get("phase")
+        return phase == "Running"
 
     await wait_for(running, timeout=30, interval=0.1, what="pod one Running")
 
@@ -107,18 +107,16 @@ async def test_container_env_and_mounts_match_its_allocation(gpu_stack: GpuStack
 async def test_init_and_app_containers_each_get_their_own_slot(gpu_stack: GpuStack) -> None:
     body = gpu_stack.pod_body(
         "multi",
-        [plain_container("sidecar"), gpu_container("app", mem=2000), gpu_container("pair", gpus=2, mem=1000)],
-        init=[gpu_container("setup", mem=500)],
+        [container("sidecar"), container("app", gpu=1, gpumem=2000), container("pair", gpu=2, gpumem=1000)],
+        init=[container("setup", gpu=1, gpumem=500)],
     )
     await gpu_stack.create(body)
     pod = await gpu_stack.served("multi")
     slots = allocated_slots(pod)
     assert [len(s) for s in slots] == [1, 0, 1, 2]  # setup, sidecar, app, pair
     uid = pod["metadata"]["uid"]
-    for container, slot in (("setup", slots[0]), ("app", slots[2]), ("pair", slots[3])):
-        assert_matches_slot(
-            await gpu_stack.allocation("multi", container), slot, gpu_stack.plugin.hook_path, uid
-        )
+    for name, slot in (("setup", slots[0]), ("app", slots[2]), ("pair", slots[3])):
+        assert_matches_slot(await gpu_stack.allocation("multi", name), slot, gpu_stack.plugin.hook_path, uid)
     assert len({d.uuid for d in slots[3]}) == 2, "two GPUs in one container are two distinct GPUs"
     assert ("multi", "sidecar") not in {(k.pod, k.container) for k in gpu_stack.standin.allocations}
     assert decode_pod_devices(pod["metadata"]["annotations"][keys.DEVICES_TO_ALLOCATE]) == [[], [], [], []]
@@ -127,7 +125,10 @@ async def test_init_and_app_containers_each_get_their_own_slot(gpu_stack: GpuSta
 async def test_ten_pods_at_once_all_succeed_with_distinct_allocations(gpu_stack: GpuStack) -> None:
     names = [f"burst-{i}" for i in range(10)]
     await asyncio.gather(
-        *(gpu_stack.create(gpu_stack.pod_body(n, [gpu_container("main", mem=4000, cores=10)])) for n in names)
+        *(
+            gpu_stack.create(gpu_stack.pod_body(n, [container("main", gpu=1, gpumem=4000, gpucores=10)]))
+            for n in names
+        )
     )
     pods = await asyncio.gather(*(gpu_stack.served(n, timeout=120) for n in names))
     caches = set()
@@ -144,13 +145,13 @@ async def test_ten_pods_at_once_all_succeed_with_distinct_allocations(gpu_stack:
 
 
 async def test_kubelet_restart_reregisters_without_losing_allocations(gpu_stack: GpuStack) -> None:
-    await gpu_stack.create(gpu_stack.pod_body("before", [gpu_container("main", mem=1000)]))
+    await gpu_stack.create(gpu_stack.pod_body("before", [container("main", gpu=1, gpumem=1000)]))
     await gpu_stack.served("before")
     first = await gpu_stack.allocation("before", "main")
     await gpu_stack.standin.restart()
     assert await gpu_stack.standin.wait_registered(RESOURCE, times=2) >= 2
     assert gpu_stack.standin.allocations[first.key] == first
-    await gpu_stack.create(gpu_stack.pod_body("after", [gpu_container("main", mem=1000)]))
+    await gpu_stack.create(gpu_stack.pod_body("after", [container("main", gpu=1, gpumem=1000)]))
     await gpu_stack.served("after")
     second = await gpu_stack.allocation("after", "main")
     assert not set(second.device_ids) & set(first.device_ids)
@@ -173,7 +174,7 @@ async def test_unhealthy_gpu_is_reported_and_gets_no_new_pods(gpu_stack: GpuStac
     await wait_for(registered_sick, timeout=30, interval=0.1, what="the node to register the GPU unhealthy")
     names = [f"after-sick-{i}" for i in range(3)]
     for name in names:
-        await gpu_stack.create(gpu_stack.pod_body(name, [gpu_container("main", mem=1000)]))
+        await gpu_stack.create(gpu_stack.pod_body(name, [container("main", gpu=1, gpumem=1000)]))
     for name in names:
         (slot,) = allocated_slots(await gpu_stack.served(name))
         assert [d.uuid for d in slot] == [GPUS[0].uuid]

@@ -15,8 +15,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
+import builders
 import pytest
 from aiohttp import web
+from builders import container, gpu
 from kubernetes_asyncio.client import CoreV1Api
 from stack_support import EXTENDER_SETTINGS, start_extenders, use_extender
 
@@ -39,25 +41,6 @@ from hamipy.protocol.pod_devices import decode_pod_devices
 pytestmark = pytest.mark.integration
 
 SETTINGS = EXTENDER_SETTINGS
-LIMIT_NAMES = {
-    "gpu": keys.RESOURCE_COUNT,
-    "mem": keys.RESOURCE_MEMORY,
-    "pct": keys.RESOURCE_MEMORY_PERCENTAGE,
-    "cores": keys.RESOURCE_CORES,
-}
-
-
-def gpu(
-    uuid: str, index: int = 0, *, count: int = 10, mem: int = 32768, type_: str = "NVIDIA-A100"
-) -> DeviceInfo:
-    return DeviceInfo(uuid, index, count, mem, 100, type_, 0, "hami-core", True)
-
-
-def container(name: str = "main", **limits: str) -> dict[str, Any]:
-    out: dict[str, Any] = {"name": name, "image": "registry.invalid/app:1"}
-    if limits:
-        out["resources"] = {"limits": {LIMIT_NAMES[k]: v for k, v in limits.items()}}
-    return out
 
 
 def pod_body(
@@ -67,20 +50,17 @@ def pod_body(
     init: Sequence[dict[str, Any]] = (),
     annotations: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "schedulerName": "hami-scheduler",
-        "containers": list(containers) or [container(gpu="1", mem="1000")],
-        "nodeSelector": {"extender-test": selector},
-        "terminationGracePeriodSeconds": 0,
-    }
-    if init:
-        spec["initContainers"] = list(init)
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "annotations": annotations or {}},
-        "spec": spec,
-    }
+    """``builders.pod`` for the hami-scheduler, on the nodes labelled ``extender-test=<selector>``,
+    deleted at once; with one container asking for a GPU and 1000 MiB unless ``containers`` are given."""
+    return builders.pod(
+        name,
+        *(containers or [container(gpu=1, gpumem=1000)]),
+        init=init,
+        annotations=annotations,
+        scheduler_name="hami-scheduler",
+        nodeSelector={"extender-test": selector},
+        terminationGracePeriodSeconds=0,
+    )
 
 
 class Cluster:
@@ -105,7 +85,8 @@ class Cluster:
         return name
 
     async def create(self, body: dict[str, Any]) -> None:
-        await self.core.create_namespaced_pod(self.namespace, body, _request_timeout=API_TIMEOUT_S)
+        core: Any = self.core  # its hint asks for a V1Pod; the client sends a JSON body as it is
+        await core.create_namespaced_pod(self.namespace, body, _request_timeout=API_TIMEOUT_S)
 
     async def bound(self, name: str, timeout: float = 30) -> tuple[str, list[list[str]]]:  # noqa: ASYNC109
         node = await wait_pod_bound(self.api, self.namespace, name, timeout=timeout)
@@ -167,7 +148,7 @@ async def test_node_policy_over_three_nodes(cluster: Cluster, extender: Extender
     for i in range(3):
         ann = {keys.NODE_SCHEDULER_POLICY: policy}
         await cluster.create(
-            pod_body(f"p{i}", container(gpu="1", mem="1000"), selector=cluster.namespace, annotations=ann)
+            pod_body(f"p{i}", container(gpu=1, gpumem=1000), selector=cluster.namespace, annotations=ann)
         )
         nodes.append((await cluster.bound(f"p{i}"))[0])
     assert len(set(nodes)) == (1 if policy == "binpack" else 3)
@@ -181,7 +162,7 @@ async def test_gpu_policy_on_one_node(cluster: Cluster, extender: ExtenderServer
     used = []
     for i in range(3):
         ann = {keys.GPU_SCHEDULER_POLICY: policy}
-        await cluster.create(pod_body(f"p{i}", container(gpu="1", mem="1000"), selector=ns, annotations=ann))
+        await cluster.create(pod_body(f"p{i}", container(gpu=1, gpumem=1000), selector=ns, annotations=ann))
         used.append((await cluster.bound(f"p{i}"))[1][0][0])
     assert len(set(used)) == (1 if policy == "binpack" else 3)
 
@@ -195,12 +176,12 @@ async def test_type_and_uuid_selectors(cluster: Cluster, extender: ExtenderServe
         "n", [gpu(f"GPU-{ns}-a", 0, type_="NVIDIA-A100"), gpu(f"GPU-{ns}-t", 1, type_="NVIDIA-T4")]
     )
     await cluster.create(
-        pod_body("by-type", container(gpu="1", mem="100"), selector=ns, annotations={keys.USE_GPU_TYPE: "t4"})
+        pod_body("by-type", container(gpu=1, gpumem=100), selector=ns, annotations={keys.USE_GPU_TYPE: "t4"})
     )
     await cluster.create(
         pod_body(
             "by-uuid",
-            container(gpu="1", mem="100"),
+            container(gpu=1, gpumem=100),
             selector=ns,
             annotations={keys.USE_GPU_UUID: f"GPU-{ns}-a"},
         )
@@ -212,8 +193,8 @@ async def test_type_and_uuid_selectors(cluster: Cluster, extender: ExtenderServe
 async def test_exclusive_cores_and_memory_percentage(cluster: Cluster, extender: ExtenderServer) -> None:
     ns = cluster.namespace
     await cluster.add_node("n", [gpu(f"GPU-{ns}-0", 0, mem=10000), gpu(f"GPU-{ns}-1", 1, mem=10000)])
-    await cluster.create(pod_body("whole", container(gpu="1", mem="1000", cores="100"), selector=ns))
-    await cluster.create(pod_body("pct", container(gpu="1", pct="40"), selector=ns))
+    await cluster.create(pod_body("whole", container(gpu=1, gpumem=1000, gpucores=100), selector=ns))
+    await cluster.create(pod_body("pct", container(gpu=1, gpumem_percentage=40), selector=ns))
     whole = (await cluster.bound("whole"))[1][0][0]
     pct = (await cluster.bound("pct"))[1][0][0]
     assert whole != pct  # the exclusive pod's GPU takes nobody else
@@ -227,16 +208,16 @@ async def test_two_gpus_in_one_container_and_init_containers(
 ) -> None:
     ns = cluster.namespace
     await cluster.add_node("n", [gpu(f"GPU-{ns}-{i}", i) for i in range(3)])
-    await cluster.create(pod_body("two", container(gpu="2", mem="1000"), selector=ns))
+    await cluster.create(pod_body("two", container(gpu=2, gpumem=1000), selector=ns))
     _, slots = await cluster.bound("two")
     assert len(set(slots[0])) == 2
     await cluster.create(
         pod_body(
             "init",
-            container("a", gpu="1", mem="1000"),
+            container("a", gpu=1, gpumem=1000),
             container("b"),
-            container("c", gpu="1", mem="2000"),
-            init=[container("setup", gpu="1", mem="3000"), container("plain")],
+            container("c", gpu=1, gpumem=2000),
+            init=[container("setup", gpu=1, gpumem=3000), container("plain")],
             selector=ns,
         )
     )
@@ -248,7 +229,7 @@ async def test_two_gpus_in_one_container_and_init_containers(
 async def test_unfittable_pod_stays_pending_with_reason(cluster: Cluster, extender: ExtenderServer) -> None:
     ns = cluster.namespace
     await cluster.add_node("n", [gpu(f"GPU-{ns}-0", mem=8000)])
-    await cluster.create(pod_body("huge", container(gpu="1", mem="16000"), selector=ns))
+    await cluster.create(pod_body("huge", container(gpu=1, gpumem=16000), selector=ns))
 
     async def reason() -> str:
         pod = await cluster.core.read_namespaced_pod("huge", ns, _request_timeout=API_TIMEOUT_S)
@@ -280,7 +261,7 @@ async def test_pod_placed_after_register_annotation_changes(
     name = await cluster.add_node("n", [gpu(f"GPU-{ns}-old", mem=4000)])
     new = [gpu(f"GPU-{ns}-new0", 0, mem=40000), gpu(f"GPU-{ns}-new1", 1, mem=40000)]
     await cluster.pool.nodes[name].patch_annotations({keys.NODE_REGISTER: encode_node_devices(new)})
-    await cluster.create(pod_body("big", container(gpu="2", mem="30000"), selector=ns))
+    await cluster.create(pod_body("big", container(gpu=2, gpumem=30000), selector=ns))
     _, slots = await cluster.bound("big")
     assert sorted(slots[0]) == [f"GPU-{ns}-new0", f"GPU-{ns}-new1"]
 
@@ -317,7 +298,7 @@ async def burst(cluster: Cluster) -> None:
 
     async def create(i: int) -> None:
         async with gate:
-            await cluster.create(pod_body(f"p{i}", container(gpu="1", mem="3000"), selector=ns))
+            await cluster.create(pod_body(f"p{i}", container(gpu=1, gpumem=3000), selector=ns))
 
     await asyncio.gather(*(create(i) for i in range(FITTABLE + EXTRA)))
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import builders
 from kubernetes_asyncio.client import CoreV1Api
 from prometheus_client.parser import text_string_to_metric_families
 from stack_support import Webhook, start_extenders, start_webhook, stop_webhook, use_extender
@@ -173,15 +174,15 @@ class MonitorStack:
     async def create(
         self, name: str, containers: list[dict[str, Any]], *, init: list[dict[str, Any]] | None = None
     ) -> None:
-        spec: dict[str, Any] = {
-            "containers": containers,
-            "nodeSelector": {"gpu-test": self.namespace},
-            "terminationGracePeriodSeconds": 0,
-        }
-        if init:
-            spec["initContainers"] = init
-        body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
-        await self.core.create_namespaced_pod(self.namespace, body, _request_timeout=API_TIMEOUT_S)
+        body = builders.pod(
+            name,
+            *containers,
+            init=init or (),
+            nodeSelector={"gpu-test": self.namespace},
+            terminationGracePeriodSeconds=0,
+        )
+        core: Any = self.core  # its hint asks for a V1Pod; the client sends a JSON body as it is
+        await core.create_namespaced_pod(self.namespace, body, _request_timeout=API_TIMEOUT_S)
 
     async def pod(self, name: str) -> dict[str, Any]:
         pod = await self.core.read_namespaced_pod(name, self.namespace, _request_timeout=API_TIMEOUT_S)
@@ -197,8 +198,9 @@ class MonitorStack:
             assert phase != "failed", f"pod {name} failed allocation: {pod['metadata'].get('annotations')}"
             return pod if phase == "success" else None
 
-        result: dict[str, Any] = await wait_for(done, timeout=60, interval=0.1, what=f"pod {name} served")
-        return result
+        pod: dict[str, Any] | None = await wait_for(done, timeout=60, interval=0.1, what=f"pod {name} served")
+        assert pod is not None  # wait_for returns the first truthy value
+        return pod
 
     async def delete(self, name: str) -> None:
         await self.core.delete_namespaced_pod(
@@ -210,22 +212,6 @@ class MonitorStack:
     ) -> SimContainer:
         allocation = await self.standin.wait_allocated(self.namespace, pod, container, timeout_s=60)
         return SimContainer(allocation, self.plugin, extra_env)
-
-
-def gpu_container(
-    name: str, *, mem: int, cores: int = 0, env: dict[str, str] | None = None
-) -> dict[str, Any]:
-    limits = {RESOURCE: "1", keys.RESOURCE_MEMORY: str(mem)}
-    if cores:
-        limits[keys.RESOURCE_CORES] = str(cores)
-    out: dict[str, Any] = {
-        "name": name,
-        "image": "registry.k8s.io/pause:3.10",
-        "resources": {"limits": limits},
-    }
-    if env:
-        out["env"] = [{"name": k, "value": v} for k, v in env.items()]
-    return out
 
 
 MONITOR_ARGS = ("--feedback-interval", "0.3", "--legacy-metrics")

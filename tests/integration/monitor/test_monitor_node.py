@@ -10,12 +10,12 @@ import os
 import struct
 
 import pytest
+from builders import container
 from monitor_support import (
     GPU,
     MIB,
     MonitorStack,
     SimContainer,
-    gpu_container,
     pod_env,
     release,
     sample_key,
@@ -67,9 +67,9 @@ async def test_a_cuda_program_shows_as_its_containers_use(monitor_stack: Monitor
     back to zero when it frees; a pod that never starts CUDA shows its limit with zero use (HAMi
     #1794); each container of a multi-container pod has its own series (HAMi #281)."""
     s = monitor_stack
-    await s.create("cuda", [gpu_container("main", mem=3000, cores=30)])
-    await s.create("idle", [gpu_container("main", mem=2000)])
-    await s.create("pair", [gpu_container("a", mem=1000), gpu_container("b", mem=1500)])
+    await s.create("cuda", [container("main", gpu=1, gpumem=3000, gpucores=30)])
+    await s.create("idle", [container("main", gpu=1, gpumem=2000)])
+    await s.create("pair", [container("a", gpu=1, gpumem=1000), container("b", gpu=1, gpumem=1500)])
     for name in ("cuda", "idle", "pair"):
         await s.served(name)
 
@@ -109,7 +109,7 @@ async def test_a_cuda_program_shows_as_its_containers_use(monitor_stack: Monitor
 async def test_corrupted_and_truncated_regions_beside_good_ones(monitor_stack: MonitorStack) -> None:
     s = monitor_stack
     for name in ("good", "cut", "junk"):
-        await s.create(name, [gpu_container("main", mem=1000)])
+        await s.create(name, [container("main", gpu=1, gpumem=1000)])
     for name in ("good", "cut", "junk"):
         await s.served(name)
     good = await s.container("good", "main")
@@ -158,8 +158,8 @@ async def test_priority_feedback_between_two_containers_on_one_gpu(monitor_stack
     """A busy high-priority container blocks a low-priority one on the same GPU and turns its compute
     limit on; once the high-priority one is idle, the low one is released and runs unlimited."""
     s = monitor_stack
-    await s.create("serve", [gpu_container("main", mem=1000, env={ENV_TASK_PRIORITY: "0"})])
-    await s.create("train", [gpu_container("main", mem=1000, env={ENV_TASK_PRIORITY: "1"})])
+    await s.create("serve", [container("main", gpu=1, gpumem=1000, env={ENV_TASK_PRIORITY: "0"})])
+    await s.create("train", [container("main", gpu=1, gpumem=1000, env={ENV_TASK_PRIORITY: "1"})])
     serve_pod, train_pod = await s.served("serve"), await s.served("train")
     serve = await s.container("serve", "main", pod_env(serve_pod, "main"))
     train = await s.container("train", "main", pod_env(train_pod, "main"))
@@ -200,15 +200,15 @@ async def test_region_directories_of_deleted_pods_are_kept_through_the_grace_per
     """The default grace period is 5 minutes: a deleted pod's directory stays, counted as an orphan,
     and its series disappear at once."""
     s = monitor_stack
-    await s.create("short", [gpu_container("main", mem=500)])
+    await s.create("short", [container("main", gpu=1, gpumem=500)])
     await s.served("short")
-    container = await s.container("short", "main")
-    container.region_file.write_bytes(build_region(uuids=[GPU.uuid], limits=[500 * MIB]))
+    short = await s.container("short", "main")
+    short.region_file.write_bytes(build_region(uuids=[GPU.uuid], limits=[500 * MIB]))
     await wait_metric(s, "hami_vgpu_memory_used_bytes", vgpu(s, "short"), 0)
     await s.delete("short")
     await wait_metric(s, "hamipy_monitor_orphan_region_dirs", {}, 1)
     assert await metric(s, "hami_vgpu_memory_limit_bytes", **vgpu(s, "short")) is None
-    assert await asyncio.to_thread(container.host_region_dir.is_dir), "kept through the grace period"
+    assert await asyncio.to_thread(short.host_region_dir.is_dir), "kept through the grace period"
 
 
 async def test_every_dashboard_metric_is_exported_by_a_live_service(monitor_stack: MonitorStack) -> None:
@@ -217,7 +217,7 @@ async def test_every_dashboard_metric_is_exported_by_a_live_service(monitor_stac
     from dashboard_support import dashboard_metrics, dashboards, exported_names
 
     s = monitor_stack
-    await s.create("dash", [gpu_container("main", mem=1000)])
+    await s.create("dash", [container("main", gpu=1, gpumem=1000)])
     await s.served("dash")
     holder = (await s.container("dash", "main")).hold(8)
     try:

@@ -33,6 +33,7 @@ from urllib.parse import urlsplit
 
 import pytest
 import yaml
+from builders import container
 from by_path import load
 from observability_support import ObservedSystem, monitor_support
 
@@ -237,14 +238,13 @@ async def test_prometheus_scrapes_the_system_dashboards_and_alerts_work(
     s = system.stack
     prom = prometheus_server(scrape_targets(system), rule_files=[ALERTS])
     rules = [r for g in yaml.safe_load(ALERTS.read_text())["groups"] for r in g["rules"]]
-    gpu_container = monitor_support.gpu_container
 
     # The workload's first round, while Prometheus takes up its targets (it applies a new target
     # set at most every 5 s): a container that holds GPU memory and launches a kernel, and one
     # whose region file is junk until the monitor has counted it (the "Region errors" panel), then
     # gone again (so no alert is left pending).
-    await s.create("busy", [gpu_container("main", mem=3000, cores=30)])
-    await s.create("broken", [gpu_container("main", mem=1000)])
+    await s.create("busy", [container("main", gpu=1, gpumem=3000, gpucores=30)])
+    await s.create("broken", [container("main", gpu=1, gpumem=1000)])
     await s.served("busy")
     await s.served("broken")
     busy, broken = await s.container("busy", "main"), await s.container("broken", "main")
@@ -255,7 +255,9 @@ async def test_prometheus_scrapes_the_system_dashboards_and_alerts_work(
         try:
 
             async def junk_counted() -> bool:
-                errors = [v for (name, _), v in (await s.monitor.scrape()).items() if name == REGION_ERRORS]
+                errors: list[float] = [
+                    v for (name, _), v in (await s.monitor.scrape()).items() if name == REGION_ERRORS
+                ]
                 return sum(errors) > 0
 
             await wait_for(junk_counted, timeout=15, what="the junk region file counted by the monitor")
@@ -294,7 +296,7 @@ async def test_prometheus_scrapes_the_system_dashboards_and_alerts_work(
             "hamipy_device_plugin_allocate_duration_seconds_count",
         )
         await wait_for(lambda: call(has_series, prom, *first_round), timeout=15, what="first round scraped")
-        await s.create("late", [gpu_container("main", mem=1000)])
+        await s.create("late", [container("main", gpu=1, gpumem=1000)])
         await s.served("late")
         await s.container("late", "main")
 

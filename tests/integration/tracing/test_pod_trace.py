@@ -16,7 +16,8 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
-from stack_support import GpuStack, gpu_container, running_gpu_stack
+from builders import container
+from stack_support import GpuStack, running_gpu_stack
 
 from hamipy.devcluster import DevCluster, NodePool, wait_for
 from hamipy.devcluster.gpu_nodes import FakeGpu
@@ -59,7 +60,7 @@ async def test_one_pod_one_trace_from_admission_to_allocate(
     traced_stack: GpuStack, receiver: OtlpReceiver
 ) -> None:
     stack = traced_stack
-    await stack.create(stack.pod_body("traced", [gpu_container("main", mem=2000, cores=20)]))
+    await stack.create(stack.pod_body("traced", [container("main", gpu=1, gpumem=2000, gpucores=20)]))
     pod = await stack.served("traced")
     meta = pod["metadata"]
     # 00-<trace id>-<admission span id>-<flags>
@@ -70,6 +71,7 @@ async def test_one_pod_one_trace_from_admission_to_allocate(
         return spans if [s.name for s in spans] == JOURNEY else None
 
     spans = await wait_for(journey, timeout=30, interval=0.1, what=f"the spans {JOURNEY} of trace {trace_id}")
+    assert spans is not None  # wait_for returns the first truthy value
     admission, filtering, binding, allocate = spans
     assert admission.span_id == admission_id
     assert [s.service for s in spans] == [
@@ -105,7 +107,7 @@ async def test_with_tracing_disabled_a_gpu_pod_is_admitted_scheduled_and_allocat
     async with running_gpu_stack(
         devcluster, kube_client, namespace, node_pool, hami_scheduler, gpus=GPUS
     ) as stack:
-        await stack.create(stack.pod_body("untraced", [gpu_container("main", mem=2000, cores=20)]))
+        await stack.create(stack.pod_body("untraced", [container("main", gpu=1, gpumem=2000, gpucores=20)]))
         pod = await stack.served("untraced")
         allocation = await stack.allocation("untraced", "main")
     annotations = pod["metadata"]["annotations"]

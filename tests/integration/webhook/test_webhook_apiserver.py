@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import aiohttp
+import builders
 import pytest
 from stack_support import Webhook, start_webhook, stop_webhook
 from stack_support import register_webhook as register
@@ -39,17 +40,9 @@ API_TIMEOUT_S = 10.0
 GPU_LIMITS = {"nvidia.com/gpumem": "3000", "nvidia.com/priority": "0"}
 
 
-def pod_body(name: str, *, limits: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:
-    container: dict[str, Any] = {"name": "main", "image": "registry.k8s.io/pause:3.10"}
-    if limits:
-        container["resources"] = {"limits": limits}
-    container.update(spec.pop("container", {}))
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {"containers": [container], **spec},
-    }
+def pod_body(name: str, *, limits: dict[str, str] | None = None, **fields: Any) -> dict[str, Any]:
+    """``builders.pod`` of one container limited to ``limits``; ``fields`` as ``builders.pod`` takes them."""
+    return builders.pod(name, builders.container(limits=limits), **fields)
 
 
 @pytest.fixture
@@ -74,7 +67,9 @@ async def refused(api: Any, namespace: str, body: dict[str, Any]) -> tuple[int, 
 
     with pytest.raises(client.ApiException) as info:
         await create(api, namespace, body)
-    message = json.loads(info.value.body)["message"]
+    answer = info.value.body
+    assert answer is not None
+    message = json.loads(answer)["message"]
     return int(info.value.status), str(message)
 
 
@@ -115,7 +110,7 @@ async def test_non_gpu_pod_is_untouched(webhook: Webhook, kube_client: Any, name
 
 
 async def test_privileged_gpu_pod_is_refused(webhook: Webhook, kube_client: Any, namespace: str) -> None:
-    body = pod_body("priv", limits=GPU_LIMITS, container={"securityContext": {"privileged": True}})
+    body = builders.pod("priv", builders.container(limits=GPU_LIMITS, securityContext={"privileged": True}))
     status, message = await refused(kube_client, namespace, body)
     assert status == 403  # our status.code, passed through by the apiserver
     assert "denied the request" in message
@@ -125,7 +120,7 @@ async def test_privileged_gpu_pod_is_refused(webhook: Webhook, kube_client: Any,
 
 async def test_gpu_pod_with_node_name_is_refused(webhook: Webhook, kube_client: Any, namespace: str) -> None:
     status, message = await refused(
-        kube_client, namespace, pod_body("pinned", limits=GPU_LIMITS, nodeName="gpu-7")
+        kube_client, namespace, pod_body("pinned", limits=GPU_LIMITS, node_name="gpu-7")
     )
     assert status == 403  # our status.code, passed through by the apiserver
     assert "spec.nodeName" in message
@@ -143,7 +138,7 @@ async def test_bad_memory_percentage_is_refused(webhook: Webhook, kube_client: A
 async def test_pod_of_another_scheduler_is_left_alone(
     webhook: Webhook, kube_client: Any, namespace: str
 ) -> None:
-    pod = await create(kube_client, namespace, pod_body("other", limits=GPU_LIMITS, schedulerName="volcano"))
+    pod = await create(kube_client, namespace, pod_body("other", limits=GPU_LIMITS, scheduler_name="volcano"))
     assert pod["spec"]["schedulerName"] == "volcano"
     assert "nvidia.com/gpu" not in pod["spec"]["containers"][0]["resources"]["limits"]
 

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -48,7 +49,7 @@ def dockerignored(path: str) -> bool:
     return any(p and not p.startswith("#") and fnmatch.fnmatch(path.rstrip("/"), p) for p in patterns)
 
 
-def workspace_packages() -> dict[str, dict[str, object]]:
+def workspace_packages() -> dict[str, dict[str, Any]]:
     found = {}
     for pyproject in [*ROOT.glob("libs/*/pyproject.toml"), *ROOT.glob("services/*/pyproject.toml")]:
         project = tomllib.loads(pyproject.read_text())["project"]

@@ -12,6 +12,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
+import builders
 import pytest
 
 from hamipy.devcluster.kubelet_admission import (
@@ -302,9 +303,11 @@ def test_a_plugin_dir_too_long_for_unix_sockets_is_refused_up_front() -> None:
     assert KubeletStandIn(Path("/tmp/short")).socket_path == Path("/tmp/short/kubelet.sock")
 
 
-def _pod(uid: str, created: str, **metadata: Any) -> dict[str, Any]:
-    meta = {"uid": uid, "name": uid, "namespace": "ns", "creationTimestamp": created, **metadata}
-    return {"metadata": meta, "spec": {"containers": [{"name": "main"}]}, "status": {"phase": "Pending"}}
+def _pod(uid: str, created: str) -> dict[str, Any]:
+    """A pending pod named ``uid``, created at ``created`` (the order the stand-in admits pods in)."""
+    pod = builders.pod(uid, builders.container(), namespace="ns", uid=uid, phase="Pending")
+    pod["metadata"]["creationTimestamp"] = created
+    return pod
 
 
 async def _applied(standin: KubeletStandIn, feed: _PodFeed) -> None:

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import builders
 import grpc
 
 from hamipy.device_plugin.devices import Gpu
@@ -31,7 +32,7 @@ class FakeKube:
     replays ``events``: an event, ``None`` (the server ends the watch) or an exception (raised)."""
 
     def __init__(self, pods: Sequence[dict[str, Any]] = (), *, node: str = NODE) -> None:
-        self.node: dict[str, Any] = {"metadata": {"name": node, "resourceVersion": "1", "annotations": {}}}
+        self.node = builders.node(node, resource_version="1", annotations={})
         self.pods = {p["metadata"]["uid"]: copy.deepcopy(p) for p in pods}
         self.version = 10
         self.conflicts = 0

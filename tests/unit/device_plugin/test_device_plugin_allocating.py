@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import builders
+
 from hamipy.device_plugin.allocating import choose, pending_pods
 from hamipy.protocol import ContainerDevice, decode_pod_devices, keys
 
@@ -22,17 +24,17 @@ def pod(
     containers: tuple[str, ...] = ("main",),
     node: str = NODE,
 ) -> dict[str, Any]:
-    annotations = {keys.BIND_PHASE: phase, keys.BIND_TIME: str(bind_time), keys.VGPU_NODE: node}
-    if to_allocate is not None:
-        annotations[keys.DEVICES_TO_ALLOCATE] = to_allocate
-    return {
-        "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}", "annotations": annotations},
-        "spec": {
-            "nodeName": node,
-            "initContainers": [{"name": c} for c in init],
-            "containers": [{"name": c, "env": [{"name": "X", "value": "1"}]} for c in containers],
-        },
-    }
+    """A pod the extender bound to ``node``: its ``to_allocate`` devices (``None``: no annotation),
+    bind phase and time; every app container has the env ``X=1``."""
+    return builders.pod(
+        name,
+        *(builders.container(c, env={"X": "1"}) for c in containers),
+        init=[builders.container(c) for c in init],
+        namespace="ns",
+        uid=f"uid-{name}",
+        annotations=builders.allocation(to_allocate=to_allocate, node=node, phase=phase, bind_time=bind_time),
+        node_name=node,
+    )
 
 
 def test_oldest_bind_is_served_first() -> None:

@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import builders
 import pytest
 from plugin_fakes import NODE, FakeKube
 
@@ -31,21 +32,19 @@ def fake_api(pods: list[dict[str, Any]], *, lock_owner: str | None = None) -> Fa
 
 
 def pod(name: str, to_allocate: str, *, bind_time: int = 1) -> dict[str, Any]:
-    return {
-        "metadata": {
-            "name": name,
-            "namespace": "ns",
-            "uid": f"uid-{name}",
-            "resourceVersion": "5",
-            "annotations": {
-                keys.BIND_PHASE: "allocating",
-                keys.BIND_TIME: str(bind_time),
-                keys.DEVICES_TO_ALLOCATE: to_allocate,
-                keys.DEVICES_ALLOCATED: to_allocate,
-            },
-        },
-        "spec": {"nodeName": NODE, "containers": [{"name": "main"}, {"name": "second"}]},
-    }
+    """A pod bound to NODE, its two containers' devices ``to_allocate`` (and allocated) still to serve."""
+    return builders.pod(
+        name,
+        builders.container("main"),
+        builders.container("second"),
+        namespace="ns",
+        uid=f"uid-{name}",
+        resource_version="5",
+        annotations=builders.allocation(
+            allocated=to_allocate, to_allocate=to_allocate, phase="allocating", bind_time=bind_time
+        ),
+        node_name=NODE,
+    )
 
 
 async def make(
@@ -68,7 +67,7 @@ async def make(
     return allocator, telemetry
 
 
-def annotations(api: FakeKube, name: str) -> dict[str, str]:
+def annotations_of(api: FakeKube, name: str) -> dict[str, str]:
     result: dict[str, str] = api.pods[f"uid-{name}"]["metadata"]["annotations"]
     return result
 
@@ -80,13 +79,13 @@ async def test_two_containers_are_served_in_order_then_the_pod_succeeds(tmp_path
     assert first.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-A"
     assert first.envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"] == f"{tmp_path}/vgpu/c0ffee.cache"
     assert (tmp_path / "vgpu" / "containers" / "uid-p_main").is_dir()
-    assert annotations(api, "p")[keys.BIND_PHASE] == "allocating"
+    assert annotations_of(api, "p")[keys.BIND_PHASE] == "allocating"
     assert keys.NODE_LOCK in api.node["metadata"]["annotations"], "the lock stays until the pod is served"
     (second,) = await allocator.allocate([1])
     assert second.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-B"
     assert second.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "2000m"
-    assert annotations(api, "p")[keys.BIND_PHASE] == "success"
-    assert annotations(api, "p")[keys.DEVICES_TO_ALLOCATE] == ";;"
+    assert annotations_of(api, "p")[keys.BIND_PHASE] == "success"
+    assert annotations_of(api, "p")[keys.DEVICES_TO_ALLOCATE] == ";;"
     assert keys.NODE_LOCK not in api.node["metadata"]["annotations"]
     assert api.lists == 0, "served from the cache"
 
@@ -95,7 +94,7 @@ async def test_another_pods_lock_is_left_alone(tmp_path: Path) -> None:
     api = fake_api([pod("p", "GPU-A,NVIDIA,1000,10:;;")], lock_owner="someone-else")
     allocator, _ = await make(api, tmp_path)
     await allocator.allocate([1])
-    assert annotations(api, "p")[keys.BIND_PHASE] == "success"
+    assert annotations_of(api, "p")[keys.BIND_PHASE] == "success"
     assert keys.NODE_LOCK in api.node["metadata"]["annotations"]
 
 
@@ -124,7 +123,7 @@ async def test_no_waiting_pod_is_a_clear_error(tmp_path: Path) -> None:
         "hamipy_device_plugin_allocations_total", {"result": "failed", "reason": "NoPendingPod"}
     )
     assert samples == 1
-    assert annotations(api, "p")[keys.BIND_PHASE] == "allocating", "a pod that did not match is untouched"
+    assert annotations_of(api, "p")[keys.BIND_PHASE] == "allocating", "a pod that did not match is untouched"
 
 
 async def test_malformed_pod_is_marked_failed_and_its_lock_released(tmp_path: Path) -> None:
@@ -132,7 +131,7 @@ async def test_malformed_pod_is_marked_failed_and_its_lock_released(tmp_path: Pa
     allocator, _ = await make(api, tmp_path)
     with pytest.raises(AllocateError):
         await allocator.allocate([1])
-    assert annotations(api, "bad")[keys.BIND_PHASE] == "failed"
+    assert annotations_of(api, "bad")[keys.BIND_PHASE] == "failed"
     assert keys.NODE_LOCK not in api.node["metadata"]["annotations"]
 
 
@@ -142,7 +141,7 @@ async def test_an_unbuildable_allocation_fails_the_pod(tmp_path: Path) -> None:
     allocator, _ = await make(api, tmp_path)
     with pytest.raises(AllocateError, match="zero"):
         await allocator.allocate([1])
-    assert annotations(api, "zero")[keys.BIND_PHASE] == "failed"
+    assert annotations_of(api, "zero")[keys.BIND_PHASE] == "failed"
 
 
 async def test_an_api_error_fails_the_allocate_and_the_pod_with_its_cause(tmp_path: Path) -> None:
@@ -151,7 +150,7 @@ async def test_an_api_error_fails_the_allocate_and_the_pod_with_its_cause(tmp_pa
     allocator, _ = await make(api, tmp_path)
     with pytest.raises(AllocateError, match="pod ns/p: PATCH pod: HTTP 500: etcd is busy"):
         await allocator.allocate([1])
-    assert annotations(api, "p")[keys.BIND_PHASE] == "failed"
+    assert annotations_of(api, "p")[keys.BIND_PHASE] == "failed"
     assert keys.NODE_LOCK not in api.node["metadata"]["annotations"]
 
 
@@ -161,6 +160,6 @@ async def test_a_lock_every_release_loses_is_left_to_expire(tmp_path: Path) -> N
     log = io.StringIO()
     allocator, _ = await make(api, tmp_path, log=log)
     await allocator.allocate([1])
-    assert annotations(api, "p")[keys.BIND_PHASE] == "success"
+    assert annotations_of(api, "p")[keys.BIND_PHASE] == "success"
     assert keys.NODE_LOCK in api.node["metadata"]["annotations"]
     assert "node lock not released" in log.getvalue()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 from typing import Any
 
+import builders
 from plugin_fakes import NODE, FakeKube
 
 from hamipy.device_plugin.kube import node_pods_informer
@@ -15,18 +16,15 @@ from hamipy.telemetry import make_logger
 
 
 def pod(uid: str, version: int, phase: str = "allocating", *, bind_time: int | None = None) -> dict[str, Any]:
-    annotations = {"phase": phase}
-    if bind_time is not None:
-        annotations["hami.io/bind-time"] = str(bind_time)
-    return {
-        "metadata": {
-            "uid": uid,
-            "name": uid,
-            "namespace": "ns",
-            "resourceVersion": str(version),
-            "annotations": annotations,
-        }
-    }
+    """Version ``version`` of pod ``uid``, told apart from its other versions by its bind ``phase``."""
+    return builders.pod(
+        uid,
+        builders.container(),
+        namespace="ns",
+        uid=uid,
+        resource_version=str(version),
+        annotations=builders.allocation(phase=phase, bind_time=bind_time),
+    )
 
 
 def cache(api: FakeKube | None = None) -> PodCache:

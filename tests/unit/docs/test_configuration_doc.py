@@ -5,10 +5,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from pydantic import BaseModel
+
 from hamipy.protocol.config import Config, FilterDevices, NodeConfig, NvidiaConfig
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "configuration.md"
-SECTIONS = {
+SECTIONS: dict[str, type[BaseModel]] = {
     "": Config,
     "nvidia.": NvidiaConfig,
     "nodeConfigs[].": NodeConfig,

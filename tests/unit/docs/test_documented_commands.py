@@ -37,7 +37,7 @@ def fenced_blocks(text: str) -> Iterator[tuple[str, list[str]]]:
         fence = _FENCE.match(line.strip())
         if fence and language is None:
             language, lines = fence.group(1), []
-        elif fence:
+        elif fence and language is not None:
             yield language, lines
             language = None
         elif language is not None:

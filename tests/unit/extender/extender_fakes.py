@@ -1,4 +1,5 @@
-"""Builders for Node/Pod JSON and an in-memory API server for the extender's unit tests."""
+"""The extender's unit tests' pods and nodes (``builders``' as an API server stores them) and an
+in-memory API server."""
 
 from __future__ import annotations
 
@@ -8,51 +9,20 @@ import itertools
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+import builders
+from builders import container, gpu
+
 from hamipy.kube.errors import Conflict, KubeError, NotFound
-from hamipy.protocol import keys
 from hamipy.protocol.devices import DeviceInfo
-from hamipy.protocol.node_devices import encode_node_devices
-
-GPU_TYPE = "NVIDIA-Tesla V100-PCIE-32GB"
-
-
-def gpu(
-    uuid: str,
-    index: int = 0,
-    *,
-    count: int = 10,
-    mem: int = 32768,
-    core: int = 100,
-    type_: str = GPU_TYPE,
-    numa: int = 0,
-    health: bool = True,
-    mode: str = "hami-core",
-) -> DeviceInfo:
-    return DeviceInfo(uuid, index, count, mem, core, type_, numa, mode, health)
 
 
 def node(
     name: str, devices: Sequence[DeviceInfo] | None = None, *, annotations: dict[str, str] | None = None
 ) -> dict[str, Any]:
+    """``builders.node`` as ``FakeKube`` stores it (uid ``uid-<name>``, resourceVersion 1), with two
+    GPUs unless ``devices`` says otherwise."""
     devices = devices if devices is not None else [gpu(f"GPU-{name}-{i}", i) for i in range(2)]
-    ann = {keys.NODE_REGISTER: encode_node_devices(devices), **(annotations or {})}
-    return {
-        "metadata": {"name": name, "uid": f"uid-{name}", "annotations": ann, "resourceVersion": "1"},
-        "status": {"allocatable": {keys.RESOURCE_COUNT: str(len(devices) * 10)}},
-    }
-
-
-def container(name: str = "main", **limits: str) -> dict[str, Any]:
-    names = {
-        "gpu": keys.RESOURCE_COUNT,
-        "mem": keys.RESOURCE_MEMORY,
-        "pct": keys.RESOURCE_MEMORY_PERCENTAGE,
-        "cores": keys.RESOURCE_CORES,
-    }
-    out: dict[str, Any] = {"name": name, "image": "pause"}
-    if limits:
-        out["resources"] = {"limits": {names[k]: v for k, v in limits.items()}}
-    return out
+    return builders.node(name, devices, uid=f"uid-{name}", resource_version="1", annotations=annotations)
 
 
 def pod(
@@ -64,22 +34,19 @@ def pod(
     node_name: str | None = None,
     phase: str = "Pending",
 ) -> dict[str, Any]:
-    spec: dict[str, Any] = {"containers": list(containers) or [container(gpu="1", mem="1000")]}
-    if init:
-        spec["initContainers"] = list(init)
-    if node_name:
-        spec["nodeName"] = node_name
-    return {
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "uid": f"uid-{namespace}-{name}",
-            "annotations": dict(annotations or {}),
-            "resourceVersion": "1",
-        },
-        "spec": spec,
-        "status": {"phase": phase},
-    }
+    """``builders.pod`` as ``FakeKube`` stores it (uid ``uid-<namespace>-<name>``, resourceVersion 1,
+    ``phase``), with one container asking for a GPU and 1000 MiB unless ``containers`` are given."""
+    return builders.pod(
+        name,
+        *(containers or [container(gpu=1, gpumem=1000)]),
+        init=init,
+        namespace=namespace,
+        uid=f"uid-{namespace}-{name}",
+        resource_version="1",
+        annotations=annotations or {},
+        node_name=node_name,
+        phase=phase,
+    )
 
 
 def _merge(target: dict[str, Any], patch: dict[str, Any]) -> None:
@@ -168,8 +135,8 @@ class FakeKube:
                 want = q["fieldSelector"].split("=", 1)[1]
                 items = [p for p in items if p["spec"].get("nodeName") == want]
             if "labelSelector" in q:
-                key, want = q["labelSelector"].split("=", 1)
-                items = [p for p in items if (p["metadata"].get("labels") or {}).get(key) == want]
+                label, want = q["labelSelector"].split("=", 1)
+                items = [p for p in items if (p["metadata"].get("labels") or {}).get(label) == want]
             return {"items": copy.deepcopy(items), "metadata": {"resourceVersion": "1"}}
         if parts[:3] == ["api", "v1", "namespaces"] and parts[4] == "events":
             return self._event(method, parts[3], parts[5] if len(parts) == 6 else "", body, path)

@@ -10,13 +10,14 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from extender_fakes import FakeKube, container, gpu, node, pod
+from builders import container, gpu
+from extender_fakes import FakeKube, node, pod
 
 from hamipy.devcluster.waiting import wait_for
 from hamipy.extender.binding import Binder
 from hamipy.extender.errors import BindRefused, LockTimeout
 from hamipy.extender.invariant import check_cluster
-from hamipy.extender.model import ClusterModel
+from hamipy.extender.model import ClusterModel, PodUid
 from hamipy.extender.scheduler import Scheduler
 from hamipy.extender.settings import ExtenderSettings
 from hamipy.extender.telemetry import Telemetry
@@ -66,7 +67,7 @@ def bind_args(p: dict[str, Any], node_name: str = "n") -> dict[str, str]:
 
 async def test_bind_writes_annotations_label_binding_and_releases_lock() -> None:
     r = rig()
-    p = pod("p", container(gpu="1", mem="1000", cores="20"))
+    p = pod("p", container(gpu=1, gpumem=1000, gpucores=20))
     r.kube.add_pod(p)
     result = r.scheduler.filter({"Pod": p, "NodeNames": ["n"]})
     assert result["NodeNames"] == ["n"]
@@ -80,7 +81,7 @@ async def test_bind_writes_annotations_label_binding_and_releases_lock() -> None
     assert stored["metadata"]["labels"][keys.VGPU_NODE_LABEL] == "n"
     assert stored["spec"]["nodeName"] == "n"
     assert keys.NODE_LOCK not in r.kube.nodes["n"]["metadata"]["annotations"]
-    assert r.model.contributions["uid-ns-p"].source == "allocated"
+    assert r.model.contributions[PodUid("uid-ns-p")].source == "allocated"
 
 
 async def test_hami_compatible_mode_leaves_the_lock_for_the_device_plugin() -> None:
@@ -97,7 +98,7 @@ async def test_bind_rechecks_fresh_state_and_replans() -> None:
     p = pod("p")
     r.kube.add_pod(p)
     r.scheduler.filter({"Pod": p, "NodeNames": ["n"]})
-    chosen = r.model.contributions["uid-ns-p"].devices[0][0].uuid
+    chosen = r.model.contributions[PodUid("uid-ns-p")].devices[0][0].uuid
     other = "B" if chosen == "A" else "A"
     # Another replica bound a pod onto the chosen GPU meanwhile: this model has not seen it.
     r.kube.add_pod(
@@ -264,7 +265,7 @@ async def test_session_rereads_fresh_state_when_the_node_changed() -> None:
     for p in pods:
         r.kube.add_pod(p)
     request = r.kube.request
-    changed = []
+    changed: list[str] = []
 
     async def heartbeat_after_first_binding(method: str, path: str, **kwargs: Any) -> Any:
         result = await request(method, path, **kwargs)
@@ -287,7 +288,7 @@ async def test_session_whose_lock_was_broken_takes_the_full_path() -> None:
     for p in pods:
         r.kube.add_pod(p)
     request = r.kube.request
-    stolen = []
+    stolen: list[str] = []
 
     async def broken_after_first_binding(method: str, path: str, **kwargs: Any) -> Any:
         result = await request(method, path, **kwargs)

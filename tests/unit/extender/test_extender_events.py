@@ -7,7 +7,8 @@ import io
 from typing import Any
 
 import pytest
-from extender_fakes import gpu, node, pod
+from builders import gpu
+from extender_fakes import node, pod
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 

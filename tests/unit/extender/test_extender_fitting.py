@@ -6,7 +6,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
-from extender_fakes import container, gpu, node, pod
+from builders import container, gpu
+from extender_fakes import node, pod
 
 from hamipy.extender.filtering import build_ask, decide, summarize
 from hamipy.extender.fitting import NodeReasons, fit_pod
@@ -14,6 +15,7 @@ from hamipy.extender.model import ClusterModel, NodeName, PodUid
 from hamipy.extender.scoring import prioritize_score
 from hamipy.protocol import keys
 from hamipy.protocol.config import Config
+from hamipy.protocol.devices import DeviceInfo
 from hamipy.protocol.pod_devices import encode_pod_devices
 
 CONFIG = Config()
@@ -43,58 +45,62 @@ def texts(reasons: Mapping[str, NodeReasons]) -> dict[str, str]:
 
 
 @pytest.mark.parametrize(
-    ("device", "limits", "annotations", "reason"),
+    ("device", "asking", "annotations", "reason"),
     [
-        pytest.param(gpu("G", health=False), {"gpu": "1", "mem": "10"}, {}, "CardNotHealth", id="unhealthy"),
         pytest.param(
-            gpu("G", mem=100), {"gpu": "1", "mem": "200"}, {}, "CardInsufficientMemory", id="memory"
+            gpu("G", health=False), container(gpu=1, gpumem=10), {}, "CardNotHealth", id="unhealthy"
         ),
         pytest.param(
-            gpu("G", count=0), {"gpu": "1", "mem": "10"}, {}, "CardTimeSlicingExhausted", id="slots"
+            gpu("G", mem=100), container(gpu=1, gpumem=200), {}, "CardInsufficientMemory", id="memory"
         ),
-        pytest.param(gpu("G", core=50), {"gpu": "1", "cores": "60"}, {}, "CardInsufficientCore", id="cores"),
+        pytest.param(
+            gpu("G", count=0), container(gpu=1, gpumem=10), {}, "CardTimeSlicingExhausted", id="slots"
+        ),
+        pytest.param(
+            gpu("G", core=50), container(gpu=1, gpucores=60), {}, "CardInsufficientCore", id="cores"
+        ),
         pytest.param(
             gpu("G"),
-            {"gpu": "1", "mem": "10"},
+            container(gpu=1, gpumem=10),
             {keys.USE_GPU_TYPE: "A100"},
             "CardTypeMismatch",
             id="use-type",
         ),
         pytest.param(
             gpu("G"),
-            {"gpu": "1", "mem": "10"},
+            container(gpu=1, gpumem=10),
             {keys.NOUSE_GPU_TYPE: "v100"},
             "CardTypeMismatch",
             id="nouse-type",
         ),
         pytest.param(
             gpu("G"),
-            {"gpu": "1", "mem": "10"},
+            container(gpu=1, gpumem=10),
             {keys.USE_GPU_UUID: "GPU-X"},
             "CardUuidMismatch",
             id="use-uuid",
         ),
         pytest.param(
-            gpu("G"), {"gpu": "1", "mem": "10"}, {keys.NOUSE_GPU_UUID: "G"}, "CardUuidMismatch", id="nouse"
+            gpu("G"), container(gpu=1, gpumem=10), {keys.NOUSE_GPU_UUID: "G"}, "CardUuidMismatch", id="nouse"
         ),
         pytest.param(
-            gpu("G"), {"gpu": "1", "mem": "10"}, {keys.VGPU_MODE: "mig"}, "CardTypeMismatch", id="mode"
+            gpu("G"), container(gpu=1, gpumem=10), {keys.VGPU_MODE: "mig"}, "CardTypeMismatch", id="mode"
         ),
-        pytest.param(gpu("G"), {"gpu": "2", "mem": "10"}, {}, "NodeInsufficientDevice", id="too-many-gpus"),
+        pytest.param(gpu("G"), container(gpu=2, gpumem=10), {}, "NodeInsufficientDevice", id="too-many-gpus"),
     ],
 )
 def test_single_gpu_rule_refuses_with_hami_reason(
-    device: Any, limits: dict[str, str], annotations: dict[str, str], reason: str
+    device: DeviceInfo, asking: dict[str, Any], annotations: dict[str, str], reason: str
 ) -> None:
     model = model_with(node("n", [device]))
-    result = fit(model, "n", pod("p", container(**limits), annotations=annotations))
+    result = fit(model, "n", pod("p", asking, annotations=annotations))
     assert not result.ok
     assert reason in result.why().text()
 
 
 def test_cordoned_gpu_is_skipped() -> None:
     model = model_with(node("n", [gpu("A", 0), gpu("B", 1)], annotations={keys.DEVICE_CORDON: "A"}))
-    result = fit(model, "n", pod("p", container(gpu="2", mem="10")))
+    result = fit(model, "n", pod("p", container(gpu=2, gpumem=10)))
     assert not result.ok
     assert "1/2 CardCordoned" in result.why().text()
     assert "1/2 AllocatedCardsInsufficientRequest" in result.why().text()
@@ -102,13 +108,13 @@ def test_cordoned_gpu_is_skipped() -> None:
 
 def test_type_selector_picks_matching_gpu() -> None:
     model = model_with(node("n", [gpu("A", 0, type_="NVIDIA-A100"), gpu("B", 1, type_="NVIDIA-T4")]))
-    result = fit(model, "n", pod("p", container(gpu="1", mem="10"), annotations={keys.USE_GPU_TYPE: "t4"}))
+    result = fit(model, "n", pod("p", container(gpu=1, gpumem=10), annotations={keys.USE_GPU_TYPE: "t4"}))
     assert uuids(result.devices) == [["B"]]
 
 
 def test_uuid_selector_picks_named_gpu() -> None:
     model = model_with(node("n", [gpu("A", 0), gpu("B", 1), gpu("C", 2)]))
-    result = fit(model, "n", pod("p", container(gpu="1", mem="10"), annotations={keys.USE_GPU_UUID: "C"}))
+    result = fit(model, "n", pod("p", container(gpu=1, gpumem=10), annotations={keys.USE_GPU_UUID: "C"}))
     assert uuids(result.devices) == [["C"]]
 
 
@@ -119,53 +125,56 @@ def allocated(name: str, node_name: str, value: str, **kw: Any) -> dict[str, Any
 def test_exclusive_cores_refused_on_used_gpu_and_block_others() -> None:
     model = model_with(node("n", [gpu("A", 0)]))
     model.apply_pod("ADDED", allocated("a", "n", "A,NVIDIA,100,0:;"))
-    result = fit(model, "n", pod("p", container(gpu="1", mem="10", cores="100")))
+    result = fit(model, "n", pod("p", container(gpu=1, gpumem=10, gpucores=100)))
     assert "ExclusiveDeviceAllocateConflict" in result.why().text()
     model2 = model_with(node("n", [gpu("A", 0)]))
     model2.apply_pod("ADDED", allocated("x", "n", "A,NVIDIA,100,100:;"))
-    zero = fit(model2, "n", pod("p", container(gpu="1", mem="10")))
+    zero = fit(model2, "n", pod("p", container(gpu=1, gpumem=10)))
     assert "CardInsufficientCore" not in zero.why().text()
     assert "CardComputeUnitsExhausted" in zero.why().text()
 
 
 def test_memory_percentage_is_resolved_per_gpu() -> None:
     model = model_with(node("n", [gpu("A", 0, mem=10000)]))
-    result = fit(model, "n", pod("p", container(gpu="1", pct="30")))
+    result = fit(model, "n", pod("p", container(gpu=1, gpumem_percentage=30)))
     assert result.devices[0][0].usedmem == 3000
     model.apply_pod("ADDED", allocated("a", "n", "A,NVIDIA,8000,0:;"))
-    assert "CardInsufficientMemory" in fit(model, "n", pod("p", container(gpu="1", pct="30"))).why().text()
+    assert (
+        "CardInsufficientMemory"
+        in fit(model, "n", pod("p", container(gpu=1, gpumem_percentage=30))).why().text()
+    )
 
 
 def test_no_memory_asked_takes_whole_gpu() -> None:
     model = model_with(node("n", [gpu("A", 0, mem=10000)]))
-    result = fit(model, "n", pod("p", container(gpu="1")))
+    result = fit(model, "n", pod("p", container(gpu=1)))
     assert result.devices[0][0].usedmem == 10000
 
 
 def test_two_gpus_in_one_container_are_distinct() -> None:
     model = model_with(node("n", [gpu("A", 0), gpu("B", 1), gpu("C", 2)]))
-    result = fit(model, "n", pod("p", container(gpu="2", mem="100")))
+    result = fit(model, "n", pod("p", container(gpu=2, gpumem=100)))
     assert len(set(uuids(result.devices)[0])) == 2
 
 
 def test_numa_bind_keeps_a_container_on_one_numa_node() -> None:
     devices = [gpu("A", 0, numa=0), gpu("B", 1, numa=1), gpu("C", 2, numa=1)]
     model = model_with(node("n", devices))
-    bound = fit(model, "n", pod("p", container(gpu="2", mem="10"), annotations={keys.NUMA_BIND: "true"}))
+    bound = fit(model, "n", pod("p", container(gpu=2, gpumem=10), annotations={keys.NUMA_BIND: "true"}))
     assert sorted(uuids(bound.devices)[0]) == ["B", "C"]
-    three = fit(model, "n", pod("p", container(gpu="3", mem="10"), annotations={keys.NUMA_BIND: "true"}))
+    three = fit(model, "n", pod("p", container(gpu=3, gpumem=10), annotations={keys.NUMA_BIND: "true"}))
     assert "NumaNotFit" in three.why().text()
 
 
 def test_containers_add_up_and_init_containers_count_by_peak() -> None:
     model = model_with(node("n", [gpu("A", 0, mem=10000)]))
-    two = pod("p", container("a", gpu="1", mem="6000"), container("b", gpu="1", mem="6000"))
+    two = pod("p", container("a", gpu=1, gpumem=6000), container("b", gpu=1, gpumem=6000))
     assert "CardInsufficientMemory" in fit(model, "n", two).why().text()
     with_init = pod(
         "p",
-        container("a", gpu="1", mem="5000"),
-        container("b", gpu="1", mem="5000"),
-        init=[container("i", gpu="1", mem="9000"), container("plain")],
+        container("a", gpu=1, gpumem=5000),
+        container("b", gpu=1, gpumem=5000),
+        init=[container("i", gpu=1, gpumem=9000), container("plain")],
     )
     result = fit(model, "n", with_init)
     assert [len(s) for s in result.devices] == [1, 0, 1, 1]
@@ -176,7 +185,7 @@ def test_containers_add_up_and_init_containers_count_by_peak() -> None:
             "q",
             "n",
             encode_pod_devices(result.devices),
-            init=[container("i", gpu="1"), container("plain")],
+            init=[container("i", gpu=1), container("plain")],
         ),
     )
     assert model.nodes["n"].gpus[0].used_mem == 10000
@@ -188,8 +197,8 @@ def test_containers_add_up_and_init_containers_count_by_peak() -> None:
 def test_gpu_policy_binpack_vs_spread() -> None:
     model = model_with(node("n", [gpu("A", 0), gpu("B", 1)]))
     model.apply_pod("ADDED", allocated("a", "n", "B,NVIDIA,1000,0:;"))
-    spread = pod("p", container(gpu="1", mem="100"), annotations={keys.GPU_SCHEDULER_POLICY: "spread"})
-    binpack = pod("p", container(gpu="1", mem="100"), annotations={keys.GPU_SCHEDULER_POLICY: "binpack"})
+    spread = pod("p", container(gpu=1, gpumem=100), annotations={keys.GPU_SCHEDULER_POLICY: "spread"})
+    binpack = pod("p", container(gpu=1, gpumem=100), annotations={keys.GPU_SCHEDULER_POLICY: "binpack"})
     assert uuids(fit(model, "n", spread).devices) == [["A"]]
     assert uuids(fit(model, "n", binpack).devices) == [["B"]]
 
@@ -198,7 +207,7 @@ def test_gpu_policy_binpack_vs_spread() -> None:
 def test_node_policy_binpack_vs_spread(policy: str, expected: str) -> None:
     model = model_with(node("busy"), node("idle"))
     model.apply_pod("ADDED", allocated("a", "busy", "GPU-busy-0,NVIDIA,1000,10:;"))
-    p = pod("p", container(gpu="1", mem="100"), annotations={keys.NODE_SCHEDULER_POLICY: policy})
+    p = pod("p", container(gpu=1, gpumem=100), annotations={keys.NODE_SCHEDULER_POLICY: policy})
     decision = decide(model, build_ask(p, CONFIG), ["busy", "idle"], now=NOW)
     assert decision.node == expected
 
@@ -223,6 +232,7 @@ def test_reservation_is_seen_by_the_next_filter() -> None:
     ask = build_ask(pod("p"), CONFIG)
     first = decide(model, ask, ["n"], now=NOW)
     assert first.node == "n"
+    assert first.devices is not None
     model.reserve(
         uid=PodUid("u1"),
         namespace="ns",
@@ -241,7 +251,7 @@ def test_reservation_is_seen_by_the_next_filter() -> None:
 
 def test_reasons_counted_per_cause_and_unresolvable_nodes() -> None:
     model = model_with(node("small", [gpu("A", 0, mem=100)]), node("one", [gpu("B", 0)]))
-    ask = build_ask(pod("p", container(gpu="2", mem="1000")), CONFIG)
+    ask = build_ask(pod("p", container(gpu=2, gpumem=1000)), CONFIG)
     decision = decide(model, ask, ["small", "one", "ghost"], now=NOW)
     assert decision.node is None
     assert decision.unresolvable == {
@@ -330,4 +340,4 @@ def test_dead_node_by_handshake_rule() -> None:
 def test_pod_without_gpu_ask_and_malformed_ask() -> None:
     assert not build_ask(pod("p", container()), CONFIG).requests.any
     with pytest.raises(ValueError, match="gpumem"):
-        build_ask(pod("p", container(gpu="1", mem="0.5")), CONFIG)
+        build_ask(pod("p", container(gpu=1, gpumem="0.5")), CONFIG)

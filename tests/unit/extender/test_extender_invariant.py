@@ -3,7 +3,8 @@ registers, and an unreadable annotation is a violation rather than a pass."""
 
 from __future__ import annotations
 
-from extender_fakes import FakeKube, gpu, node, pod
+from builders import gpu
+from extender_fakes import FakeKube, node, pod
 
 from hamipy.extender.invariant import check_cluster, check_objects
 from hamipy.protocol import keys

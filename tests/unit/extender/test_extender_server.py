@@ -10,7 +10,8 @@ from typing import Any
 
 import aiohttp
 import pytest
-from extender_fakes import FakeKube, container, gpu, node, pod
+from builders import container, gpu
+from extender_fakes import FakeKube, node, pod
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -101,7 +102,7 @@ async def test_bad_filter_requests_get_400_with_reason(server: Any, body: Any) -
 async def test_filter_chooses_reserves_and_traces(server: Any) -> None:
     srv, exporter = server
     srv.model.replace_nodes([node("a"), node("b")])
-    p = pod("p", container(gpu="1", mem="1000"), annotations={keys.TRACE_CONTEXT: TRACEPARENT})
+    p = pod("p", container(gpu=1, gpumem=1000), annotations={keys.TRACE_CONTEXT: TRACEPARENT})
     status, answer = await post(srv, "/filter", {"Pod": p, "NodeNames": ["a", "b"]})
     assert status == 200
     assert answer["NodeNames"] in (["a"], ["b"])

@@ -13,7 +13,8 @@ from typing import Any
 
 import aiohttp
 import pytest
-from extender_fakes import FakeKube, gpu, node, pod
+from builders import gpu
+from extender_fakes import FakeKube, node, pod
 
 import hamipy.extender.cli as cli
 from hamipy.devcluster import wait_for
@@ -21,6 +22,7 @@ from hamipy.extender.errors import ExtenderError
 from hamipy.extender.server import ExtenderServer
 from hamipy.extender.settings import ExtenderSettings
 from hamipy.extender.telemetry import Telemetry
+from hamipy.kube.options import EXIT_FAILED
 from hamipy.protocol.config import Config
 
 PODS = "/api/v1/pods"
@@ -103,7 +105,7 @@ async def test_wait_synced_reports_a_task_that_died() -> None:
 async def test_serve_exits_1_when_a_background_task_dies() -> None:
     log = io.StringIO()
     srv = extender(broken_pod_watch(), log)
-    assert await asyncio.wait_for(cli.serve(srv), timeout=10) == cli.EXIT_FAILED
+    assert await asyncio.wait_for(cli.serve(srv), timeout=10) == EXIT_FAILED
     events = [(line["event"], line.get("task")) for line in log_lines(log)]
     assert ("background task died; the service stops", "extender-watch-pods") in events
     assert ("stopping: a background task died", None) in events

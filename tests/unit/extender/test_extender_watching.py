@@ -11,7 +11,8 @@ from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 
 import pytest
-from extender_fakes import FakeKube, gone, gpu, node, pod, watch_event
+from builders import gpu
+from extender_fakes import FakeKube, gone, node, pod, watch_event
 
 from hamipy.devcluster import wait_for
 from hamipy.extender.model import ClusterModel, NodeName, PodUid
@@ -110,7 +111,7 @@ async def test_a_relist_forgets_pods_deleted_while_not_watching_and_keeps_the_ot
     kube.add_pod(running("kept", "A", 1000))
     kube.add_pod(running("deleted", "A", 3000))
     resumed = asyncio.Event()
-    kube.streams[PODS] = [[resumed, interruption]]  # type: ignore[list-item]
+    kube.streams[PODS] = [[resumed, interruption]]
     r = Rig(kube)
     async with watching(r.informers):
         await until(lambda: r.model.synced, "listed")

@@ -1,5 +1,5 @@
-"""Builders for pod JSON and region directories, and fakes of the API and NVML, for the monitor's
-unit tests."""
+"""The monitor's unit tests' pods (``builders.pod`` as on their node) and region files, and fakes of
+the API and NVML."""
 
 from __future__ import annotations
 
@@ -11,13 +11,14 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import builders
+
 from hamipy.kube.errors import KubeError
 from hamipy.monitor.host_gpus import HostGpuSample
 from hamipy.monitor.telemetry import Telemetry
 from hamipy.protocol import keys
 from hamipy.protocol.allocation_env import region_host_dir
 from hamipy.protocol.devices import ContainerDevice
-from hamipy.protocol.pod_devices import encode_pod_devices
 from hamipy.protocol.region import MemoryUsage, ProcessUsage, build_region
 
 MIB = 1 << 20
@@ -42,28 +43,25 @@ def pod_json(
     terminated: Sequence[str] = (),
     resource_version: str = "1",
 ) -> dict[str, Any]:
-    """A pod; ``slots`` (init containers first) become its ``vgpu-devices-allocated`` annotation."""
-    annotations = {}
-    if slots is not None:
-        annotations[keys.DEVICES_ALLOCATED] = encode_pod_devices(slots)
-    if annotation is not None:
-        annotations[keys.DEVICES_ALLOCATED] = annotation
-    statuses = [{"name": c, "state": {"terminated": {"exitCode": 0}}} for c in terminated]
-    return {
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "uid": uid or f"uid-{name}",
-            "resourceVersion": resource_version,
-            "annotations": annotations,
-        },
-        "spec": {
-            "nodeName": "gpu-node",
-            "initContainers": [{"name": c} for c in init],
-            "containers": [{"name": c} for c in containers],
-        },
-        "status": {"phase": phase, "containerStatuses": statuses, "initContainerStatuses": []},
-    }
+    """``builders.pod`` as the monitor's node sees it: on ``gpu-node``, uid ``uid-<name>``, with the
+    ``vgpu-devices-allocated`` annotation from ``slots`` (init containers first) or as written in
+    ``annotation``, and the ``terminated`` containers' statuses."""
+    pod = builders.pod(
+        name,
+        *(builders.container(c) for c in containers),
+        init=[builders.container(c) for c in init],
+        namespace=namespace,
+        uid=uid or f"uid-{name}",
+        resource_version=resource_version,
+        annotations=builders.allocation(allocated=annotation if annotation is not None else slots),
+        node_name="gpu-node",
+        phase=phase,
+    )
+    pod["status"]["containerStatuses"] = [
+        {"name": c, "state": {"terminated": {"exitCode": 0}}} for c in terminated
+    ]
+    pod["status"]["initContainerStatuses"] = []
+    return pod
 
 
 def process(slot: int, used: Sequence[int], *, sm: Sequence[int] = (), status: int = 1) -> ProcessUsage:

@@ -304,13 +304,17 @@ async def test_the_batch_delay_variable_sends_without_a_flush(
 
 class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
     def __init__(self) -> None:
-        self.received: list[tuple[dict[str, str], trace_service_pb2.ExportTraceServiceRequest]] = []
+        self.received: list[tuple[dict[str, str | bytes], trace_service_pb2.ExportTraceServiceRequest]] = []
         self.arrived = asyncio.Event()
 
     async def Export(
-        self, request: trace_service_pb2.ExportTraceServiceRequest, context: grpc.aio.ServicerContext
+        self,
+        request: trace_service_pb2.ExportTraceServiceRequest,
+        context: grpc.aio.ServicerContext[
+            trace_service_pb2.ExportTraceServiceRequest, trace_service_pb2.ExportTraceServiceResponse
+        ],
     ) -> trace_service_pb2.ExportTraceServiceResponse:
-        self.received.append((dict(context.invocation_metadata() or ()), request))
+        self.received.append((dict(list(context.invocation_metadata() or ())), request))
         self.arrived.set()
         return trace_service_pb2.ExportTraceServiceResponse()
 
@@ -318,7 +322,8 @@ class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
 async def test_otlp_grpc_export(monkeypatch: pytest.MonkeyPatch) -> None:
     service = _TraceService()
     server = grpc.aio.server()
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(service, server)
+    # opentelemetry-proto's generated gRPC module has no annotations
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(service, server)  # type: ignore[no-untyped-call]
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     try:

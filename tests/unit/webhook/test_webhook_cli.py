@@ -21,7 +21,7 @@ import hamipy.webhook.mutation
 import hamipy.webhook.registration
 import hamipy.webhook.server
 import hamipy.webhook.telemetry
-from hamipy.kube.options import EXIT_USAGE
+from hamipy.kube.options import EXIT_FAILED, EXIT_USAGE
 from hamipy.webhook import cli
 from hamipy.webhook.admitting import Admitter
 from hamipy.webhook.certs import generate_certificates, write_files
@@ -59,7 +59,7 @@ def test_missing_certificate_exits_with_failure(tmp_path: Path, capsys: pytest.C
         "HAMIPY_WEBHOOK_CERT_FILE": str(tmp_path / "no.crt"),
         "HAMIPY_WEBHOOK_KEY_FILE": str(tmp_path / "no.key"),
     }
-    assert cli.main(["serve", "--port", "0", "--host", "127.0.0.1"], env=env) == cli.EXIT_FAILED
+    assert cli.main(["serve", "--port", "0", "--host", "127.0.0.1"], env=env) == EXIT_FAILED
     assert "no.crt" in capsys.readouterr().out
 
 
@@ -89,9 +89,7 @@ async def test_serve_ends_with_status_1_when_a_supervised_task_dies(
     log = io.StringIO()
     admitter = Admitter(MutationSettings(), Telemetry.create(stream=log))
 
-    assert (
-        await asyncio.wait_for(cli._serve(serve_settings(tmp_path), admitter), timeout=10) == cli.EXIT_FAILED
-    )
+    assert await asyncio.wait_for(cli._serve(serve_settings(tmp_path), admitter), timeout=10) == EXIT_FAILED
 
     lines = events(log)
     died = next(line for line in lines if line["event"] == "background task died; the service stops")

@@ -6,6 +6,7 @@ import copy
 from typing import Any
 
 import pytest
+from builders import container, pod
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from webhook_jsonpatch import apply_patch
@@ -19,20 +20,6 @@ TRACE = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 DEFAULTS = MutationSettings()
 
 
-def pod(*containers: dict[str, Any], init: list[dict[str, Any]] | None = None, **spec: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {"containers": list(containers), **spec}
-    if init is not None:
-        body["initContainers"] = init
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "ns"}, "spec": body}
-
-
-def ctr(name: str = "cuda", limits: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
-    c: dict[str, Any] = {"name": name, "image": "img", **extra}
-    if limits is not None:
-        c["resources"] = {"limits": limits}
-    return c
-
-
 def mutate(p: dict[str, Any], s: MutationSettings = DEFAULTS, trace: str | None = TRACE) -> dict[str, Any]:
     decision = decide(p, s, trace_context=trace)
     assert decision.allowed, decision.message
@@ -40,7 +27,9 @@ def mutate(p: dict[str, Any], s: MutationSettings = DEFAULTS, trace: str | None 
 
 
 GPU_POD = pod(
-    ctr(limits={"nvidia.com/gpu": "1", "nvidia.com/gpumem": "4096"}), schedulerName="default-scheduler"
+    "p",
+    container(limits={"nvidia.com/gpu": "1", "nvidia.com/gpumem": "4096"}),
+    scheduler_name="default-scheduler",
 )
 
 
@@ -48,12 +37,12 @@ GPU_POD = pod(
 
 
 def test_non_gpu_pod_is_allowed_unchanged() -> None:
-    p = pod(ctr(limits={"cpu": "1", "memory": "1Gi"}), schedulerName="default-scheduler")
+    p = pod("p", container(limits={"cpu": "1", "memory": "1Gi"}), scheduler_name="default-scheduler")
     assert decide(p, DEFAULTS, trace_context=TRACE) == Decision("allowed", "not_gpu_pod")
 
 
 def test_non_gpu_privileged_pod_with_node_name_is_allowed_unchanged() -> None:
-    p = pod(ctr(securityContext={"privileged": True}), nodeName="n1")
+    p = pod("p", container(securityContext={"privileged": True}), node_name="n1")
     assert decide(p, DEFAULTS) == Decision("allowed", "not_gpu_pod")
 
 
@@ -63,7 +52,7 @@ def test_gpu_pod_with_default_scheduler_goes_to_hami_scheduler() -> None:
 
 
 def test_gpu_pod_without_scheduler_name_gets_one_added() -> None:
-    p = pod(ctr(limits={"nvidia.com/gpu": "1"}))
+    p = pod("p", container(limits={"nvidia.com/gpu": "1"}))
     decision = decide(p, DEFAULTS)
     assert {"op": "add", "path": "/spec/schedulerName", "value": "hami-scheduler"} in decision.patch
 
@@ -79,18 +68,18 @@ def test_default_scheduler_left_alone_when_overwrite_is_off() -> None:
 
 
 def test_pod_naming_another_scheduler_is_left_alone() -> None:
-    p = pod(ctr(limits={"nvidia.com/gpu": "1"}), schedulerName="volcano", nodeName="n1")
+    p = pod("p", container(limits={"nvidia.com/gpu": "1"}), scheduler_name="volcano", node_name="n1")
     assert decide(p, DEFAULTS) == Decision("allowed", "other_scheduler")
 
 
 def test_pod_already_naming_our_scheduler_still_gets_defaults() -> None:
-    p = pod(ctr(limits={"nvidia.com/gpumem": "1000"}), schedulerName="hami-scheduler")
+    p = pod("p", container(limits={"nvidia.com/gpumem": "1000"}), scheduler_name="hami-scheduler")
     out = mutate(p)
     assert out["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
 
 
 def test_names_only_in_requests_count_as_gpu_pod() -> None:
-    p = pod({"name": "c", "resources": {"requests": {"nvidia.com/gpu": "1"}}})
+    p = pod("p", container("c", requests={"nvidia.com/gpu": "1"}))
     out = mutate(p)
     assert out["spec"]["schedulerName"] == "hami-scheduler"
 
@@ -99,7 +88,7 @@ def test_configured_resource_names_are_used() -> None:
     names = ResourceNames(count="example.com/vgpu", memory="example.com/vmem")
     s = MutationSettings(names=names)
     assert decide(GPU_POD, s).reason == "not_gpu_pod"
-    out = mutate(pod(ctr(limits={"example.com/vmem": "100"})), s)
+    out = mutate(pod("p", container(limits={"example.com/vmem": "100"})), s)
     assert out["spec"]["containers"][0]["resources"]["limits"]["example.com/vgpu"] == "1"
 
 
@@ -127,22 +116,28 @@ def test_configured_resource_names_are_used() -> None:
     ],
 )
 def test_resource_defaults(limits: dict[str, str], added: dict[str, str]) -> None:
-    out = mutate(pod(ctr(limits=dict(limits))))
+    out = mutate(pod("p", container(limits=dict(limits))))
     assert out["spec"]["containers"][0]["resources"]["limits"] == {**limits, **added}
 
 
 def test_default_gpu_count_zero_adds_no_count_and_pod_is_left_alone() -> None:
-    p = pod(ctr(limits={"nvidia.com/gpumem": "3000"}))
+    p = pod("p", container(limits={"nvidia.com/gpumem": "3000"}))
     assert decide(p, MutationSettings(default_gpu_count=0)) == Decision("allowed", "no_gpu_asked")
 
 
 def test_configured_default_gpu_count() -> None:
-    out = mutate(pod(ctr(limits={"nvidia.com/gpucores": "20"})), MutationSettings(default_gpu_count=2))
+    out = mutate(
+        pod("p", container(limits={"nvidia.com/gpucores": "20"})), MutationSettings(default_gpu_count=2)
+    )
     assert out["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "2"
 
 
 def test_init_containers_get_defaults_too() -> None:
-    p = pod(ctr("main", limits={"cpu": "1"}), init=[ctr("warmup", limits={"nvidia.com/gpumem": "100"})])
+    p = pod(
+        "p",
+        container("main", limits={"cpu": "1"}),
+        init=[container("warmup", limits={"nvidia.com/gpumem": "100"})],
+    )
     out = mutate(p)
     assert out["spec"]["initContainers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert out["spec"]["containers"][0]["resources"]["limits"] == {"cpu": "1"}
@@ -156,7 +151,7 @@ def test_init_containers_get_defaults_too() -> None:
     ],
 )
 def test_missing_limits_map_is_created(resources: dict[str, Any]) -> None:
-    out = mutate(pod({"name": "c", "resources": resources}))
+    out = mutate(pod("p", container("c", resources=resources)))
     assert out["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpucores": "100"}
 
 
@@ -168,30 +163,30 @@ def env_of(out: dict[str, Any], index: int = 0, kind: str = "containers") -> dic
 
 
 def test_priority_becomes_cuda_task_priority() -> None:
-    out = mutate(pod(ctr(limits={"nvidia.com/gpu": "1", "nvidia.com/priority": "0"})))
+    out = mutate(pod("p", container(limits={"nvidia.com/gpu": "1", "nvidia.com/priority": "0"})))
     assert env_of(out) == {"CUDA_TASK_PRIORITY": "0"}
 
 
 def test_priority_env_is_appended_to_existing_env() -> None:
-    c = ctr(limits={"nvidia.com/gpu": "1", "nvidia.com/priority": "1"}, env=[{"name": "A", "value": "x"}])
-    decision = decide(pod(c), DEFAULTS)
+    c = container(limits={"nvidia.com/gpu": "1", "nvidia.com/priority": "1"}, env={"A": "x"})
+    decision = decide(pod("p", c), DEFAULTS)
     assert {
         "op": "add",
         "path": "/spec/containers/0/env/-",
         "value": {"name": "CUDA_TASK_PRIORITY", "value": "1"},
     } in decision.patch
-    assert env_of(apply_patch(pod(c), [dict(o) for o in decision.patch])) == {
+    assert env_of(apply_patch(pod("p", c), [dict(o) for o in decision.patch])) == {
         "A": "x",
         "CUDA_TASK_PRIORITY": "1",
     }
 
 
 def test_user_priority_env_is_replaced_by_the_resource_value() -> None:
-    c = ctr(
+    c = container(
         limits={"nvidia.com/gpu": "1", "nvidia.com/priority": "0"},
-        env=[{"name": "CUDA_TASK_PRIORITY", "value": "1"}, {"name": "B", "value": "y"}],
+        env={"CUDA_TASK_PRIORITY": "1", "B": "y"},
     )
-    out = mutate(pod(c))
+    out = mutate(pod("p", c))
     assert out["spec"]["containers"][0]["env"] == [
         {"name": "CUDA_TASK_PRIORITY", "value": "0"},
         {"name": "B", "value": "y"},
@@ -200,22 +195,23 @@ def test_user_priority_env_is_replaced_by_the_resource_value() -> None:
 
 @pytest.mark.parametrize("policy", ["force", "disable"])
 def test_core_policy_env_on_gpu_containers_only(policy: str) -> None:
-    p = pod(ctr("gpu", limits={"nvidia.com/gpu": "1"}), ctr("sidecar", limits={"cpu": "1"}))
+    p = pod("p", container("gpu", limits={"nvidia.com/gpu": "1"}), container("sidecar", limits={"cpu": "1"}))
     out = mutate(p, MutationSettings(gpu_core_policy=policy))  # type: ignore[arg-type]
     assert env_of(out, 0) == {"GPU_CORE_UTILIZATION_POLICY": policy}
     assert env_of(out, 1) == {}
 
 
 def test_default_core_policy_adds_no_env() -> None:
-    out = mutate(pod(ctr(limits={"nvidia.com/gpu": "1"})))
+    out = mutate(pod("p", container(limits={"nvidia.com/gpu": "1"})))
     assert "env" not in out["spec"]["containers"][0]
 
 
 def test_overwrite_env_hides_gpus_from_containers_without_one() -> None:
     p = pod(
-        ctr("gpu", limits={"nvidia.com/gpu": "1"}),
-        ctr("sidecar", env=[{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]),
-        init=[ctr("init")],
+        "p",
+        container("gpu", limits={"nvidia.com/gpu": "1"}),
+        container("sidecar", env={"NVIDIA_VISIBLE_DEVICES": "all"}),
+        init=[container("init")],
     )
     out = mutate(p, MutationSettings(overwrite_env=True))
     assert env_of(out, 0) == {}
@@ -224,7 +220,7 @@ def test_overwrite_env_hides_gpus_from_containers_without_one() -> None:
 
 
 def test_overwrite_env_off_by_default() -> None:
-    out = mutate(pod(ctr("gpu", limits={"nvidia.com/gpu": "1"}), ctr("sidecar")))
+    out = mutate(pod("p", container("gpu", limits={"nvidia.com/gpu": "1"}), container("sidecar")))
     assert "env" not in out["spec"]["containers"][1]
 
 
@@ -284,9 +280,9 @@ def test_pointer_token_escapes_rfc6901(key: str, token: str) -> None:
 
 @pytest.mark.parametrize("kind", ["containers", "initContainers"])
 def test_privileged_container_in_gpu_pod_is_refused(kind: str) -> None:
-    priv = ctr("debugger", securityContext={"privileged": True})
-    gpu = ctr("cuda", limits={"nvidia.com/gpu": "1"})
-    p = pod(gpu, priv) if kind == "containers" else pod(gpu, init=[priv])
+    priv = container("debugger", securityContext={"privileged": True})
+    gpu = container("cuda", limits={"nvidia.com/gpu": "1"})
+    p = pod("p", gpu, priv) if kind == "containers" else pod("p", gpu, init=[priv])
     decision = decide(p, DEFAULTS)
     assert (decision.outcome, decision.reason) == ("refused", "privileged")
     assert "debugger" in decision.message
@@ -295,12 +291,15 @@ def test_privileged_container_in_gpu_pod_is_refused(kind: str) -> None:
 
 
 def test_unprivileged_security_context_is_fine() -> None:
-    p = pod(ctr(limits={"nvidia.com/gpu": "1"}, securityContext={"privileged": False, "runAsUser": 1000}))
+    p = pod(
+        "p",
+        container(limits={"nvidia.com/gpu": "1"}, securityContext={"privileged": False, "runAsUser": 1000}),
+    )
     assert decide(p, DEFAULTS).outcome == "mutated"
 
 
 def test_gpu_pod_with_node_name_is_refused() -> None:
-    p = pod(ctr(limits={"nvidia.com/gpu": "1"}), nodeName="gpu-node-3")
+    p = pod("p", container(limits={"nvidia.com/gpu": "1"}), node_name="gpu-node-3")
     decision = decide(p, DEFAULTS)
     assert (decision.outcome, decision.reason) == ("refused", "node_name")
     assert "gpu-node-3" in decision.message
@@ -322,7 +321,7 @@ def test_gpu_pod_with_node_name_is_refused() -> None:
     ],
 )
 def test_bad_quantities_are_refused_naming_container_and_value(limits: dict[str, str], shown: str) -> None:
-    p = pod(ctr("ok", limits={"nvidia.com/gpu": "1"}), ctr("trainer", limits=limits))
+    p = pod("p", container("ok", limits={"nvidia.com/gpu": "1"}), container("trainer", limits=limits))
     decision = decide(p, DEFAULTS)
     assert (decision.outcome, decision.reason) == ("refused", "invalid_resource")
     assert "trainer" in decision.message
@@ -332,12 +331,12 @@ def test_bad_quantities_are_refused_naming_container_and_value(limits: dict[str,
 
 
 def test_bad_quantity_in_requests_is_refused() -> None:
-    c = {"name": "c", "resources": {"requests": {"nvidia.com/gpumem": "-3"}}}
-    assert decide(pod(c), DEFAULTS).reason == "invalid_resource"
+    c = container("c", requests={"nvidia.com/gpumem": "-3"})
+    assert decide(pod("p", c), DEFAULTS).reason == "invalid_resource"
 
 
 def test_bad_quantity_of_other_scheduler_pod_is_not_our_business() -> None:
-    p = pod(ctr(limits={"nvidia.com/gpu": "-1"}), schedulerName="volcano")
+    p = pod("p", container(limits={"nvidia.com/gpu": "-1"}), scheduler_name="volcano")
     assert decide(p, DEFAULTS).reason == "other_scheduler"
 
 
@@ -399,7 +398,7 @@ def containers(draw: st.DrawFn, prefix: str) -> list[dict[str, Any]]:
         limits: dict[str, str] = draw(_our)
         if "nvidia.com/gpumem-percentage" in limits and limits["nvidia.com/gpumem-percentage"] == "4096":
             limits["nvidia.com/gpumem-percentage"] = "100"
-        if limits or draw(st.booleans()):
+        if limits or bool(draw(st.booleans())):
             c["resources"] = {"limits": limits}
         if draw(st.booleans()):
             c["env"] = [{"name": "X", "value": "y"}]

@@ -7,7 +7,9 @@ an absent member is an error, so a patch that works here works there.
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, TypeVar
+
+Doc = TypeVar("Doc")
 
 
 def _tokens(path: str) -> list[str]:
@@ -16,11 +18,12 @@ def _tokens(path: str) -> list[str]:
     return [t.replace("~1", "/").replace("~0", "~") for t in path[1:].split("/")]
 
 
-def apply_patch(doc: Any, ops: list[dict[str, Any]]) -> Any:
+def apply_patch(doc: Doc, ops: list[dict[str, Any]]) -> Doc:
+    """``doc`` with ``ops`` applied (``doc`` itself is left as it is)."""
     out = copy.deepcopy(doc)
     for op in ops:
         *parents, last = _tokens(op["path"])
-        target = out
+        target: Any = out
         for token in parents:
             target = target[int(token)] if isinstance(target, list) else target[token]
         value = copy.deepcopy(op["value"])

@@ -1,0 +1,188 @@
+"""The Kubernetes objects the tests build: pods and their containers, nodes with the GPUs they
+register, and the allocation annotations the extender and the device plugin write on a pod.
+
+Every builder returns plain JSON (``dict[str, Any]``), as the services read it from the API server,
+and writes only what it is given: a field left at ``None`` is absent from the object, so the same
+``pod()`` makes the body a test sends to the real API server (no uid, no resourceVersion, no status)
+and the stored pod a fake API server answers with. The wire formats come from ``hamipy.protocol``'s
+encoders, never written by hand here.
+
+Any test imports it as ``builders``: ``tests/`` is on ``sys.path`` because ``tests/conftest.py``
+lives there (pytest's "prepend" import mode).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from hamipy.protocol import keys
+from hamipy.protocol.devices import ContainerDevice, DeviceInfo
+from hamipy.protocol.node_devices import encode_node_devices
+from hamipy.protocol.pod_devices import encode_pod_devices
+
+__all__ = ["GPU_TYPE", "IMAGE", "allocation", "container", "gpu", "node", "pod"]
+
+IMAGE = "registry.k8s.io/pause:3.10"
+"""The image of every container built here: the API server wants one, nothing ever pulls it."""
+GPU_TYPE = "NVIDIA-Tesla V100-PCIE-32GB"
+"""The type ``gpu()`` registers unless told otherwise."""
+
+Quantity = int | str
+"""A resource quantity: a number, or a string for one as written (``"0.5"``, ``"1500m"``, ``"lots"``)."""
+Slots = Sequence[Sequence[ContainerDevice]]
+"""A pod's devices, one slot per container, init containers first (``encode_pod_devices``)."""
+
+
+def container(
+    name: str = "main",
+    *,
+    gpu: Quantity | None = None,
+    gpumem: Quantity | None = None,
+    gpumem_percentage: Quantity | None = None,
+    gpucores: Quantity | None = None,
+    priority: Quantity | None = None,
+    limits: Mapping[str, str] | None = None,
+    requests: Mapping[str, str] | None = None,
+    env: Mapping[str, str] | None = None,
+    image: str = IMAGE,
+    **fields: Any,
+) -> dict[str, Any]:
+    """A container (or init container). The GPU keywords are the ``nvidia.com/`` limits of the same
+    names (``gpumem`` in MiB); ``limits`` adds any others by their resource names. ``resources`` is
+    there only when a limit or request is; ``fields`` are further container fields by their
+    Kubernetes names (``securityContext=...``)."""
+    asked = {
+        keys.RESOURCE_COUNT: gpu,
+        keys.RESOURCE_MEMORY: gpumem,
+        keys.RESOURCE_MEMORY_PERCENTAGE: gpumem_percentage,
+        keys.RESOURCE_CORES: gpucores,
+        keys.RESOURCE_PRIORITY: priority,
+    }
+    all_limits = {**(limits or {}), **{k: str(v) for k, v in asked.items() if v is not None}}
+    out: dict[str, Any] = {"name": name, "image": image}
+    resources: dict[str, Any] = {}
+    if all_limits:
+        resources["limits"] = all_limits
+    if requests is not None:
+        resources["requests"] = dict(requests)
+    if resources:
+        out["resources"] = resources
+    if env is not None:
+        out["env"] = [{"name": k, "value": v} for k, v in env.items()]
+    return {**out, **fields}
+
+
+def pod(
+    name: str,
+    *containers: dict[str, Any],
+    init: Sequence[dict[str, Any]] = (),
+    namespace: str | None = None,
+    uid: str | None = None,
+    resource_version: str | None = None,
+    labels: Mapping[str, str] | None = None,
+    annotations: Mapping[str, str] | None = None,
+    node_name: str | None = None,
+    scheduler_name: str | None = None,
+    phase: str | None = None,
+    **spec: Any,
+) -> dict[str, Any]:
+    """A pod of ``containers`` (none: an empty list) and ``init`` containers (none: no key).
+    ``uid``, ``resource_version`` and ``phase`` are what the API server sets: leave them out of a
+    body to create. ``spec`` are further spec fields by their Kubernetes names
+    (``nodeSelector=...``, ``terminationGracePeriodSeconds=0``)."""
+    metadata: dict[str, Any] = {"name": name}
+    for key, value in (("namespace", namespace), ("uid", uid), ("resourceVersion", resource_version)):
+        if value is not None:
+            metadata[key] = value
+    if labels is not None:
+        metadata["labels"] = dict(labels)
+    if annotations is not None:
+        metadata["annotations"] = dict(annotations)
+    body: dict[str, Any] = {"containers": list(containers)}
+    if init:
+        body["initContainers"] = list(init)
+    if node_name is not None:
+        body["nodeName"] = node_name
+    if scheduler_name is not None:
+        body["schedulerName"] = scheduler_name
+    out: dict[str, Any] = {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": {**body, **spec}}
+    if phase is not None:
+        out["status"] = {"phase": phase}
+    return out
+
+
+def allocation(
+    *,
+    allocated: Slots | str | None = None,
+    to_allocate: Slots | str | None = None,
+    node: str | None = None,
+    phase: str | None = None,
+    bind_time: int | None = None,
+) -> dict[str, str]:
+    """The annotations the extender's bind writes on a pod (``vgpu-devices-*``, ``vgpu-node``,
+    ``bind-phase``, ``bind-time``) and the device plugin then updates: only those given. A device
+    list is encoded from its slots, or taken as written when a string (a malformed one, say)."""
+
+    def encoded(devices: Slots | str) -> str:
+        return devices if isinstance(devices, str) else encode_pod_devices(devices)
+
+    out: dict[str, str] = {}
+    if allocated is not None:
+        out[keys.DEVICES_ALLOCATED] = encoded(allocated)
+    if to_allocate is not None:
+        out[keys.DEVICES_TO_ALLOCATE] = encoded(to_allocate)
+    if node is not None:
+        out[keys.VGPU_NODE] = node
+    if phase is not None:
+        out[keys.BIND_PHASE] = phase
+    if bind_time is not None:
+        out[keys.BIND_TIME] = str(bind_time)
+    return out
+
+
+def gpu(
+    uuid: str,
+    index: int = 0,
+    *,
+    count: int = 10,
+    mem: int = 32768,
+    core: int = 100,
+    type_: str = GPU_TYPE,
+    numa: int = 0,
+    health: bool = True,
+    mode: str = "hami-core",
+) -> DeviceInfo:
+    """One healthy GPU as a node registers it: split ``count`` ways, ``mem`` MiB, ``core`` percent."""
+    return DeviceInfo(uuid, index, count, mem, core, type_, numa, mode, health)
+
+
+def node(
+    name: str,
+    devices: Sequence[DeviceInfo] | None = None,
+    *,
+    uid: str | None = None,
+    resource_version: str | None = None,
+    labels: Mapping[str, str] | None = None,
+    annotations: Mapping[str, str] | None = None,
+    allocatable: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """A node; with ``devices``, registered as the device plugin registers them (the
+    ``node-nvidia-register`` annotation, and ``nvidia.com/gpu`` allocatable: the sum of their split
+    counts, unless ``allocatable`` says otherwise). ``annotations`` come on top of the register one."""
+    metadata: dict[str, Any] = {"name": name}
+    if uid is not None:
+        metadata["uid"] = uid
+    if resource_version is not None:
+        metadata["resourceVersion"] = resource_version
+    if labels is not None:
+        metadata["labels"] = dict(labels)
+    registered = {keys.NODE_REGISTER: encode_node_devices(devices)} if devices is not None else {}
+    if annotations is not None or devices is not None:
+        metadata["annotations"] = {**registered, **(annotations or {})}
+    if allocatable is None and devices is not None:
+        allocatable = {keys.RESOURCE_COUNT: str(sum(d.count for d in devices))}
+    out: dict[str, Any] = {"apiVersion": "v1", "kind": "Node", "metadata": metadata}
+    if allocatable is not None:
+        out["status"] = {"allocatable": dict(allocatable)}
+    return out
