@@ -14,7 +14,7 @@ RUN := $(UV) run --frozen --no-sync
 TYPED_PACKAGES := hamipy.protocol hamipy.kube hamipy.devcluster hamipy.telemetry hamipy.kubelet_api hamipy.webhook hamipy.extender hamipy.device_plugin hamipy.monitor
 PYTEST_ARGS ?=
 
-.PHONY: help sync lint typecheck native proto kube-binaries test unit bench up down gpus trace clean
+.PHONY: help sync lint typecheck native proto kube-binaries test unit mutate bench up down gpus trace clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -53,6 +53,9 @@ test: lint typecheck native kube-binaries ## everything CI runs: lint, types, na
 
 unit: sync ## the fast unit tests only
 	$(RUN) pytest tests/unit $(PYTEST_ARGS)
+
+mutate: sync ## mutation score of the decision code, not part of test (MODULES=a,b: some only)
+	$(RUN) python tests/mutation/mutate.py $(if $(MODULES),--modules "$(MODULES)")
 
 bench: sync native ## run the benchmarks; figures go to tests/bench/results/
 	@for b in tests/bench/bench_*.py; do echo ">> $$b"; $(RUN) python $$b; done

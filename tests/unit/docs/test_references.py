@@ -55,7 +55,14 @@ SUFFIXES: Final = frozenset(
 NAMES: Final = frozenset({"Makefile"})
 SKIPPED_DIRS: Final = frozenset({"__pycache__", "node_modules", "build", "build-asan", "results"})
 # Made by builds and benchmarks, ignored by git: named in the docs, absent from a fresh checkout.
-GENERATED: Final = ("native/build", "native/build-asan", "tests/bench/results", ".hamipy", ".venv")
+GENERATED: Final = (
+    "native/build",
+    "native/build-asan",
+    "tests/bench/results",
+    "tests/mutation/results",
+    ".hamipy",
+    ".venv",
+)
 TOP_FOLDERS: Final = ("docs", "deploy", "tests", "native", "libs", "services")
 # References made on purpose to files that do not exist (a test's planted bad command).
 PLANTED: Final = frozenset(

@@ -1,4 +1,4 @@
-"""The Allocate response of one container (hami-wire.md section 4)."""
+"""The Allocate response of one container (docs/wire-format.md#allocate-response)."""
 
 from __future__ import annotations
 
@@ -135,6 +135,12 @@ def test_bad_devices_are_refused(devices: list[ContainerDevice], field: str, rea
     with pytest.raises(ProtocolError, match=reason) as info:
         build_env(devices, cache_id=CACHE_ID)
     assert info.value.field == field
+
+
+def test_smallest_memory_and_whole_gpu_cores_are_fine() -> None:
+    env = build_env([ContainerDevice(GPU_A, "NVIDIA", 1, 100)], cache_id=CACHE_ID)
+    assert env["CUDA_DEVICE_MEMORY_LIMIT_0"] == "1m"
+    assert env["CUDA_DEVICE_SM_LIMIT"] == "100"
 
 
 def test_sixteen_devices_are_fine() -> None:
@@ -307,7 +313,7 @@ def test_container_allocation_defaults_keep_the_preload() -> None:
     assert got.mounts == (LIB, REGION, LOCK, PRELOAD)
 
 
-# section 5: how the interposer reads the limits ----------------------------------------------------
+# docs/wire-format.md#interposer-environment: how the interposer reads the limits -----------------
 
 LIMITS = [
     ("3000m", 3000 * 2**20),
@@ -336,6 +342,15 @@ def test_memory_limit_bytes_refuses(value: str) -> None:
 def test_memory_limit_bytes_refuses_64_bit_overflow() -> None:
     with pytest.raises(ProtocolError, match="64 bits"):
         memory_limit_bytes("99999999999999999999g")
+
+
+def test_memory_limit_bytes_takes_up_to_two_to_the_64_minus_one() -> None:
+    assert memory_limit_bytes(str(2**64 - 1)) == 2**64 - 1
+    assert memory_limit_bytes("17179869183g") == (2**34 - 1) << 30
+    with pytest.raises(ProtocolError, match="64 bits"):
+        memory_limit_bytes(str(2**64))
+    with pytest.raises(ProtocolError, match="64 bits"):
+        memory_limit_bytes("17179869184g")
 
 
 def test_env_limits_read_back_as_device_memory() -> None:

@@ -83,6 +83,7 @@ def test_defaults() -> None:
         lib_cuda_log_level=None,
         hook_path="/usr/local/vgpu",
     )
+    assert cfg.nvidia.overwrite_env is False
 
 
 @pytest.mark.parametrize("text", ["", "\n", "# only a comment\n", "{}", "---\n"], ids=repr)
@@ -171,6 +172,11 @@ def test_python_construction_by_field_name() -> None:
     )
     assert cfg.for_node("n").device_split_count == 1
     assert cfg.for_node("m").device_split_count == 3
+
+
+def test_python_construction_by_yaml_key() -> None:
+    # model_validate with no by_alias/by_name (what a service handed a dict does) takes the YAML keys.
+    assert NvidiaConfig.model_validate({"deviceSplitCount": 3}) == NvidiaConfig(device_split_count=3)
 
 
 def test_models_are_frozen() -> None:
@@ -382,6 +388,55 @@ def test_bad_values_name_the_key_path_and_value(text: str, path: str, reason: st
     assert shown in str(info.value)
 
 
+# Each bounded number at its edges: the last value taken, and the first refused (with its key path).
+EDGES = {
+    "split-count-1024": ("nvidia: {deviceSplitCount: 1024}", None),
+    "split-count-1025": ("nvidia: {deviceSplitCount: 1025}", "nvidia.deviceSplitCount"),
+    "log-level-0": ("nvidia: {libCudaLogLevel: 0}", None),
+    "log-level-minus-1": ("nvidia: {libCudaLogLevel: -1}", "nvidia.libCudaLogLevel"),
+    "log-level-4": ("nvidia: {libCudaLogLevel: 4}", None),
+    "log-level-5": ("nvidia: {libCudaLogLevel: 5}", "nvidia.libCudaLogLevel"),
+    "node-log-level-minus-1": (
+        "nodeConfigs: [{name: n, libCudaLogLevel: -1}]",
+        "nodeConfigs[0].libCudaLogLevel",
+    ),
+    "default-cores-0": ("nvidia: {defaultCores: 0}", None),
+    "default-cores-minus-1": ("nvidia: {defaultCores: -1}", "nvidia.defaultCores"),
+    "default-cores-100": ("nvidia: {defaultCores: 100}", None),
+    "default-cores-101": ("nvidia: {defaultCores: 101}", "nvidia.defaultCores"),
+    "default-gpu-num-0": ("nvidia: {defaultGPUNum: 0}", None),
+    "default-gpu-num-64": ("nvidia: {defaultGPUNum: 64}", None),
+    "default-gpu-num-65": ("nvidia: {defaultGPUNum: 65}", "nvidia.defaultGPUNum"),
+    "default-memory-minus-1": ("nvidia: {defaultMemory: -1}", "nvidia.defaultMemory"),
+    "node-name-one-letter": ("nodeConfigs: [{name: n}]", None),
+    "node-name-empty": ("nodeConfigs: [{name: ''}]", "nodeConfigs[0].name"),
+    "scheduler-name-empty": ("schedulerName: ''", "schedulerName"),
+}
+
+
+@pytest.mark.parametrize(("text", "refused_at"), EDGES.values(), ids=EDGES.keys())
+def test_bounded_numbers_at_their_edges(text: str, refused_at: str | None) -> None:
+    if refused_at is None:
+        load_config(text)
+        return
+    with pytest.raises(ConfigError) as info:
+        load_config(text)
+    assert info.value.field == refused_at
+
+
+def test_one_problem_is_reported_alone() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config("nvidia: {deviceSplitCount: 0}")
+    assert info.value.reason == "Input should be greater than or equal to 1"
+
+
+def test_first_of_several_problems_is_named() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config("nvidia: {deviceSplitCount: 0, defaultCores: 200}")
+    assert info.value.field == "nvidia.deviceSplitCount"
+    assert info.value.reason.endswith("or equal to 1 (and 1 more problem)")
+
+
 def test_several_problems_are_counted() -> None:
     with pytest.raises(ConfigError, match=r"\(and 2 more problems\)"):
         load_config("nvidia: {deviceSplitCount: 0, defaultCores: 200, defaultMemory: -1}")
@@ -450,8 +505,22 @@ def test_file_not_utf8(tmp_path: Path) -> None:
 def test_file_too_large(tmp_path: Path) -> None:
     path = tmp_path / "huge.yaml"
     path.write_bytes(b"#" * (1 << 20) + b"\n")
-    with pytest.raises(ConfigError, match="larger than"):
+    with pytest.raises(ConfigError, match="larger than 1048576 bytes"):
         load_config_file(path)
+
+
+def test_file_of_one_mib_is_read(tmp_path: Path) -> None:
+    path = tmp_path / "large.yaml"
+    path.write_bytes(b"#" * ((1 << 20) - 1) + b"\n")
+    assert load_config_file(path) == Config()
+
+
+def test_huge_file_is_not_read_whole(tmp_path: Path) -> None:
+    path = tmp_path / "huge.yaml"
+    path.write_bytes(b"#" * (4 << 20))
+    with pytest.raises(ConfigError) as info:
+        load_config_file(path)
+    assert info.value.value == (1 << 20) + 1  # bytes read: one past the limit, no more
 
 
 def test_file_errors_keep_the_key_path(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""``hami.io/node-nvidia-register`` (hami-wire.md section 1): JSON and legacy forms."""
+"""``hami.io/node-nvidia-register`` (docs/wire-format.md#register-annotation): JSON and legacy forms."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ GPU_A = "GPU-00552014-5c87-89ac-b1a6-7b53aa24b0ec"
 GPU_B = "GPU-0fc3eda5-e98b-a25b-5b0d-cf5c855d1448"
 V100 = "NVIDIA-Tesla V100-PCIE-32GB"
 
-# hami-wire.md's JSON example (health before mode: key order does not matter when reading).
+# The JSON example of docs/wire-format.md#register-annotation with health before mode (order does not matter).
 WIRE_JSON = (
     '[{"id":"GPU-0","count":10,"devmem":8192,"devcore":100,"type":"NVIDIA-A100",'
     '"health":true,"mode":"hami-core"}]'
@@ -27,7 +27,7 @@ WIRE_JSON_DEVICE = DeviceInfo(
     id="GPU-0", index=0, count=10, devmem=8192, devcore=100, type="NVIDIA-A100", numa=0,
     mode="hami-core", health=True,
 )  # fmt: skip
-# hami-wire.md's legacy example: two 32 GB V100s.
+# The legacy example of docs/wire-format.md#register-annotation: two 32 GB V100s.
 WIRE_LEGACY = f"{GPU_A},10,32768,100,{V100},0,true:{GPU_B},10,32768,100,{V100},0,true:"
 WIRE_LEGACY_DEVICES = [
     DeviceInfo(GPU_A, 0, 10, 32768, 100, V100, 0, "hami-core", True),
@@ -105,6 +105,18 @@ def test_keys_match_case_insensitively_like_go() -> None:
     value = '[{"ID":"GPU-0","Count":4,"Devmem":8738,"Devcore":8,"Type":"Ascend910","Numa":0,"Health":true}]'
     assert decode_node_devices(value) == [
         DeviceInfo("GPU-0", 0, 4, 8738, 8, "Ascend910", 0, "hami-core", True)
+    ]
+
+
+def test_keys_fold_case_even_when_id_is_spelt_exactly() -> None:
+    # The fast typed decoder knows only the exact keys: any other spelling must reach the folding one.
+    value = '[{"id":"GPU-0","Count":4,"DEVMEM":8738,"mode":"mps"}]'
+    assert decode_node_devices(value) == [DeviceInfo("GPU-0", 0, 4, 8738, 0, "", 0, "mps", False)]
+
+
+def test_omitted_keys_are_go_zero_values_when_keys_fold() -> None:
+    assert decode_node_devices('[{"ID":"GPU-0"}]') == [
+        DeviceInfo("GPU-0", 0, 0, 0, 0, "", 0, "hami-core", False)
     ]
 
 
@@ -259,6 +271,14 @@ BAD_JSON = {
     "index-negative": ('[{"id":"GPU-0","index":-1}]', "[0].index"),
     "numa-int64-overflow": (f'[{{"id":"GPU-0","numa":{2**63}}}]', "[0].numa"),
     "numa-negative": ('[{"id":"GPU-0","numa":-1}]', "[0].numa"),
+    "count-negative": ('[{"id":"GPU-0","count":-1}]', "[0].count"),
+    "devcore-negative": ('[{"id":"GPU-0","devcore":-1}]', "[0].devcore"),
+    # The same through the decoder that folds key case (the typed fast path refuses "ID").
+    "folded-index-negative": ('[{"ID":"GPU-0","index":-1}]', "[0].index"),
+    "folded-count-negative": ('[{"ID":"GPU-0","count":-1}]', "[0].count"),
+    "folded-devmem-negative": ('[{"ID":"GPU-0","devmem":-1}]', "[0].devmem"),
+    "folded-devcore-negative": ('[{"ID":"GPU-0","devcore":-1}]', "[0].devcore"),
+    "folded-numa-negative": ('[{"ID":"GPU-0","numa":-1}]', "[0].numa"),
     "health-int": ('[{"id":"GPU-0","health":1}]', "[0].health"),
     "health-string": ('[{"id":"GPU-0","health":"true"}]', "[0].health"),
     "id-missing": ('[{"count":1}]', "[0].id"),
@@ -325,6 +345,51 @@ def test_malformed_legacy_is_refused_naming_the_field(value: str, field: str) ->
         decode_node_devices(value)
     assert info.value.field.startswith(KEY)
     assert info.value.field.endswith(field)
+
+
+# Legacy numbers: a sign is read as a negative number only when digits follow it.
+LEGACY_NUMBER_REASONS = {
+    "minus-digits": ("-2", "must not be negative"),
+    "plus-digits": ("+2", "not a decimal integer"),
+    "lone-minus": ("-", "not a decimal integer"),
+    "minus-letters": ("-x", "not a decimal integer"),
+}
+
+
+@pytest.mark.parametrize(("text", "reason"), LEGACY_NUMBER_REASONS.values(), ids=LEGACY_NUMBER_REASONS.keys())
+def test_legacy_number_errors_say_why(text: str, reason: str) -> None:
+    with pytest.raises(ProtocolError) as info:
+        decode_node_devices(f"GPU-0,1,{text},3,T,0,true:")
+    assert (info.value.field, info.value.value, info.value.reason) == (f"{KEY}[0].devmem", text, reason)
+
+
+def test_legacy_doubled_separator_is_called_an_empty_entry() -> None:
+    with pytest.raises(ProtocolError, match="empty device entry"):
+        decode_node_devices(f"{WIRE_LEGACY}:")
+
+
+def test_legacy_bad_health_shows_the_health_text() -> None:
+    with pytest.raises(ProtocolError) as info:
+        decode_node_devices("GPU-0,1,2,3,T,0,yes:")
+    assert info.value.value == "yes"
+
+
+def _json_of_bytes(size: int, fill: str) -> str:
+    """A register value of exactly ``size`` UTF-8 bytes: one device whose type is ``fill`` repeated."""
+    head, tail = '[{"id":"GPU-0","type":"', '"}]'
+    room = size - len(head) - len(tail)
+    each = len(fill.encode())
+    return head + fill * (room // each) + "x" * (room % each) + tail
+
+
+@pytest.mark.parametrize("fill", ["x", "é"], ids=["ascii", "multibyte"])
+def test_value_of_exactly_256_kib_is_read(fill: str) -> None:
+    value = _json_of_bytes(MAX_VALUE_BYTES, fill)
+    assert len(value.encode()) == 256 * 1024
+    (dev,) = decode_node_devices(value)
+    assert dev.id == "GPU-0"
+    with pytest.raises(ProtocolError, match="longer than 262144 bytes"):
+        decode_node_devices(_json_of_bytes(MAX_VALUE_BYTES + 1, fill))
 
 
 @pytest.mark.parametrize("value", ["[" + " " * MAX_VALUE_BYTES + "]", "é" * (MAX_VALUE_BYTES // 2 + 1)],

@@ -1,8 +1,8 @@
-"""``hami.io/node-handshake`` stamps and the upstream liveness rule (hami-wire.md section 1)."""
+"""``hami.io/node-handshake`` stamps and the upstream liveness rule (docs/wire-format.md#handshake)."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone, tzinfo
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 from hamipy.protocol import node_handshake
 from hamipy.protocol.errors import ProtocolError
 from hamipy.protocol.node_handshake import (
-    HANDSHAKE_TIMEOUT,
     LAYOUT_DASH,
     LAYOUT_DOT,
     Handshake,
@@ -64,6 +63,14 @@ FORMS = {
         "Reported 2025-06-18 09:06:27 +0000 UTC",
         Handshake("Reported", STAMP),
     ),
+    "reported-go-time-string-largest-offset": (
+        "Reported 2025-06-19 09:05:27 +2359 X",
+        Handshake("Reported", STAMP),
+    ),
+    "reported-go-time-string-west": (
+        "Reported 2025-06-17 23:06:27 -1000 HST",
+        Handshake("Reported", STAMP),
+    ),
 }
 
 
@@ -113,9 +120,23 @@ def test_format_each_kind_and_layout(kind: HandshakeKind, layout: Layout, expect
     assert format_handshake(Handshake(kind, STAMP), layout=layout) == expected
 
 
-def test_format_refuses_naive_time() -> None:
+class _NoOffset(tzinfo):
+    """A zone that knows no offset: Python counts its times as naive."""
+
+    def utcoffset(self, dt: datetime | None) -> timedelta | None:
+        return None
+
+    def dst(self, dt: datetime | None) -> timedelta | None:
+        return None
+
+    def tzname(self, dt: datetime | None) -> str | None:
+        return None
+
+
+@pytest.mark.parametrize("zone", [None, _NoOffset()], ids=["no-tzinfo", "tzinfo-without-offset"])
+def test_format_refuses_naive_time(zone: tzinfo | None) -> None:
     with pytest.raises(ProtocolError, match="timezone-aware"):
-        format_handshake(Handshake("Requesting", datetime(2025, 6, 18, 9, 6, 27)))
+        format_handshake(Handshake("Requesting", datetime(2025, 6, 18, 9, 6, 27, tzinfo=zone)))
 
 
 _times = st.datetimes(
@@ -139,9 +160,10 @@ def test_parse_inverts_format(kind: HandshakeKind, when: datetime, layout: Layou
 REQUESTED = Handshake("Requesting", STAMP)
 LIVENESS = {
     "fresh-request": (REQUESTED, 0, STAMP + timedelta(seconds=59), False),
-    "request-exactly-60s-old": (REQUESTED, 0, STAMP + HANDSHAKE_TIMEOUT, True),
+    "request-exactly-60s-old": (REQUESTED, 0, STAMP + timedelta(seconds=60), True),
     "stale-request-no-gpus": (REQUESTED, 0, STAMP + timedelta(minutes=10), True),
     "stale-request-gpus-still-allocatable": (REQUESTED, 8, STAMP + timedelta(minutes=10), False),
+    "stale-request-one-gpu-allocatable": (REQUESTED, 1, STAMP + timedelta(minutes=10), False),
     "reported": (Handshake("Reported", STAMP), 0, STAMP + timedelta(hours=1), False),
     "deleted": (Handshake("Deleted", STAMP), 0, STAMP + timedelta(hours=1), False),
     "no-annotation": (None, 0, STAMP + timedelta(hours=1), False),
@@ -193,6 +215,10 @@ BAD = [
     "Accepted_2025-06-18 09:06:27",
     "Requesting_\u0662025-06-18 09:06:27",
     "Reported 2025-06-18 09:06:27 +9900 X",
+    "Reported 2025-06-18 09:06:27 +2400 X",
+    "Reported 2025-06-18 09:06:27 +0060 X",
+    "Reported_2025-06-18 09:06:27 +0000 UTC",
+    "Reported_2025-06-18 09:06:27.5",
     "Requesting_2025-06-18 09:06:27" + "x" * 10_000,
 ]
 

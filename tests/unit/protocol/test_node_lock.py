@@ -1,4 +1,4 @@
-"""``hami.io/mutex.lock`` values (hami-wire.md section 1; upstream ``pkg/util/nodelock``)."""
+"""``hami.io/mutex.lock`` values (docs/wire-format.md#node-lock; upstream ``pkg/util/nodelock``)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from hamipy.protocol.node_lock import (
 
 KEY = "hami.io/mutex.lock"
 TAKEN = datetime(2025, 6, 18, 9, 6, 27, tzinfo=UTC)
-# hami-wire.md's example.
+# The example of docs/wire-format.md#node-lock.
 WIRE_EXAMPLE = "2025-06-18T09:06:27Z,default,ubuntu-684fc95568-2jh7s"
 WIRE_LOCK = NodeLock(TAKEN, "default", "ubuntu-684fc95568-2jh7s")
 SHANGHAI = timezone(timedelta(hours=8))
@@ -80,6 +80,24 @@ def test_offset_formats_like_go_rfc3339(tz: timezone, expected: str) -> None:
     assert format_node_lock(NodeLock(TAKEN.astimezone(tz))) == expected
 
 
+# Go's zone := offset / 60 truncates toward zero and takes the sign after: seconds of an offset are
+# dropped, and an offset of less than a minute is "+00:00" whichever its sign.
+SUB_MINUTE_OFFSETS = {
+    "plus-30s": (timedelta(seconds=30), "+00:00"),
+    "minus-30s": (timedelta(seconds=-30), "+00:00"),
+    "minus-one-minute": (timedelta(minutes=-1), "-00:01"),
+    "dublin-mean-time": (-timedelta(minutes=25, seconds=21), "-00:25"),
+    "india-with-seconds": (timedelta(hours=5, minutes=30, seconds=59), "+05:30"),
+}
+
+
+@pytest.mark.parametrize(("offset", "expected"), SUB_MINUTE_OFFSETS.values(), ids=SUB_MINUTE_OFFSETS.keys())
+def test_offset_seconds_are_truncated_as_go_does(offset: timedelta, expected: str) -> None:
+    stamp = format_node_lock(NodeLock(TAKEN.astimezone(timezone(offset))))
+    assert stamp.endswith(expected)
+    assert stamp[:19] == TAKEN.astimezone(timezone(offset)).strftime("%Y-%m-%dT%H:%M:%S")
+
+
 def test_format_drops_sub_seconds() -> None:
     assert format_node_lock(NodeLock(TAKEN.replace(microsecond=5))) == "2025-06-18T09:06:27Z"
 
@@ -94,6 +112,21 @@ def test_format_refuses_naive_time() -> None:
 def test_format_refuses_unreadable_owner(namespace: str, name: str) -> None:
     with pytest.raises(ProtocolError):
         format_node_lock(NodeLock(TAKEN, namespace, name))
+
+
+@pytest.mark.parametrize("offset", ["+23:59", "-23:59", "+05:59"])
+def test_largest_offsets_parse(offset: str) -> None:
+    hours, minutes = int(offset[1:3]), int(offset[4:])
+    expected = timedelta(hours=hours, minutes=minutes) * (-1 if offset[0] == "-" else 1)
+    assert parse_node_lock(f"2025-06-18T09:06:27{offset}").time.utcoffset() == expected
+
+
+def test_longest_value_is_512_characters() -> None:
+    head = "2025-06-18T09:06:27Z,default,"
+    longest = head + "p" * (512 - len(head))
+    assert parse_node_lock(longest).name == longest[len(head) :]
+    with pytest.raises(ProtocolError, match="longer than 512 characters"):
+        parse_node_lock(longest + "p")
 
 
 def test_owner_needs_both_parts() -> None:
@@ -138,6 +171,11 @@ def test_expiry_compares_instants_across_offsets() -> None:
     assert lock_expired(lock, now=TAKEN + timedelta(minutes=6))
 
 
+def test_timeout_is_upstreams_five_minutes() -> None:
+    assert not lock_expired(WIRE_LOCK, now=TAKEN + timedelta(minutes=5))
+    assert lock_expired(WIRE_LOCK, now=TAKEN + timedelta(minutes=5, microseconds=1))
+
+
 def test_expiry_timeout_is_configurable() -> None:
     assert lock_expired(WIRE_LOCK, now=TAKEN + timedelta(seconds=31), timeout=timedelta(seconds=30))
 
@@ -167,6 +205,7 @@ BAD = {
     "impossible-date": ("2025-02-30T09:06:27Z", ".time"),
     "hour-24": ("2025-06-18T24:00:00Z", ".time"),
     "offset-out-of-range": ("2025-06-18T09:06:27+24:00", ".time"),
+    "offset-minute-60": ("2025-06-18T09:06:27+05:60", ".time"),
     "unix-seconds": ("1750237587", ".time"),
     "huge": ("2025-06-18T09:06:27Z,default," + "p" * 10_000, ""),
 }

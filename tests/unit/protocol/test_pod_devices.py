@@ -1,4 +1,4 @@
-"""Pod device lists ``hami.io/vgpu-devices-{allocated,to-allocate}`` (hami-wire.md section 2)."""
+"""Pod device lists ``hami.io/vgpu-devices-{allocated,to-allocate}`` (docs/wire-format.md#device-lists)."""
 
 from __future__ import annotations
 
@@ -21,10 +21,10 @@ from hamipy.protocol.pod_devices import (
 ALLOCATED = keys.DEVICES_ALLOCATED
 GPU = "GPU-0fc3eda5-e98b-a25b-5b0d-cf5c855d1448"
 
-# hami-wire.md: one container with 3000 MiB, no core limit.
+# docs/wire-format.md#device-lists: one container with 3000 MiB, no core limit.
 ONE_CONTAINER = f"{GPU},NVIDIA,3000,0:;"
 ONE_CONTAINER_DEVICES = [[ContainerDevice(GPU, "NVIDIA", 3000, 0)]]
-# hami-wire.md: a non-GPU init container, then two GPU containers.
+# docs/wire-format.md#device-lists: a non-GPU init container, then two GPU containers.
 INIT_THEN_TWO = ";GPU-A,NVIDIA,2500,25:;GPU-B,NVIDIA,2500,25:;"
 INIT_THEN_TWO_DEVICES: PodDevices = [
     [],
@@ -213,6 +213,66 @@ def test_malformed_entry_is_refused_naming_the_field(value: str, field: str) -> 
         decode_pod_devices(value, field=ALLOCATED)
     assert info.value.field == ALLOCATED + field
     assert ALLOCATED + field in str(info.value)
+
+
+# Why a number was refused: a sign is "negative" only when ASCII digits follow it.
+NUMBER_REASONS = {
+    "minus-digits": ("-5", "must not be negative"),
+    "plus-digits": ("+5", "not a decimal integer"),
+    "lone-minus": ("-", "not a decimal integer"),
+    "minus-letters": ("-x", "not a decimal integer"),
+    "minus-non-ascii-digit": ("-\u0663", "not a decimal integer"),
+}
+
+
+@pytest.mark.parametrize(("text", "reason"), NUMBER_REASONS.values(), ids=NUMBER_REASONS.keys())
+def test_number_errors_say_why(text: str, reason: str) -> None:
+    with pytest.raises(ProtocolError) as info:
+        decode_pod_devices(f"GPU-A,NVIDIA,{text},1:;", field=ALLOCATED)
+    assert (info.value.field, info.value.value, info.value.reason) == (
+        f"{ALLOCATED}[0][0].usedmem",
+        text,
+        reason,
+    )
+
+
+def test_largest_memory_passes_while_bad_cores_are_named() -> None:
+    with pytest.raises(ProtocolError) as info:
+        decode_pod_devices(f"GPU-A,NVIDIA,{2**31 - 1},x:;", field=ALLOCATED)
+    assert info.value.field == f"{ALLOCATED}[0][0].usedcores"
+
+
+# A blank is reported with the device entry that holds it and the field it falls in.
+BLANKS = {
+    "second-slot": (";GPU-A,NVIDIA,1, 2:;", "[1][0].usedcores", "GPU-A,NVIDIA,1, 2"),
+    "fifth-field": ("GPU-A,NVIDIA,1,2,x y:;", "[0][0].usedcores", "GPU-A,NVIDIA,1,2,x y"),
+    "second-device": ("GPU-A,NVIDIA,1,2:GPU B,NVIDIA,1,2:;", "[0][1].uuid", "GPU B,NVIDIA,1,2"),
+}
+
+
+@pytest.mark.parametrize(("value", "field", "entry"), BLANKS.values(), ids=BLANKS.keys())
+def test_blank_names_its_field_and_entry(value: str, field: str, entry: str) -> None:
+    with pytest.raises(ProtocolError, match="blank inside a field") as info:
+        decode_pod_devices(value, field=ALLOCATED)
+    assert (info.value.field, info.value.value) == (ALLOCATED + field, entry)
+
+
+def _value_of_bytes(size: int, fill: str) -> str:
+    """A one-device list of exactly ``size`` UTF-8 bytes, its type ``fill`` repeated."""
+    head, tail = "GPU-A,", ",1,2:;"
+    room = size - len(head) - len(tail)
+    each = len(fill.encode())
+    return head + fill * (room // each) + "T" * (room % each) + tail
+
+
+@pytest.mark.parametrize("fill", ["T", "\u00e9"], ids=["ascii", "multibyte"])
+def test_value_of_exactly_256_kib_is_read(fill: str) -> None:
+    value = _value_of_bytes(MAX_VALUE_BYTES, fill)
+    assert len(value.encode()) == MAX_VALUE_BYTES
+    ((device,),) = decode_pod_devices(value)
+    assert device.usedcores == 2
+    with pytest.raises(ProtocolError, match=f"longer than {MAX_VALUE_BYTES} bytes"):
+        decode_pod_devices(_value_of_bytes(MAX_VALUE_BYTES + 1, fill))
 
 
 def test_oversized_value_is_refused() -> None:

@@ -1,4 +1,4 @@
-"""User annotations of hami-wire.md section 2 ("Set by users")."""
+"""User annotations (docs/wire-format.md#user-annotations)."""
 
 from __future__ import annotations
 
@@ -245,7 +245,12 @@ WEIGHT_CASES = [
     ("memory=2, slot=0 ,core=5", ScoringWeights(0, 5, 2)),
     ("slot=0,core=0,memory=1", ScoringWeights(0, 0, 1)),
     (" slot = 10 , core = 0 , memory = 0 ", ScoringWeights(10, 0, 0)),
+    ("slot=1000000,core=0,memory=0", ScoringWeights(1_000_000, 0, 0)),
 ]
+
+
+def test_default_weights_are_upstreams_one_each() -> None:
+    assert ScoringWeights() == ScoringWeights(slot=1, core=1, memory=1)
 
 
 @pytest.mark.parametrize(("value", "expected"), WEIGHT_CASES, ids=[c[0] for c in WEIGHT_CASES])
@@ -265,6 +270,7 @@ BAD_WEIGHTS = [
     ("empty", "", "items must be"),
     ("empty-value", "slot=,core=1,memory=1", "slot must be an integer"),
     ("huge", "slot=99999999999,core=1,memory=1", "slot must be an integer"),
+    ("one-past-the-bound", "slot=1,core=1,memory=1000001", "memory must be an integer 0-1000000"),
     ("uppercase-key", "SLOT=1,core=1,memory=1", "items must be"),
 ]
 

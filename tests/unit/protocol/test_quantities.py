@@ -40,6 +40,15 @@ EXACT = [
     ("1000000000n", 1),
     ("0m", 0),
     ("0.000e5", 0),
+    # Every suffix at a value that fits: the big ones through exact binary or decimal fractions.
+    ("0.00000095367431640625Ti", 1 << 20),
+    ("0.000000000931322574615478515625Pi", 1 << 20),
+    ("0.0000000000009094947017729282379150390625Ei", 1 << 20),
+    ("0.000000001T", 1000),
+    ("0.000000000001P", 1000),
+    ("0.000000000000001E", 1000),
+    ("0e80", 0),
+    ("0" * 59 + "1.00k", 1000),  # 64 characters: the longest text read
 ]
 
 NOT_WHOLE = ["0.5", "500m", "1500m", "1.5", "12e-1", "1500e-3", "0.1Ki", "1u", "1n", "1e-1"]
@@ -130,6 +139,19 @@ def test_absurd_exponents_are_refused_without_computing_them(text: str) -> None:
 def test_overlong_text_is_refused() -> None:
     with pytest.raises(ProtocolError, match="longer than 64"):
         parse_quantity("1" * 65 + "m", resource=RESOURCE)
+    with pytest.raises(ProtocolError, match="longer than 64"):
+        parse_quantity("0" * 60 + "1.00k", resource=RESOURCE)
+    with pytest.raises(ProtocolError, match="longer than 64"):
+        parse_quantity("0" * 65, resource=RESOURCE)
+
+
+def test_exponent_80_is_read_81_is_not() -> None:
+    with pytest.raises(ProtocolError, match="larger than"):
+        parse_quantity("1e80", resource=RESOURCE)
+    with pytest.raises(ProtocolError, match="absurd exponent"):
+        parse_quantity("0e81", resource=RESOURCE)
+    with pytest.raises(ProtocolError, match="not a whole number"):
+        parse_quantity("1e-80", resource=RESOURCE)
 
 
 @pytest.mark.parametrize("value", NOT_A_QUANTITY_TYPE, ids=repr)

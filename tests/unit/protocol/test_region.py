@@ -56,7 +56,7 @@ UUID_B = "GPU-00000000-1111-2222-3333-444444444444"
 GIB = 1 << 30
 MIB = 1 << 20
 
-# hami-wire.md section 6, copied by hand: the contract, not the module, is the source here.
+# docs/wire-format.md#region-file, copied by hand: the contract, not the module, is the source here.
 REGION_OFFSETS = [
     ("OFFSET_INITIALIZED_FLAG", "initialized_flag", 0),
     ("OFFSET_MAJOR_VERSION", "major_version", 4),
@@ -111,6 +111,10 @@ SIZES = [
     ("MAGIC", 19920718),
     ("MAJOR_VERSION", 1),
     ("MINOR_VERSION", 2),
+    ("STATUS_EXITED", 0),
+    ("STATUS_RUNNING", 1),
+    ("STATUS_SUSPENDED", 2),
+    ("SEQLOCK_MAX_ATTEMPTS", 64),
 ]
 
 
@@ -306,7 +310,9 @@ def test_exact_struct_size_without_the_trailing_byte_parses() -> None:
     assert parse_region(bytes(buf[:REGION_STRUCT_SIZE])).uuids == (UUID_A,)
 
 
-@pytest.mark.parametrize("kind", ["bytes", "bytearray", "memoryview", "memoryview_u64", "mmap"])
+@pytest.mark.parametrize(
+    "kind", ["bytes", "bytearray", "memoryview", "memoryview_u64", "memoryview_2d", "mmap"]
+)
 def test_every_buffer_kind_parses_alike(kind: str, tmp_path: Path) -> None:
     image = build_region(uuids=[UUID_A, UUID_B], limits=[GIB, GIB], processes=[_proc(0, MIB, 2 * MIB)])
     expected = parse_region(image)
@@ -321,6 +327,9 @@ def test_every_buffer_kind_parses_alike(kind: str, tmp_path: Path) -> None:
         "bytearray": lambda: image,
         "memoryview": lambda: memoryview(image),
         "memoryview_u64": lambda: memoryview(bytes(image[:REGION_STRUCT_SIZE])).cast("Q"),
+        "memoryview_2d": lambda: memoryview(bytes(image[:REGION_STRUCT_SIZE])).cast(
+            "B", shape=[8, REGION_STRUCT_SIZE // 8]
+        ),
     }
     assert parse_region(buffers[kind]()) == expected
 
@@ -379,8 +388,8 @@ def _poke(fmt: str, offset: int, value: int) -> bytearray:
     return buf
 
 
-def _bad_uuid(raw: bytes) -> bytearray:
-    buf = build_region(uuids=[UUID_A])
+def _bad_uuid(raw: bytes, uuids: list[str] | None = None) -> bytearray:
+    buf = build_region(uuids=uuids or [UUID_A])
     buf[OFFSET_UUIDS : OFFSET_UUIDS + 96] = raw.ljust(96, b"\0")[:96]
     return buf
 
@@ -402,6 +411,13 @@ BAD_REGIONS: list[tuple[str, Callable[[], region.RegionBuffer], str, str]] = [
     ("proc_num_1025", lambda: _poke("<i", OFFSET_PROC_NUM, 1025), "region.proc_num", "1025"),
     ("uuid_not_utf8", lambda: _bad_uuid(b"GPU-\xff\xfe"), "region.uuids[0]", "UTF-8"),
     ("uuid_no_nul", lambda: _bad_uuid(b"G" * 96), "region.uuids[0]", "NUL"),
+    # The next entry's NUL must not end an unterminated first UUID.
+    (
+        "uuid_no_nul_before_another",
+        lambda: _bad_uuid(b"G" * 96, uuids=[UUID_A, UUID_B]),
+        "region.uuids[0]",
+        "NUL",
+    ),
 ]
 
 
@@ -428,6 +444,50 @@ def test_max_device_and_proc_counts_are_accepted() -> None:
 def test_max_attempts_must_be_positive() -> None:
     with pytest.raises(ValueError, match="max_attempts"):
         parse_region(build_region(uuids=[]), max_attempts=0)
+    assert parse_region(build_region(uuids=[UUID_A], processes=[_proc(0, MIB)]), max_attempts=1).processes
+
+
+def test_sixteen_devices_without_processes_total_zero() -> None:
+    snap = parse_region(build_region(uuids=[f"GPU-{i:04d}" for i in range(MAX_DEVICES)]))
+    assert [d.used_bytes for d in snap.devices] == [0] * MAX_DEVICES
+    assert [d.sm_util for d in snap.devices] == [0] * MAX_DEVICES
+
+
+def test_status_with_only_its_high_byte_set_is_live() -> None:
+    snap = parse_region(build_region(uuids=[UUID_A], processes=[_proc(0, MIB, status=1 << 24)]))
+    assert [(p.slot, p.status) for p in snap.processes] == [(0, 1 << 24)]
+
+
+def test_exited_slot_with_odd_seqlock_is_skipped_and_later_slots_still_read() -> None:
+    image = build_region(uuids=[UUID_A], processes=[_proc(0, GIB, status=0), _proc(1, MIB)])
+    struct.pack_into("<Q", image, _slot_at(0, PROC_SEQLOCK), 1)
+    snap = parse_region(image, max_attempts=2)
+    assert [p.slot for p in snap.processes] == [1]
+    assert snap.devices[0].used_bytes == MIB
+
+
+def test_build_region_defaults() -> None:
+    buf = build_region(uuids=[UUID_A, UUID_B], limits=[GIB])
+    snap = parse_region(buf)
+    assert (snap.owner_pid, snap.utilization_switch, snap.recent_kernel, snap.priority) == (0, 0, 0, 1)
+    assert snap.last_kernel_time == 0
+    assert struct.unpack_from("<i", buf, region.OFFSET_SM_INIT_FLAG) == (0,)
+    # Lists are zero-padded to 16 entries, past device_num too.
+    assert struct.unpack_from("<16Q", buf, region.OFFSET_LIMIT) == (GIB,) + (0,) * 15
+
+
+def test_build_region_pads_a_process_to_every_device() -> None:
+    process = ProcessUsage(slot=0, pid=1, hostpid=1, used=(_usage(MIB),))
+    (built,) = parse_region(build_region(uuids=[UUID_A, UUID_B], processes=[process])).processes
+    assert built.used == (_usage(MIB), MemoryUsage(0, 0, 0, 0, 0))
+
+
+def test_build_region_takes_sixteen_of_everything() -> None:
+    full = ProcessUsage(slot=0, pid=1, hostpid=1, used=(_usage(MIB),) * MAX_DEVICES)
+    uuids = [f"GPU-{i:04d}" for i in range(MAX_DEVICES)]
+    snap = parse_region(build_region(uuids=uuids, limits=[GIB] * MAX_DEVICES, processes=[full]))
+    assert snap.limits == (GIB,) * MAX_DEVICES
+    assert snap.processes[0].used == (_usage(MIB),) * MAX_DEVICES
 
 
 # --- seqlock ---
@@ -655,6 +715,28 @@ BAD_BUILDS: list[tuple[str, Callable[[], object], str]] = [
     ("slot_twice", lambda: build_region(uuids=[], processes=[_proc(1, 0), _proc(1, 0)]), "region.procs.slot"),
     ("proc_num_1025", lambda: build_region(uuids=[], proc_num=1025), "region.proc_num"),
     ("priority_i32", lambda: build_region(uuids=[], priority=2**31), "region.priority"),
+    ("slot_negative", lambda: build_region(uuids=[], processes=[_proc(-1, 0)]), "region.procs.slot"),
+    ("proc_num_negative", lambda: build_region(uuids=[], proc_num=-1), "region.proc_num"),
+    ("owner_pid_negative", lambda: build_region(uuids=[], owner_pid=-1), "region.owner_pid"),
+    (
+        "last_kernel_time_negative",
+        lambda: build_region(uuids=[], last_kernel_time=-1),
+        "region.last_kernel_time",
+    ),
+    (
+        "context_negative",
+        lambda: build_region(
+            uuids=[UUID_A], processes=[ProcessUsage(slot=0, pid=1, hostpid=1, used=(_usage(0, context=-1),))]
+        ),
+        "region.procs[0].used[0].context_bytes",
+    ),
+    (
+        "used_17",
+        lambda: build_region(
+            uuids=[UUID_A], processes=[ProcessUsage(slot=0, pid=1, hostpid=1, used=(_usage(0),) * 17)]
+        ),
+        "region.procs[0].used",
+    ),
     (
         "total_u64",
         lambda: build_region(

@@ -1,4 +1,4 @@
-"""Per-container GPU asks and the webhook's defaults (hami-wire.md section 3)."""
+"""Per-container GPU asks and the webhook's defaults (docs/wire-format.md#resources)."""
 
 from __future__ import annotations
 
@@ -264,6 +264,10 @@ def test_malformed_init_container_is_named_as_such() -> None:
         pod_requests(p)
 
 
+def test_one_mib_of_gpumem_is_an_ask() -> None:
+    assert container_request(ctr(limits={GPU: "1", MEM: "1"})) == ContainerRequest(1, 1, None, 0)
+
+
 def test_zero_percentage_is_fine_when_gpumem_is_given() -> None:
     assert container_request(ctr(limits={GPU: "1", MEM: "10", PCT: "0"})) == ContainerRequest(1, 10, None, 0)
 
@@ -431,6 +435,7 @@ def test_cores_fit(cores: int, used: int, usedcores: int, totalcore: int, fits: 
         (pod(ctr()), False),
         (pod(ctr(limits={GPU: "garbage"})), True),
         ({"spec": {"containers": ["junk", {"resources": None}]}}, False),
+        ({"spec": {"containers": [{"resources": None}, {"resources": {"limits": {GPU: "1"}}}]}}, True),
         ({}, False),
     ],
     ids=[
@@ -444,6 +449,7 @@ def test_cores_fit(cores: int, used: int, usedcores: int, totalcore: int, fits: 
         "no-resources",
         "malformed-value-still-counts",
         "junk-containers",
+        "second-container-after-one-without-resources",
         "no-spec",
     ],
 )

@@ -1,4 +1,4 @@
-"""The Allocate response for one container: env and mounts (hami-wire.md section 4).
+"""The Allocate response for one container: env and mounts (docs/wire-format.md#allocate-response).
 
 This is what makes a shared GPU a slice: the env tells the interposer (``libvgpu.so``, HAMi-core or
 ours) its limits, and the mounts put the interposer into every process of the container and give
@@ -13,7 +13,8 @@ that whole directory, ``/usr/local/vgpu``:
 - ``CUDA_DEVICE_MEMORY_LIMIT_<i>``: ``<MiB>m`` for the container's i-th device.
 - ``CUDA_DEVICE_SM_LIMIT``: the cores of the container's *first* device. The scheduler gives every
   device of a container the same cores, so upstream sets one value; should they ever differ, we also
-  set ``CUDA_DEVICE_SM_LIMIT_<i>`` per device, which the interposer prefers (section 5).
+  set ``CUDA_DEVICE_SM_LIMIT_<i>`` per device, which the interposer prefers
+  (docs/wire-format.md#interposer-environment).
 - ``CUDA_DEVICE_MEMORY_SHARED_CACHE``: ``<hook>/<uuid4>.cache``, a path inside the container, in the
   per-container directory mounted at ``<hook>``.
 - ``CUDA_OVERSUBSCRIBE=true`` when memory scaling > 1.
@@ -93,7 +94,8 @@ ENV_CORE_POLICY: Final = "GPU_CORE_UTILIZATION_POLICY"
 ENV_LOG_LEVEL: Final = "LIBCUDA_LOG_LEVEL"
 ENV_DISABLE_CONTROL: Final = "CUDA_DISABLE_CONTROL"
 ENV_TASK_PRIORITY: Final = "CUDA_TASK_PRIORITY"
-"""Set by the webhook from ``nvidia.com/priority`` (section 4), read by the interposer (default 1)."""
+"""Set by the webhook from ``nvidia.com/priority``, read by the interposer (default 1)
+(docs/wire-format.md#allocate-response)."""
 
 _LIBRARY: Final = "libvgpu.so"
 _PRELOAD: Final = "ld.so.preload"
@@ -287,9 +289,9 @@ def container_allocation(
 
 
 def memory_limit_bytes(value: str) -> int:
-    """Bytes of a ``CUDA_DEVICE_MEMORY_LIMIT[_<n>]`` value as the interposer reads it (section 5):
-    digits with an optional ``k``/``m``/``g`` suffix in powers of 1024, either case; 0 means no
-    limit. ``"3000m"`` is 3,145,728,000."""
+    """Bytes of a ``CUDA_DEVICE_MEMORY_LIMIT[_<n>]`` value as the interposer reads it
+    (docs/wire-format.md#interposer-environment): digits with an optional ``k``/``m``/``g`` suffix in
+    powers of 1024, either case; 0 means no limit. ``"3000m"`` is 3,145,728,000."""
     match = _LIMIT.fullmatch(value.strip()) if isinstance(value, str) else None
     if match is None:
         raise ProtocolError(ENV_MEMORY_LIMIT, value, "must be digits with an optional k, m or g suffix")

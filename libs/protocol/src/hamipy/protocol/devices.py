@@ -1,7 +1,7 @@
 """The two device records every format is built from.
 
-``DeviceInfo`` is one physical GPU as a node registers it (hami-wire.md section 1);
-``ContainerDevice`` is one GPU slice handed to one container (section 2).
+``DeviceInfo`` is one physical GPU as a node registers it (docs/wire-format.md#register-annotation);
+``ContainerDevice`` is one GPU slice handed to one container (docs/wire-format.md#device-lists).
 """
 
 from __future__ import annotations

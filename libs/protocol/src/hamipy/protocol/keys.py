@@ -1,4 +1,5 @@
-"""Annotation, label and resource keys of the HAMi wire protocol (hami-wire.md sections 1-3)."""
+"""Annotation, label and resource keys of the HAMi wire protocol (docs/wire-format.md#node-annotations,
+#pod-annotations and #resources)."""
 
 from __future__ import annotations
 
@@ -36,14 +37,14 @@ __all__ = [
     "VGPU_TIME",
 ]
 
-# Node annotations (section 1)
+# Node annotations (docs/wire-format.md#node-annotations)
 NODE_REGISTER: Final = "hami.io/node-nvidia-register"
 NODE_HANDSHAKE: Final = "hami.io/node-handshake"
 NODE_LOCK: Final = "hami.io/mutex.lock"
 NODE_SCORE: Final = "hami.io/node-nvidia-score"
 DEVICE_CORDON: Final = "hami.io/device-cordon"
 
-# Pod annotations written by the scheduler and the device plugin (section 2)
+# Pod annotations written by the scheduler and the device plugin (docs/wire-format.md#pod-annotations)
 VGPU_NODE: Final = "hami.io/vgpu-node"
 VGPU_TIME: Final = "hami.io/vgpu-time"
 DEVICES_TO_ALLOCATE: Final = "hami.io/vgpu-devices-to-allocate"
@@ -54,7 +55,7 @@ BIND_TIME: Final = "hami.io/bind-time"
 # Pod label mirroring VGPU_NODE (the monitor selects on it)
 VGPU_NODE_LABEL: Final = VGPU_NODE
 
-# Pod annotations set by users (section 2)
+# Pod annotations set by users (docs/wire-format.md#user-annotations)
 USE_GPU_TYPE: Final = "nvidia.com/use-gputype"
 NOUSE_GPU_TYPE: Final = "nvidia.com/nouse-gputype"
 USE_GPU_UUID: Final = "nvidia.com/use-gpuuuid"
@@ -65,10 +66,11 @@ NODE_SCHEDULER_POLICY: Final = "hami.io/node-scheduler-policy"
 GPU_SCHEDULER_POLICY: Final = "hami.io/gpu-scheduler-policy"
 DEVICE_SCORING_WEIGHTS: Final = "hami.io/device-scoring-weights"
 
-# Our own addition (decision 6: new keys only): W3C trace context of the pod's journey.
+# Our own addition (new keys only, docs/design.md#6-wire-compatible-with-hami): W3C trace context of
+# the pod's journey (docs/wire-format.md#trace-context).
 TRACE_CONTEXT: Final = "hami-py.io/traceparent"
 
-# Default resource names (section 3; configurable)
+# Default resource names (docs/wire-format.md#resources; configurable)
 RESOURCE_COUNT: Final = "nvidia.com/gpu"
 RESOURCE_COUNT_ALT: Final = "nvidia.com/vgpu"
 RESOURCE_MEMORY: Final = "nvidia.com/gpumem"

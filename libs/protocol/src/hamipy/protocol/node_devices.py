@@ -1,4 +1,5 @@
-"""``hami.io/node-nvidia-register``: the GPUs a node's device plugin registers (hami-wire.md section 1).
+"""``hami.io/node-nvidia-register``: the GPUs a node's device plugin registers
+(docs/wire-format.md#register-annotation).
 
 Two forms reach the decoder, told apart by their first non-blank character (``[`` or ``{``: JSON):
 

@@ -1,4 +1,4 @@
-"""``hami.io/node-handshake``: the scheduler <-> device plugin liveness stamp (hami-wire.md section 1).
+"""``hami.io/node-handshake``: the scheduler <-> device plugin liveness stamp (docs/wire-format.md#handshake).
 
 Values seen in the wild, all parsed here:
 

@@ -1,4 +1,4 @@
-"""``hami.io/mutex.lock``: the node lock held from bind to Allocate (hami-wire.md section 1).
+"""``hami.io/mutex.lock``: the node lock held from bind to Allocate (docs/wire-format.md#node-lock).
 
 Upstream (``pkg/util/nodelock/nodelock.go``) writes ``<RFC3339 time>,<namespace>,<pod name>``
 (``time.Now().Format(time.RFC3339)``: local time with its offset, ``Z`` for UTC, whole seconds),
@@ -135,7 +135,10 @@ def _parse_time(text: str) -> datetime:
 def _format_offset(offset: timedelta) -> str:
     if not offset:
         return "Z"
-    minutes = int(offset.total_seconds()) // 60
-    sign = "-" if minutes < 0 else "+"
-    hours, mins = divmod(abs(minutes), 60)
+    # As Go's zone := offset / 60: whole minutes truncated toward zero, the sign taken after, so
+    # -00:25:21 is "-00:25" and -00:00:30 is "+00:00" (flooring gave "-00:26" and "-00:01").
+    seconds = int(offset.total_seconds())
+    minutes = abs(seconds) // 60
+    sign = "-" if seconds < 0 and minutes else "+"
+    hours, mins = divmod(minutes, 60)
     return f"{sign}{hours:02d}:{mins:02d}"

@@ -1,4 +1,5 @@
-"""Pod device lists: ``hami.io/vgpu-devices-allocated`` and ``-to-allocate`` (hami-wire.md section 2).
+"""Pod device lists: ``hami.io/vgpu-devices-allocated`` and ``-to-allocate``
+(docs/wire-format.md#device-lists).
 
 A list holds one slot per container, init containers first, then regular containers (HAMi >= 2.9);
 each slot is ended by ``;`` and holds that container's devices, each ended by ``:``, as

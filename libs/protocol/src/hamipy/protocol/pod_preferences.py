@@ -1,4 +1,4 @@
-"""The scheduling preferences users set as pod annotations (hami-wire.md section 2, "Set by users").
+"""The scheduling preferences users set as pod annotations (docs/wire-format.md#user-annotations).
 
 Parsed once into a frozen ``PodPreferences``; the extender then asks the predicates
 (``type_allowed``, ``uuid_allowed``, ``mode_allowed``) per device. Every bad value is a

@@ -1,7 +1,7 @@
 """The shared region, version 1.2: the one file the interposer and the monitor both speak.
 
 Every CUDA process of a container ``mmap``s the same file (``CUDA_DEVICE_MEMORY_SHARED_CACHE``,
-hami-wire.md section 6) and records its memory and SM use in its own process slot; the monitor
+docs/wire-format.md#region-file) and records its memory and SM use in its own process slot; the monitor
 reads the file to export per-container metrics and writes back two fields of priority feedback.
 This module is the Python side of that contract: the offsets as named constants, a ``ctypes``
 mirror to cross-check them, a decoder to typed snapshots, the two monitor-owned writers, and an
@@ -71,9 +71,10 @@ field really held, only agreement between fields is lost. The reader relies on x
 (loads are not reordered with loads) in place of acquire fences, which Python cannot issue.
 
 Container totals per device (``DeviceUsage``) sum over slots ``< proc_num`` whose status is non-zero:
-``used_bytes`` is the sum of ``used[i].total`` (hami-wire.md), likewise context, module and data.
-``sm_util`` is the sum of ``device_util[i].sm_util`` capped at 100: it is a percentage of the whole
-GPU, and NVML's per-process samples can overlap so that the raw sum exceeds 100.
+``used_bytes`` is the sum of ``used[i].total`` (docs/wire-format.md#region-file), likewise context,
+module and data. ``sm_util`` is the sum of ``device_util[i].sm_util`` capped at 100: it is a
+percentage of the whole GPU, and NVML's per-process samples can overlap so that the raw sum
+exceeds 100.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What each container of a pod asks of the GPUs (hami-wire.md section 3), and the webhook's defaults.
+"""What each container of a pod asks of the GPUs (docs/wire-format.md#resources), and the webhook's defaults.
 
 A container asks through five extended resources (names configurable): a vGPU count, memory in
 MiB or as a percentage of the device, a percentage of the device's SMs, and a task priority. Values
@@ -123,7 +123,8 @@ class PodRequests:
 
     @property
     def slots(self) -> tuple[ContainerRequest | None, ...]:
-        """All containers in device-list slot order: init containers first (hami-wire.md section 2)."""
+        """All containers in device-list slot order: init containers first
+        (docs/wire-format.md#device-lists)."""
         return self.init + self.containers
 
     @property
