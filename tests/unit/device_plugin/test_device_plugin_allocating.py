@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import builders
+import pytest
 
-from hamipy.device_plugin.allocating import choose, pending_pods
+from hamipy.device_plugin.allocating import Choice, choose, pending_pods
 from hamipy.protocol import ContainerDevice, decode_pod_devices, keys
 
 NODE = "gpu-node-1"
@@ -123,3 +124,53 @@ def test_missing_annotation_and_slot_past_the_containers_are_broken() -> None:
     reasons = {p["metadata"]["name"]: why for p, why in choice.broken}
     assert "missing" in reasons["missing"]
     assert "slot 2" in reasons["short"]
+
+
+def test_a_slot_just_past_the_last_container_is_broken() -> None:
+    choice = choose([pod("short", f";{DEV_A};", containers=("only",))], node=NODE, device_count=1)
+    assert choice.served is None
+    assert [why for _, why in choice.broken] == [
+        f"{keys.DEVICES_TO_ALLOCATE}: slot 1 but the pod has 1 containers (got ';{DEV_A};')"
+    ]
+
+
+@pytest.mark.parametrize("phase", ["success", "failed", None], ids=["success", "failed", "no-phase"])
+def test_only_pods_in_bind_phase_allocating_are_served(phase: str | None) -> None:
+    # success: every container served; failed: the plugin gave up on it; none: not bound by us.
+    p = pod("p", f"{DEV_A};")
+    if phase is None:
+        del p["metadata"]["annotations"][keys.BIND_PHASE]
+    else:
+        p["metadata"]["annotations"][keys.BIND_PHASE] = phase
+    assert pending_pods([p], NODE) == []
+    assert choose([p], node=NODE, device_count=1) == Choice(served=None, broken=[])
+
+
+INT64_MAX = 2**63 - 1
+"""The largest bind-time a Go writer (``time.Unix()``, an int64) can stamp."""
+
+
+@pytest.mark.parametrize(
+    "stamp",
+    [None, "", "soon", "-5", "1.5", "²"],
+    ids=["absent", "empty", "word", "negative", "fraction", "superscript-digit"],
+)
+@pytest.mark.parametrize("stamped", [1_750_000_000, INT64_MAX], ids=["now", "int64-max"])
+def test_a_pod_without_a_readable_bind_time_is_served_after_stamped_ones(
+    stamp: str | None, stamped: int
+) -> None:
+    # "a-..." sorts first by name: only the bind time puts it last.
+    unreadable = pod("a-unstamped", f"{DEV_A};")
+    del unreadable["metadata"]["annotations"][keys.BIND_TIME]
+    if stamp is not None:
+        unreadable["metadata"]["annotations"][keys.BIND_TIME] = stamp
+    pods = [unreadable, pod("z-stamped", f"{DEV_B};", bind_time=stamped)]
+    assert [p["metadata"]["name"] for p in pending_pods(pods, NODE)] == ["z-stamped", "a-unstamped"]
+    served = choose(pods, node=NODE, device_count=1).served
+    assert served is not None
+    assert served.name == "z-stamped"
+
+
+def test_pods_bound_in_the_same_second_are_served_by_name() -> None:
+    pods = [pod("b", f"{DEV_A};", bind_time=7), pod("a", f"{DEV_B};", bind_time=7)]
+    assert [p["metadata"]["name"] for p in pending_pods(pods, NODE)] == ["a", "b"]

@@ -1,19 +1,32 @@
-"""The extender's unit tests' pods and nodes (``builders``' as an API server stores them) and an
-in-memory API server."""
+"""The extender's unit tests' pods and nodes (``builders``' as an API server stores them), an
+in-memory API server, and a binder and scheduler over it (``bind_rig``)."""
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
+import inspect
+import io
 import itertools
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import builders
 from builders import container, gpu
 
+from hamipy.extender.binding import Binder
+from hamipy.extender.model import ClusterModel
+from hamipy.extender.scheduler import Scheduler
+from hamipy.extender.settings import ExtenderSettings
+from hamipy.extender.telemetry import Telemetry
 from hamipy.kube.errors import Conflict, KubeError, NotFound
+from hamipy.kube.events import EventRecorder
+from hamipy.protocol import keys
+from hamipy.protocol.config import Config
 from hamipy.protocol.devices import DeviceInfo
+from hamipy.protocol.node_lock import NodeLock, format_node_lock
 
 
 def node(
@@ -62,6 +75,11 @@ def _merge(target: dict[str, Any], patch: dict[str, Any]) -> None:
             target[key] = copy.deepcopy(value)
 
 
+RequestHook = Callable[[str, str, Any], Awaitable[None] | None]
+"""Called with (method, path, body) as each request arrives, before it is answered: it may change
+the stored objects (another writer got there first), raise a ``KubeError`` (this request fails) or,
+as a coroutine, hold the request until the test lets it go."""
+
 WatchStep = dict[str, Any] | BaseException | asyncio.Event
 """One step of a scripted watch: an event sent, an exception raised, or a pause until the test
 sets the ``asyncio.Event``."""
@@ -69,8 +87,10 @@ sets the ``asyncio.Event``."""
 
 class FakeKube:
     """Enough of an API server for binds and informers: nodes, pods, bindings, events;
-    resourceVersions enforced. Lists answer what ``nodes`` and ``pods`` hold now; each watch of a
-    path replays the next script in ``streams[path]`` and, with none left, stays open and quiet."""
+    resourceVersions and UID preconditions enforced (patches and bindings). Lists answer what
+    ``nodes`` and ``pods`` hold now; each watch of a path replays the next script in
+    ``streams[path]`` and, with none left, stays open and quiet. ``fail`` fails every request to
+    a (method, path); ``on_request`` sees each request first (``RequestHook``)."""
 
     def __init__(self) -> None:
         self.nodes: dict[str, dict[str, Any]] = {}
@@ -81,6 +101,7 @@ class FakeKube:
         self._rv = itertools.count(100)
         self.streams: dict[str, list[list[WatchStep]]] = {}
         self.watches: list[tuple[str, dict[str, str]]] = []
+        self.on_request: RequestHook | None = None
 
     def add_node(self, obj: dict[str, Any]) -> None:
         obj = copy.deepcopy(obj)
@@ -91,6 +112,11 @@ class FakeKube:
         obj = copy.deepcopy(obj)
         obj["metadata"]["resourceVersion"] = str(next(self._rv))
         self.pods[(obj["metadata"]["namespace"], obj["metadata"]["name"])] = obj
+
+    def write_node(self, name: str, annotations: dict[str, str | None]) -> None:
+        """Another writer changes the node's ``annotations`` (None removes one): a new
+        resourceVersion, as a heartbeat or the device plugin would make."""
+        self._write(self.nodes[name], {"metadata": {"annotations": annotations}})
 
     def _write(self, obj: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
         meta = patch.get("metadata") or {}
@@ -117,6 +143,10 @@ class FakeKube:
         timeout_s: float = 10.0,
     ) -> Any:
         self.calls.append((method, path))
+        if self.on_request is not None:
+            held = self.on_request(method, path, body)
+            if inspect.isawaitable(held):
+                await held
         failure = self.fail.get((method, path))
         if failure is not None:
             raise failure
@@ -148,6 +178,9 @@ class FakeKube:
             if len(parts) == 7 and parts[6] == "binding":
                 if obj["spec"].get("nodeName"):
                     raise Conflict("already bound", status=409)
+                uid = (body.get("metadata") or {}).get("uid")
+                if uid and uid != obj["metadata"].get("uid"):
+                    raise Conflict("uid precondition failed", status=409)
                 obj["spec"]["nodeName"] = body["target"]["name"]
                 obj["metadata"]["resourceVersion"] = str(next(self._rv))
                 return {"kind": "Status", "status": "Success"}
@@ -194,3 +227,69 @@ def watch_event(kind: str, obj: dict[str, Any]) -> dict[str, Any]:
 def gone() -> dict[str, Any]:
     """The watch event of an expired resourceVersion (HTTP 410 in the stream)."""
     return {"type": "ERROR", "object": {"kind": "Status", "code": 410, "message": "too old resource version"}}
+
+
+# -- a binder and a scheduler over a FakeKube -----------------------------------------------------------
+
+BIND_SETTINGS = ExtenderSettings(bind_timeout_s=1.0, api_timeout_s=1.0)
+"""Bind settings of the unit tests: a short wait for a lock, the default lock expiry (5 minutes)."""
+
+
+@dataclasses.dataclass
+class BindRig:
+    kube: FakeKube
+    model: ClusterModel
+    binder: Binder
+    scheduler: Scheduler
+    telemetry: Telemetry
+    log: io.StringIO
+    """The extender's log lines (JSON), as written."""
+
+    def lock(self, node_name: str = "n") -> str | None:
+        """The node lock's value on ``node_name`` now, None when there is none."""
+        value: str | None = self.kube.nodes[node_name]["metadata"].get("annotations", {}).get(keys.NODE_LOCK)
+        return value
+
+    def locked_by(self, namespace: str, name: str | None, when: datetime, node_name: str = "n") -> str:
+        """Put a lock taken at ``when`` by ``namespace/name`` (``name`` None: a legacy lock, time
+        only) on the node; returns its value."""
+        owner = (namespace, name) if name is not None else (None, None)
+        value = format_node_lock(NodeLock(when.replace(microsecond=0), *owner))
+        self.kube.nodes[node_name]["metadata"]["annotations"][keys.NODE_LOCK] = value
+        return value
+
+
+def bind_rig(
+    settings: ExtenderSettings = BIND_SETTINGS,
+    *nodes: dict[str, Any],
+    wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+) -> BindRig:
+    """A ``Binder`` (and the ``Scheduler`` around it) over a ``FakeKube`` holding ``nodes`` (none:
+    node ``n`` with one GPU ``A`` split 2 ways), whose model has seen the nodes and no pods."""
+    kube = FakeKube()
+    for n in nodes or (node("n", [gpu("A", 0, count=2)]),):
+        kube.add_node(n)
+    model = ClusterModel()
+    model.replace_nodes(kube.nodes.values())
+    model.replace_pods([])
+    log = io.StringIO()
+    telemetry = Telemetry.create(stream=log)
+    binder = Binder(
+        api=kube, model=model, config=Config(), settings=settings, telemetry=telemetry, wall_clock=wall_clock
+    )
+    events = EventRecorder(None, component="hamipy-extender", logger=telemetry.logger)
+    scheduler = Scheduler(
+        model=model, config=Config(), settings=settings, telemetry=telemetry, events=events, binder=binder
+    )
+    return BindRig(kube, model, binder, scheduler, telemetry, log)
+
+
+def bind_args(p: dict[str, Any], node_name: str = "n") -> dict[str, str]:
+    """The ExtenderBindingArgs kube-scheduler sends to bind ``p`` to ``node_name``."""
+    meta = p["metadata"]
+    return {
+        "PodName": meta["name"],
+        "PodNamespace": meta["namespace"],
+        "PodUID": meta["uid"],
+        "Node": node_name,
+    }

@@ -5,68 +5,26 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import io
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from builders import container, gpu
-from extender_fakes import FakeKube, node, pod
+from extender_fakes import BIND_SETTINGS, BindRig, bind_args, bind_rig, node, pod
 
 from hamipy.devcluster.waiting import wait_for
-from hamipy.extender.binding import Binder
 from hamipy.extender.errors import BindRefused, LockTimeout
 from hamipy.extender.invariant import check_cluster
-from hamipy.extender.model import ClusterModel, PodUid
-from hamipy.extender.scheduler import Scheduler
-from hamipy.extender.settings import ExtenderSettings
-from hamipy.extender.telemetry import Telemetry
+from hamipy.extender.model import PodUid
 from hamipy.kube.errors import KubeError
-from hamipy.kube.events import EventRecorder
 from hamipy.protocol import keys
-from hamipy.protocol.config import Config
 from hamipy.protocol.node_lock import NodeLock, format_node_lock, parse_node_lock
 
-SETTINGS = ExtenderSettings(bind_timeout_s=1.0, api_timeout_s=1.0)
-
-
-@dataclasses.dataclass
-class Rig:
-    kube: FakeKube
-    model: ClusterModel
-    binder: Binder
-    scheduler: Scheduler
-    telemetry: Telemetry
-
-
-def rig(settings: ExtenderSettings = SETTINGS, *nodes: dict[str, Any]) -> Rig:
-    kube = FakeKube()
-    for n in nodes or (node("n", [gpu("A", 0, count=2)]),):
-        kube.add_node(n)
-    model = ClusterModel()
-    model.replace_nodes(kube.nodes.values())
-    model.replace_pods([])
-    telemetry = Telemetry.create(stream=io.StringIO())
-    binder = Binder(api=kube, model=model, config=Config(), settings=settings, telemetry=telemetry)
-    events = EventRecorder(None, component="hamipy-extender", logger=telemetry.logger)
-    scheduler = Scheduler(
-        model=model, config=Config(), settings=settings, telemetry=telemetry, events=events, binder=binder
-    )
-    return Rig(kube, model, binder, scheduler, telemetry)
-
-
-def bind_args(p: dict[str, Any], node_name: str = "n") -> dict[str, str]:
-    meta = p["metadata"]
-    return {
-        "PodName": meta["name"],
-        "PodNamespace": meta["namespace"],
-        "PodUID": meta["uid"],
-        "Node": node_name,
-    }
+SETTINGS = BIND_SETTINGS
 
 
 async def test_bind_writes_annotations_label_binding_and_releases_lock() -> None:
-    r = rig()
+    r = bind_rig()
     p = pod("p", container(gpu=1, gpumem=1000, gpucores=20))
     r.kube.add_pod(p)
     result = r.scheduler.filter({"Pod": p, "NodeNames": ["n"]})
@@ -85,7 +43,7 @@ async def test_bind_writes_annotations_label_binding_and_releases_lock() -> None
 
 
 async def test_hami_compatible_mode_leaves_the_lock_for_the_device_plugin() -> None:
-    r = rig(dataclasses.replace(SETTINGS, release_lock_after_bind=False))
+    r = bind_rig(dataclasses.replace(SETTINGS, release_lock_after_bind=False))
     p = pod("p")
     r.kube.add_pod(p)
     await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
@@ -94,7 +52,7 @@ async def test_hami_compatible_mode_leaves_the_lock_for_the_device_plugin() -> N
 
 
 async def test_bind_rechecks_fresh_state_and_replans() -> None:
-    r = rig(SETTINGS, node("n", [gpu("A", 0, count=1), gpu("B", 1, count=1)]))
+    r = bind_rig(SETTINGS, node("n", [gpu("A", 0, count=1), gpu("B", 1, count=1)]))
     p = pod("p")
     r.kube.add_pod(p)
     r.scheduler.filter({"Pod": p, "NodeNames": ["n"]})
@@ -115,7 +73,7 @@ async def test_bind_rechecks_fresh_state_and_replans() -> None:
 
 
 async def test_bind_refused_when_nothing_fits_any_more_and_cleans_up() -> None:
-    r = rig(SETTINGS, node("n", [gpu("A", 0, count=1)]))
+    r = bind_rig(SETTINGS, node("n", [gpu("A", 0, count=1)]))
     p = pod("p")
     r.kube.add_pod(p)
     r.scheduler.filter({"Pod": p, "NodeNames": ["n"]})
@@ -130,7 +88,7 @@ async def test_bind_refused_when_nothing_fits_any_more_and_cleans_up() -> None:
 
 
 async def test_failed_binding_removes_written_annotations() -> None:
-    r = rig()
+    r = bind_rig()
     p = pod("p")
     r.kube.add_pod(p)
     r.kube.fail[("POST", "/api/v1/namespaces/ns/pods/p/binding")] = KubeError("boom", status=500)
@@ -139,11 +97,6 @@ async def test_failed_binding_removes_written_annotations() -> None:
     ann = r.kube.pods[("ns", "p")]["metadata"]["annotations"]
     assert keys.DEVICES_ALLOCATED not in ann
     assert keys.NODE_LOCK not in r.kube.nodes["n"]["metadata"]["annotations"]
-
-
-def locked_by(r: Rig, namespace: str, name: str, when: datetime) -> None:
-    value = format_node_lock(NodeLock(when.replace(microsecond=0), namespace, name))
-    r.kube.nodes["n"]["metadata"]["annotations"][keys.NODE_LOCK] = value
 
 
 @pytest.mark.parametrize(
@@ -156,8 +109,8 @@ def locked_by(r: Rig, namespace: str, name: str, when: datetime) -> None:
     ],
 )
 async def test_stale_locks_are_broken(owner: str | None, age: int, reason: str) -> None:
-    r = rig()
-    locked_by(r, "ns", "old", datetime.now(UTC) - timedelta(seconds=age))
+    r = bind_rig()
+    r.locked_by("ns", "old", datetime.now(UTC) - timedelta(seconds=age))
     if owner in ("Succeeded", "Running"):
         r.kube.add_pod(pod("old", node_name="n", phase=owner))
     elif owner == "success":
@@ -170,8 +123,8 @@ async def test_stale_locks_are_broken(owner: str | None, age: int, reason: str) 
 
 
 async def test_live_lock_is_waited_for_then_times_out() -> None:
-    r = rig(dataclasses.replace(SETTINGS, bind_timeout_s=0.3))
-    locked_by(r, "ns", "holder", datetime.now(UTC))
+    r = bind_rig(dataclasses.replace(SETTINGS, bind_timeout_s=0.3))
+    r.locked_by("ns", "holder", datetime.now(UTC))
     r.kube.add_pod(pod("holder", phase="Pending"))
     r.kube.add_pod(pod("p"))
     with pytest.raises(LockTimeout, match="ns/holder"):
@@ -179,8 +132,8 @@ async def test_live_lock_is_waited_for_then_times_out() -> None:
 
 
 async def test_waiting_bind_proceeds_once_the_lock_is_released() -> None:
-    r = rig()
-    locked_by(r, "ns", "holder", datetime.now(UTC))
+    r = bind_rig()
+    r.locked_by("ns", "holder", datetime.now(UTC))
     r.kube.add_pod(pod("holder", phase="Pending"))
     r.kube.add_pod(pod("p"))
     task = asyncio.create_task(r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n"))
@@ -191,7 +144,7 @@ async def test_waiting_bind_proceeds_once_the_lock_is_released() -> None:
 
 
 async def test_concurrent_binds_never_overcommit() -> None:
-    r = rig(SETTINGS, node("n", [gpu("A", 0, count=3)]))
+    r = bind_rig(SETTINGS, node("n", [gpu("A", 0, count=3)]))
     pods = [pod(f"p{i}") for i in range(6)]
     for p in pods:
         r.kube.add_pod(p)
@@ -201,7 +154,7 @@ async def test_concurrent_binds_never_overcommit() -> None:
 
 
 async def test_bind_of_unknown_or_replaced_pod_is_refused() -> None:
-    r = rig()
+    r = bind_rig()
     with pytest.raises(BindRefused, match="no longer exists"):
         await r.binder.bind(namespace="ns", name="nope", uid="x", node="n")
     r.kube.add_pod(pod("p"))
@@ -210,7 +163,7 @@ async def test_bind_of_unknown_or_replaced_pod_is_refused() -> None:
 
 
 async def test_pod_without_gpu_is_bound_without_lock() -> None:
-    r = rig()
+    r = bind_rig()
     r.kube.add_pod(pod("p", container()))
     await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
     assert ("PATCH", "/api/v1/nodes/n") not in r.kube.calls
@@ -219,11 +172,11 @@ async def test_pod_without_gpu_is_bound_without_lock() -> None:
 # -- lock sessions: binds queued on one node share the lock and the fresh state ------------------------
 
 
-def _lists(r: Rig) -> int:
+def _lists(r: BindRig) -> int:
     return sum(1 for method, path in r.kube.calls if method == "GET" and path == "/api/v1/pods")
 
 
-def _record_lock_owner_at_pod_patches(r: Rig) -> list[tuple[str, str | None]]:
+def _record_lock_owner_at_pod_patches(r: BindRig) -> list[tuple[str, str | None]]:
     """(pod patched, lock owner at that moment) for every allocation patch."""
     seen: list[tuple[str, str | None]] = []
     request = r.kube.request
@@ -243,7 +196,7 @@ def _record_lock_owner_at_pod_patches(r: Rig) -> list[tuple[str, str | None]]:
 
 
 async def test_queued_binds_on_one_node_share_one_lock_session() -> None:
-    r = rig(SETTINGS, node("n", [gpu("A", 0, count=10)]))
+    r = bind_rig(SETTINGS, node("n", [gpu("A", 0, count=10)]))
     pods = [pod(f"p{i}") for i in range(5)]
     for p in pods:
         r.kube.add_pod(p)
@@ -260,7 +213,7 @@ async def test_queued_binds_on_one_node_share_one_lock_session() -> None:
 
 
 async def test_session_rereads_fresh_state_when_the_node_changed() -> None:
-    r = rig(SETTINGS, node("n", [gpu("A", 0, count=10)]))
+    r = bind_rig(SETTINGS, node("n", [gpu("A", 0, count=10)]))
     pods = [pod(f"p{i}") for i in range(3)]
     for p in pods:
         r.kube.add_pod(p)
@@ -283,7 +236,7 @@ async def test_session_rereads_fresh_state_when_the_node_changed() -> None:
 
 
 async def test_session_whose_lock_was_broken_takes_the_full_path() -> None:
-    r = rig(SETTINGS, node("n", [gpu("A", 0, count=10)]))
+    r = bind_rig(SETTINGS, node("n", [gpu("A", 0, count=10)]))
     pods = [pod(f"p{i}") for i in range(2)]
     for p in pods:
         r.kube.add_pod(p)

@@ -71,7 +71,8 @@ def _annotations(pod: Mapping[str, Any]) -> Mapping[str, str]:
 
 def _bind_time(pod: Mapping[str, Any]) -> int:
     text = _annotations(pod).get(keys.BIND_TIME, "")
-    return int(text) if text.isdigit() else 2**63
+    # ASCII only: str.isdigit() also accepts digits int() refuses ("²").
+    return int(text) if text.isascii() and text.isdigit() else 2**63
 
 
 def pending_pods(

@@ -175,6 +175,8 @@ class Binder:
                 why = state.problem or (
                     f"a pod on it has a malformed {keys.DEVICES_ALLOCATED}"
                     if state.bad_pods
+                    else f"no {keys.NODE_REGISTER} annotation"
+                    if not state.registered
                     else "handshake timed out"
                 )
                 raise BindRefused(f"node {node} cannot take GPU pods now: {why}")
@@ -224,7 +226,7 @@ class Binder:
         except BaseException:
             self.model.release(PodUid(uid), only_reserved=False)
             if patched:
-                await self._unannotate(namespace, name)
+                await self._unannotate(namespace, name, str(_meta(pod).get("uid", "")))
             if locked:
                 await self._release(node, namespace, name)
                 locked = False
@@ -246,34 +248,43 @@ class Binder:
         timeout = self.settings.api_timeout_s
         node_obj, owner = session.node_obj, session.owner
         fresh: ClusterModel | None = session.fresh
-        for _ in range(5):
-            mine = format_node_lock(NodeLock(self.wall_clock().replace(microsecond=0), namespace, name))
-            try:
-                written = await patch_node_annotations(
-                    self.api,
-                    node,
-                    {keys.NODE_LOCK: mine},
-                    resource_version=str(_meta(node_obj).get("resourceVersion")),
-                    timeout_s=timeout,
-                )
-            except Conflict:
-                # The node changed since we wrote it (a heartbeat, the device plugin): still ours?
+        try:
+            for _ in range(5):
+                mine = format_node_lock(NodeLock(self.wall_clock().replace(microsecond=0), namespace, name))
                 try:
-                    node_obj = await get_node(self.api, node, timeout_s=timeout)
-                except NotFound:
-                    return None
-                value = (_meta(node_obj).get("annotations") or {}).get(keys.NODE_LOCK) or ""
-                try:
-                    held = parse_node_lock(value)
-                except ProtocolError:
-                    return None
-                if not owned_by(held, namespace=owner[0], name=owner[1]):
-                    return None  # broken by someone: the full path decides
-                fresh = None  # re-read below: the node may have changed
-                continue
-            if fresh is None:
-                fresh = await self._fresh_model(written, exclude=pod_uid)
-            return written, fresh
+                    written = await patch_node_annotations(
+                        self.api,
+                        node,
+                        {keys.NODE_LOCK: mine},
+                        resource_version=str(_meta(node_obj).get("resourceVersion")),
+                        timeout_s=timeout,
+                    )
+                except Conflict:
+                    # The node changed since we wrote it (a heartbeat, the device plugin): still ours?
+                    try:
+                        node_obj = await get_node(self.api, node, timeout_s=timeout)
+                    except NotFound:
+                        return None
+                    value = (_meta(node_obj).get("annotations") or {}).get(keys.NODE_LOCK) or ""
+                    try:
+                        held = parse_node_lock(value)
+                    except ProtocolError:
+                        return None
+                    if not owned_by(held, namespace=owner[0], name=owner[1]):
+                        return None  # broken by someone: the full path decides
+                    fresh = None  # re-read below: the node may have changed
+                    continue
+                if fresh is None:
+                    fresh = await self._fresh_model(written, exclude=pod_uid)
+                return written, fresh
+        except BaseException:
+            # The lock is ours, named after the previous pod or already after this one: free it.
+            await self._release(node, namespace, name)
+            await self._release(node, *owner)
+            raise
+        # Every hand-over lost a race: the lock still names the previous pod, which the full path
+        # would wait for as another pod's (it is bound, not served). Free it first.
+        await self._release(node, *owner)
         return None
 
     async def _acquire(self, node: str, namespace: str, name: str, deadline: float) -> dict[str, Any]:
@@ -381,9 +392,11 @@ class Binder:
                 fresh.apply_pod("ADDED", pod)
         return fresh
 
-    async def _unannotate(self, namespace: str, name: str) -> None:
+    async def _unannotate(self, namespace: str, name: str, uid: str) -> None:
+        # The UID precondition: a new pod of the same name (a StatefulSet's) is never stripped.
         body = {
             "metadata": {
+                "uid": uid,
                 "annotations": dict.fromkeys(_ALLOCATION_KEYS),
                 "labels": {keys.VGPU_NODE_LABEL: None},
             }
