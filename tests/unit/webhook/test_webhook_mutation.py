@@ -84,6 +84,27 @@ def test_names_only_in_requests_count_as_gpu_pod() -> None:
     assert out["spec"]["schedulerName"] == "hami-scheduler"
 
 
+@pytest.mark.parametrize(
+    "first",
+    [
+        pytest.param(container("sidecar"), id="no-resources"),
+        pytest.param(container("sidecar", limits={"cpu": "1"}), id="cpu-only"),
+    ],
+)
+@pytest.mark.parametrize("kind", ["containers", "initContainers"])
+def test_a_gpu_pod_whose_first_container_asks_nothing_is_still_a_gpu_pod(
+    first: dict[str, Any], kind: str
+) -> None:
+    # Without this, a sidecar (or init container) listed first lets the GPU pod bypass the webhook.
+    gpu_container = container("app", limits={"nvidia.com/gpu": "1"})
+    if kind == "containers":
+        p = pod("p", first, gpu_container, scheduler_name="default-scheduler")
+    else:
+        p = pod("p", container("app"), init=[first, gpu_container], scheduler_name="default-scheduler")
+    out = mutate(p)
+    assert out["spec"]["schedulerName"] == "hami-scheduler"
+
+
 def test_configured_resource_names_are_used() -> None:
     names = ResourceNames(count="example.com/vgpu", memory="example.com/vmem")
     s = MutationSettings(names=names)
