@@ -20,6 +20,7 @@ from stack_support import extender_config
 from hamipy.devcluster.binaries import KUBERNETES_VERSION, ensure_helm
 from hamipy.devcluster.config import SchedulerConfig, render_scheduler_config
 from hamipy.protocol.config import load_config
+from hamipy.webhook.admission_policy import admission_policies
 from hamipy.webhook.registration import webhook_configuration
 
 pytestmark = pytest.mark.integration
@@ -166,6 +167,30 @@ def test_webhook_configuration_is_the_one_the_webhook_builds(
     chart = one(rendered["defaults"], "MutatingWebhookConfiguration", "-webhook")
     code = webhook_configuration(service_name=f"{RELEASE}-webhook", service_namespace="hami-system")
     assert chart["webhooks"] == code["webhooks"]
+
+
+def test_admission_policies_are_the_ones_the_code_builds() -> None:
+    heads = ["system:serviceaccount:kube-system:hami-scheduler", "system:serviceaccount:kube-system:other"]
+    docs = render(
+        "hami-system",
+        "--set-json",
+        f"admissionPolicy.extraSchedulers={json.dumps(heads)}",
+        "--set-json",
+        'admissionPolicy.extraDevicePlugins=["system:serviceaccount:kube-system:hami-device-plugin"]',
+    )
+    chart = [d for d in docs if d["kind"].startswith("ValidatingAdmissionPolicy")]
+    code = admission_policies(
+        schedulers=[f"system:serviceaccount:hami-system:{RELEASE}-extender", *heads],
+        device_plugins=[
+            f"system:serviceaccount:hami-system:{RELEASE}-device-plugin",
+            "system:serviceaccount:kube-system:hami-device-plugin",
+        ],
+        prefix=f"{RELEASE}-",
+    )
+    # helm orders the documents by kind.
+    assert sorted(chart, key=json.dumps) == sorted(code, key=json.dumps)
+    off = render("hami-system", "--set", "admissionPolicy.enabled=false")
+    assert not [d for d in off if d["kind"].startswith("ValidatingAdmissionPolicy")]
 
 
 def test_cert_manager_mode_injects_the_ca(rendered: dict[str, list[dict[str, Any]]]) -> None:

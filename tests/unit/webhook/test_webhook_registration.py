@@ -43,10 +43,11 @@ def test_fails_closed_for_gpu_pods_only() -> None:
     [condition] = hook["matchConditions"]
     assert condition["expression"] == gpu_pod_expression()
     assert 1 <= hook["timeoutSeconds"] <= 30
-    for selector in (hook["namespaceSelector"], hook["objectSelector"]):
-        assert selector["matchExpressions"] == [
-            {"key": IGNORE_LABEL, "operator": "NotIn", "values": ["ignore"]}
-        ]
+    assert hook["namespaceSelector"]["matchExpressions"] == [
+        {"key": IGNORE_LABEL, "operator": "NotIn", "values": ["ignore"]}
+    ]
+    # No pod-level opt-out: a pod author must not be able to keep a GPU pod from the webhook.
+    assert "objectSelector" not in hook
 
 
 def test_expression_names_every_gpu_resource_in_limits_and_requests_of_both_container_lists() -> None:

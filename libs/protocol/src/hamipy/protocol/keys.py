@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import Final
 
 __all__ = [
+    "ALLOCATION_STATE_ANNOTATIONS",
+    "ALLOCATION_STATE_LABELS",
     "BIND_PHASE",
     "BIND_TIME",
     "DEVICES_ALLOCATED",
@@ -22,6 +24,7 @@ __all__ = [
     "NOUSE_GPU_TYPE",
     "NOUSE_GPU_UUID",
     "NUMA_BIND",
+    "PLUGIN_WRITTEN_ANNOTATIONS",
     "RESOURCE_CORES",
     "RESOURCE_COUNT",
     "RESOURCE_COUNT_ALT",
@@ -54,6 +57,21 @@ BIND_TIME: Final = "hami.io/bind-time"
 
 # Pod label mirroring VGPU_NODE (the monitor selects on it)
 VGPU_NODE_LABEL: Final = VGPU_NODE
+
+ALLOCATION_STATE_ANNOTATIONS: Final = (
+    VGPU_NODE,
+    VGPU_TIME,
+    DEVICES_TO_ALLOCATE,
+    DEVICES_ALLOCATED,
+    BIND_PHASE,
+    BIND_TIME,
+)
+"""The pod annotations that carry scheduling or allocation state: only the scheduler (our extender)
+may set or change them, and the device plugin those in ``PLUGIN_WRITTEN_ANNOTATIONS`` (the admission
+policy, docs/security.md; a tenant who could write them could pick their own slot)."""
+ALLOCATION_STATE_LABELS: Final = (VGPU_NODE_LABEL,)
+PLUGIN_WRITTEN_ANNOTATIONS: Final = (DEVICES_TO_ALLOCATE, BIND_PHASE)
+"""What the device plugin writes while serving ``Allocate``: the slots left and the phase."""
 
 # Pod annotations set by users (docs/wire-format.md#user-annotations)
 USE_GPU_TYPE: Final = "nvidia.com/use-gputype"

@@ -36,7 +36,9 @@ CONFIGURATION_NAME: Final = "hamipy-webhook"
 WEBHOOK_NAME: Final = "vgpu.webhook.hami-py.io"
 WEBHOOK_PATH: Final = "/webhook"
 IGNORE_LABEL: Final = "hami.io/webhook"
-"""Pods and namespaces labelled ``hami.io/webhook: ignore`` are skipped, as with HAMi's chart."""
+"""Namespaces labelled ``hami.io/webhook: ignore`` are skipped. Only on namespaces, which only the
+admin labels: HAMi's chart also honours it on pods, which let any pod author opt a GPU pod out of the
+webhook (docs/security.md)."""
 DEFAULT_TIMEOUT_S: Final = 10
 """The apiserver's wait for our answer. Admission takes well under 5 ms; 10 s (the Kubernetes
 default) only matters when the webhook is unreachable, which then fails GPU pods promptly."""
@@ -126,7 +128,6 @@ def webhook_configuration(
                 "timeoutSeconds": timeout_seconds,
                 "reinvocationPolicy": "IfNeeded",
                 "namespaceSelector": not_ignored(),
-                "objectSelector": not_ignored(),
             }
         ],
     }

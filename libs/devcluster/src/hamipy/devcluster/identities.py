@@ -1,0 +1,155 @@
+"""Identities other than admin on a dev cluster: ServiceAccounts, their rights, their tokens.
+
+The services of ``make up`` and the tenants of the security tests act as real ServiceAccounts with
+bearer tokens from the TokenRequest API, so RBAC and admission policies see them as a cluster would:
+``system:serviceaccount:<namespace>:<name>`` in the groups ``system:serviceaccounts`` and
+``system:serviceaccounts:<namespace>``. A token bound to a Node object carries the
+``authentication.kubernetes.io/node-name`` claim, as a device plugin pod's projected token does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Final
+
+import yaml
+
+from hamipy.kube.client import RawKube
+from hamipy.kube.errors import Conflict
+
+__all__ = [
+    "TENANT_POD_RULES",
+    "Identity",
+    "grant_cluster_role",
+    "grant_role",
+    "issue_identity",
+]
+
+TOKEN_SECONDS: Final = 86_400
+"""A day, as long as the dev cluster's certificates live."""
+TENANT_POD_RULES: Final = (
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "list", "delete"]},
+)
+"""What the issue's hostile tenant may do: pods in its own namespace, nothing else."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Identity:
+    """A ServiceAccount's bearer token and what a client needs besides it."""
+
+    user: str
+    token: str
+    server: str
+    ca_file: Path
+
+    def api_configuration(self) -> Any:
+        from kubernetes_asyncio.client import Configuration
+
+        cfg = Configuration(
+            host=self.server, api_key={"BearerToken": self.token}, api_key_prefix={"BearerToken": "Bearer"}
+        )
+        cfg.ssl_ca_cert = str(self.ca_file)
+        cfg.verify_ssl = True
+        return cfg
+
+    def api_client(self) -> Any:
+        """A new kubernetes_asyncio ApiClient acting as this identity; the caller closes it."""
+        from kubernetes_asyncio.client import ApiClient
+
+        return ApiClient(configuration=self.api_configuration())
+
+    def write_kubeconfig(self, path: Path) -> Path:
+        name = self.user.rsplit(":", 1)[-1]
+        doc = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "devcluster",
+                    "cluster": {"server": self.server, "certificate-authority": str(self.ca_file)},
+                }
+            ],
+            "users": [{"name": name, "user": {"token": self.token}}],
+            "contexts": [{"name": name, "context": {"cluster": "devcluster", "user": name}}],
+            "current-context": name,
+        }
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        path.chmod(0o600)
+        return path
+
+
+async def _create(kube: RawKube, path: str, body: dict[str, Any]) -> None:
+    with contextlib.suppress(Conflict):
+        await kube.request("POST", path, body=body)
+
+
+async def issue_identity(
+    api: Any, *, namespace: str, name: str, server: str, ca_file: Path, bound_node: str | None = None
+) -> Identity:
+    """Create ServiceAccount ``namespace/name`` (if missing) and a token for it, bound to Node
+    ``bound_node`` when given (the token then names that node, and dies with it)."""
+    kube = RawKube(api)
+    await _create(
+        kube,
+        f"/api/v1/namespaces/{namespace}/serviceaccounts",
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name}},
+    )
+    spec: dict[str, Any] = {"audiences": [], "expirationSeconds": TOKEN_SECONDS}
+    if bound_node is not None:
+        node = await kube.request("GET", f"/api/v1/nodes/{bound_node}")
+        uid = node["metadata"]["uid"]
+        spec["boundObjectRef"] = {"kind": "Node", "apiVersion": "v1", "name": bound_node, "uid": uid}
+    review = await kube.request(
+        "POST",
+        f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token",
+        body={"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec},
+    )
+    return Identity(
+        user=f"system:serviceaccount:{namespace}:{name}",
+        token=str(review["status"]["token"]),
+        server=server,
+        ca_file=ca_file,
+    )
+
+
+def _subject(namespace: str, name: str) -> dict[str, str]:
+    return {"kind": "ServiceAccount", "name": name, "namespace": namespace}
+
+
+async def grant_role(api: Any, *, namespace: str, account: str, rules: Sequence[dict[str, Any]]) -> None:
+    """A Role in ``namespace`` with ``rules``, bound to ServiceAccount ``namespace/account``."""
+    kube = RawKube(api)
+    role = f"{account}-rights"
+    base = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}"
+    await _create(kube, f"{base}/roles", {"metadata": {"name": role}, "rules": list(rules)})
+    await _create(
+        kube,
+        f"{base}/rolebindings",
+        {
+            "metadata": {"name": role},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
+            "subjects": [_subject(namespace, account)],
+        },
+    )
+
+
+async def grant_cluster_role(
+    api: Any, *, name: str, rules: Sequence[dict[str, Any]], accounts: Sequence[tuple[str, str]]
+) -> None:
+    """ClusterRole ``name`` with ``rules``, bound to the ServiceAccounts ``(namespace, name)``."""
+    kube = RawKube(api)
+    base = "/apis/rbac.authorization.k8s.io/v1"
+    await _create(kube, f"{base}/clusterroles", {"metadata": {"name": name}, "rules": list(rules)})
+    await _create(
+        kube,
+        f"{base}/clusterrolebindings",
+        {
+            "metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+            "subjects": [_subject(ns, account) for ns, account in accounts],
+        },
+    )
