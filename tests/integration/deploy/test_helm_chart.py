@@ -19,6 +19,7 @@ from stack_support import extender_config
 
 from hamipy.devcluster.binaries import KUBERNETES_VERSION, ensure_helm
 from hamipy.devcluster.config import SchedulerConfig, render_scheduler_config
+from hamipy.devcluster.identities import SERVICE_RULES
 from hamipy.protocol.config import load_config
 from hamipy.webhook.admission_policy import admission_policies
 from hamipy.webhook.registration import webhook_configuration
@@ -191,6 +192,14 @@ def test_admission_policies_are_the_ones_the_code_builds() -> None:
     assert sorted(chart, key=json.dumps) == sorted(code, key=json.dumps)
     off = render("hami-system", "--set", "admissionPolicy.enabled=false")
     assert not [d for d in off if d["kind"].startswith("ValidatingAdmissionPolicy")]
+
+
+@pytest.mark.parametrize("service", sorted(SERVICE_RULES))
+def test_make_up_runs_each_service_with_the_charts_rights(
+    rendered: dict[str, list[dict[str, Any]]], service: str
+) -> None:
+    role = one(rendered["defaults"], "ClusterRole", f"{RELEASE}-{service}")
+    assert role["rules"] == list(SERVICE_RULES[service])
 
 
 def test_cert_manager_mode_injects_the_ca(rendered: dict[str, list[dict[str, Any]]]) -> None:

@@ -3,10 +3,15 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+
+import pytest
+import yaml
 
 from hamipy.protocol import keys
 from hamipy.webhook.admission_policy import admission_policies, chart_file
+from hamipy.webhook.cli import main
 
 CHART_FILE = (
     Path(__file__).resolve().parents[3] / "deploy" / "helm" / "hami-py" / "files" / "admission-policies.yaml"
@@ -36,3 +41,13 @@ def test_every_allocation_key_is_guarded_and_the_plugin_writes_only_its_own() ->
     assert node_binding["spec"]["policyName"] == node_policy["metadata"]["name"]
     # The trace context is set by the webhook under the pod author's identity: never guarded.
     assert keys.TRACE_CONTEXT not in variables["changedAnnotations"]
+
+
+def test_manifest_policy_prints_the_policies_for_the_users_given(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["manifest", "--policy", "--format", "json", "--scheduler-user", "s1", "--scheduler-user", "s2"]
+    assert main([*argv, "--device-plugin-user", "p"], env={}) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == admission_policies(schedulers=["s1", "s2"], device_plugins=["p"])
+    assert main(["manifest", "--policy"], env={}) == 0
+    docs = [d for d in yaml.safe_load_all(capsys.readouterr().out) if d]
+    assert docs == admission_policies(schedulers=[], device_plugins=[])

@@ -16,7 +16,7 @@ import asyncio
 import dataclasses
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,18 @@ import yaml
 from hamipy.devcluster.nodes import NodeAgent, SimulatedNode
 from hamipy.devcluster.processes import ManagedProcess, free_port, http_ok
 
-__all__ = ["DevicePluginAgent", "FakeGpu", "MonitorAgent", "fake_gpu_config", "gpu_node_agents"]
+__all__ = [
+    "Credentials",
+    "DevicePluginAgent",
+    "FakeGpu",
+    "MonitorAgent",
+    "fake_gpu_config",
+    "gpu_node_agents",
+]
+
+Credentials = Callable[[str], Awaitable[Path]]
+"""Given the node's name, a kubeconfig for an agent on it (``ServiceIdentities.kubeconfig``): the
+agent then runs as its own ServiceAccount with a token bound to its node, as in a cluster."""
 
 PLUGIN_START_TIMEOUT_S = 60.0
 
@@ -68,10 +79,12 @@ class DevicePluginAgent:
         nvidia: Mapping[str, Any] | None = None,
         register_interval_s: float = 30.0,
         env: Mapping[str, str] | None = None,
+        credentials: Credentials | None = None,
     ) -> None:
         self.workdir = workdir
         self.gpus = list(gpus)
         self.kubeconfig = kubeconfig
+        self.credentials = credentials
         self.native_build = native_build
         self.plugin_dir = plugin_dir
         self.hook_path = workdir / "vgpu"
@@ -98,6 +111,7 @@ class DevicePluginAgent:
         if not (fake / "libnvidia-ml.so.1").is_file():
             raise FileNotFoundError(f"{fake}/libnvidia-ml.so.1 is missing: run `make native` first")
         config = await asyncio.to_thread(self._write_files)
+        kubeconfig = self.kubeconfig if self.credentials is None else await self.credentials(node.name)
         self.metrics_port = free_port()
         env = self.node_env()
         self.process = ManagedProcess(
@@ -109,7 +123,7 @@ class DevicePluginAgent:
                 "--node-name",
                 node.name,
                 "--kubeconfig",
-                str(self.kubeconfig),
+                str(kubeconfig),
                 "--config",
                 str(config),
                 "--plugin-dir",
@@ -161,8 +175,15 @@ class MonitorAgent:
     """Runs ``hamipy-monitor`` on a simulated GPU node (a ``NodeAgent``; attach it after the
     plugin): the node's fake NVML for host metrics, the plugin's hook directory for region files."""
 
-    def __init__(self, plugin: DevicePluginAgent, *, extra_args: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        plugin: DevicePluginAgent,
+        *,
+        extra_args: Sequence[str] = (),
+        credentials: Credentials | None = None,
+    ) -> None:
         self.plugin = plugin
+        self.credentials = credentials
         self.extra_args = tuple(extra_args)
         self.port: int | None = None
         self.process: ManagedProcess | None = None
@@ -181,6 +202,7 @@ class MonitorAgent:
 
     async def start(self, node: SimulatedNode) -> None:
         self.node = node.name
+        kubeconfig = self.plugin.kubeconfig if self.credentials is None else await self.credentials(node.name)
         self.port = free_port()
         self.process = ManagedProcess(
             f"monitor-{node.name}",
@@ -191,7 +213,7 @@ class MonitorAgent:
                 "--node-name",
                 node.name,
                 "--kubeconfig",
-                str(self.plugin.kubeconfig),
+                str(kubeconfig),
                 "--hook-path",
                 str(self.plugin.hook_path),
                 "--metrics-host",
@@ -228,11 +250,13 @@ def gpu_node_agents(
     record_dir: Path | None = None,
     plugin_dir: Path | None = None,
     env: Mapping[str, str] | None = None,
+    credentials: Credentials | None = None,
 ) -> tuple[Any, DevicePluginAgent]:
     """The two agents of a GPU node, in start order: the kubelet stand-in (it must be serving
     ``kubelet.sock`` first), then the device plugin. Pass both to ``NodePool.add(..., agents=...)``.
     ``plugin_dir`` (default ``<workdir>/device-plugins``) holds the unix sockets: keep its path short;
-    ``env`` is added to the plugin's environment (``OTEL_*`` for trace export, say)."""
+    ``env`` is added to the plugin's environment (``OTEL_*`` for trace export, say); ``credentials``
+    (default: ``kubeconfig``, admin) gives the plugin its own identity."""
     from hamipy.devcluster.kubelet_standin import KubeletStandIn
 
     plugin_dir = plugin_dir if plugin_dir is not None else workdir / "device-plugins"
@@ -245,5 +269,6 @@ def gpu_node_agents(
         plugin_dir=plugin_dir,
         nvidia=nvidia,
         env=env,
+        credentials=credentials,
     )
     return standin, plugin

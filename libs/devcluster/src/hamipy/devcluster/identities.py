@@ -21,8 +21,11 @@ from hamipy.kube.client import RawKube
 from hamipy.kube.errors import Conflict
 
 __all__ = [
+    "SERVICE_RULES",
+    "SYSTEM_NAMESPACE",
     "TENANT_POD_RULES",
     "Identity",
+    "ServiceIdentities",
     "grant_cluster_role",
     "grant_role",
     "issue_identity",
@@ -33,7 +36,23 @@ TOKEN_SECONDS: Final = 86_400
 TENANT_POD_RULES: Final = (
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "list", "delete"]},
 )
-"""What the issue's hostile tenant may do: pods in its own namespace, nothing else."""
+"""What a hostile tenant of the security tests may do: pods in its own namespace, nothing else."""
+SYSTEM_NAMESPACE: Final = "hami-system"
+SERVICE_RULES: Final[dict[str, tuple[dict[str, Any], ...]]] = {
+    "extender": (
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "patch"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "patch"]},
+        {"apiGroups": [""], "resources": ["pods/binding"], "verbs": ["create"]},
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
+    ),
+    "device-plugin": (
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "patch"]},
+    ),
+    "monitor": ({"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},),
+}
+"""Each service's ClusterRole: the chart's (a chart test checks they are equal), so ``make up``
+runs the services with the rights an install gives them."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,3 +172,41 @@ async def grant_cluster_role(
             "subjects": [_subject(ns, account) for ns, account in accounts],
         },
     )
+
+
+class ServiceIdentities:
+    """The services' ServiceAccounts in ``hami-system`` with their ClusterRoles, and kubeconfigs
+    for them: ``kubeconfig("extender")``, or ``kubeconfig("device-plugin", bound_node="n")`` for a
+    token that names its node (what the device plugin's admission policy checks)."""
+
+    def __init__(self, api: Any, *, server: str, ca_file: Path, workdir: Path) -> None:
+        self.api, self.server, self.ca_file, self.workdir = api, server, ca_file, workdir
+        self._granted: set[str] = set()
+
+    @staticmethod
+    def account(service: str) -> str:
+        return f"hamipy-{service}"
+
+    def user(self, service: str) -> str:
+        return f"system:serviceaccount:{SYSTEM_NAMESPACE}:{self.account(service)}"
+
+    async def kubeconfig(self, service: str, *, bound_node: str | None = None) -> Path:
+        from hamipy.devcluster.kubeobjects import ensure_namespace
+
+        account = self.account(service)
+        if service not in self._granted:
+            await ensure_namespace(self.api, SYSTEM_NAMESPACE)
+            await grant_cluster_role(
+                self.api, name=account, rules=SERVICE_RULES[service], accounts=[(SYSTEM_NAMESPACE, account)]
+            )
+            self._granted.add(service)
+        identity = await issue_identity(
+            self.api,
+            namespace=SYSTEM_NAMESPACE,
+            name=account,
+            server=self.server,
+            ca_file=self.ca_file,
+            bound_node=bound_node,
+        )
+        name = f"{account}-{bound_node}" if bound_node else account
+        return identity.write_kubeconfig(self.workdir / "identities" / f"{name}.kubeconfig")

@@ -5,7 +5,10 @@
 - the webhook (``hamipy-webhook serve``) over TLS with a certificate from a CA made here, and the
   MutatingWebhookConfiguration it ships (``hamipy-webhook manifest``) pointing at it;
 - three simulated GPU nodes with different GPU models, each with its real device plugin process
-  over the fake NVML driver, a kubelet stand-in and the monitor process (``gpu_nodes``).
+  over the fake NVML driver, a kubelet stand-in and the monitor process (``gpu_nodes``);
+- the admission policies that keep allocation state to the extender and the device plugins
+  (``hamipy-webhook manifest --policy``), with each service running as its own ServiceAccount with
+  the chart's rights (``identities``; the device plugins' tokens bound to their nodes).
 
 The services run as their own console-script processes: devcluster is a library below the
 services and never imports them.
@@ -27,11 +30,13 @@ from typing import Any, Final
 
 from hamipy.devcluster.config import ExtenderConfig, ManagedResource, SchedulerConfig
 from hamipy.devcluster.gpu_nodes import FakeGpu, MonitorAgent, gpu_node_agents
+from hamipy.devcluster.identities import ServiceIdentities
 from hamipy.devcluster.kubeobjects import API_TIMEOUT_S
 from hamipy.devcluster.nodes import NodePool, NodeSpec
 from hamipy.devcluster.pki import CERT_VALIDITY
 from hamipy.devcluster.processes import ManagedProcess, free_port, http_ok
 from hamipy.kube.certs import issue_cert, make_ca
+from hamipy.kube.client import RawKube
 
 __all__ = ["GPU_NODE_MODELS", "GpuNodeModel", "LocalStack"]
 
@@ -110,8 +115,13 @@ class LocalStack:
         # Unix socket paths are limited to 107 bytes: the nodes' device-plugin directories live in
         # a short directory of their own, not under the (possibly deep) state directory.
         self.socket_root = Path(tempfile.mkdtemp(prefix="hamipy-up-", dir="/tmp"))
+        access = cluster.access
+        self.identities = ServiceIdentities(
+            api, server=access.server, ca_file=access.ca_file, workdir=self.workdir
+        )
 
     async def start(self, *, models: Sequence[GpuNodeModel] = GPU_NODE_MODELS) -> None:
+        await self.install_admission_policies()
         await self.start_extender()
         await self.start_webhook()
         for i, model in enumerate(models):
@@ -127,9 +137,43 @@ class LocalStack:
             what=what,
         )
 
+    async def install_admission_policies(self) -> None:
+        """The chart's policies for this stack's identities: from here on only the extender (and
+        the device plugins, their own keys on their own nodes) write allocation state."""
+        printed = await asyncio.to_thread(
+            subprocess.run,
+            [
+                sys.executable,
+                "-m",
+                "hamipy.webhook.cli",
+                "manifest",
+                "--policy",
+                "--format",
+                "json",
+                "--scheduler-user",
+                self.identities.user("extender"),
+                "--device-plugin-user",
+                self.identities.user("device-plugin"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        kube = RawKube(self.api)
+        for doc in json.loads(printed.stdout):
+            plural = (
+                "validatingadmissionpolicybindings"
+                if doc["kind"].endswith("Binding")
+                else "validatingadmissionpolicies"
+            )
+            await kube.request(
+                "POST", f"/apis/admissionregistration.k8s.io/v1/{plural}", body=doc, timeout_s=API_TIMEOUT_S
+            )
+
     async def start_extender(self) -> None:
         port = free_port()
-        kubeconfig = str(self.cluster.access.kubeconfig)
+        kubeconfig = str(await self.identities.kubeconfig("extender"))
         process = _service(
             "hamipy-extender",
             [
@@ -231,9 +275,10 @@ class LocalStack:
             record_dir=self.workdir / name / "allocations",
             plugin_dir=self.socket_root / name,
             env=self.env,
+            credentials=lambda node: self.identities.kubeconfig("device-plugin", bound_node=node),
         )
         standin, plugin = agents
-        monitor = MonitorAgent(plugin)
+        monitor = MonitorAgent(plugin, credentials=lambda _node: self.identities.kubeconfig("monitor"))
         await self.pool.add(
             NodeSpec(name=name, labels={"hami-py.io/gpu-node": "true"}), agents=(standin, plugin, monitor)
         )

@@ -3,6 +3,7 @@
     hamipy-webhook [serve] --cert-file tls.crt --key-file tls.key [--config hami-py.yaml] ...
     hamipy-webhook certs --namespace hami-system [--create-webhook-config] [--cert-dir DIR]
     hamipy-webhook manifest [--url https://127.0.0.1:8443/webhook --ca-file ca.crt]
+    hamipy-webhook manifest --policy --scheduler-user U --device-plugin-user U
 
 Every flag may also come from the environment (``HAMIPY_WEBHOOK_<FLAG>``, e.g.
 ``HAMIPY_WEBHOOK_PORT=9443``, through ``hamipy.kube.options.EnvFlags``); the shared configuration
@@ -41,6 +42,7 @@ from hamipy.protocol.config import Config, load_config_file
 from hamipy.telemetry import TracingConfigError
 from hamipy.telemetry.supervision import serve_until_signal
 from hamipy.webhook import certs, registration
+from hamipy.webhook.admission_policy import admission_policies
 from hamipy.webhook.admitting import Admitter
 from hamipy.webhook.certificate_setup import CertificateSetupError, ensure_certificates
 from hamipy.webhook.mutation import MutationSettings
@@ -152,7 +154,9 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
     )
 
     manifest = commands.add_parser(
-        "manifest", help="print the MutatingWebhookConfiguration we ship (YAML, or JSON)"
+        "manifest",
+        help="print the MutatingWebhookConfiguration we ship, or with --policy the admission policies "
+        "that guard allocation state (YAML, or JSON)",
     )
     config_flag(manifest)
     manifest.add_argument("--namespace", default=flags.text("namespace", "hami-system"))
@@ -160,6 +164,24 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
     manifest.add_argument("--url", default=None, help="reach the webhook at this URL instead of the Service")
     manifest.add_argument("--ca-file", type=Path, default=None, help="PEM CA to put in caBundle")
     manifest.add_argument("--format", choices=["yaml", "json"], default="yaml")
+    manifest.add_argument(
+        "--policy",
+        action="store_true",
+        help="print the ValidatingAdmissionPolicies and bindings instead (docs/security.md)",
+    )
+    manifest.add_argument(
+        "--scheduler-user",
+        action="append",
+        default=[],
+        help="with --policy: a user that writes all allocation state (the extender's service account, "
+        "system:serviceaccount:NS:NAME); repeat for more",
+    )
+    manifest.add_argument(
+        "--device-plugin-user",
+        action="append",
+        default=[],
+        help="with --policy: a device plugin's user (writes its keys on its own node only); repeat for more",
+    )
     return parser
 
 
@@ -250,6 +272,15 @@ async def _certs(args: argparse.Namespace) -> int:
 
 
 def _manifest(args: argparse.Namespace) -> int:
+    if args.policy:
+        docs = admission_policies(schedulers=args.scheduler_user, device_plugins=args.device_plugin_user)
+        text = (
+            json.dumps(docs, indent=2) + "\n"
+            if args.format == "json"
+            else "".join(registration.render_yaml(d, header="---\n") for d in docs)
+        )
+        sys.stdout.write(text)
+        return 0
     names = _load_config(args.config).nvidia.resource_names
     ca = args.ca_file.read_bytes() if args.ca_file is not None else None
     doc = registration.webhook_configuration(
