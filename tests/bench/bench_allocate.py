@@ -70,6 +70,7 @@ def pending_pod(i: int) -> dict[str, Any]:
         },
         "spec": {
             "nodeName": NODE,
+            "schedulerName": "hami-scheduler",
             "containers": [
                 {
                     "name": "main",

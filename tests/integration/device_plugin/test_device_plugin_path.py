@@ -3,16 +3,19 @@ bind -> kubelet stand-in -> the real device plugin process over the fake NVML ->
 
 Each test runs one simulated GPU node (``gpu_node_agents``: the stand-in and a
 ``hamipy-device-plugin`` process), the webhook and one extender in this process, and the real
-control plane. Pods are created without a scheduler name: the webhook routes them.
+control plane. Pods are created without a scheduler name: the webhook routes them; the tenant's
+forged pods of issue 16 are bound by ``spec.nodeName`` and carry allocation annotations of their own.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import builders
 import pytest
 from builders import container
 from stack_support import (
@@ -25,6 +28,8 @@ from stack_support import (
 from hamipy.devcluster import API_TIMEOUT_S, DevCluster, NodePool, wait_for
 from hamipy.devcluster.gpu_nodes import FakeGpu
 from hamipy.devcluster.kubelet_standin import ContainerAllocation
+from hamipy.devcluster.kubeobjects import create_namespace, delete_namespace
+from hamipy.device_plugin.devices import gpu_of
 from hamipy.protocol import ContainerDevice, decode_node_devices, decode_pod_devices, keys
 
 pytestmark = pytest.mark.integration
@@ -38,7 +43,11 @@ GPUS = (
 def assert_matches_slot(
     allocation: ContainerAllocation, slot: list[ContainerDevice], hook: Path, uid: str
 ) -> None:
-    """The container's env and mounts say exactly what its ``vgpu-devices-allocated`` slot says."""
+    """The container's env and mounts say exactly what its ``vgpu-devices-allocated`` slot says,
+    and the kubelet's device IDs lie on the slot's GPUs (GetPreferredAllocation steered them)."""
+    assert sorted(gpu_of(d) for d in allocation.for_resource(RESOURCE).device_ids) == sorted(
+        d.uuid for d in slot
+    )
     env = allocation.for_resource(RESOURCE).envs
     assert env["NVIDIA_VISIBLE_DEVICES"] == ",".join(d.uuid for d in slot)
     for i, dev in enumerate(slot):
@@ -178,3 +187,79 @@ async def test_unhealthy_gpu_is_reported_and_gets_no_new_pods(gpu_stack: GpuStac
     for name in names:
         (slot,) = allocated_slots(await gpu_stack.served(name))
         assert [d.uuid for d in slot] == [GPUS[0].uuid]
+
+
+def forged_pod(
+    name: str, node: str, *containers: dict[str, Any], slot: list[ContainerDevice]
+) -> dict[str, Any]:
+    """A tenant's pod bound to ``node`` by ``spec.nodeName`` (no scheduler involved) with allocation
+    annotations of its own making: ``slot`` for its first container, waiting to be served."""
+    forged = [slot]
+    return builders.pod(
+        name,
+        *containers,
+        node_name=node,
+        terminationGracePeriodSeconds=0,
+        annotations=builders.allocation(
+            allocated=forged, to_allocate=forged, node=node, phase="allocating", bind_time=int(time.time())
+        ),
+    )
+
+
+async def test_a_pod_asking_no_gpu_never_takes_a_gpu_pods_slot(gpu_stack: GpuStack) -> None:
+    # Issue 16's hijack: before, the next GPU container on the node got this 1 MiB, 0-core slice.
+    hijack = forged_pod(
+        "hijack", gpu_stack.node, container("main"), slot=[ContainerDevice(GPUS[0].uuid, "NVIDIA", 1, 0)]
+    )
+    await gpu_stack.create(hijack)
+
+    async def hijack_running() -> bool:
+        phase: str | None = (await gpu_stack.pod("hijack"))["status"].get("phase")
+        return phase == "Running"
+
+    # Admitted without Allocate (it asks for no device), and in the plugin's view before the next pod.
+    await wait_for(hijack_running, timeout=30, interval=0.1, what="the hijack pod admitted")
+    await gpu_stack.create(gpu_stack.pod_body("legit", [container("main", gpu=1, gpumem=30000, gpucores=40)]))
+    pod = await gpu_stack.served("legit")
+    (slot,) = allocated_slots(pod)
+    assert [(d.usedmem, d.usedcores) for d in slot] == [(30000, 40)]
+    allocation = await gpu_stack.allocation("legit", "main")
+    assert_matches_slot(allocation, slot, gpu_stack.plugin.hook_path, pod["metadata"]["uid"])
+    assert allocation.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "30000m"
+    assert allocation.envs["CUDA_DEVICE_SM_LIMIT"] == "40"
+    left = (await gpu_stack.pod("hijack"))["metadata"]["annotations"]
+    assert left == hijack["metadata"]["annotations"], "the hijack pod is neither served nor touched"
+
+
+async def test_a_gpu_pod_another_scheduler_placed_is_refused_not_served(
+    gpu_stack: GpuStack, kube_client: Any
+) -> None:
+    # Issue 16's steal, from a namespace the webhook does not watch: the API server names the
+    # default scheduler, and the pod is bound by spec.nodeName with a slot of its own making.
+    other = await create_namespace(kube_client)
+    try:
+        steal = forged_pod(
+            "steal",
+            gpu_stack.node,
+            container("main", gpu=1, gpumem=30000, gpucores=40),
+            slot=[ContainerDevice(GPUS[0].uuid, "NVIDIA", 30000, 40)],
+        )
+        core: Any = gpu_stack.core
+        await core.create_namespaced_pod(other, steal, _request_timeout=API_TIMEOUT_S)
+
+        async def rejected() -> dict[str, Any] | None:
+            read = await gpu_stack.core.read_namespaced_pod("steal", other, _request_timeout=API_TIMEOUT_S)
+            out: dict[str, Any] = gpu_stack.api.sanitize_for_serialization(read)
+            return out if out["status"].get("phase") == "Failed" else None
+
+        failed = await wait_for(rejected, timeout=30, interval=0.1, what="the steal pod rejected")
+        assert failed["status"]["reason"] == "UnexpectedAdmissionError"
+        assert "schedulerName is 'default-scheduler', not 'hami-scheduler'" in failed["status"]["message"]
+        assert failed["metadata"]["annotations"][keys.BIND_PHASE] == "failed"
+        assert ("steal", "main") not in {(k.pod, k.container) for k in gpu_stack.standin.allocations}
+    finally:
+        await delete_namespace(kube_client, other)
+    # The node still serves our pods.
+    await gpu_stack.create(gpu_stack.pod_body("after", [container("main", gpu=1, gpumem=30000, gpucores=40)]))
+    (slot,) = allocated_slots(await gpu_stack.served("after"))
+    assert [(d.usedmem, d.usedcores) for d in slot] == [(30000, 40)]

@@ -8,7 +8,7 @@ import builders
 import pytest
 
 from hamipy.device_plugin.allocating import Choice, choose, pending_pods
-from hamipy.protocol import ContainerDevice, decode_pod_devices, keys
+from hamipy.protocol import ContainerDevice, ProtocolError, decode_pod_devices, keys
 
 NODE = "gpu-node-1"
 DEV_A = "GPU-A,NVIDIA,2000,30:"
@@ -26,16 +26,28 @@ def pod(
     node: str = NODE,
 ) -> dict[str, Any]:
     """A pod the extender bound to ``node``: its ``to_allocate`` devices (``None``: no annotation),
-    bind phase and time; every app container has the env ``X=1``."""
+    bind phase and time; every container asks for as many GPUs as its slot holds (as the extender
+    planned it), and every app container has the env ``X=1``."""
+    asks = _asks(to_allocate, len(init) + len(containers))
     return builders.pod(
         name,
-        *(builders.container(c, env={"X": "1"}) for c in containers),
-        init=[builders.container(c) for c in init],
+        *(builders.container(c, gpu=asks[len(init) + i], env={"X": "1"}) for i, c in enumerate(containers)),
+        init=[builders.container(c, gpu=asks[i]) for i, c in enumerate(init)],
         namespace="ns",
         uid=f"uid-{name}",
         annotations=builders.allocation(to_allocate=to_allocate, node=node, phase=phase, bind_time=bind_time),
         node_name=node,
+        scheduler_name="hami-scheduler",
     )
+
+
+def _asks(to_allocate: str | None, containers: int) -> list[int | None]:
+    """Per container, the GPUs its slot of ``to_allocate`` holds (None: none, or unreadable)."""
+    try:
+        slots = decode_pod_devices(to_allocate or "")
+    except ProtocolError:
+        return [None] * containers
+    return [(len(slots[i]) or None) if i < len(slots) else None for i in range(containers)]
 
 
 def test_oldest_bind_is_served_first() -> None:

@@ -35,7 +35,7 @@ async def test_a_container_using_all_of_a_gpus_cores_is_served(
         [
             builders.pod(
                 "whole",
-                builders.container("main"),
+                builders.container("main", gpu=1),
                 namespace="ns",
                 uid="uid-whole",
                 resource_version="5",
@@ -43,6 +43,7 @@ async def test_a_container_using_all_of_a_gpus_cores_is_served(
                     allocated=devices, to_allocate=devices, phase="allocating", bind_time=1
                 ),
                 node_name=NODE,
+                scheduler_name="hami-scheduler",
             )
         ]
     )
@@ -58,7 +59,7 @@ async def test_a_container_using_all_of_a_gpus_cores_is_served(
         telemetry=telemetry,
         cache_id=lambda: "c0ffee",
     )
-    (served,) = await allocator.allocate([1])
+    (served,) = await allocator.allocate([[f"{UUID}-0"]])
     assert served.envs["NVIDIA_VISIBLE_DEVICES"] == UUID
     assert served.envs["CUDA_DEVICE_SM_LIMIT"] == str(cores)
     assert served.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == f"{memory}m"

@@ -18,7 +18,7 @@ from hamipy.device_plugin.pod_cache import PodCache
 from hamipy.device_plugin.telemetry import Telemetry
 from hamipy.kube.errors import KubeError
 from hamipy.kube.informer import InformerSettings
-from hamipy.protocol import keys
+from hamipy.protocol import ProtocolError, decode_pod_devices, keys
 from hamipy.protocol.config import load_config
 from hamipy.protocol.node_lock import NodeLock, format_node_lock
 
@@ -32,11 +32,16 @@ def fake_api(pods: list[dict[str, Any]], *, lock_owner: str | None = None) -> Fa
 
 
 def pod(name: str, to_allocate: str, *, bind_time: int = 1) -> dict[str, Any]:
-    """A pod bound to NODE, its two containers' devices ``to_allocate`` (and allocated) still to serve."""
+    """A pod bound to NODE by our scheduler, its two containers' devices ``to_allocate`` (and
+    allocated) still to serve; each container asks for as many GPUs as its slot holds."""
+    try:
+        asks = [len(slot) or None for slot in decode_pod_devices(to_allocate)]
+    except ProtocolError:
+        asks = [1, None]
     return builders.pod(
         name,
-        builders.container("main"),
-        builders.container("second"),
+        builders.container("main", gpu=asks[0]),
+        builders.container("second", gpu=asks[1]),
         namespace="ns",
         uid=f"uid-{name}",
         resource_version="5",
@@ -44,6 +49,7 @@ def pod(name: str, to_allocate: str, *, bind_time: int = 1) -> dict[str, Any]:
             allocated=to_allocate, to_allocate=to_allocate, phase="allocating", bind_time=bind_time
         ),
         node_name=NODE,
+        scheduler_name="hami-scheduler",
     )
 
 
@@ -75,13 +81,13 @@ def annotations_of(api: FakeKube, name: str) -> dict[str, str]:
 async def test_two_containers_are_served_in_order_then_the_pod_succeeds(tmp_path: Path) -> None:
     api = fake_api([pod("p", "GPU-A,NVIDIA,1000,10:;GPU-B,NVIDIA,2000,20:;")], lock_owner="p")
     allocator, _ = await make(api, tmp_path)
-    (first,) = await allocator.allocate([1])
+    (first,) = await allocator.allocate([["GPU-A-0"]])
     assert first.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-A"
     assert first.envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"] == f"{tmp_path}/vgpu/c0ffee.cache"
     assert (tmp_path / "vgpu" / "containers" / "uid-p_main").is_dir()
     assert annotations_of(api, "p")[keys.BIND_PHASE] == "allocating"
     assert keys.NODE_LOCK in api.node["metadata"]["annotations"], "the lock stays until the pod is served"
-    (second,) = await allocator.allocate([1])
+    (second,) = await allocator.allocate([["GPU-B-3"]])
     assert second.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-B"
     assert second.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "2000m"
     assert annotations_of(api, "p")[keys.BIND_PHASE] == "success"
@@ -93,7 +99,7 @@ async def test_two_containers_are_served_in_order_then_the_pod_succeeds(tmp_path
 async def test_another_pods_lock_is_left_alone(tmp_path: Path) -> None:
     api = fake_api([pod("p", "GPU-A,NVIDIA,1000,10:;;")], lock_owner="someone-else")
     allocator, _ = await make(api, tmp_path)
-    await allocator.allocate([1])
+    await allocator.allocate([["GPU-A-0"]])
     assert annotations_of(api, "p")[keys.BIND_PHASE] == "success"
     assert keys.NODE_LOCK in api.node["metadata"]["annotations"]
 
@@ -102,14 +108,14 @@ async def test_lock_release_retries_a_lost_race(tmp_path: Path) -> None:
     api = fake_api([pod("p", "GPU-A,NVIDIA,1000,10:;;")], lock_owner="p")
     api.conflicts = 2
     allocator, _ = await make(api, tmp_path)
-    await allocator.allocate([1])
+    await allocator.allocate([["GPU-A-0"]])
     assert keys.NODE_LOCK not in api.node["metadata"]["annotations"]
 
 
 async def test_a_pod_the_cache_has_not_seen_is_found_by_a_fresh_list(tmp_path: Path) -> None:
     api = fake_api([pod("late", "GPU-A,NVIDIA,1000,10:;;")])
     allocator, _ = await make(api, tmp_path, cached=False)
-    (allocation,) = await allocator.allocate([1])
+    (allocation,) = await allocator.allocate([["GPU-A-0"]])
     assert allocation.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-A"
     assert api.lists == 1
 
@@ -118,7 +124,7 @@ async def test_no_waiting_pod_is_a_clear_error(tmp_path: Path) -> None:
     api = fake_api([pod("p", "GPU-A,NVIDIA,1000,10:GPU-B,NVIDIA,1000,10:;;")])
     allocator, telemetry = await make(api, tmp_path)
     with pytest.raises(AllocateError, match="no pod on node n1 is waiting for a container of 1 device"):
-        await allocator.allocate([1])
+        await allocator.allocate([["GPU-A-0"]])
     samples = telemetry.metrics.registry.get_sample_value(
         "hamipy_device_plugin_allocations_total", {"result": "failed", "reason": "NoPendingPod"}
     )
@@ -130,7 +136,7 @@ async def test_malformed_pod_is_marked_failed_and_its_lock_released(tmp_path: Pa
     api = fake_api([pod("bad", "GPU-A,NVIDIA,lots,10:;;")], lock_owner="bad")
     allocator, _ = await make(api, tmp_path)
     with pytest.raises(AllocateError):
-        await allocator.allocate([1])
+        await allocator.allocate([["GPU-A-0"]])
     assert annotations_of(api, "bad")[keys.BIND_PHASE] == "failed"
     assert keys.NODE_LOCK not in api.node["metadata"]["annotations"]
 
@@ -140,7 +146,7 @@ async def test_an_unbuildable_allocation_fails_the_pod(tmp_path: Path) -> None:
     api = fake_api([pod("zero", "GPU-A,NVIDIA,0,10:;;")])
     allocator, _ = await make(api, tmp_path)
     with pytest.raises(AllocateError, match="zero"):
-        await allocator.allocate([1])
+        await allocator.allocate([["GPU-A-0"]])
     assert annotations_of(api, "zero")[keys.BIND_PHASE] == "failed"
 
 
@@ -149,7 +155,7 @@ async def test_an_api_error_fails_the_allocate_and_the_pod_with_its_cause(tmp_pa
     api.fail_pod_patches.append(KubeError("PATCH pod: HTTP 500: etcd is busy", status=500))
     allocator, _ = await make(api, tmp_path)
     with pytest.raises(AllocateError, match="pod ns/p: PATCH pod: HTTP 500: etcd is busy"):
-        await allocator.allocate([1])
+        await allocator.allocate([["GPU-A-0"]])
     assert annotations_of(api, "p")[keys.BIND_PHASE] == "failed"
     assert keys.NODE_LOCK not in api.node["metadata"]["annotations"]
 
@@ -159,7 +165,7 @@ async def test_a_lock_every_release_loses_is_left_to_expire(tmp_path: Path) -> N
     api.conflicts = 100
     log = io.StringIO()
     allocator, _ = await make(api, tmp_path, log=log)
-    await allocator.allocate([1])
+    await allocator.allocate([["GPU-A-0"]])
     assert annotations_of(api, "p")[keys.BIND_PHASE] == "success"
     assert keys.NODE_LOCK in api.node["metadata"]["annotations"]
     assert "node lock not released" in log.getvalue()

@@ -1,14 +1,9 @@
-"""What the plugin advertises: register entries, kubelet fake devices, preferred allocation."""
+"""What the plugin advertises: register entries, kubelet fake devices and their GPUs (the preferred
+allocation: test_device_plugin_preferred.py)."""
 
 from __future__ import annotations
 
-from hamipy.device_plugin.devices import (
-    Gpu,
-    gpu_of,
-    kubelet_devices,
-    preferred_allocation,
-    register_devices,
-)
+from hamipy.device_plugin.devices import Gpu, gpu_of, kubelet_devices, register_devices
 from hamipy.protocol import decode_node_devices, encode_node_devices
 from hamipy.protocol.config import Config, load_config
 
@@ -62,21 +57,4 @@ def test_unhealthy_gpu_is_reported_in_both_views() -> None:
 
 def test_gpu_of_strips_the_replica_number() -> None:
     assert gpu_of("GPU-11111111-2222-4333-8444-555555555555-7") == "GPU-11111111-2222-4333-8444-555555555555"
-
-
-def test_preferred_allocation_spreads_over_gpus() -> None:
-    available = [f"GPU-a-{i}" for i in range(3)] + [f"GPU-b-{i}" for i in range(2)] + ["GPU-c-0"]
-    chosen = preferred_allocation(available, [], 3)
-    assert sorted(gpu_of(d) for d in chosen) == ["GPU-a", "GPU-b", "GPU-c"]
-
-
-def test_preferred_allocation_keeps_must_include_and_fills_from_other_gpus() -> None:
-    available = ["GPU-a-0", "GPU-a-1", "GPU-b-0", "GPU-b-1"]
-    chosen = preferred_allocation(available, ["GPU-a-1"], 2)
-    assert chosen == ["GPU-a-1", "GPU-b-0"]
-
-
-def test_preferred_allocation_reuses_a_gpu_only_when_it_must() -> None:
-    chosen = preferred_allocation(["GPU-a-0", "GPU-a-1", "GPU-a-2"], [], 2)
-    assert chosen == ["GPU-a-0", "GPU-a-1"]
-    assert preferred_allocation(["GPU-a-0"], [], 3) == ["GPU-a-0"]
+    assert gpu_of("GPU-aaaa-²") == "GPU-aaaa-²", "only ASCII digits are a replica number"

@@ -1,12 +1,20 @@
 """Which pod and container an Allocate request is for, decided from the node's pods (pure).
 
 The kubelet's Allocate names only fake device IDs, not the pod; the scheduler's decision is in the
-pod annotations (docs/wire-format.md#pod-annotations). The pod served is, among the pods bound to
-this node with ``hami.io/bind-phase=allocating``, in the order they were bound (the kubelet admits
-pods in the order it sees them bound), the first whose next unserved container (first non-empty slot of
-``vgpu-devices-to-allocate``; slots are init containers first, then regular ones) asks for as many
-devices as the request names. Serving empties that slot; a pod whose slots are all empty is fully
-served.
+pod annotations (docs/wire-format.md#pod-annotations). The pod in line for a request of n devices
+is, among the pods bound to this node with ``hami.io/bind-phase=allocating``, in the order they were
+bound (the kubelet admits pods in the order it sees them bound), the first whose next unserved
+container (first non-empty slot of ``vgpu-devices-to-allocate``; slots are init containers first,
+then regular ones) asks for n of the GPU resource. Serving empties that slot; a pod whose slots are
+all empty is fully served.
+
+Anyone who may create pods can bind one to a node (``spec.nodeName``) and write these annotations,
+so a waiting pod is served only if it is what our scheduler would have written (``ServeRules``,
+``problems``): its ``schedulerName`` is ours, and every unserved slot belongs to a container that
+asks for that many GPUs, on distinct GPUs, with the memory and cores it asks for where it names
+them. A pod that breaks a rule is never served: when it is in line, the kubelet is admitting it
+(bind order is admission order), so it is ``refused`` (the caller fails it and the Allocate) rather
+than handed the slot of the pod behind it; otherwise it is ``skipped``, with why.
 
 Bind order comes from the caller (the order the plugin's watch saw the pods bound, which is the
 kubelet's); without it, ``hami.io/bind-time`` (whole seconds) then name. HAMi's plugin serves the
@@ -27,12 +35,41 @@ from typing import Any, Final
 
 from hamipy.protocol import ContainerDevice, ProtocolError, keys
 from hamipy.protocol.pod_devices import clear_container_slot, decode_pod_devices, encode_pod_devices
+from hamipy.protocol.resources import FULL_PERCENT, ResourceNames, container_label, container_request
 
-__all__ = ["PHASE_ALLOCATING", "PHASE_FAILED", "PHASE_SUCCESS", "Choice", "Served", "choose", "pending_pods"]
+__all__ = [
+    "DEFAULT_SCHEDULER",
+    "PHASE_ALLOCATING",
+    "PHASE_FAILED",
+    "PHASE_SUCCESS",
+    "Choice",
+    "ServeRules",
+    "Served",
+    "choose",
+    "pending_pods",
+    "problems",
+]
 
 PHASE_ALLOCATING: Final = "allocating"
 PHASE_SUCCESS: Final = "success"
 PHASE_FAILED: Final = "failed"
+DEFAULT_SCHEDULER: Final = "hami-scheduler"
+"""``Config.scheduler_name``'s default: HAMi's name, which HAMi's scheduler uses too."""
+_API_DEFAULT_SCHEDULER: Final = "default-scheduler"
+"""What the API server fills in for a pod that names no scheduler."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ServeRules:
+    """What a waiting pod must be to be served (``problems``)."""
+
+    scheduler_name: str = DEFAULT_SCHEDULER
+    """The ``spec.schedulerName`` of pods our scheduler (or HAMi's) placed."""
+    names: ResourceNames = dataclasses.field(default_factory=ResourceNames)
+    """The resource names a container asks through (``nvidia.resource*Name``)."""
+    devmem: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    """This node's registered memory (MiB, scaled) per GPU UUID: what a memory percentage resolves
+    against. A GPU not named here gets no percentage check."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -57,6 +94,10 @@ class Choice:
     served: Served | None
     broken: list[tuple[Mapping[str, Any], str]]
     """Pods that could not be considered, with why (malformed annotations, slot without container)."""
+    skipped: list[tuple[Mapping[str, Any], str]] = dataclasses.field(default_factory=list)
+    """Pods that break a ``ServeRules`` rule but are not in line for this request, with why."""
+    refused: tuple[Mapping[str, Any], str] | None = None
+    """The pod in line for this request, which breaks a rule (why): nobody is served."""
 
 
 def _meta(pod: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -92,35 +133,101 @@ def pending_pods(
     return sorted(waiting, key=lambda p: (_bind_time(p), str(_meta(p).get("name"))))
 
 
-def _containers(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+def _containers(pod: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    """Every container in slot order, with how errors name it (``initContainers[0] 'setup'``)."""
     spec = pod.get("spec") or {}
-    return [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
+    return [
+        (container_label(kind, i, c), c)
+        for kind in ("initContainers", "containers")
+        for i, c in enumerate(spec.get(kind) or [])
+    ]
 
 
-def _serve(pod: Mapping[str, Any], device_count: int) -> Served | None:
-    """The pod's next unserved container if it asks for ``device_count`` devices; raises
-    ``ProtocolError`` on a malformed annotation."""
+def _slots(pod: Mapping[str, Any]) -> list[list[ContainerDevice]]:
+    """The pod's unserved slots; raises ``ProtocolError`` when missing, malformed, or naming a
+    container the pod does not have."""
     value = _annotations(pod).get(keys.DEVICES_TO_ALLOCATE)
     if value is None:
         raise ProtocolError(keys.DEVICES_TO_ALLOCATE, None, "missing on a pod in bind-phase allocating")
     slots = decode_pod_devices(value, field=keys.DEVICES_TO_ALLOCATE)
-    slot = next((i for i, devices in enumerate(slots) if devices), None)
-    if slot is None or len(slots[slot]) != device_count:
-        return None
-    containers = _containers(pod)
-    if slot >= len(containers):
+    last = max((i for i, devices in enumerate(slots) if devices), default=-1)
+    count = len(_containers(pod))
+    if last >= count:
         raise ProtocolError(
-            keys.DEVICES_TO_ALLOCATE, value, f"slot {slot} but the pod has {len(containers)} containers"
+            keys.DEVICES_TO_ALLOCATE, value, f"slot {last} but the pod has {count} containers"
         )
+    return slots
+
+
+def _asks(container: Mapping[str, Any], name: str) -> bool:
+    resources = container.get("resources") or {}
+    return any(name in (resources.get(section) or {}) for section in ("limits", "requests"))
+
+
+def _asked_count(label: str, container: Mapping[str, Any], names: ResourceNames) -> int:
+    """How many GPUs the container asks for (0: none); raises ``ProtocolError`` on a bad quantity."""
+    request = container_request(container, names=names, label=label)
+    return 0 if request is None else request.count
+
+
+def _slot_problems(
+    label: str, container: Mapping[str, Any], devices: Sequence[ContainerDevice], rules: ServeRules
+) -> list[str]:
+    """Where one unserved slot is not what the container asks for (explicit asks only: defaults
+    are the scheduler's configuration, not ours to second-guess)."""
+    names = rules.names
+    request = container_request(container, names=names, label=label)
+    if request is None:
+        return [f"{label} asks for no {names.count} but is planned {len(devices)} device(s)"]
+    found = []
+    if len(devices) != request.count:
+        found.append(f"{label} asks for {request.count} {names.count} but is planned {len(devices)}")
+    uuids = [d.uuid for d in devices]
+    if len(set(uuids)) != len(uuids):
+        found.append(f"{label} is planned one GPU twice ({', '.join(uuids)})")
+    mem_mib = request.memory_mib if _asks(container, names.memory) else None
+    percent = (
+        request.memory_percentage if mem_mib is None and _asks(container, names.memory_percentage) else None
+    )
+    cores = request.cores if _asks(container, names.cores) else None
+    for d in devices:
+        wanted = mem_mib
+        if percent is not None and d.uuid in rules.devmem:
+            wanted = rules.devmem[d.uuid] * percent // FULL_PERCENT  # percent is at most 100
+        if wanted is not None and d.usedmem != wanted:
+            found.append(f"{label} asks for {wanted} MiB on {d.uuid} but is planned {d.usedmem}")
+        if cores is not None and d.usedcores != cores:
+            found.append(f"{label} asks for {cores} % cores on {d.uuid} but is planned {d.usedcores}")
+    return found
+
+
+def problems(pod: Mapping[str, Any], rules: ServeRules = ServeRules()) -> list[str]:
+    """Why this waiting pod must not be served (empty: it may be): not placed by our scheduler, or
+    an unserved slot that is not what its container asks for. Raises ``ProtocolError`` when its
+    annotation or a quantity cannot be read."""
+    found = []
+    scheduler = (pod.get("spec") or {}).get("schedulerName") or _API_DEFAULT_SCHEDULER
+    if scheduler != rules.scheduler_name:
+        found.append(f"schedulerName is {scheduler!r}, not {rules.scheduler_name!r}")
+    containers = _containers(pod)
+    for i, devices in enumerate(_slots(pod)):
+        if devices:
+            label, container = containers[i]
+            found.extend(_slot_problems(label, container, devices, rules))
+    return found
+
+
+def _served(pod: Mapping[str, Any], slots: list[list[ContainerDevice]], slot: int) -> Served:
     remaining = clear_container_slot(slots, slot, field=keys.DEVICES_TO_ALLOCATE)
+    _, container = _containers(pod)[slot]
     meta = _meta(pod)
     return Served(
         namespace=str(meta.get("namespace", "")),
         name=str(meta.get("name", "")),
         uid=str(meta.get("uid", "")),
         slot=slot,
-        container=str(containers[slot].get("name", "")),
-        container_env=containers[slot].get("env"),
+        container=str(container.get("name", "")),
+        container_env=container.get("env"),
         devices=list(slots[slot]),
         to_allocate=encode_pod_devices(remaining, field=keys.DEVICES_TO_ALLOCATE),
         done=not any(remaining),
@@ -133,16 +240,28 @@ def choose(
     node: str,
     device_count: int,
     bind_order: Callable[[Mapping[str, Any]], int] | None = None,
+    rules: ServeRules = ServeRules(),
 ) -> Choice:
     """The container an Allocate of ``device_count`` devices on ``node`` is for (module docstring)."""
-    waiting = pending_pods(pods, node, bind_order)
     broken: list[tuple[Mapping[str, Any], str]] = []
-    for pod in waiting:
+    skipped: list[tuple[Mapping[str, Any], str]] = []
+    for pod in pending_pods(pods, node, bind_order):
         try:
-            served = _serve(pod, device_count)
+            slots = _slots(pod)
+            slot = next((i for i, devices in enumerate(slots) if devices), None)
+            if slot is None:
+                continue
+            label, container = _containers(pod)[slot]
+            asked = _asked_count(label, container, rules.names)
+            why = "; ".join(problems(pod, rules))
         except ProtocolError as exc:
             broken.append((pod, str(exc)))
             continue
-        if served is not None:
-            return Choice(served=served, broken=broken)
-    return Choice(served=None, broken=broken)
+        if asked != device_count:  # the kubelet cannot be admitting this container now
+            if why:
+                skipped.append((pod, why))
+            continue
+        if why:
+            return Choice(served=None, broken=broken, skipped=skipped, refused=(pod, why))
+        return Choice(served=_served(pod, slots, slot), broken=broken, skipped=skipped)
+    return Choice(served=None, broken=broken, skipped=skipped)

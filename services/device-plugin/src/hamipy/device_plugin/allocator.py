@@ -1,13 +1,20 @@
 """Allocate: the env and mounts of each container the kubelet asks about
-(docs/wire-format.md#allocate-response).
+(docs/wire-format.md#allocate-response), and GetPreferredAllocation: the device IDs it should ask
+with.
 
 For each ``ContainerAllocateRequest`` the pod and container are found (``allocating.choose``)
 among this node's pods as the watch-fed ``PodCache`` has them (a fresh list when no pod there
-fits), the response is built with ``hamipy.protocol.allocation_env``, the host directory for the
-container's region file is created, and the pod's ``vgpu-devices-to-allocate`` slot is emptied. A
-fully served pod gets ``bind-phase=success`` and its node lock is released; on any error the pod
-gets ``bind-phase=failed``, its lock is released and the kubelet is told why. Allocates on one
-node are serialised: each sees what the previous one wrote.
+fits). The request's device IDs must be this plugin's and lie on exactly the GPUs the scheduler
+planned for that container; then the response is built with ``hamipy.protocol.allocation_env``,
+the host directory for the container's region file is created, and the pod's
+``vgpu-devices-to-allocate`` slot is emptied. A fully served pod gets ``bind-phase=success`` and
+its node lock is released; on any error the pod gets ``bind-phase=failed``, its lock is released
+and the kubelet is told why (an ID that is not ours fails no pod: no pod is looked at). A waiting
+pod that breaks a serving rule but is not in line is logged once per reason and left alone.
+
+``preferred`` picks the pod the same way, without writing anything, and answers one ID on each
+planned GPU (``devices.preferred_ids``), or nothing: the kubelet then chooses itself. Allocates on
+one node are serialised, and preferences with them: each sees what the previous one wrote.
 """
 
 from __future__ import annotations
@@ -16,14 +23,15 @@ import asyncio
 import os
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from opentelemetry import trace
 
-from hamipy.device_plugin.allocating import PHASE_FAILED, PHASE_SUCCESS, Served, choose
-from hamipy.device_plugin.errors import AllocateError, DevicePluginError
+from hamipy.device_plugin.allocating import PHASE_FAILED, PHASE_SUCCESS, Choice, Served, ServeRules, choose
+from hamipy.device_plugin.devices import gpu_of, preferred_ids
+from hamipy.device_plugin.errors import AllocateError, DevicePluginError, UnknownDevice
 from hamipy.device_plugin.kube import NodeKube
 from hamipy.device_plugin.pod_cache import PodCache
 from hamipy.device_plugin.telemetry import Telemetry
@@ -33,7 +41,22 @@ from hamipy.protocol.allocation_env import ContainerAllocation, container_alloca
 from hamipy.protocol.config import NodeSettings, NvidiaConfig
 from hamipy.telemetry import pod_trace_context
 
-__all__ = ["Allocator"]
+__all__ = ["Allocator", "Preference"]
+
+
+class Preference(NamedTuple):
+    """One ``ContainerPreferredAllocationRequest``."""
+
+    available: Sequence[str]
+    must_include: Sequence[str]
+    size: int
+
+
+def _with_to_allocate(pod: Mapping[str, Any], value: str) -> dict[str, Any]:
+    """A copy of ``pod`` whose ``vgpu-devices-to-allocate`` is ``value``."""
+    meta = dict(pod.get("metadata") or {})
+    meta["annotations"] = {**(meta.get("annotations") or {}), keys.DEVICES_TO_ALLOCATE: value}
+    return {**pod, "metadata": meta}
 
 
 def _make_region_dir(path: Path) -> None:
@@ -52,23 +75,33 @@ class Allocator:
         nvidia: NvidiaConfig,
         node_settings: NodeSettings,
         telemetry: Telemetry,
+        rules: ServeRules | None = None,
+        device_ids: Callable[[], Collection[str]] | None = None,
         cache_id: Callable[[], str] = lambda: uuid.uuid4().hex,
     ) -> None:
+        """``rules``: who may be served (default: ``hami-scheduler`` and ``nvidia``'s resource
+        names); ``device_ids``: the IDs this plugin advertises, the only ones an Allocate may name
+        (None: not checked; the plugin always passes its inventory's)."""
         self.api = api
         self.pods = pods
         self.nvidia = nvidia
         self.node_settings = node_settings
         self.telemetry = telemetry
+        self.rules = rules if rules is not None else ServeRules(names=nvidia.resource_names)
+        self.device_ids = device_ids
         self.cache_id = cache_id
         self._serial = asyncio.Lock()
+        self._reported: dict[str, str] = {}
+        """Skipped pods already logged: uid -> the reason logged."""
 
-    async def allocate(self, device_counts: Sequence[int]) -> list[ContainerAllocation]:
-        """One Allocate call: a ``ContainerAllocation`` per requested container, in order."""
+    async def allocate(self, requests: Sequence[Sequence[str]]) -> list[ContainerAllocation]:
+        """One Allocate call (each request: one container's device IDs): a ``ContainerAllocation``
+        per container, in order. Raises ``UnknownDevice`` or ``AllocateError``."""
         started = time.perf_counter()
         result = "failed"
         try:
             async with self._serial:
-                allocations = await self._allocate(device_counts)
+                allocations = await self._allocate(requests)
             result = "success"
             return allocations
         finally:
@@ -76,29 +109,127 @@ class Allocator:
                 time.perf_counter() - started
             )
 
-    async def _allocate(self, device_counts: Sequence[int]) -> list[ContainerAllocation]:
+    async def preferred(self, requests: Sequence[Preference]) -> list[list[str]]:
+        """Per request, one available ID on each GPU planned for the container in line, or [] when
+        no pod is (nothing is written; an API error is logged and answers [])."""
+        async with self._serial:
+            answers: list[list[str]] = []
+            pending: dict[str, str] = {}  # uid -> its to-allocate once the requests before are served
+            listed = False
+            for request in requests:
+                try:
+                    choice, listed = await self._choose(request.size, listed, pending)
+                except KubeError as exc:
+                    self.telemetry.logger.warning("no preferred allocation: pods not listed", error=str(exc))
+                    answers.append([])
+                    continue
+                served = choice.served
+                if served is None:
+                    answers.append([])
+                    continue
+                pending[served.uid] = served.to_allocate
+                ids = preferred_ids([d.uuid for d in served.devices], request.available, request.must_include)
+                self.telemetry.logger.info(
+                    "preferred allocation",
+                    namespace=served.namespace,
+                    pod=served.name,
+                    uid=served.uid,
+                    container=served.container,
+                    devices=ids,
+                )
+                answers.append(ids)
+            return answers
+
+    def _unknown(self, requests: Sequence[Sequence[str]]) -> list[str]:
+        if self.device_ids is None:
+            return []
+        known = set(self.device_ids())
+        return [device for request in requests for device in request if device not in known]
+
+    def _candidates(self, pending: Mapping[str, str]) -> list[dict[str, Any]]:
+        """The node's pods, with ``pending`` (uid -> to-allocate) applied."""
+        pods = self.pods.pods()
+        if not pending:
+            return pods
+        out = []
+        for pod in pods:
+            uid = str((pod.get("metadata") or {}).get("uid"))
+            out.append(_with_to_allocate(pod, pending[uid]) if uid in pending else pod)
+        return out
+
+    async def _choose(self, count: int, listed: bool, pending: Mapping[str, str]) -> tuple[Choice, bool]:
+        """The choice for ``count`` devices, after one fresh read of the node's pods when the cache
+        has nobody in line (the watch may not have delivered the pod yet); and whether read."""
+        node, order = self.api.node_name, self.pods.bind_order
+        choice = choose(
+            self._candidates(pending), node=node, device_count=count, bind_order=order, rules=self.rules
+        )
+        if choice.served is None and choice.refused is None and not listed:
+            items, _ = await self.api.node_pods()
+            self.pods.merge(items)
+            listed = True
+            choice = choose(
+                self._candidates(pending), node=node, device_count=count, bind_order=order, rules=self.rules
+            )
+        self._report_skipped(choice.skipped)
+        return choice, listed
+
+    def _report_skipped(self, skipped: Sequence[tuple[Mapping[str, Any], str]]) -> None:
+        """Log each skipped pod once per reason (it stays waiting, and every Allocate meets it)."""
+        for pod, reason in skipped:
+            meta = pod.get("metadata") or {}
+            uid = str(meta.get("uid"))
+            if self._reported.get(uid) != reason:
+                self._reported[uid] = reason
+                self.telemetry.logger.warning(
+                    "waiting pod not served: it breaks a serving rule",
+                    namespace=meta.get("namespace"),
+                    pod=meta.get("name"),
+                    uid=uid,
+                    reason=reason,
+                )
+        if self._reported:  # forget pods that are gone
+            live = {str((p.get("metadata") or {}).get("uid")) for p in self.pods.pods()}
+            self._reported = {uid: why for uid, why in self._reported.items() if uid in live}
+
+    async def _allocate(self, requests: Sequence[Sequence[str]]) -> list[ContainerAllocation]:
+        unknown = self._unknown(requests)
+        if unknown:
+            self._count("failed", "UnknownDevice")
+            self.telemetry.logger.error("allocate names unknown device IDs", devices=unknown)
+            raise UnknownDevice(
+                f"device IDs {unknown} are not devices of the {self.nvidia.resource_count_name} plugin "
+                f"on node {self.api.node_name}"
+            )
         allocations = []
         listed = False
-        node, order = self.api.node_name, self.pods.bind_order
-        for count in device_counts:
-            choice = choose(self.pods.pods(), node=node, device_count=count, bind_order=order)
-            if choice.served is None and not listed:
-                # The watch may not have delivered the pod yet: read the node's pods afresh once.
-                items, _ = await self.api.node_pods()
-                self.pods.merge(items)
-                listed = True
-                choice = choose(self.pods.pods(), node=node, device_count=count, bind_order=order)
+        for ids in requests:
+            choice, listed = await self._choose(len(ids), listed, {})
             for pod, reason in choice.broken:
+                await self._fail(pod.get("metadata") or {}, f"malformed allocation: {reason}")
+            if choice.refused is not None:
+                pod, reason = choice.refused
                 meta = pod.get("metadata") or {}
-                await self._fail(meta, f"malformed allocation: {reason}")
+                await self._fail(meta, f"not served: {reason}")
+                self._count("failed", "NotServable")
+                raise AllocateError(f"pod {meta.get('namespace')}/{meta.get('name')} is not served: {reason}")
             if choice.served is None:
                 self._count("failed", "NoPendingPod")
                 raise AllocateError(
-                    f"no pod on node {self.api.node_name} is waiting for a container of {count} device(s) "
-                    f"(bind-phase={keys.BIND_PHASE} allocating)"
+                    f"no pod on node {self.api.node_name} is waiting for a container of {len(ids)} "
+                    f"device(s) (bind-phase={keys.BIND_PHASE} allocating)"
                 )
             served = choice.served
             pod = next(p for p in self.pods.pods() if (p.get("metadata") or {}).get("uid") == served.uid)
+            planned = [d.uuid for d in served.devices]
+            if {gpu_of(device) for device in ids} != set(planned):
+                reason = (
+                    f"device IDs {list(ids)} are not on the GPUs planned for container "
+                    f"{served.container}: {planned}"
+                )
+                await self._fail(pod.get("metadata") or {}, reason)
+                self._count("failed", "WrongDevices")
+                raise AllocateError(f"pod {served.namespace}/{served.name}: {reason}")
             try:
                 allocations.append(await self._serve(pod, served))
             except (DevicePluginError, KubeError, ProtocolError, OSError) as exc:

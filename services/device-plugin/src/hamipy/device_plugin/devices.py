@@ -7,8 +7,8 @@
   100 times core scaling, ``NVIDIA-<model>``.
 - ``kubelet_devices``: the fake device IDs ``<UUID>-<i>`` (i < split count) the kubelet counts, with
   health and NUMA topology.
-- ``preferred_allocation``: which fake IDs one container should get: spread over distinct GPUs
-  (HAMi #1741: otherwise the kubelet may hand a 2-GPU container two IDs of one GPU).
+- ``gpu_of``: the GPU of a fake ID; ``preferred_ids``: the fake IDs a container should get, one on
+  each GPU the scheduler planned for it (the kubelet's IDs must name exactly those GPUs at Allocate).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ __all__ = [
     "KubeletDevice",
     "gpu_of",
     "kubelet_devices",
-    "preferred_allocation",
+    "preferred_ids",
     "register_devices",
 ]
 
@@ -93,25 +93,25 @@ def kubelet_devices(
 
 
 def gpu_of(device_id: str) -> str:
-    """The GPU UUID of a fake device ID (``<UUID>-<i>``)."""
+    """The GPU UUID of a fake device ID (``<UUID>-<i>``); the ID itself when it has no ``-<i>``."""
     uuid, sep, number = device_id.rpartition("-")
-    return uuid if sep and number.isdigit() else device_id
+    return uuid if sep and number.isascii() and number.isdigit() else device_id
 
 
-def preferred_allocation(available: Sequence[str], must_include: Sequence[str], size: int) -> list[str]:
-    """``size`` IDs from ``available``, ``must_include`` first, then one per GPU in turn, GPUs with
-    the most free IDs first (the least shared), so a container's IDs name distinct GPUs."""
-    chosen = [d for d in dict.fromkeys(must_include) if d in set(available)][:size]
-    used_gpus = {gpu_of(d) for d in chosen}
-    by_gpu: dict[str, list[str]] = {}
-    for device in available:
-        if device not in chosen:
-            by_gpu.setdefault(gpu_of(device), []).append(device)
-    order = sorted(by_gpu, key=lambda g: (g in used_gpus, -len(by_gpu[g]), g))
-    while len(chosen) < size and any(by_gpu.values()):
-        for gpu in order:
-            if len(chosen) == size:
-                break
-            if by_gpu[gpu]:
-                chosen.append(by_gpu[gpu].pop(0))
-    return chosen
+def preferred_ids(planned: Sequence[str], available: Sequence[str], must_include: Sequence[str]) -> list[str]:
+    """One ID from ``available`` on each GPU of ``planned`` (UUIDs, in that order), the
+    ``must_include`` ones for their GPUs; empty when that cannot be done: a planned GPU with no
+    available ID, or a ``must_include`` ID on a GPU not planned (or two on one GPU)."""
+    chosen: dict[str, str] = {}
+    for device in dict.fromkeys(must_include):
+        gpu = gpu_of(device)
+        if gpu not in planned or gpu in chosen:
+            return []
+        chosen[gpu] = device
+    for gpu in planned:
+        if gpu not in chosen:
+            found = next((d for d in available if gpu_of(d) == gpu and d not in must_include), None)
+            if found is None:
+                return []
+            chosen[gpu] = found
+    return [chosen[gpu] for gpu in planned]

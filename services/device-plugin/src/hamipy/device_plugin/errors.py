@@ -4,7 +4,8 @@
      └── DevicePluginError        something the plugin could not do; the message names the object
           ├── NvmlError           NVML could not be loaded or answered an error (discovery, health)
           └── AllocateError       an Allocate request cannot be served; the message is the gRPC
-                                  status detail the kubelet shows on the pod
+               │                  status detail the kubelet shows on the pod (FAILED_PRECONDITION)
+               └── UnknownDevice  it names device IDs that are not this plugin's (INVALID_ARGUMENT)
 
 Kubernetes errors are ``hamipy.kube.errors``' (``KubeError``, ``Conflict``, ...), shared by every
 service. Library errors (pynvml) are translated at the boundary in ``discovery``. A background task
@@ -14,7 +15,7 @@ that dies is not an exception here: the plugin's supervisor logs it and ends the
 
 from __future__ import annotations
 
-__all__ = ["AllocateError", "DevicePluginError", "NvmlError"]
+__all__ = ["AllocateError", "DevicePluginError", "NvmlError", "UnknownDevice"]
 
 
 class DevicePluginError(Exception):
@@ -27,3 +28,7 @@ class NvmlError(DevicePluginError):
 
 class AllocateError(DevicePluginError):
     """An Allocate that cannot be served (no pod waiting for it, a malformed annotation...)."""
+
+
+class UnknownDevice(AllocateError):
+    """An Allocate names device IDs this plugin never advertised: no pod is looked at."""

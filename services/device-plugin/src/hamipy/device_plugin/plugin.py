@@ -27,6 +27,7 @@ from typing import Final, Protocol
 
 from prometheus_client import generate_latest
 
+from hamipy.device_plugin.allocating import ServeRules
 from hamipy.device_plugin.allocator import Allocator
 from hamipy.device_plugin.devices import Gpu
 from hamipy.device_plugin.discovery import HealthWatch, discover_gpus
@@ -141,6 +142,12 @@ class DevicePlugin:
             nvidia=self.config.nvidia,
             node_settings=self.node_settings,
             telemetry=self.telemetry,
+            rules=ServeRules(
+                scheduler_name=self.config.scheduler_name,
+                names=self.config.nvidia.resource_names,
+                devmem={d.id: d.devmem for d in inventory.register_devices()},
+            ),
+            device_ids=lambda: [d.id for d in inventory.kubelet_devices()],
         )
         servicer = DevicePluginServicer(inventory=inventory, allocator=allocator, telemetry=self.telemetry)
         loop = asyncio.get_running_loop()

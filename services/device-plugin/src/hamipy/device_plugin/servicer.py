@@ -6,9 +6,8 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from hamipy.device_plugin.allocator import Allocator
-from hamipy.device_plugin.devices import preferred_allocation
-from hamipy.device_plugin.errors import AllocateError
+from hamipy.device_plugin.allocator import Allocator, Preference
+from hamipy.device_plugin.errors import AllocateError, UnknownDevice
 from hamipy.device_plugin.inventory import Inventory
 from hamipy.device_plugin.telemetry import Telemetry
 from hamipy.kubelet_api import HEALTHY, UNHEALTHY
@@ -68,14 +67,17 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
             api_pb2.PreferredAllocationRequest, api_pb2.PreferredAllocationResponse
         ],
     ) -> api_pb2.PreferredAllocationResponse:
+        """IDs on the GPUs planned for the container in line; an empty answer (the kubelet then
+        chooses) where there is none, never an error."""
+        answers = await self.allocator.preferred(
+            [
+                Preference(list(r.available_deviceIDs), list(r.must_include_deviceIDs), r.allocation_size)
+                for r in request.container_requests
+            ]
+        )
         return api_pb2.PreferredAllocationResponse(
             container_responses=[
-                api_pb2.ContainerPreferredAllocationResponse(
-                    deviceIDs=preferred_allocation(
-                        list(req.available_deviceIDs), list(req.must_include_deviceIDs), req.allocation_size
-                    )
-                )
-                for req in request.container_requests
+                api_pb2.ContainerPreferredAllocationResponse(deviceIDs=ids) for ids in answers
             ]
         )
 
@@ -86,8 +88,10 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
     ) -> api_pb2.AllocateResponse:
         try:
             allocations = await self.allocator.allocate(
-                [len(c.devices_ids) for c in request.container_requests]
+                [list(c.devices_ids) for c in request.container_requests]
             )
+        except UnknownDevice as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except AllocateError as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         return api_pb2.AllocateResponse(

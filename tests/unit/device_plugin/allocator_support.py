@@ -1,0 +1,154 @@
+"""Waiting pods as our scheduler (or a tenant forging its annotations) leaves them, and an
+``Allocator`` over a fake API with the pods listed, for the serving-rule and preference tests."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
+from pathlib import Path
+from typing import Any
+
+import builders
+import grpc
+from plugin_fakes import NODE, FakeKube, log_lines
+
+from hamipy.device_plugin.allocating import ServeRules
+from hamipy.device_plugin.allocator import Allocator
+from hamipy.device_plugin.devices import Gpu
+from hamipy.device_plugin.inventory import Inventory
+from hamipy.device_plugin.kube import NodeKube, node_pods_informer
+from hamipy.device_plugin.pod_cache import PodCache
+from hamipy.device_plugin.servicer import DevicePluginServicer
+from hamipy.device_plugin.telemetry import Telemetry
+from hamipy.kube.informer import InformerSettings
+from hamipy.kubelet_api.v1beta1 import api_pb2_grpc
+from hamipy.protocol import ContainerDevice, keys
+from hamipy.protocol.config import Config, load_config
+
+UUID_A = "GPU-aaaaaaaa-0000-4000-8000-000000000000"
+UUID_B = "GPU-bbbbbbbb-0000-4000-8000-000000000000"
+UUID_C = "GPU-cccccccc-0000-4000-8000-000000000000"
+UUIDS = (UUID_A, UUID_B, UUID_C)
+DEVMEM = 81920
+"""Every GPU's registered memory here (MiB)."""
+SPLIT = 10
+DEVICE_IDS = tuple(f"{uuid}-{i}" for uuid in UUIDS for i in range(SPLIT))
+"""The fake device IDs the plugin advertises in these tests."""
+RULES = ServeRules(devmem=dict.fromkeys(UUIDS, DEVMEM))
+
+
+def dev(uuid: str, mem: int = 1000, cores: int = 10) -> ContainerDevice:
+    return ContainerDevice(uuid, "NVIDIA", mem, cores)
+
+
+def waiting_pod(
+    name: str,
+    *containers: dict[str, Any],
+    slots: Sequence[Sequence[ContainerDevice]],
+    init: Sequence[dict[str, Any]] = (),
+    scheduler: str | None = "hami-scheduler",
+    bind_time: int = 1,
+) -> dict[str, Any]:
+    """A pod bound to NODE in ``bind-phase=allocating`` whose allocation (and what is left of it)
+    is ``slots``, one per container, init containers first. ``scheduler`` None: no
+    ``schedulerName`` (as a fake API server stores a body that names none)."""
+    return builders.pod(
+        name,
+        *containers,
+        init=init,
+        namespace="ns",
+        uid=f"uid-{name}",
+        resource_version="5",
+        annotations=builders.allocation(
+            allocated=slots, to_allocate=slots, phase="allocating", bind_time=bind_time, node=NODE
+        ),
+        node_name=NODE,
+        scheduler_name=scheduler,
+    )
+
+
+def hijack_pod(name: str = "hijack", *, bind_time: int = 1) -> dict[str, Any]:
+    """A tenant's pod that asks for no GPU (the webhook never sees it), bound by ``spec.nodeName``
+    with allocation annotations naming a 1 MiB, 0-core slice of GPU A: issue 16's hijack."""
+    return waiting_pod(
+        name,
+        builders.container("main"),
+        slots=[[dev(UUID_A, mem=1, cores=0)]],
+        scheduler="default-scheduler",
+        bind_time=bind_time,
+    )
+
+
+def legit_pod(name: str = "legit", *, bind_time: int = 2) -> dict[str, Any]:
+    """A pod our scheduler placed: 30000 MiB and 40 % of GPU B."""
+    return waiting_pod(
+        name,
+        builders.container("main", gpu=1, gpumem=30000, gpucores=40),
+        slots=[[dev(UUID_B, mem=30000, cores=40)]],
+        bind_time=bind_time,
+    )
+
+
+def annotations_of(api: FakeKube, name: str) -> dict[str, str]:
+    result: dict[str, str] = api.pods[f"uid-{name}"]["metadata"]["annotations"]
+    return result
+
+
+def phase_of(api: FakeKube, name: str) -> str:
+    return annotations_of(api, name)[keys.BIND_PHASE]
+
+
+def logged(log: io.StringIO, event: str) -> list[dict[str, Any]]:
+    return [line for line in log_lines(log) if line["event"] == event]
+
+
+async def make_allocator(
+    api: FakeKube,
+    tmp_path: Path,
+    *,
+    log: io.StringIO | None = None,
+    rules: ServeRules = RULES,
+    device_ids: Callable[[], Collection[str]] | None = lambda: DEVICE_IDS,
+) -> Allocator:
+    """An allocator for NODE over ``api``, its pod cache listed once (``api.lists`` reset)."""
+    config = load_config(f"nvidia:\n  hookPath: {tmp_path}/vgpu\n")
+    telemetry = Telemetry.create(stream=log or io.StringIO())
+    cache = PodCache(node_pods_informer(api, NODE, logger=telemetry.logger, settings=InformerSettings()))
+    await cache.informer.list_once()
+    api.lists = 0
+    return Allocator(
+        api=NodeKube(api, node_name=NODE),
+        pods=cache,
+        nvidia=config.nvidia,
+        node_settings=config.for_node(NODE),
+        telemetry=telemetry,
+        rules=rules,
+        device_ids=device_ids,
+        cache_id=lambda: "c0ffee",
+    )
+
+
+@contextlib.asynccontextmanager
+async def plugin_stub(allocator: Allocator) -> AsyncIterator[api_pb2_grpc.DevicePluginAsyncStub]:
+    """The plugin's gRPC service over ``allocator`` (and GPUs A, B and C) on a unix socket, and a
+    client of it, as the kubelet has."""
+    gpus = [Gpu(i, uuid, "NVIDIA A100", DEVMEM, 0, f"0000000{i}:10:00.0") for i, uuid in enumerate(UUIDS)]
+    settings = Config().for_node(NODE)
+    servicer = DevicePluginServicer(
+        inventory=Inventory(gpus, settings), allocator=allocator, telemetry=allocator.telemetry
+    )
+    server = grpc.aio.server()
+    api_pb2_grpc.add_DevicePluginServicer_to_server(servicer, server)
+    # Not tmp_path: a unix socket's path must stay under 108 bytes.
+    folder = Path(tempfile.mkdtemp(prefix="hdp-", dir="/tmp"))
+    server.add_insecure_port(f"unix://{folder}/plugin.sock")
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"unix://{folder}/plugin.sock") as channel:
+            yield api_pb2_grpc.DevicePluginStub(channel)
+    finally:
+        await server.stop(None)
+        shutil.rmtree(folder, ignore_errors=True)
