@@ -296,3 +296,42 @@ async def test_certs_writes_secret_and_patches_ca_bundle(kube_client: Any, names
         assert base64.b64decode(stored.webhooks[0].client_config.ca_bundle) == fresh.ca_pem
     finally:
         await unregister(kube_client, name)
+
+
+# -- as a tenant: a ServiceAccount with pod rights only in its namespace (docs/security.md) ------------
+
+
+@pytest.fixture
+async def tenant(devcluster: Any, kube_client: Any, namespace: str) -> AsyncIterator[Any]:
+    from hamipy.devcluster.identities import TENANT_POD_RULES, grant_role, issue_identity
+
+    access = devcluster.access
+    identity = await issue_identity(
+        kube_client, namespace=namespace, name="tenant", server=access.server, ca_file=access.ca_file
+    )
+    await grant_role(kube_client, namespace=namespace, account="tenant", rules=TENANT_POD_RULES)
+    async with identity.api_client() as api:
+        yield api
+
+
+async def test_a_pod_cannot_opt_itself_out_of_the_webhook(
+    webhook: Webhook, tenant: Any, namespace: str
+) -> None:
+    ignored = pod_body("opted-out", limits=GPU_LIMITS, labels={"hami.io/webhook": "ignore"})
+    pod = await create(tenant, namespace, ignored)
+    assert pod["spec"]["schedulerName"] == "hami-scheduler"
+    assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    # Pinned to a node of the tenant's choice, with or without the label: refused.
+    pinned = pod_body(
+        "opted-out-pinned", limits=GPU_LIMITS, labels={"hami.io/webhook": "ignore"}, node_name="n"
+    )
+    status, message = await refused(tenant, namespace, pinned)
+    assert status == 403
+    assert "spec.nodeName" in message
+    # And with the webhook down the label gets it nowhere: refused, not admitted unmutated.
+    await webhook.stop()
+    status, message = await refused(
+        tenant, namespace, pod_body("opted-out-down", limits=GPU_LIMITS, labels={"hami.io/webhook": "ignore"})
+    )
+    assert status >= 500
+    assert "failed calling webhook" in message
