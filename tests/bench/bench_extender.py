@@ -84,10 +84,10 @@ def running_pod(node: int, j: int, rng: random.Random) -> dict[str, Any]:
     }
 
 
-def pending_pod(mem: str = "2048") -> dict[str, Any]:
+def pending_pod(mem: str = "2048", uid: str = "uid-new") -> dict[str, Any]:
     limits = {keys.RESOURCE_COUNT: "1", keys.RESOURCE_MEMORY: mem, keys.RESOURCE_CORES: "20"}
     return {
-        "metadata": {"name": "new", "namespace": "work", "uid": "uid-new", "annotations": {}},
+        "metadata": {"name": uid, "namespace": "work", "uid": uid, "annotations": {}},
         "spec": {
             "schedulerName": "hami-scheduler",
             "containers": [
@@ -109,6 +109,9 @@ def build(nodes: int) -> ExtenderServer:
     began = time.perf_counter()
     server.model.replace_nodes(node_json(i) for i in range(nodes))
     server.model.replace_pods(running_pod(i, j, rng) for i in range(nodes) for j in range(PODS_PER_NODE))
+    # The filtered pods as the pod watch delivers them: the filter reserves only for pods it has seen.
+    server.model.apply_pod("ADDED", pending_pod())
+    server.model.apply_pod("ADDED", pending_pod(mem="40000", uid="uid-nofit"))
     gc.collect()
     gc.freeze()  # as the watcher does after each list
     print(f"model of {nodes} nodes, {nodes * PODS_PER_NODE} pods built in {time.perf_counter() - began:.2f}s")
@@ -160,7 +163,7 @@ def main() -> None:
         server.model.release(PodUid("uid-new"))
         assert chosen, "the benchmark pod must fit"
         proc = percentiles_us(in_process(server, args, opts.iterations))
-        nofit_args = {"Pod": pending_pod(mem="40000"), "NodeNames": names, "Nodes": None}
+        nofit_args = {"Pod": pending_pod(mem="40000", uid="uid-nofit"), "NodeNames": names, "Nodes": None}
         nofit = percentiles_us(
             time_calls(functools.partial(server.scheduler.filter, nofit_args), iterations=50, warmup=5)
         )

@@ -29,14 +29,15 @@ from hamipy.devcluster import (
     wait_for,
     wait_pod_bound,
 )
+from hamipy.devcluster.kubeobjects import create_namespace, delete_namespace
 from hamipy.extender.invariant import check_cluster
 from hamipy.extender.server import ExtenderServer
 from hamipy.kube.client import RawKube
 from hamipy.protocol import keys
-from hamipy.protocol.devices import DeviceInfo
+from hamipy.protocol.devices import ContainerDevice, DeviceInfo
 from hamipy.protocol.node_devices import encode_node_devices
 from hamipy.protocol.node_lock import NodeLock, format_node_lock
-from hamipy.protocol.pod_devices import decode_pod_devices
+from hamipy.protocol.pod_devices import decode_pod_devices, encode_pod_devices
 
 pytestmark = pytest.mark.integration
 
@@ -279,6 +280,41 @@ async def test_lock_left_by_deleted_pod_does_not_stall_node(
     assert asyncio.get_running_loop().time() - started < 15
     node = await cluster.core.read_node(name, _request_timeout=API_TIMEOUT_S)
     assert keys.NODE_LOCK not in (node.metadata.annotations or {})
+
+
+async def test_pending_pods_claiming_a_nodes_gpus_do_not_block_it(
+    cluster: Cluster, extender: ExtenderServer, kube_client: Any
+) -> None:
+    # Issue 16: another tenant's pending pods, asking no GPU, annotated and labelled as holding the
+    # node's only GPU (one well-formed, one malformed), never scheduled (no such scheduler).
+    ns = cluster.namespace
+    name = await cluster.add_node("n", [gpu(f"GPU-{ns}-0", count=1, mem=8000)])
+    claim = encode_pod_devices([[ContainerDevice(f"GPU-{ns}-0", keys.DEVICE_VENDOR_NVIDIA, 8000, 100)]])
+    tenant = await create_namespace(kube_client)
+    core: Any = cluster.core
+    try:
+        squatters = []
+        for pod_name, allocated in (("squat", claim), ("garbage", "not a device list")):
+            body = builders.pod(
+                pod_name,
+                container(),
+                labels={keys.VGPU_NODE_LABEL: name},
+                annotations=builders.allocation(allocated=allocated, node=name, phase="allocating"),
+                scheduler_name="no-such-scheduler",
+            )
+            created = await core.create_namespaced_pod(tenant, body, _request_timeout=API_TIMEOUT_S)
+            squatters.append(created.metadata.uid)
+        await wait_for(
+            lambda: all(uid in extender.model.pending for uid in squatters),
+            timeout=15,
+            what="the extender to see the squatting pods",
+        )
+        await cluster.create(pod_body("p", container(gpu=1, gpumem=8000, gpucores=100), selector=ns))
+        node, slots = await cluster.bound("p")
+        assert (node, slots) == (name, [[f"GPU-{ns}-0"]])
+        await cluster.assert_invariant()
+    finally:
+        await delete_namespace(kube_client, tenant)
 
 
 # -- bursts ------------------------------------------------------------------------------------------

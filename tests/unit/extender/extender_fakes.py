@@ -46,9 +46,11 @@ def pod(
     annotations: dict[str, str] | None = None,
     node_name: str | None = None,
     phase: str = "Pending",
+    scheduler_name: str = "hami-scheduler",
 ) -> dict[str, Any]:
     """``builders.pod`` as ``FakeKube`` stores it (uid ``uid-<namespace>-<name>``, resourceVersion 1,
-    ``phase``), with one container asking for a GPU and 1000 MiB unless ``containers`` are given."""
+    ``phase``, ``schedulerName`` as the webhook sets it), with one container asking for a GPU and
+    1000 MiB unless ``containers`` are given."""
     return builders.pod(
         name,
         *(containers or [container(gpu=1, gpumem=1000)]),
@@ -58,6 +60,7 @@ def pod(
         resource_version="1",
         annotations=annotations or {},
         node_name=node_name,
+        scheduler_name=scheduler_name,
         phase=phase,
     )
 
@@ -245,6 +248,11 @@ class BindRig:
     log: io.StringIO
     """The extender's log lines (JSON), as written."""
 
+    def add_watched_pod(self, obj: dict[str, Any]) -> None:
+        """Store ``obj`` and let the model see it, as the pod watch delivers a new pod."""
+        self.kube.add_pod(obj)
+        self.model.apply_pod("ADDED", self.kube.pods[(obj["metadata"]["namespace"], obj["metadata"]["name"])])
+
     def lock(self, node_name: str = "n") -> str | None:
         """The node lock's value on ``node_name`` now, None when there is none."""
         value: str | None = self.kube.nodes[node_name]["metadata"].get("annotations", {}).get(keys.NODE_LOCK)
@@ -263,23 +271,26 @@ def bind_rig(
     settings: ExtenderSettings = BIND_SETTINGS,
     *nodes: dict[str, Any],
     wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    config: Config | None = None,
 ) -> BindRig:
     """A ``Binder`` (and the ``Scheduler`` around it) over a ``FakeKube`` holding ``nodes`` (none:
-    node ``n`` with one GPU ``A`` split 2 ways), whose model has seen the nodes and no pods."""
+    node ``n`` with one GPU ``A`` split 2 ways), whose model has seen the nodes and no pods;
+    ``config`` the shared configuration (default: ``Config()``)."""
+    config = config if config is not None else Config()
     kube = FakeKube()
     for n in nodes or (node("n", [gpu("A", 0, count=2)]),):
         kube.add_node(n)
-    model = ClusterModel()
+    model = ClusterModel(count_resource=config.nvidia.resource_count_name)
     model.replace_nodes(kube.nodes.values())
     model.replace_pods([])
     log = io.StringIO()
     telemetry = Telemetry.create(stream=log)
     binder = Binder(
-        api=kube, model=model, config=Config(), settings=settings, telemetry=telemetry, wall_clock=wall_clock
+        api=kube, model=model, config=config, settings=settings, telemetry=telemetry, wall_clock=wall_clock
     )
     events = EventRecorder(None, component="hamipy-extender", logger=telemetry.logger)
     scheduler = Scheduler(
-        model=model, config=Config(), settings=settings, telemetry=telemetry, events=events, binder=binder
+        model=model, config=config, settings=settings, telemetry=telemetry, events=events, binder=binder
     )
     return BindRig(kube, model, binder, scheduler, telemetry, log)
 

@@ -149,10 +149,12 @@ def mid_bind(name: str, node_name: str, *, bound: bool) -> dict[str, Any]:
 
 @pytest.mark.parametrize(("slots", "fits"), [(2, False), (3, True)], ids=["full", "one-left"])
 async def test_the_re_check_counts_each_pod_bound_or_mid_bind_once(slots: int, fits: bool) -> None:
-    # q is in both lists (bound and labelled), r only in the label list, after q.
+    # q is in both lists (bound and labelled), r only in the label list, after q. r is mid-bind
+    # under a lock that expired (its binder stalled): the lock is broken and r counted as if bound.
     r = bind_rig(BIND_SETTINGS, node("n", [gpu("A", 0, count=slots)]))
     r.kube.add_pod(mid_bind("q", "n", bound=True))
     r.kube.add_pod(mid_bind("r", "n", bound=False))
+    r.locked_by("ns", "r", datetime.now(UTC) - timedelta(minutes=10))
     r.kube.add_pod(pod("p"))
     if fits:
         await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
@@ -167,8 +169,9 @@ async def test_a_node_name_of_63_characters_is_written_as_label_and_read_by_it()
     r.kube.add_pod(pod("p"))
     await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node=NAME_63)
     assert r.kube.pods[("ns", "p")]["metadata"]["labels"] == {keys.VGPU_NODE_LABEL: NAME_63}
-    # A pod another replica is binding there is found by the label only.
+    # A pod another replica is binding there (under the lock we break) is found by the label only.
     r.kube.add_pod(mid_bind("r", NAME_63, bound=False))
+    r.locked_by("ns", "r", datetime.now(UTC) - timedelta(minutes=10), node_name=NAME_63)
     r.kube.add_pod(pod("s"))
     with pytest.raises(BindRefused, match="pod no longer fits"):
         await r.binder.bind(namespace="ns", name="s", uid="uid-ns-s", node=NAME_63)
@@ -224,7 +227,7 @@ async def test_a_failed_bind_frees_an_allocation_the_watch_already_counted() -> 
         if method == "POST" and path.endswith("/binding"):
             # The watch delivered the annotated pod before the Binding failed.
             r.model.apply_pod("MODIFIED", copy.deepcopy(r.kube.pods[("ns", "p")]))
-            assert r.model.contributions[PodUid("uid-ns-p")].source == "allocated"
+            assert r.model.contributions[PodUid("uid-ns-p")].source == "binding"
             raise KubeError("boom", status=500)
 
     r.kube.on_request = watch_then_fail

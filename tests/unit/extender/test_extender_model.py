@@ -337,11 +337,11 @@ def test_pod_finished(p: dict[str, Any], finished: bool) -> None:
     assert pod_finished(p) is finished
 
 
-def test_allocation_counts_on_spec_node_or_mid_bind_on_vgpu_node() -> None:
+def test_allocation_counts_on_spec_node_not_on_vgpu_node() -> None:
     model = model_of(node("a", TWO_GPUS), node("b", [gpu("C", 0)]))
     mid_bind = running("p", None, [[dev("A", 100, 10)]], vgpu_node="a", phase="Pending")
     model.apply_pod("ADDED", mid_bind)
-    assert used(model, "a")["A"] == (1, 100, 10)
+    assert used(model, "a")["A"] == (0, 0, 0)
     bound = running("p", "a", [[dev("A", 100, 10)]], vgpu_node="a")
     model.apply_pod("MODIFIED", bound)
     assert used(model, "a")["A"] == (1, 100, 10)

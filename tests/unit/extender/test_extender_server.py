@@ -103,6 +103,7 @@ async def test_filter_chooses_reserves_and_traces(server: Any) -> None:
     srv, exporter = server
     srv.model.replace_nodes([node("a"), node("b")])
     p = pod("p", container(gpu=1, gpumem=1000), annotations={keys.TRACE_CONTEXT: TRACEPARENT})
+    srv.model.apply_pod("ADDED", p)  # the watch delivered it: the filter reserves for it
     status, answer = await post(srv, "/filter", {"Pod": p, "NodeNames": ["a", "b"]})
     assert status == 200
     assert answer["NodeNames"] in (["a"], ["b"])

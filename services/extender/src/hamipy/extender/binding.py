@@ -2,18 +2,25 @@
 
 For one pod and the node kube-scheduler chose:
 
-1. read the pod (its asks; a pod already bound there is a retried bind and succeeds);
+1. read the pod and refuse it unless it is the one kube-scheduler means (the UID of the bind), asks
+   for our scheduler (``spec.schedulerName``) and names a GPU resource of ours: ``/bind`` binds
+   only pods the ``hami-scheduler`` profile hands to this extender. A pod already bound there is a
+   retried bind and succeeds;
 2. take the node lock ``hami.io/mutex.lock`` in HAMi's format with a resourceVersion-guarded patch.
    A lock held by another pod is waited for (bounded by ``bind_timeout_s``, below the scheduler's
    httpTimeout) instead of failing; one that is expired, malformed, or whose owner pod is gone,
    finished or already served (``bind-phase`` success/failed) is broken. Binds of one replica on
    one node also queue on an in-process mutex, so they do not poll each other;
 3. under the lock, rebuild the node's usage from *fresh* API state: the Node, and every pod bound to
-   it or annotated for it (``spec.nodeName`` and the ``hami.io/vgpu-node`` label, which our bind
-   writes together with the allocation), so that binds by other replicas and pods the watch has not
-   delivered yet are counted; re-check the filter's devices there and re-plan on that node if they
-   no longer fit;
-4. patch the pod (``hami.io/vgpu-node`` annotation and label, ``vgpu-time``,
+   it (``spec.nodeName``), so that binds by other replicas and pods the watch has not delivered yet
+   are counted; re-check the filter's devices there and re-plan on that node if they no longer fit.
+   As in the model, a pod that is not bound holds nothing (anyone may annotate their own pod): a
+   bind writes its pod and creates the Binding before it lets the lock go, so under the lock no
+   other bind is half-done. The one exception is a lock we broke: its holder may have written its
+   pod and not bound it yet, so that pod, found by the ``hami.io/vgpu-node`` label our bind writes
+   with the allocation, is counted as if bound;
+4. record the bind in flight in the model (``begin_bind``), so a filter meanwhile counts it; patch
+   the pod (``hami.io/vgpu-node`` annotation and label, ``vgpu-time``,
    ``vgpu-devices-to-allocate``, ``vgpu-devices-allocated``, ``bind-phase=allocating``,
    ``bind-time``; the pod's UID as precondition) and create the Binding;
 5. release the lock at once (``release_lock_after_bind``) or leave it for the device plugin
@@ -25,7 +32,7 @@ what was just written. The next bind re-stamps the lock with its own pod (a reso
 patch against the node as last written, so the lock is always named after the pod being bound and
 never looks "done" to other replicas); if the node changed meanwhile, it checks the lock is still
 ours and re-reads the fresh state before going on, and if the lock was lost it takes the full path.
-That saves the lock round trips and the two pod lists per bind when pods queue on one node.
+That saves the lock round trips and the pod list per bind when pods queue on one node.
 
 On failure the lock (if ours) and the reservation are released, annotations already written are
 removed, and ``BindRefused``/``KubeError`` tells the caller why.
@@ -65,6 +72,7 @@ from hamipy.protocol.config import Config
 from hamipy.protocol.errors import ProtocolError
 from hamipy.protocol.node_lock import NodeLock, format_node_lock, lock_expired, owned_by, parse_node_lock
 from hamipy.protocol.pod_devices import encode_pod_devices
+from hamipy.protocol.resources import requests_any_gpu
 
 __all__ = ["Binder"]
 
@@ -72,14 +80,7 @@ _FIRST_DELAY_S: Final = 0.02
 _MAX_DELAY_S: Final = 0.25
 _DONE_PHASES: Final = frozenset({"success", "failed"})
 _LABEL_MAX: Final = 63
-_ALLOCATION_KEYS: Final = (
-    keys.VGPU_NODE,
-    keys.VGPU_TIME,
-    keys.DEVICES_TO_ALLOCATE,
-    keys.DEVICES_ALLOCATED,
-    keys.BIND_PHASE,
-    keys.BIND_TIME,
-)
+_ALLOCATION_KEYS: Final = keys.ALLOCATION_STATE_ANNOTATIONS
 
 
 @dataclasses.dataclass
@@ -94,6 +95,17 @@ class _Session:
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     meta: Mapping[str, Any] = obj.get("metadata") or {}
     return meta
+
+
+def _lock_owner(value: str) -> tuple[str, str] | None:
+    """The pod named by a lock value, None for a malformed or legacy (time-only) lock."""
+    try:
+        lock = parse_node_lock(value)
+    except ProtocolError:
+        return None
+    if lock.namespace is None or lock.name is None:
+        return None
+    return lock.namespace, lock.name
 
 
 class Binder:
@@ -127,11 +139,13 @@ class Binder:
         try:
             pod = await get_pod(self.api, namespace, name, timeout_s=timeout)
         except NotFound:
-            self.model.release(PodUid(uid))
+            # Its reservation goes with its watch event; the UID of a made-up bind frees nothing.
             raise BindRefused(f"pod {namespace}/{name} no longer exists") from None
-        if uid and _meta(pod).get("uid") != uid:
-            self.model.release(PodUid(uid))
-            raise BindRefused(f"pod {namespace}/{name} was replaced (uid {_meta(pod).get('uid')}, not {uid})")
+        refusal = self._not_ours(pod, uid)
+        if refusal is not None:
+            if _meta(pod).get("uid") == uid:
+                self.model.release(PodUid(uid))
+            raise BindRefused(f"pod {namespace}/{name} {refusal}")
         bound = (pod.get("spec") or {}).get("nodeName")
         if bound:
             if bound == node:
@@ -143,6 +157,8 @@ class Binder:
             self.model.release(PodUid(uid))
             raise BindRefused(f"pod asks malformed resources: {exc}") from exc
         if not ask.requests.any:
+            # It names a GPU resource but asks no GPU (a count of 0): kube-scheduler hands it to us
+            # (managedResources), and it takes nothing on the node.
             await create_binding(self.api, namespace, name, uid, node, timeout_s=timeout)
             return
         mutex = self._mutexes.setdefault(node, asyncio.Lock())
@@ -164,9 +180,9 @@ class Binder:
             pod_uid = str(_meta(pod).get("uid", ""))
             continued = await self._continue(self._sessions.pop(node, None), node, namespace, name, pod_uid)
             if continued is None:
-                node_obj = await self._acquire(node, namespace, name, deadline)
+                node_obj, displaced = await self._acquire(node, namespace, name, deadline)
                 locked = True
-                fresh = await self._fresh_model(node_obj, exclude=pod_uid)
+                fresh = await self._fresh_model(node_obj, exclude=pod_uid, displaced=displaced)
             else:
                 node_obj, fresh = continued
                 locked = True
@@ -203,19 +219,25 @@ class Binder:
             }
             if len(node) <= _LABEL_MAX:
                 body["metadata"]["labels"] = {keys.VGPU_NODE_LABEL: node}
+
+            def record(model: ClusterModel, *, in_flight: bool = False) -> None:
+                (model.begin_bind if in_flight else model.allocate)(
+                    uid=PodUid(uid),
+                    namespace=namespace,
+                    name=name,
+                    node=NodeName(node),
+                    devices=devices,
+                    n_init=ask.n_init,
+                    raw=encoded,
+                )
+
+            # In flight: counted by filters meanwhile, whatever the pod's watch events say.
+            record(self.model, in_flight=True)
             patched = True
-            written = await patch_pod(self.api, namespace, name, body, timeout_s=timeout)
+            await patch_pod(self.api, namespace, name, body, timeout_s=timeout)
             await create_binding(self.api, namespace, name, uid, node, timeout_s=timeout)
-            fresh.apply_pod("ADDED", written)  # the next bind of a session counts this pod
-            self.model.allocate(
-                uid=PodUid(uid),
-                namespace=namespace,
-                name=name,
-                node=NodeName(node),
-                devices=devices,
-                n_init=ask.n_init,
-                raw=encoded,
-            )
+            record(fresh)  # the next bind of a session counts this pod
+            record(self.model)
             patched = False
             if self.settings.release_lock_after_bind:
                 # Decided before the mutex is released, so the next bind finds the session.
@@ -287,7 +309,10 @@ class Binder:
         await self._release(node, *owner)
         return None
 
-    async def _acquire(self, node: str, namespace: str, name: str, deadline: float) -> dict[str, Any]:
+    async def _acquire(
+        self, node: str, namespace: str, name: str, deadline: float
+    ) -> tuple[dict[str, Any], tuple[str, str] | None]:
+        """Take the node lock: (the node as written, the pod whose lock was broken, if one was)."""
         loop = asyncio.get_running_loop()
         timeout = self.settings.api_timeout_s
         delay = _FIRST_DELAY_S
@@ -304,7 +329,7 @@ class Binder:
             if value:
                 breaking, holder = await self._breakable(value, namespace, name)
                 if breaking == "mine":
-                    return obj
+                    return obj, None
             if not value or breaking:
                 mine = format_node_lock(NodeLock(self.wall_clock().replace(microsecond=0), namespace, name))
                 try:
@@ -320,7 +345,8 @@ class Binder:
                 if breaking:
                     self.telemetry.metrics.lock_breaks.labels(reason=breaking).inc()
                     self.telemetry.logger.info("node lock broken", node=node, lock=value, reason=breaking)
-                return obj
+                    return obj, _lock_owner(str(value))
+                return obj, None
             if not waited:
                 waited = True
                 self.telemetry.metrics.lock_waits.inc()
@@ -370,12 +396,16 @@ class Binder:
 
     # -- fresh state -----------------------------------------------------------------------------
 
-    async def _fresh_model(self, node_obj: Mapping[str, Any], *, exclude: str) -> ClusterModel:
-        """A model of just this node, from the Node and every pod bound or annotated for it."""
+    async def _fresh_model(
+        self, node_obj: Mapping[str, Any], *, exclude: str, displaced: tuple[str, str] | None = None
+    ) -> ClusterModel:
+        """A model of just this node, from the Node and every pod bound to it; and ``displaced``,
+        the holder of a lock we broke, if it is annotated and labelled for this node but not bound
+        (a bind that may still create its Binding)."""
         node = str(_meta(node_obj).get("name"))
         timeout = self.settings.api_timeout_s
         queries: list[list[tuple[str, str]]] = [node_pods_query(node)]
-        if len(node) <= _LABEL_MAX:
+        if displaced is not None and len(node) <= _LABEL_MAX:
             queries.append([("labelSelector", f"{keys.VGPU_NODE_LABEL}={node}")])
         results = await asyncio.gather(
             *(list_all(self.api, pod_path(), query=q, timeout_s=timeout) for q in queries)
@@ -385,12 +415,35 @@ class Binder:
         seen: set[str] = {exclude}
         for pods, _ in results:
             for pod in pods:
-                uid = str(_meta(pod).get("uid", ""))
+                meta = _meta(pod)
+                uid = str(meta.get("uid", ""))
                 if uid in seen:
                     continue
                 seen.add(uid)
+                spec = pod.get("spec") or {}
+                if (
+                    not spec.get("nodeName")
+                    and (meta.get("namespace"), meta.get("name")) == displaced
+                    and (meta.get("annotations") or {}).get(keys.VGPU_NODE) == node
+                ):
+                    pod = {**pod, "spec": {**spec, "nodeName": node}}  # counted as if bound
                 fresh.apply_pod("ADDED", pod)
         return fresh
+
+    def _not_ours(self, pod: Mapping[str, Any], uid: str) -> str | None:
+        """Why ``/bind`` refuses this pod (the end of a sentence naming it), None when it may bind:
+        the bind's UID, our schedulerName and a GPU resource of ours named by some container."""
+        actual = _meta(pod).get("uid")
+        if not uid:
+            return "cannot be bound without its PodUID"
+        if actual != uid:
+            return f"was replaced (uid {actual}, not {uid})"
+        scheduler = (pod.get("spec") or {}).get("schedulerName")
+        if scheduler != self.config.scheduler_name:
+            return f"is not for {self.config.scheduler_name} (schedulerName {scheduler})"
+        if not requests_any_gpu(pod, self.config.nvidia.resource_names):
+            return "asks for no GPU resource this extender manages"
+        return None
 
     async def _unannotate(self, namespace: str, name: str, uid: str) -> None:
         # The UID precondition: a new pod of the same name (a StatefulSet's) is never stripped.

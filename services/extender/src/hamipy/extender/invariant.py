@@ -1,10 +1,11 @@
 """The safety invariant, checked against the cluster itself: no GPU has more memory, cores or slots
 allocated than it has (docs/design.md#5-bind-enforces-correctness).
 
-Reads every node's ``hami.io/node-nvidia-register`` and every not-finished pod's
+Reads every node's ``hami.io/node-nvidia-register`` and every bound, not-finished pod's
 ``hami.io/vgpu-devices-allocated`` from the API (not from any extender's model) and adds the pods'
-usage per GPU by the same peak rule the device plugin serves by (``model.pod_usage``). Used by tests
-and by ``hamipy-extender check``.
+usage per GPU by the same peak rule the device plugin serves by (``model.pod_usage``). A pod that is
+not bound holds nothing, as in the model: anyone may annotate their own pending pod, and only bound
+pods are served GPUs. Used by tests and by ``hamipy-extender check``.
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ def check_objects(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str
         pod_meta = pod.get("metadata") or {}
         ann = pod_meta.get("annotations") or {}
         value = ann.get(keys.DEVICES_ALLOCATED)
-        node_name = (pod.get("spec") or {}).get("nodeName") or ann.get(keys.VGPU_NODE)
+        node_name = (pod.get("spec") or {}).get("nodeName")
         if not value or not node_name or pod_finished(pod):
             continue
         node = str(node_name)

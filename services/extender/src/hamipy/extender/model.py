@@ -6,19 +6,34 @@ that pod's contribution, a node event only that node.
 
 Usage on a GPU is the sum of *contributions*, one per pod UID, each either
 
-- ``allocated``: the pod's ``hami.io/vgpu-devices-allocated`` annotation (pods not finished: phase
-  not Succeeded/Failed, no deletionTimestamp), on the node of ``spec.nodeName`` or, while it is being
-  bound, ``hami.io/vgpu-node``; or
-- ``reserved``: a filter/bind decision not yet visible in the pod, dropped after a time-to-live.
+- ``allocated``: the ``hami.io/vgpu-devices-allocated`` annotation of a *bound* pod (``spec.nodeName``
+  set; phase not Succeeded/Failed, no deletionTimestamp), on that node;
+- ``binding``: a bind of this extender in flight (decided under the node lock, being written), from
+  ``begin_bind`` until ``allocate`` (after the Binding) or ``release``; or
+- ``reserved``: a filter decision not yet visible in the pod, dropped after a time-to-live.
+
+A pod that is not bound holds nothing, whatever its annotations say: anyone who may create pods can
+write ``hami.io/vgpu-node`` and ``vgpu-devices-allocated``, and only a bound pod is ever served GPUs
+by the device plugin. So an unbound pod's events never add, change or drop a contribution: our own
+bind's record (``binding``, then ``allocated``) survives the watch events of its patch (annotated,
+not yet bound), a filter's reservation stays until its TTL, and the pod's Binding event makes it an
+ordinary allocation. Another replica's pod mid-bind (annotated, not yet bound) is not counted here:
+binds on a node serialize on the node lock and each re-checks fresh API state under it
+(``binding.Binder``), where the same rule applies; under the lock no other bind is half-written.
 
 An allocation counts init containers by their peak and regular containers summed
 (``pod_usage``), as the device plugin serves them: init containers run one after the other and
 finish before the others start.
 
 Malformed input is never read as zero: a malformed register annotation makes the node offer nothing
-(``NodeState.problem``); a malformed allocation on a node makes that node offer nothing until the
-pod is gone (``NodeState.bad_pods``), since what it holds is unknown. Each is returned as a
-``Problem`` for the caller to log, count and report as an Event.
+(``NodeState.problem``); a malformed allocation on a bound pod makes its node offer nothing until the
+pod is gone (``NodeState.bad_pods``), since what it holds is unknown. A malformed allocation on an
+unbound pod holds nothing and blocks nothing. Each is returned as a ``Problem`` for the caller to
+log, count and report as an Event.
+
+The model also keeps the pods that are not bound yet (``pending``: identity, ``schedulerName`` and
+the fields a filter reads), so that a filter reserves only for a pod that exists and reads its asks
+from the watched object rather than from the caller's copy.
 """
 
 from __future__ import annotations
@@ -44,6 +59,7 @@ __all__ = [
     "Gpu",
     "NodeName",
     "NodeState",
+    "PendingPod",
     "PodUid",
     "Problem",
     "Usage",
@@ -55,7 +71,7 @@ __all__ = [
 NodeName = NewType("NodeName", str)
 PodUid = NewType("PodUid", str)
 EventType = Literal["ADDED", "MODIFIED", "DELETED"]
-Source = Literal["allocated", "reserved"]
+Source = Literal["allocated", "binding", "reserved"]
 # (slots, memory MiB, cores percent) taken on one GPU.
 Usage = tuple[int, int, int]
 
@@ -292,12 +308,24 @@ def node_from_json(
     return state, problem
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class PendingPod:
+    """A pod the watch has seen not bound and not finished: who it is, which scheduler it asked
+    for, and ``pod``, the fields of the watched object a filter reads (metadata and containers)."""
+
+    namespace: str
+    name: str
+    scheduler_name: str
+    pod: Mapping[str, Any]
+
+
 @dataclasses.dataclass(slots=True)
 class _PodInfo:
     uid: PodUid
     namespace: str
     name: str
     node: NodeName | None
+    """``spec.nodeName``: None while the pod is not bound."""
     allocated: str | None
     n_init: int
     finished: bool
@@ -307,7 +335,7 @@ def _pod_info(pod: Mapping[str, Any]) -> _PodInfo:
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     ann = meta.get("annotations") or {}
-    node = spec.get("nodeName") or ann.get(keys.VGPU_NODE) or None
+    node = spec.get("nodeName") or None
     allocated = ann.get(keys.DEVICES_ALLOCATED)
     return _PodInfo(
         uid=PodUid(str(meta.get("uid", ""))),
@@ -317,6 +345,21 @@ def _pod_info(pod: Mapping[str, Any]) -> _PodInfo:
         allocated=allocated if isinstance(allocated, str) and allocated else None,
         n_init=len(spec.get("initContainers") or []),
         finished=pod_finished(pod),
+    )
+
+
+def _pending(info: _PodInfo, pod: Mapping[str, Any]) -> PendingPod:
+    # Only what a filter reads (the asks, the preferences in annotations, the identity): the rest of
+    # a pending pod (status, managedFields) is not kept alive.
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    kept_spec = {k: spec[k] for k in ("schedulerName", "initContainers", "containers") if k in spec}
+    kept_meta = {k: meta[k] for k in ("name", "namespace", "uid", "annotations") if k in meta}
+    return PendingPod(
+        namespace=info.namespace,
+        name=info.name,
+        scheduler_name=str(spec.get("schedulerName") or ""),
+        pod={"metadata": kept_meta, "spec": kept_spec},
     )
 
 
@@ -331,6 +374,8 @@ class ClusterModel:
         self._expiry: list[tuple[float, str]] = []
         # Pods seen with a malformed allocation: uid -> node, so the node recovers when they go.
         self._bad: dict[PodUid, NodeName] = {}
+        self.pending: dict[PodUid, PendingPod] = {}
+        """Pods seen not bound and not finished (``PendingPod``)."""
         self.nodes_synced = False
         self.pods_synced = False
         self.generation = 0
@@ -436,17 +481,27 @@ class ClusterModel:
         info = _pod_info(pod)
         uid = info.uid
         if event == "DELETED" or info.finished:
+            self.pending.pop(uid, None)
             self._set_bad(uid, None)
             if uid in self.contributions:
                 self._set(None, uid)
             return []
-        if info.allocated is None or info.node is None:
-            self._set_bad(uid, None)
-            current = self.contributions.get(uid)
-            if current is not None and current.source == "allocated":
-                self._set(None, uid)  # annotations removed (a failed bind cleaned up)
+        if info.node is None:
+            # Not bound: holds nothing and changes no contribution (the module docstring says why).
+            self.pending[uid] = _pending(info, pod)
+            if info.allocated is not None:
+                try:
+                    decode_pod_devices(info.allocated, field=keys.DEVICES_ALLOCATED)
+                except ProtocolError as exc:
+                    return [Problem("Pod", info.name, info.namespace, uid, exc.field, str(exc))]
             return []
+        self.pending.pop(uid, None)
         current = self.contributions.get(uid)
+        if info.allocated is None:
+            self._set_bad(uid, None)
+            if current is not None and current.source == "allocated":
+                self._set(None, uid)  # annotations removed
+            return []
         if (
             current is not None
             and current.source == "allocated"
@@ -479,9 +534,11 @@ class ClusterModel:
         return []
 
     def replace_pods(self, pods: Iterable[Mapping[str, Any]]) -> list[Problem]:
-        """A full list: apply each; allocations of pods not in it are dropped (reservations stay)."""
+        """A full list: apply each; allocations of pods not in it are dropped (reservations and binds
+        in flight stay)."""
         problems: list[Problem] = []
         seen: set[str] = set()
+        self.pending.clear()
         for pod in pods:
             seen.add(str((pod.get("metadata") or {}).get("uid", "")))
             problems += self.apply_pod("MODIFIED", pod)
@@ -521,6 +578,21 @@ class ClusterModel:
             uid,
         )
 
+    def begin_bind(
+        self,
+        *,
+        uid: PodUid,
+        namespace: str,
+        name: str,
+        node: NodeName,
+        devices: PodDevices,
+        n_init: int,
+        raw: str,
+    ) -> None:
+        """Record a bind of ours about to write ``raw`` (source ``binding``): it counts while the pod
+        is annotated but not bound, until ``allocate`` or ``release``."""
+        self._record(uid, namespace, name, node, devices, n_init, raw, "binding")
+
     def allocate(
         self,
         *,
@@ -532,8 +604,21 @@ class ClusterModel:
         n_init: int,
         raw: str,
     ) -> None:
-        """Record an allocation written by our bind before its watch event arrives (the event,
-        carrying the same ``raw`` annotation, is then a no-op)."""
+        """Record an allocation written and bound by our bind before its watch event arrives (the
+        event, carrying the same ``raw`` annotation, is then a no-op)."""
+        self._record(uid, namespace, name, node, devices, n_init, raw, "allocated")
+
+    def _record(
+        self,
+        uid: PodUid,
+        namespace: str,
+        name: str,
+        node: NodeName,
+        devices: PodDevices,
+        n_init: int,
+        raw: str,
+        source: Source,
+    ) -> None:
         self._set(
             Contribution(
                 uid=uid,
@@ -543,7 +628,7 @@ class ClusterModel:
                 devices=devices,
                 n_init=n_init,
                 usage=pod_usage(devices, n_init),
-                source="allocated",
+                source=source,
                 raw=raw,
             ),
             uid,

@@ -3,6 +3,12 @@ prioritize and bind), with reservations, metrics, Events and spans around the pu
 
 ``filter`` and ``prioritize`` are synchronous and make no API call: they read and update the model
 only. Events are queued (``hamipy.kube.events.EventRecorder``), never awaited here.
+
+Anyone who can reach ``/filter`` can send any ExtenderArgs, so a filter reserves only for a pod the
+pod watch has seen pending for our scheduler, and reads that pod's asks from the watched object,
+not from the caller's copy (``_watched``). A pod kube-scheduler filters before our watch delivered
+it (a race of milliseconds) is answered as usual but reserves nothing; its bind still re-checks the
+node under the lock, so that costs at worst a bind refused and retried, never an over-full GPU.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from hamipy.extender.binding import Binder
 from hamipy.extender.errors import BindRefused
 from hamipy.extender.filtering import Decision, build_ask, decide, summarize
 from hamipy.extender.fitting import NodeReasons
-from hamipy.extender.model import ClusterModel, NodeName, PodUid, now_epoch
+from hamipy.extender.model import ClusterModel, NodeName, PendingPod, PodUid, now_epoch
 from hamipy.extender.scoring import prioritize_score
 from hamipy.extender.settings import ExtenderSettings
 from hamipy.extender.telemetry import Telemetry
@@ -34,6 +40,9 @@ FILTERING_SUCCEED: Final = "FilteringSucceed"
 FILTERING_FAILED: Final = "FilteringFailed"
 BINDING_FAILED: Final = "BindingFailed"
 INVALID_REQUEST: Final = "InvalidRequest"
+UNKNOWN_POD: Final = "UnknownPod"
+"""The filter's metric reason for a fit that reserved nothing: the pod is not one the watch has
+seen pending for our scheduler."""
 # Pods filtered but not (yet) bound whose trace context is remembered; oldest dropped beyond it.
 _MAX_TRACEPARENTS: Final = 10_000
 
@@ -144,8 +153,11 @@ class Scheduler:
     ) -> tuple[dict[str, Any], str, str, str]:
         """The answer, the outcome (fit, failed, passthrough), a short reason (metric label) and
         the detail a user reads (the Event's message)."""
+        uid = PodUid(str(pod["metadata"].get("uid", "")))
+        watched = self._watched(uid)
+        if watched is not None:
+            pod = dict(watched.pod)  # its asks as the API server has them, not as the caller says
         meta = pod["metadata"]
-        uid = PodUid(str(meta.get("uid", "")))
         involved = involved_pod(pod)
         traceparent = (meta.get("annotations") or {}).get(keys.TRACE_CONTEXT)
         if isinstance(traceparent, str):
@@ -168,9 +180,9 @@ class Scheduler:
             return self._result(names, items, names, {}, {}), "passthrough", "NoGPURequest", ""
         now_mono = self.clock()
         self.model.expire(now_mono)
-        if not (pod.get("spec") or {}).get("nodeName"):
-            # Being (re)scheduled: whatever it held before is replaced by this decision.
-            self.model.release(uid, only_reserved=False)
+        if watched is not None:
+            # Being (re)scheduled: its previous reservation is replaced by this decision.
+            self.model.release(uid)
         decision: Decision = decide(
             self.model, ask, names, now=now_epoch(), all_feasible=self.settings.cooperative
         )
@@ -179,21 +191,25 @@ class Scheduler:
             result = self._result(names, items, chosen, decision.failed, decision.unresolvable)
             return result, "fit", "Fit", f"{len(chosen)} nodes fit"
         if decision.node is not None and decision.devices is not None:
-            self.model.reserve(
-                uid=uid,
-                namespace=str(meta.get("namespace", "")),
-                name=str(meta.get("name", "")),
-                node=NodeName(decision.node),
-                devices=decision.devices,
-                n_init=ask.n_init,
-                expires_at=now_mono + self.settings.reservation_ttl_s,
-            )
+            reason = "Fit"
+            if watched is None:
+                reason = UNKNOWN_POD
+            elif uid not in self.model.contributions:  # a bind of ours in flight is left alone
+                self.model.reserve(
+                    uid=uid,
+                    namespace=watched.namespace,
+                    name=watched.name,
+                    node=NodeName(decision.node),
+                    devices=decision.devices,
+                    n_init=ask.n_init,
+                    expires_at=now_mono + self.settings.reservation_ttl_s,
+                )
             chose = f"chose node {decision.node} among {len(names)} ({decision.fitted} fitted)"
             self.events.emit(involved, FILTERING_SUCCEED, chose)
             return (
                 self._result(names, items, [decision.node], decision.failed, decision.unresolvable),
                 "fit",
-                "Fit",
+                reason,
                 chose,
             )
         summary = summarize(decision.failed, decision.unresolvable)
@@ -201,6 +217,14 @@ class Scheduler:
         self.events.emit(involved, FILTERING_FAILED, message, warning=True)
         result = self._result(names, items, [], decision.failed, decision.unresolvable)
         return result, "failed", summary.top_cause(), message
+
+    def _watched(self, uid: PodUid) -> PendingPod | None:
+        """The pod of this UID as the watch has it, when it is pending for our scheduler: the only
+        pods a filter reserves for."""
+        pending = self.model.pending.get(uid)
+        if pending is None or pending.scheduler_name != self.config.scheduler_name:
+            return None
+        return pending
 
     @staticmethod
     def _result(

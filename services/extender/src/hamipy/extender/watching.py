@@ -8,8 +8,9 @@ model: a list replaces the model's view of that resource (so what was deleted wh
 open is forgotten) and each change applies one object. The informers keep no cache of their own
 (``keep=False``): the model is the cache.
 
-Pods are watched in all namespaces: any pod may hold GPUs (bound by HAMi, by another replica, or
-before a restart), and the allocation annotation is the only record of it.
+Pods are watched in all namespaces: any bound pod may hold GPUs (bound by HAMi, by another replica,
+or before a restart), and the allocation annotation is the only record of it; and the pods not bound
+yet are the ones a filter may reserve for (``ClusterModel.pending``).
 """
 
 from __future__ import annotations
