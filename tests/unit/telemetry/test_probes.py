@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import aiohttp
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from hamipy.telemetry.http_limits import HttpLimits
 from hamipy.telemetry.probes import start_probe_server
 
 
@@ -34,3 +37,22 @@ async def test_metrics_health_and_readiness_with_its_reason() -> None:
         await server.close()
     assert server.port != 0
     assert len(scrapes) == 1
+
+
+async def test_a_client_that_never_sends_its_request_is_cut_and_probes_still_answer() -> None:
+    limits = HttpLimits(header_timeout_s=0.3, body_timeout_s=0.3, keepalive_timeout_s=1, max_connections=2)
+    server = await start_probe_server(
+        host="127.0.0.1", port=0, render=lambda: b"", not_ready=lambda: None, limits=limits
+    )
+    try:
+        silent = [await asyncio.open_connection("127.0.0.1", server.port) for _ in range(3)]
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session,
+            session.get(f"http://127.0.0.1:{server.port}/healthz") as resp,
+        ):
+            assert (resp.status, await resp.text()) == (200, "ok")
+        for reader, writer in silent:
+            assert await asyncio.wait_for(reader.read(), 5) == b""  # hung up on, without an answer
+            writer.close()
+    finally:
+        await server.close()

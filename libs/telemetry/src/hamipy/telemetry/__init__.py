@@ -11,8 +11,10 @@
   plugin continue it from there.
 
 Metrics stay in each service: their names and labels are the service's own contract. Other
-submodules: ``service`` (``ServiceTelemetry``: one service's logger, metrics and tracer together)
-and ``probes`` (the node agents' ``/metrics``, ``/healthz``, ``/readyz`` server).
+submodules: ``service`` (``ServiceTelemetry``: one service's logger, metrics and tracer together),
+``probes`` (the node agents' ``/metrics``, ``/healthz``, ``/readyz`` server), ``http_limits`` (the
+timeouts and connection cap every HTTP server of ours runs under) and ``json_bodies`` (reading an
+untrusted JSON body: depth-bounded, fields of the wrong JSON type named).
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Final
 
 from hamipy.extender.invariant import check_cluster
-from hamipy.extender.server import ExtenderServer
+from hamipy.extender.server import ExtenderServer, http_limits
 from hamipy.extender.settings import ExtenderSettings
 from hamipy.extender.telemetry import Telemetry
 from hamipy.kube.client import connect
@@ -143,6 +143,30 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
         default=flags.integer("max-body-bytes", _DEFAULTS.max_body_bytes),
         help="largest request body (larger: HTTP 400)",
     )
+    serve.add_argument(
+        "--header-timeout",
+        type=float,
+        default=flags.number("header-timeout", _DEFAULTS.header_timeout_s),
+        help="seconds a client gets from connecting (TLS handshake included) to its request headers",
+    )
+    serve.add_argument(
+        "--body-timeout",
+        type=float,
+        default=flags.number("body-timeout", _DEFAULTS.body_timeout_s),
+        help="seconds a client gets from its headers to the end of its body",
+    )
+    serve.add_argument(
+        "--keepalive-timeout",
+        type=float,
+        default=flags.number("keepalive-timeout", _DEFAULTS.keepalive_timeout_s),
+        help="seconds an idle kept-alive connection stays open",
+    )
+    serve.add_argument(
+        "--max-connections",
+        type=int,
+        default=flags.integer("max-connections", _DEFAULTS.max_connections),
+        help="connections held at once; beyond it the longest idle or slow one is closed",
+    )
     serve.add_argument("--log-level", default=log_level, choices=LOG_LEVELS)
 
     check = commands.add_parser(
@@ -164,6 +188,10 @@ def settings_from_args(args: argparse.Namespace) -> ExtenderSettings:
         handshake_interval_s=float(args.handshake_interval),
         api_timeout_s=float(args.api_timeout),
         max_body_bytes=int(args.max_body_bytes),
+        header_timeout_s=float(args.header_timeout),
+        body_timeout_s=float(args.body_timeout),
+        keepalive_timeout_s=float(args.keepalive_timeout),
+        max_connections=int(args.max_connections),
     )
 
 
@@ -174,9 +202,8 @@ async def serve(server: ExtenderServer) -> int:
     return await serve_until_signal(server, server.supervisor, server.telemetry.logger)
 
 
-async def _serve(args: argparse.Namespace) -> int:
+async def _serve(args: argparse.Namespace, settings: ExtenderSettings) -> int:
     config = Config() if args.config is None else load_config_file(args.config)
-    settings = settings_from_args(args)
     telemetry = Telemetry.create(level=getattr(logging, args.log_level.upper()))
     context = None
     if args.tls_cert_file or args.tls_key_file:
@@ -211,7 +238,12 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         if args.command == "check":
             return asyncio.run(_check(args))
-        return asyncio.run(_serve(args))
+        settings = settings_from_args(args)
+        try:
+            http_limits(settings)
+        except ValueError as exc:  # a timeout or connection cap out of range
+            parser.error(str(exc))
+        return asyncio.run(_serve(args, settings))
 
     return run_command(
         "hamipy-extender",

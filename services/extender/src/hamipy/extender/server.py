@@ -3,9 +3,11 @@
 Routes: ``POST /filter``, ``/prioritize``, ``/bind`` (extender JSON, Go field names);
 ``GET /healthz`` (the process serves), ``/readyz`` (both Nodes and Pods listed, so decisions see
 the whole cluster, and no background task dead), ``/metrics`` (Prometheus). A body that is not
-JSON, not the expected argument, or over ``max_body_bytes`` gets HTTP 400 with the reason;
-kube-scheduler counts that as an extender error for the pod and retries it, and the server keeps
-serving.
+JSON, nested deeper than ``json_bodies.MAX_DEPTH``, not the expected argument (a field the
+decisions read with the wrong JSON type: ``_ARGS``, ``_BINDING_ARGS``), or over ``max_body_bytes``
+gets HTTP 400 with the reason; kube-scheduler counts that as an extender error for the pod and
+retries it, and the server keeps serving. Any pod can reach this server, so it runs under
+``hamipy.telemetry.http_limits`` (header, body and keep-alive timeouts, a connection cap).
 
 ``ExtenderServer`` owns one extender: model, scheduler, binder, event recorder, the Node and Pod
 informers and the handshake loop. The background ones run under a ``Supervisor``
@@ -40,9 +42,11 @@ from hamipy.kube.client import KubeApi
 from hamipy.kube.events import DropReason, EventRecorder
 from hamipy.kube.informer import Informer
 from hamipy.protocol.config import Config
+from hamipy.telemetry.http_limits import BoundedServer, HttpLimits, start_bounded_site
+from hamipy.telemetry.json_bodies import BadJson, ListOf, MapOf, Shape, decode_json, shape_problem
 from hamipy.telemetry.supervision import Supervisor
 
-__all__ = ["HEALTH", "SCHEDULER", "ExtenderServer", "Health", "make_app"]
+__all__ = ["HEALTH", "SCHEDULER", "ExtenderServer", "Health", "http_limits", "make_app"]
 
 _JSON: Final = "application/json"
 UNAVAILABLE_REASON: Final = "BackgroundTaskDied"
@@ -87,16 +91,46 @@ SCHEDULER: Final = web.AppKey("scheduler", Scheduler)
 HEALTH: Final = web.AppKey("health", Health)
 MAX_BODY: Final = web.AppKey("max_body_bytes", int)
 
+_CONTAINER: Final[Shape] = {"name": str, "resources": {"limits": dict, "requests": dict}}
+_META: Final[Shape] = {
+    "name": str,
+    "namespace": str,
+    "uid": str,
+    "annotations": MapOf(str),
+    "labels": MapOf(str),
+}
+_ARGS: Final[Shape] = {
+    "Pod": {
+        "metadata": _META,
+        "spec": {
+            "containers": ListOf(_CONTAINER),
+            "initContainers": ListOf(_CONTAINER),
+            "schedulerName": str,
+            "nodeName": str,
+        },
+    },
+    "NodeNames": ListOf(str),
+    "Nodes": {"items": ListOf({"metadata": _META, "spec": dict, "status": {"allocatable": dict}})},
+}
+"""ExtenderArgs: the JSON types of the fields ``Scheduler`` reads (values of the resource maps are
+``hamipy.protocol``'s to judge, and refused with the pod's Event when malformed)."""
+_BINDING_ARGS: Final[Shape] = {"PodName": str, "PodNamespace": str, "PodUID": str, "Node": str}
 
-async def _json_body(request: web.Request) -> Any:
+
+async def _json_body(request: web.Request, shape: Shape) -> Any:
+    """The request's JSON argument, its fields of ``shape`` checked; ``BadRequest`` otherwise."""
     try:
         body = await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise BadRequest(f"request body larger than {request.app[MAX_BODY]} bytes") from None
     try:
-        return json.loads(body)
-    except (ValueError, RecursionError) as exc:
-        raise BadRequest(f"body is not JSON: {exc}") from None
+        args = decode_json(body)
+    except BadJson as exc:
+        raise BadRequest(str(exc)) from None
+    problem = shape_problem(args, shape, "body")
+    if problem is not None:
+        raise BadRequest(problem)
+    return args
 
 
 def _bad(request: web.Request, exc: BadRequest) -> web.Response:
@@ -126,7 +160,7 @@ async def _filter(request: web.Request) -> web.Response:
     if (refused := _refused(request)) is not None:
         return refused
     try:
-        args = await _json_body(request)
+        args = await _json_body(request, _ARGS)
         result = request.app[SCHEDULER].filter(args)
     except BadRequest as exc:
         return _bad(request, exc)
@@ -137,7 +171,7 @@ async def _prioritize(request: web.Request) -> web.Response:
     if (refused := _refused(request)) is not None:
         return refused
     try:
-        args = await _json_body(request)
+        args = await _json_body(request, _ARGS)
         result = request.app[SCHEDULER].prioritize(args)
     except BadRequest as exc:
         return _bad(request, exc)
@@ -148,7 +182,7 @@ async def _bind(request: web.Request) -> web.Response:
     if (refused := _refused(request)) is not None:
         return refused
     try:
-        args = await _json_body(request)
+        args = await _json_body(request, _BINDING_ARGS)
         result = await request.app[SCHEDULER].bind(args)
     except BadRequest as exc:
         return _bad(request, exc)
@@ -169,6 +203,16 @@ async def _readyz(request: web.Request) -> web.Response:
 async def _metrics(request: web.Request) -> web.Response:
     body = request.app[SCHEDULER].telemetry.metrics.render()
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def http_limits(settings: ExtenderSettings) -> HttpLimits:
+    """The server's limits from ``settings``; ``ValueError`` when one is out of range."""
+    return HttpLimits(
+        header_timeout_s=settings.header_timeout_s,
+        body_timeout_s=settings.body_timeout_s,
+        keepalive_timeout_s=settings.keepalive_timeout_s,
+        max_connections=settings.max_connections,
+    )
 
 
 def make_app(scheduler: Scheduler, *, max_body_bytes: int, health: Health) -> web.Application:
@@ -241,7 +285,7 @@ class ExtenderServer:
             binder=binder,
         )
         self.port = 0
-        self._runner: web.AppRunner | None = None
+        self._server: BoundedServer | None = None
 
     def _event_dropped(self, reason: DropReason) -> None:
         self.telemetry.metrics.events_dropped.labels(reason=reason).inc()
@@ -262,12 +306,15 @@ class ExtenderServer:
     async def start(self) -> None:
         app = make_app(self.scheduler, max_body_bytes=self.settings.max_body_bytes, health=self.health)
         app.cleanup_ctx.append(self._background)
-        runner = web.AppRunner(app, shutdown_timeout=self.shutdown_timeout_s, access_log=None)
-        await runner.setup()
-        self._runner = runner
-        site = web.TCPSite(runner, self.host, self.requested_port, ssl_context=self.ssl_context)
-        await site.start()
-        self.port = int(runner.addresses[-1][1])
+        self._server = await start_bounded_site(
+            app,
+            host=self.host,
+            port=self.requested_port,
+            limits=http_limits(self.settings),
+            ssl_context=self.ssl_context,
+            shutdown_timeout_s=self.shutdown_timeout_s,
+        )
+        self.port = self._server.port
         self.telemetry.logger.info(
             "extender serving",
             host=self.host,
@@ -295,9 +342,9 @@ class ExtenderServer:
     async def stop(self) -> None:
         """Fail readiness, drain in-flight requests, stop the background tasks."""
         self.health.stopping.set()
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        if self._server is not None:
+            await self._server.close()
+            self._server = None
         self.telemetry.logger.info("extender stopped")
 
     @property

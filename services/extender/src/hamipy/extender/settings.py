@@ -44,3 +44,15 @@ class ExtenderSettings:
     object, about 5-10 KiB each."""
     event_queue_size: int = 1000
     """Kubernetes Events waiting to be posted; beyond it new ones are dropped (and counted)."""
+    # The HTTP server's limits (hamipy.telemetry.http_limits.HttpLimits, whose defaults these are
+    # and where they are checked): any pod can reach the extender.
+    header_timeout_s: float = 10.0
+    """Accept to request headers read, TLS handshake included: kube-scheduler sends its request head
+    at once, and its extender ``httpTimeout`` gives up long before a slow client would finish."""
+    body_timeout_s: float = 10.0
+    """Headers read to the whole body received: 16 MiB crosses a pod network in well under 10 s."""
+    keepalive_timeout_s: float = 75.0
+    """An idle kept-alive connection is closed after this long."""
+    max_connections: int = 256
+    """Connections held at once: kube-scheduler (one leader, a few replicas), the kubelet's probes
+    and Prometheus keep a handful; the cap bounds what anyone else can make us hold."""

@@ -4,8 +4,13 @@
 The apiserver POSTs an ``AdmissionReview`` (``admission.k8s.io/v1``, or ``v1beta1`` where a
 configuration still asks for it) and expects one back in the same version, with ``response.uid``
 copied from ``request.uid`` and a mutation as a base64 JSONPatch. Anything else it sends us is a bad
-request: ``decode_review`` raises ``BadReview`` with a short machine reason (a metric label) and a
-message for the HTTP 400 body and the log.
+request: ``review_of`` (the decoded document) and ``decode_review`` (the body) raise ``BadReview``
+with a short machine reason (a metric label) and a message for the HTTP 400 body and the log. That
+covers what keeps us from answering a review at all: not JSON, not an AdmissionReview, a request
+field of the wrong JSON type. (The server decodes bodies with
+``hamipy.telemetry.json_bodies.decode_json``, which also refuses deep nesting; a pod we cannot read
+inside a good review is refused in the answer instead, ``admitting.POD_SHAPE``.) Values the client
+sent are named in messages by their JSON type, or cut short, never echoed whole.
 
     ValueError
      └── BadReview        the body is not an AdmissionReview we can answer
@@ -30,6 +35,7 @@ __all__ = [
     "Review",
     "decode_review",
     "encode_response",
+    "review_of",
 ]
 
 API_V1: Final = "admission.k8s.io/v1"
@@ -37,7 +43,18 @@ API_V1BETA1: Final = "admission.k8s.io/v1beta1"
 API_VERSIONS: Final = (API_V1, API_V1BETA1)
 """The versions we answer, in order of preference (the configuration we ship lists both)."""
 
-BadReviewReason = Literal["not_json", "not_object", "wrong_kind", "wrong_version", "no_request", "no_uid"]
+BadReviewReason = Literal[
+    "not_json", "too_deep", "not_object", "wrong_kind", "wrong_version", "no_request", "no_uid", "wrong_type"
+]
+_REQUEST_FIELDS: Final[dict[str, type]] = {
+    "name": str,
+    "namespace": str,
+    "operation": str,
+    "kind": dict,
+    "resource": dict,
+}
+"""The request fields read besides ``uid`` and ``object``, and their JSON types (null is absent)."""
+_SHOWN_TEXT: Final = 64
 
 
 class BadReview(ValueError):
@@ -131,25 +148,48 @@ def decode_review(body: bytes) -> Review:
     """Decode an AdmissionReview request body; raise ``BadReview`` naming what is wrong."""
     try:
         doc = json.loads(body)
-    except (UnicodeDecodeError, ValueError) as exc:
+    except RecursionError:
+        raise BadReview("too_deep", "body is JSON nested too deeply to read") from None
+    except ValueError as exc:  # UnicodeDecodeError included
         raise BadReview("not_json", f"body is not JSON: {exc}") from None
+    return review_of(doc)
+
+
+def review_of(doc: object) -> Review:
+    """The review in a decoded request body; raise ``BadReview`` naming what is wrong."""
     if not isinstance(doc, dict):
         raise BadReview("not_object", f"body is a JSON {type(doc).__name__}, not an AdmissionReview object")
     kind = doc.get("kind")
     if kind != "AdmissionReview":
-        raise BadReview("wrong_kind", f"kind is {kind!r}, expected 'AdmissionReview'")
+        raise BadReview("wrong_kind", f"kind is {_shown(kind)}, expected 'AdmissionReview'")
     version = doc.get("apiVersion")
     if version not in API_VERSIONS:
         raise BadReview(
-            "wrong_version", f"apiVersion is {version!r}, expected one of {', '.join(API_VERSIONS)}"
+            "wrong_version", f"apiVersion is {_shown(version)}, expected one of {', '.join(API_VERSIONS)}"
         )
     request = doc.get("request")
     if not isinstance(request, dict):
         raise BadReview("no_request", "AdmissionReview has no request object")
     uid = request.get("uid")
     if not isinstance(uid, str) or not uid:
-        raise BadReview("no_uid", f"request.uid is {uid!r}, expected a non-empty string")
+        raise BadReview("no_uid", f"request.uid is {_shown(uid)}, expected a non-empty string")
+    for field, kind in _REQUEST_FIELDS.items():
+        value = request.get(field)
+        if value is not None and not isinstance(value, kind):
+            expected = "a string" if kind is str else "an object"
+            raise BadReview("wrong_type", f"request.{field} is {_shown(value)}, expected {expected}")
     return Review(cast(str, version), cast(AdmissionRequest, request))
+
+
+def _shown(value: object) -> str:
+    """A client's value in a message: scalars as they are (long text cut), structures by kind."""
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, str) and len(value) > _SHOWN_TEXT:
+        return repr(value[:_SHOWN_TEXT] + "...")
+    return repr(value)
 
 
 def encode_response(

@@ -1,8 +1,10 @@
 """One admission, end to end but without HTTP: body in, HTTP status and JSON answer out.
 
-Decodes the review, opens the admission span (continuing the pod's trace when it already carries
-one, else the API server's when its request carried a ``traceparent``, linked to the other), runs
-the pure ``mutation.decide``, encodes the answer in the version asked, and reports the
+Decodes the review (``hamipy.telemetry.json_bodies.decode_json``, depth-bounded, then
+``admission.review_of``: a body it cannot read is an HTTP 400), opens the admission span
+(continuing the pod's trace when it already carries one, else the API server's when its request
+carried a ``traceparent``, linked to the other), refuses a pod of the wrong shape (``POD_SHAPE``)
+or runs the pure ``mutation.decide``, encodes the answer in the version asked, and reports the
 outcome to the log, the metrics and the span. The server only moves bytes; the benchmark times
 exactly this.
 """
@@ -13,24 +15,47 @@ import dataclasses
 import json
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
 from hamipy.telemetry import incoming_context, pod_trace_context, traceparent_of
+from hamipy.telemetry.json_bodies import BadJson, ListOf, MapOf, Shape, decode_json, shape_problem
 from hamipy.webhook.admission import (
     AdmissionReview,
     BadReview,
     Review,
-    decode_review,
     encode_response,
+    review_of,
 )
 from hamipy.webhook.mutation import Decision, MutationSettings, decide
 from hamipy.webhook.telemetry import Telemetry
 
-__all__ = ["Admitter", "Answer", "pod_identity"]
+__all__ = ["POD_SHAPE", "Admitter", "Answer", "pod_identity"]
+
+_CONTAINER: Final[Shape] = {"name": str, "env": ListOf({"name": str}), "securityContext": dict}
+POD_SHAPE: Final[Shape] = {
+    "metadata": {
+        "name": str,
+        "generateName": str,
+        "namespace": str,
+        "annotations": MapOf(str),
+        "labels": MapOf(str),
+    },
+    "spec": {
+        "containers": ListOf(_CONTAINER),
+        "initContainers": ListOf(_CONTAINER),
+        "schedulerName": str,
+        "nodeName": str,
+        "runtimeClassName": str,
+    },
+}
+"""The JSON types of the pod fields ``mutation.decide`` reads (its ``resources`` maps are
+``hamipy.protocol``'s to judge, refused as ``invalid_resource``). The API server sends only pods it
+decoded, so a pod of another shape comes from someone else: it is refused (``malformed_pod``, code
+400 in the answer, naming the field) rather than read leniently."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -50,11 +75,16 @@ def pod_identity(review: Review) -> dict[str, str]:
     pod = review.pod or {}
     metadata = pod.get("metadata")
     metadata = metadata if isinstance(metadata, dict) else {}
-    name = request.get("name") or metadata.get("name")
-    if not name and isinstance(metadata.get("generateName"), str):
+    # Text only: the pod's fields are not checked yet (a malformed pod is logged, then refused).
+    name = request.get("name") or _text(metadata.get("name"))
+    if not name and _text(metadata.get("generateName")):
         name = f"{metadata['generateName']}*"
-    namespace = request.get("namespace") or metadata.get("namespace") or ""
-    return {"namespace": str(namespace), "name": str(name or ""), "uid": review.uid}
+    namespace = request.get("namespace") or _text(metadata.get("namespace"))
+    return {"namespace": namespace, "name": name, "uid": review.uid}
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else ""
 
 
 def _dump(doc: AdmissionReview | dict[str, str]) -> bytes:
@@ -80,8 +110,8 @@ class Admitter:
         """Answer one request body; ``headers`` are the HTTP request's (its trace context)."""
         started = time.perf_counter()
         try:
-            review = decode_review(body)
-        except BadReview as exc:
+            review = review_of(decode_json(body))
+        except (BadJson, BadReview) as exc:
             return self.bad_request(exc.reason, str(exc), remote=remote)
 
         identity = pod_identity(review)
@@ -115,7 +145,11 @@ class Admitter:
             span.set_attribute("hamipy.admission.outcome", decision.outcome)
             span.set_attribute("hamipy.admission.reason", decision.reason)
             doc = encode_response(
-                review, allowed=decision.allowed, patch=decision.patch, message=decision.message
+                review,
+                allowed=decision.allowed,
+                patch=decision.patch,
+                message=decision.message,
+                code=400 if decision.reason == "malformed_pod" else 403,
             )
             elapsed = time.perf_counter() - started
             tel.metrics.admissions.labels(outcome=decision.outcome, reason=decision.reason).inc()
@@ -152,7 +186,16 @@ class Admitter:
         if not review.is_pod:
             return Decision("allowed", "not_pod")
         operation = review.request.get("operation", "CREATE")
-        pod = review.pod
-        if operation != "CREATE" or pod is None:
+        obj: object = review.request.get("object")  # any JSON: the client is not trusted
+        if operation != "CREATE" or obj is None:
             return Decision("allowed", "not_create")
-        return decide(pod, self.settings, trace_context=traceparent)
+        if not isinstance(obj, dict):
+            return _malformed(shape_problem(obj, dict, "request.object"))
+        problem = shape_problem(obj, POD_SHAPE, "pod")
+        if problem is not None:
+            return _malformed(problem)
+        return decide(obj, self.settings, trace_context=traceparent)
+
+
+def _malformed(problem: str | None) -> Decision:
+    return Decision("refused", "malformed_pod", message=f"malformed pod: {problem}")

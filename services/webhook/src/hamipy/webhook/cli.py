@@ -52,6 +52,8 @@ from hamipy.webhook.telemetry import Telemetry
 __all__ = ["build_parser", "main"]
 
 ENV_PREFIX: Final = "HAMIPY_WEBHOOK_"
+_SERVER: Final = ServerSettings(cert_file=Path(), key_file=Path())
+"""The defaults of the server settings the flags set."""
 _COMMANDS: Final = ("serve", "certs", "manifest")
 
 
@@ -103,6 +105,30 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
         type=int,
         default=flags.integer("max-body-bytes", 4 * 1024 * 1024),
         help="largest AdmissionReview accepted (larger: HTTP 400)",
+    )
+    serve.add_argument(
+        "--header-timeout",
+        type=float,
+        default=flags.number("header-timeout", _SERVER.header_timeout_s),
+        help="seconds a client gets from connecting (TLS handshake included) to its request headers",
+    )
+    serve.add_argument(
+        "--body-timeout",
+        type=float,
+        default=flags.number("body-timeout", _SERVER.body_timeout_s),
+        help="seconds a client gets from its headers to the end of its body",
+    )
+    serve.add_argument(
+        "--keepalive-timeout",
+        type=float,
+        default=flags.number("keepalive-timeout", _SERVER.keepalive_timeout_s),
+        help="seconds an idle kept-alive connection stays open",
+    )
+    serve.add_argument(
+        "--max-connections",
+        type=int,
+        default=flags.integer("max-connections", _SERVER.max_connections),
+        help="connections held per port; beyond it the longest idle or slow one is closed",
     )
     serve.add_argument(
         "--scheduler-name",
@@ -189,9 +215,28 @@ def _load_config(path: Path | None) -> Config:
     return Config() if path is None else load_config_file(path)
 
 
-def _run_serve(args: argparse.Namespace) -> int:
+def _server_settings(args: argparse.Namespace) -> ServerSettings:
+    return ServerSettings(
+        cert_file=args.cert_file,
+        key_file=args.key_file,
+        host=args.host,
+        port=args.port,
+        metrics_port=args.metrics_port,
+        max_body_bytes=args.max_body_bytes,
+        header_timeout_s=args.header_timeout,
+        body_timeout_s=args.body_timeout,
+        keepalive_timeout_s=args.keepalive_timeout,
+        max_connections=args.max_connections,
+    )
+
+
+def _run_serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     import logging
 
+    try:
+        server_settings = _server_settings(args)
+    except ValueError as exc:  # a timeout or connection cap out of range
+        parser.error(str(exc))
     config = _load_config(args.config)
     if args.scheduler_name:
         config = config.model_copy(update={"scheduler_name": args.scheduler_name})
@@ -199,14 +244,6 @@ def _run_serve(args: argparse.Namespace) -> int:
         config, overwrite_env=args.overwrite_env, runtime_class_name=args.runtime_class_name
     )
     telemetry = Telemetry.create(level=getattr(logging, args.log_level.upper()))
-    server_settings = ServerSettings(
-        cert_file=args.cert_file,
-        key_file=args.key_file,
-        host=args.host,
-        port=args.port,
-        metrics_port=args.metrics_port,
-        max_body_bytes=args.max_body_bytes,
-    )
     telemetry.logger.info(
         "configuration",
         scheduler_name=settings.scheduler_name,
@@ -300,7 +337,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
             return asyncio.run(_certs(args))
         if args.command == "manifest":
             return _manifest(args)
-        return _run_serve(args)
+        return _run_serve(parser, args)
 
     return run_command(
         "hamipy-webhook",

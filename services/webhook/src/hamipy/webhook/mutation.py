@@ -76,6 +76,7 @@ Reason = Literal[
     "invalid_resource",
     "privileged",
     "node_name",
+    "malformed_pod",  # refused before ``decide``: see ``admitting.POD_SHAPE``
 ]
 _CONTAINER_KINDS: Final = ("initContainers", "containers")
 
@@ -198,7 +199,10 @@ class _Patch:
             entries = [{"name": name, "value": value} for name, value in wanted.items()]
             self.ops.append({"op": "add", "path": f"{parent}/env", "value": entries})
             return
-        positions = {e.get("name"): i for i, e in enumerate(env) if isinstance(e, dict)}
+        # Names that are not text are no names of ours (and not hashable when arrays or objects).
+        positions = {
+            e["name"]: i for i, e in enumerate(env) if isinstance(e, dict) and isinstance(e.get("name"), str)
+        }
         for name, value in wanted.items():
             index = positions.get(name)
             entry = {"name": name, "value": value}

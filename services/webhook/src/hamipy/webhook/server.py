@@ -17,6 +17,11 @@ status 1, so the pod is restarted instead of serving with a certificate nobody w
 
 Bodies over ``max_body_bytes``, and bodies that are not an AdmissionReview, get HTTP 400 with a
 reason (``admitting.Admitter.bad_request``); the server keeps serving.
+
+Any pod can reach this server, so both ports run under ``hamipy.telemetry.http_limits``: a client
+that is slow to send its request (TLS handshake included) or its body is cut after
+``header_timeout_s`` / ``body_timeout_s``, an idle one after ``keepalive_timeout_s``, and at most
+``max_connections`` are held per port.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from typing import Final, Self
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from hamipy.telemetry.http_limits import BoundedServer, HttpLimits, start_bounded_site
 from hamipy.telemetry.supervision import Supervisor
 from hamipy.webhook.admitting import Admitter
 
@@ -54,6 +60,7 @@ READY: Final = web.AppKey("ready", asyncio.Event)
 SUPERVISOR: Final = web.AppKey("supervisor", Supervisor)
 MAX_BODY: Final = web.AppKey("max_body_bytes", int)
 _JSON: Final = "application/json"
+_LIMITS: Final = HttpLimits()
 
 
 class CertificateError(Exception):
@@ -83,10 +90,29 @@ class ServerSettings:
     costs nothing, and the kubelet takes far longer to update a mounted Secret."""
     shutdown_timeout_s: float = 10.0
     """Time in-flight admissions get to finish after SIGTERM (the apiserver's timeout is <= 30 s)."""
+    header_timeout_s: float = _LIMITS.header_timeout_s
+    """Accept to request headers read, TLS handshake included (``HttpLimits``: why 10 s)."""
+    body_timeout_s: float = _LIMITS.body_timeout_s
+    """Headers read to the whole body received: 4 MiB crosses a pod network in well under 10 s."""
+    keepalive_timeout_s: float = _LIMITS.keepalive_timeout_s
+    """An idle kept-alive connection is closed after this long."""
+    max_connections: int = _LIMITS.max_connections
+    """Connections held per port. The API servers keep a few tens; 256 slow TLS clients cost about
+    115 MiB (``HttpLimits.max_connections``), within the chart's 256 Mi limit."""
 
     def __post_init__(self) -> None:
         if not self.cert_check_interval_s > 0:
             raise ValueError(f"cert_check_interval_s must be > 0 (got {self.cert_check_interval_s})")
+        _ = self.limits  # a bad limit is refused now, not when serving starts
+
+    @property
+    def limits(self) -> HttpLimits:
+        return HttpLimits(
+            header_timeout_s=self.header_timeout_s,
+            body_timeout_s=self.body_timeout_s,
+            keepalive_timeout_s=self.keepalive_timeout_s,
+            max_connections=self.max_connections,
+        )
 
 
 def _stamp(path: Path) -> tuple[int, int, int]:
@@ -285,7 +311,7 @@ class WebhookServer:
             on_reload=on_reload,
         )
         self.supervisor = Supervisor(telemetry.logger)
-        self._runners: list[web.AppRunner] = []
+        self._servers: list[BoundedServer] = []
         self.port = 0
         self.metrics_port: int | None = None
 
@@ -310,13 +336,17 @@ class WebhookServer:
         )
 
     async def _start_site(self, app: web.Application, port: int, ssl_context: ssl.SSLContext | None) -> int:
-        runner = web.AppRunner(app, shutdown_timeout=self.settings.shutdown_timeout_s, access_log=None)
-        await runner.setup()
-        self._runners.append(runner)
-        site = web.TCPSite(runner, self.settings.host, port, ssl_context=ssl_context)
-        await site.start()
-        address = runner.addresses[-1]
-        return int(address[1])
+        s = self.settings
+        server = await start_bounded_site(
+            app,
+            host=s.host,
+            port=port,
+            limits=s.limits,
+            ssl_context=ssl_context,
+            shutdown_timeout_s=s.shutdown_timeout_s,
+        )
+        self._servers.append(server)
+        return server.port
 
     async def _telemetry_ctx(self, app: web.Application) -> AsyncIterator[None]:
         yield
@@ -327,9 +357,9 @@ class WebhookServer:
         """Fail readiness, then drain and close (probe port last, so probes see the drain)."""
         self.ready.clear()
         await self.supervisor.stop()
-        for runner in self._runners:
-            await runner.cleanup()
-        self._runners.clear()
+        for server in self._servers:
+            await server.close()
+        self._servers.clear()
         self.admitter.telemetry.logger.info("webhook stopped")
 
     async def __aenter__(self) -> Self:

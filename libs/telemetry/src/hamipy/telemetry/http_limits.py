@@ -1,0 +1,435 @@
+"""The limits every aiohttp server of ours runs under (``start_bounded_site``): a tenant can reach
+each of them on the pod network, so a client that trickles its request, or opens connections by
+the thousand, must cost a bounded amount of memory and time.
+
+What aiohttp (3.14) offers is used as is: ``keepalive_timeout`` (an idle kept-alive connection is
+closed), the header size limits (``max_line_size``, ``max_field_size``, ``max_headers``: their
+defaults bound a request head to about 1 MiB), ``client_max_size`` (per app: the body size) and
+``lingering_time`` (how long an unread body is drained after the answer; set to the body timeout).
+It has no header or body read timeout and no connection cap, and asyncio's TLS layer allocates a
+256 KiB buffer for every accepted connection before its handshake. So every accepted connection
+goes through a ``_Connection``: a protocol between the socket's transport and aiohttp's
+``RequestHandler`` that counts it and times it from accept on, and, for HTTPS, runs the TLS
+handshake itself (``loop.start_tls``) so that a connection can be cut before its handshake ends.
+
+- Header timeout: from accept (TLS handshake included), or on a kept-alive connection from the
+  first byte of the next request, until the request reaches the application (line and headers
+  parsed). Idle time between requests is the keep-alive timeout's, as Go's ``ReadHeaderTimeout``
+  and ``IdleTimeout`` split it.
+- Body timeout: from then until the body is complete; a handler still reading it then finds the
+  connection cut (answered as 408 to nobody, so aiohttp logs no 500).
+- Connection cap: at most ``max_connections`` connections are held, in TLS handshake or not. At the
+  cap a new connection closes the held one that has waited longest without a request in flight (an
+  idle kept-alive one, or a slow client still sending its request); when every held connection is
+  serving a request the new one is closed at once. Waiting in the listen backlog instead is not an
+  option asyncio offers (it can only close the listening socket), and it would queue ``/healthz``
+  behind the slow clients; refusing every new connection at the cap would let a client that keeps
+  reopening them starve the probes. Evicting the longest waiter keeps memory at the cap while a
+  client that sends its request promptly (the kubelet, the API server) still gets in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import ssl
+from typing import Final, cast
+
+from aiohttp import StreamReader, web
+from aiohttp.typedefs import Handler
+
+__all__ = ["BoundedServer", "BoundedSite", "ConnectionStats", "HttpLimits", "start_bounded_site"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HttpLimits:
+    """How long a client may take and how many connections it may hold. Times are in seconds."""
+
+    header_timeout_s: float = 10.0
+    """Accept (or first byte of a further request) to headers parsed. Our callers (API server,
+    kube-scheduler, kubelet) send a request head in one segment; 10 s is the API server's default
+    webhook timeout, past which it has given up anyway."""
+    body_timeout_s: float = 10.0
+    """Headers parsed to the whole body received: 16 MiB (the largest body we take) crosses a pod
+    network in well under a second."""
+    keepalive_timeout_s: float = 75.0
+    """An idle kept-alive connection is closed after this long (nginx's default). Below Go's 90 s
+    ``IdleConnTimeout`` the client may find a connection closed under it, which Go retries when
+    nothing was written yet; idle connections are the first to go at the cap anyway."""
+    max_connections: int = 256
+    """Connections held at once. A TLS connection costs 300-450 KiB (asyncio's 256 KiB read buffer
+    from accept on, then the SSL object and aiohttp's handler): 1,500 slow clients take the webhook
+    from 72 to 186 MiB with this cap, within the chart's 256 Mi, and to 442 MiB without it
+    (tests/bench/bench_slow_clients.py). Our callers keep a few tens open (the API servers, one
+    kube-scheduler, the kubelet, Prometheus)."""
+
+    def __post_init__(self) -> None:
+        for name in ("header_timeout_s", "body_timeout_s", "keepalive_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0 (got {getattr(self, name)})")
+        if self.max_connections < 1:
+            raise ValueError(f"max_connections must be >= 1 (got {self.max_connections})")
+
+
+@dataclasses.dataclass(slots=True)
+class ConnectionStats:
+    """What the limits did since the server started (tests read it; ``held`` is current)."""
+
+    accepted: int = 0
+    held: int = 0
+    waiting: int = 0
+    """Of ``held``, those without a request in flight (idle, or still sending their request)."""
+    refused: int = 0
+    """Closed at accept: at the cap with every held connection serving a request."""
+    evicted: int = 0
+    """Closed to make room at the cap (the longest waiter without a request in flight)."""
+    header_timeouts: int = 0
+    body_timeouts: int = 0
+    idle_timeouts: int = 0
+    """Closed after ``keepalive_timeout_s`` without a further request (or with the answer unread)."""
+
+
+class _Guard:
+    """One server's connections: the cap, the eviction order, and the middleware that tells each
+    connection when its request reached the application and when the application was done."""
+
+    def __init__(self, limits: HttpLimits, ssl_context: ssl.SSLContext | None) -> None:
+        self.limits = limits
+        self.ssl_context = ssl_context
+        self.stats = ConnectionStats()
+        self.server: web.Server | None = None
+        self.held: set[_Connection] = set()
+        self.waiting: dict[_Connection, None] = {}
+        """Held connections without a request in flight, longest waiting first (insertion order)."""
+        self.by_handler: dict[web.RequestHandler, _Connection] = {}
+        self.handshakes: set[asyncio.Task[None]] = set()
+
+        @web.middleware
+        async def track_requests(request: web.Request, handler: Handler) -> web.StreamResponse:
+            conn = self.by_handler.get(request.protocol)
+            if conn is None:  # not one of ours (aiohttp's test client, say)
+                return await handler(request)
+            conn.request_started(request.content)
+            try:
+                return await handler(request)
+            except ConnectionResetError:
+                if not conn.cut_off:
+                    raise
+                # The body deadline cut the connection under the handler: nobody is left to answer,
+                # and an HTTP error (unlike this exception) is not logged by aiohttp as a crash.
+                raise web.HTTPRequestTimeout() from None
+            finally:
+                conn.request_done()
+
+        self.middleware: Final = track_requests
+
+    def admit(self, conn: _Connection) -> bool:
+        """Count a new connection, evicting the longest waiter at the cap; False: refuse it."""
+        if len(self.held) >= self.limits.max_connections:
+            if not self.waiting:
+                self.stats.refused += 1
+                return False
+            self.stats.evicted += 1
+            next(iter(self.waiting)).cut()
+        self.held.add(conn)
+        self.stats.accepted += 1
+        self._count()
+        return True
+
+    def wait(self, conn: _Connection) -> None:
+        self.waiting.pop(conn, None)
+        self.waiting[conn] = None  # to the end: it waits from now
+        self._count()
+
+    def busy(self, conn: _Connection) -> None:
+        self.waiting.pop(conn, None)
+        self._count()
+
+    def release(self, conn: _Connection) -> None:
+        self.held.discard(conn)
+        self.waiting.pop(conn, None)
+        self._count()
+
+    def _count(self) -> None:
+        self.stats.held = len(self.held)
+        self.stats.waiting = len(self.waiting)
+
+    async def stop(self) -> None:
+        """Cut what aiohttp does not know yet: connections still in their TLS handshake."""
+        for conn in [c for c in self.held if not c.serving]:
+            conn.cut()
+        if self.handshakes:
+            await asyncio.wait(list(self.handshakes))
+
+
+class _Connection(asyncio.Protocol):
+    """One accepted connection, between its transport and aiohttp's ``RequestHandler`` (made once
+    the connection is admitted and, for HTTPS, its handshake is done). Forwards what the transport
+    reports; keeps the connection's one deadline (headers or body)."""
+
+    def __init__(self, guard: _Guard) -> None:
+        self._guard = guard
+        self._loop = asyncio.get_running_loop()
+        self._raw: asyncio.Transport | None = None
+        self._inner: web.RequestHandler | None = None
+        self._early: list[bytes] = []
+        """Bytes decrypted between the handshake's end and ``_connect`` (the task's next step)."""
+        self._handshake: asyncio.Task[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._body: StreamReader | None = None
+        self._idle = False
+        self._closed = False
+        self.cut_off = False
+        """We closed it (a deadline passed, or it was evicted)."""
+
+    @property
+    def serving(self) -> bool:
+        """Whether aiohttp has it (and closes it on shutdown)."""
+        return self._inner is not None
+
+    # -- the transport's side -------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        raw = cast(asyncio.Transport, transport)
+        self._raw = raw
+        if not self._guard.admit(self):
+            self._closed = True
+            raw.abort()
+            return
+        self._await_headers()
+        context = self._guard.ssl_context
+        if context is None:
+            self._connect(raw)
+            return
+        # Nothing is read until the TLS layer owns the socket (start_tls swaps the protocol).
+        raw.pause_reading()
+        self._handshake = self._loop.create_task(self._start_tls(raw, context))
+        self._guard.handshakes.add(self._handshake)
+        self._handshake.add_done_callback(self._handshake_done)
+
+    async def _start_tls(self, raw: asyncio.Transport, context: ssl.SSLContext) -> None:
+        timeout = self._guard.limits.header_timeout_s
+        try:
+            tls = await self._loop.start_tls(
+                raw,
+                self,
+                context,
+                server_side=True,
+                ssl_handshake_timeout=timeout,
+                ssl_shutdown_timeout=timeout,
+            )
+        except OSError:  # a failed handshake, or the peer left: nothing to serve
+            tls = None
+        except BaseException:  # cancelled: the connection was cut (start_tls closed the socket)
+            self._forget()
+            raise
+        if tls is None or self._closed:  # None: the connection was cut during the handshake
+            self._forget()
+            return
+        self._connect(tls)
+
+    def _handshake_done(self, task: asyncio.Task[None]) -> None:
+        # The finished task keeps its exception (a cancellation: the connection was cut), whose
+        # frames hold this connection and its TLS state (a 256 KiB buffer): let go of the task, or
+        # only the cyclic garbage collector, much later, would free them.
+        self._guard.handshakes.discard(task)
+        self._handshake = None
+
+    def data_received(self, data: bytes) -> None:
+        if self._idle:
+            self._await_headers()  # the first byte of the next request
+        if self._inner is None:
+            self._early.append(data)
+        else:
+            self._inner.data_received(data)
+
+    def eof_received(self) -> None:
+        # None: the transport closes on end of stream, as aiohttp's own handler has it.
+        if self._inner is not None:
+            self._inner.eof_received()
+
+    def pause_writing(self) -> None:
+        if self._inner is not None:
+            self._inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self._inner is not None:
+            self._inner.resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._forget()
+        if self._inner is not None:
+            self._inner.connection_lost(exc)
+
+    # -- the application's side (the guard's middleware) -----------------------------------------
+
+    def request_started(self, body: StreamReader) -> None:
+        """The request's line and headers are parsed: its body (if still coming) is timed now."""
+        self._idle = False
+        self._guard.busy(self)
+        self._cancel_timer()
+        if not self._closed and not body.is_eof():
+            self._body = body
+            self._timer = self._loop.call_later(self._guard.limits.body_timeout_s, self._body_late)
+
+    def request_done(self) -> None:
+        """The handler returned: idle until the next request's first byte, for at most the
+        keep-alive time (which also bounds a client that does not read its answer)."""
+        self._cancel_timer()
+        self._body = None
+        if not self._closed:
+            self._idle = True
+            self._timer = self._loop.call_later(self._guard.limits.keepalive_timeout_s, self._idle_late)
+            self._guard.wait(self)
+
+    # -- deadlines and closing ------------------------------------------------------------------
+
+    def cut(self) -> None:
+        """Close now, dropping whatever is unsent; the slot is free at once."""
+        self.cut_off = True
+        self._forget()
+        if self._raw is not None:
+            self._raw.abort()
+
+    def _connect(self, transport: asyncio.Transport) -> None:
+        server = self._guard.server
+        assert server is not None, "the site sets it before accepting"
+        inner = server()
+        self._inner = inner
+        self._guard.by_handler[inner] = self
+        inner.connection_made(transport)
+        early, self._early = self._early, []
+        for chunk in early:
+            inner.data_received(chunk)
+
+    def _await_headers(self) -> None:
+        self._idle = False
+        self._cancel_timer()
+        self._timer = self._loop.call_later(self._guard.limits.header_timeout_s, self._headers_late)
+        self._guard.wait(self)
+
+    def _headers_late(self) -> None:
+        self._timer = None
+        self._guard.stats.header_timeouts += 1
+        self.cut()
+
+    def _idle_late(self) -> None:
+        self._timer = None
+        self._guard.stats.idle_timeouts += 1
+        self.cut()
+
+    def _body_late(self) -> None:
+        self._timer = None
+        if self._body is not None and not self._body.is_eof():
+            self._guard.stats.body_timeouts += 1
+            self.cut()
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _forget(self) -> None:
+        """Stop timing and counting it (once; the transport may still report its loss later)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._cancel_timer()
+        self._body = None
+        self._guard.release(self)
+        if self._inner is not None:
+            self._guard.by_handler.pop(self._inner, None)
+        handshake = self._handshake
+        if handshake is not None and handshake is not asyncio.current_task():
+            handshake.cancel()  # start_tls then closes the socket and frees its TLS state
+
+
+class BoundedSite(web.BaseSite):
+    """A TCP site (HTTP, or HTTPS with ``ssl_context``) whose connections go through ``_Connection``:
+    aiohttp's ``TCPSite`` but for the protocol factory and TLS, which the connection runs itself."""
+
+    def __init__(
+        self,
+        runner: web.BaseRunner,
+        host: str,
+        port: int,
+        *,
+        guard: _Guard,
+        backlog: int = 128,
+    ) -> None:
+        super().__init__(runner, backlog=backlog)
+        self._host = host
+        self._port = port
+        self._guard = guard
+        self._bound: int | None = None
+
+    @property
+    def name(self) -> str:
+        scheme = "https" if self._guard.ssl_context is not None else "http"
+        return f"{scheme}://{self._host}:{self.port}"
+
+    @property
+    def port(self) -> int:
+        """The bound port (the requested one before ``start``)."""
+        return self._port if self._bound is None else self._bound
+
+    async def start(self) -> None:
+        await super().start()
+        guard = self._guard
+        guard.server = self._runner.server
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(
+            lambda: _Connection(guard), self._host, self._port, backlog=self._backlog
+        )
+        self._server = server
+        self._bound = int(server.sockets[0].getsockname()[1]) if server.sockets else self._port
+
+    async def stop(self) -> None:
+        await super().stop()
+        await self._guard.stop()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BoundedServer:
+    """One app served by ``start_bounded_site``; ``close()`` stops it (draining in-flight requests)."""
+
+    runner: web.AppRunner
+    site: BoundedSite
+    stats: ConnectionStats
+
+    @property
+    def port(self) -> int:
+        return self.site.port
+
+    async def close(self) -> None:
+        await self.runner.cleanup()
+
+
+async def start_bounded_site(
+    app: web.Application,
+    *,
+    host: str,
+    port: int,
+    limits: HttpLimits,
+    ssl_context: ssl.SSLContext | None = None,
+    shutdown_timeout_s: float = 60.0,
+) -> BoundedServer:
+    """Serve ``app`` on ``host:port`` (0: a free port) under ``limits``, over TLS with
+    ``ssl_context``. ``app`` must not be started yet: a middleware of ours is put first in it."""
+    guard = _Guard(limits, ssl_context)
+    app.middlewares.insert(0, guard.middleware)
+    runner = web.AppRunner(
+        app,
+        access_log=None,
+        shutdown_timeout=shutdown_timeout_s,
+        keepalive_timeout=limits.keepalive_timeout_s,
+        lingering_time=limits.body_timeout_s,
+    )
+    await runner.setup()
+    site = BoundedSite(runner, host, port, guard=guard)
+    try:
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return BoundedServer(runner, site, guard.stats)

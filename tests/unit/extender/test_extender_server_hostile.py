@@ -1,0 +1,250 @@
+"""The extender against clients that are not kube-scheduler: malformed arguments get HTTP 400 with
+the reason (never a 500), slow clients are cut while ``/healthz`` keeps answering, and the limits
+come from flags and the environment."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import io
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+from builders import container
+from extender_fakes import node, pod
+
+import hamipy.extender.cli as cli
+from hamipy.extender.server import ExtenderServer, http_limits
+from hamipy.extender.settings import ExtenderSettings
+from hamipy.extender.telemetry import Telemetry
+from hamipy.protocol.config import Config
+
+SETTINGS = ExtenderSettings(
+    header_timeout_s=0.5, body_timeout_s=0.5, keepalive_timeout_s=5, max_connections=4
+)
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[ExtenderServer]:
+    srv = ExtenderServer(
+        config=Config(),
+        settings=SETTINGS,
+        telemetry=Telemetry.create(stream=io.StringIO()),
+        api=None,
+    )
+    async with srv:
+        srv.model.replace_nodes([node("a"), node("b")])
+        srv.model.replace_pods([])
+        yield srv
+
+
+async def post(srv: ExtenderServer, path: str, body: bytes) -> tuple[int, Any]:
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session,
+        session.post(srv.url + path, data=body) as resp,
+    ):
+        return resp.status, await resp.json()
+
+
+async def healthz(srv: ExtenderServer) -> int:
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session,
+        session.get(srv.url + "/healthz") as resp,
+    ):
+        return resp.status
+
+
+def args_with(path: tuple[str | int, ...], value: object) -> bytes:
+    """ExtenderArgs for a GPU pod and two nodes, with the field at ``path`` set to ``value``."""
+    args: dict[str, Any] = {
+        "Pod": pod("p", container(gpu=1, gpumem=1000), annotations={"team": "ml"}),
+        "NodeNames": ["a", "b"],
+    }
+    target: Any = args
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    return json.dumps(args).encode()
+
+
+def nodes_form(item: object) -> bytes:
+    """ExtenderArgs as a scheduler that is not node-cache-capable sends them, with one node item."""
+    return json.dumps({"Pod": pod("p"), "Nodes": {"items": [item]}}).encode()
+
+
+def node_with(path: tuple[str, ...], value: object) -> dict[str, Any]:
+    item = copy.deepcopy(node("c"))
+    target: Any = item
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    return item
+
+
+# -- malformed arguments: HTTP 400 ------------------------------------------------------------------------
+
+MALFORMED = [
+    pytest.param(b"[" * 100_000, "nested deeper than 100", id="deep-array"),
+    pytest.param(b'{"Pod":' * 5_000 + b"1" + b"}" * 5_000, "nested deeper than 100", id="deep-object"),
+    pytest.param(
+        args_with(("Pod", "metadata", "annotations"), ["team=ml"]),
+        "body.Pod.metadata.annotations is an array, expected an object",
+        id="annotations-array",
+    ),
+    pytest.param(
+        args_with(("Pod", "metadata", "annotations"), "team=ml"),
+        "body.Pod.metadata.annotations is a string, expected an object",
+        id="annotations-string",
+    ),
+    pytest.param(
+        args_with(("Pod", "metadata", "annotations", "team"), {"x": 1}),
+        "body.Pod.metadata.annotations['team'] is an object, expected a string",
+        id="annotation-value-object",
+    ),
+    pytest.param(
+        args_with(("Pod", "metadata", "uid"), ["u"]),
+        "body.Pod.metadata.uid is an array, expected a string",
+        id="uid-array",
+    ),
+    pytest.param(
+        args_with(("Pod", "spec", "containers"), {"name": "c"}),
+        "body.Pod.spec.containers is an object, expected an array",
+        id="containers-object",
+    ),
+    pytest.param(
+        args_with(("Pod", "spec", "containers", 0), "c"),
+        "body.Pod.spec.containers[0] is a string, expected an object",
+        id="container-string",
+    ),
+    pytest.param(args_with(("Pod", "spec"), 3), "body.Pod.spec is a number", id="spec-number"),
+    pytest.param(
+        nodes_form(node_with(("metadata",), ["c"])),
+        "body.Nodes.items[0].metadata is an array, expected an object",
+        id="node-metadata-array",
+    ),
+    pytest.param(
+        nodes_form(node_with(("metadata", "annotations"), "x")),
+        "body.Nodes.items[0].metadata.annotations is a string",
+        id="node-annotations-string",
+    ),
+    pytest.param(nodes_form("c"), "body.Nodes.items[0] is a string, expected an object", id="node-string"),
+]
+
+
+@pytest.mark.parametrize("verb", ["/filter", "/prioritize"])
+@pytest.mark.parametrize(("body", "says"), MALFORMED)
+async def test_malformed_arguments_get_400_with_the_reason(
+    server: ExtenderServer, verb: str, body: bytes, says: str
+) -> None:
+    status, answer = await post(server, verb, body)
+    assert status == 400
+    assert says in answer["Error"]
+    assert len(answer["Error"]) < 300  # the client's value is named, not echoed back
+    verb_label = verb.strip("/")
+    sample = {"verb": verb_label, "result": "bad-request", "reason": "BadRequest"}
+    metrics = server.telemetry.metrics.registry
+    assert metrics.get_sample_value("hamipy_extender_decisions_total", sample) == 1
+    assert not server.model.contributions  # nothing was reserved from a refused argument
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        pytest.param(
+            {"PodName": ["p"], "PodNamespace": "ns", "Node": "a"}, "body.PodName is an array", id="name"
+        ),
+        pytest.param(
+            {"PodName": "p", "PodNamespace": "ns", "Node": {"n": 1}}, "body.Node is an object", id="node"
+        ),
+        pytest.param(
+            {"PodName": "p", "PodNamespace": "ns", "Node": "a", "PodUID": 5},
+            "body.PodUID is a number",
+            id="uid",
+        ),
+        pytest.param([], "body is an array, expected an object", id="array"),
+    ],
+)
+async def test_malformed_binding_arguments_get_400(server: ExtenderServer, args: object, says: str) -> None:
+    status, answer = await post(server, "/bind", json.dumps(args).encode())
+    assert status == 400
+    assert says in answer["Error"]
+
+
+async def test_well_formed_arguments_with_nulls_are_still_decided(server: ExtenderServer) -> None:
+    args = json.loads(args_with(("Pod", "metadata", "annotations"), None))
+    args["Pod"]["spec"]["initContainers"] = None
+    args["Pod"]["metadata"]["creationTimestamp"] = None
+    status, answer = await post(server, "/filter", json.dumps(args).encode())
+    assert status == 200
+    assert answer["NodeNames"] in (["a"], ["b"])
+
+
+# -- slow clients -----------------------------------------------------------------------------------------
+
+
+async def test_slow_clients_are_cut_and_healthz_keeps_answering(server: ExtenderServer) -> None:
+    silent = [await asyncio.open_connection("127.0.0.1", server.port) for _ in range(6)]  # over the cap
+    started = time.monotonic()
+    assert await healthz(server) == 200  # gets in by evicting the longest waiter
+    for reader, writer in silent:
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # hung up on, without an answer
+        writer.close()
+        with contextlib.suppress(ConnectionError):
+            await writer.wait_closed()
+    assert time.monotonic() - started < 3  # the 0.5 s header timeout
+    assert await healthz(server) == 200
+
+
+async def test_a_trickled_body_is_cut(server: ExtenderServer) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{")
+    started = time.monotonic()
+
+    async def trickle() -> None:
+        with contextlib.suppress(ConnectionError):
+            for _ in range(999):
+                writer.write(b" ")
+                await writer.drain()
+                await asyncio.sleep(0.2)
+
+    sender = asyncio.create_task(trickle())
+    assert await asyncio.wait_for(reader.read(), 5) == b""
+    sender.cancel()
+    writer.close()
+    with contextlib.suppress(ConnectionError):
+        await writer.wait_closed()
+    assert 0.4 <= time.monotonic() - started < 3
+    assert await healthz(server) == 200
+
+
+# -- settings ---------------------------------------------------------------------------------------------
+
+
+def test_the_limits_come_from_flags_and_the_environment() -> None:
+    env = {"HAMIPY_EXTENDER_HEADER_TIMEOUT": "3", "HAMIPY_EXTENDER_MAX_CONNECTIONS": "50"}
+    args = cli.build_parser(env).parse_args(["serve", "--body-timeout", "4", "--keepalive-timeout", "30"])
+    limits = http_limits(cli.settings_from_args(args))
+    assert (limits.header_timeout_s, limits.body_timeout_s) == (3, 4)
+    assert (limits.keepalive_timeout_s, limits.max_connections) == (30, 50)
+    defaults = http_limits(cli.settings_from_args(cli.build_parser({}).parse_args(["serve"])))
+    assert (defaults.header_timeout_s, defaults.body_timeout_s, defaults.keepalive_timeout_s) == (10, 10, 75)
+    assert defaults.max_connections == 256
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        pytest.param(["--body-timeout", "-1"], id="negative-timeout"),
+        pytest.param(["--max-connections", "0"], id="zero-connections"),
+    ],
+)
+def test_a_limit_out_of_range_is_a_usage_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["serve", *argv], env={})
+    assert exit_info.value.code == 2
+    assert "must be" in capsys.readouterr().err

@@ -1,0 +1,341 @@
+"""The limits of our HTTP servers, against a real server on 127.0.0.1 and raw sockets: slow headers,
+slow bodies, idle connections and TLS handshakes that never start are cut in time; the connection
+cap holds, evicting the longest waiter so that a prompt request still gets in."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import gc
+import logging
+import ssl
+import time
+from asyncio.sslproto import SSLProtocol
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from hamipy.kube.certs import KeyPair, issue_cert, make_ca
+from hamipy.telemetry.http_limits import BoundedServer, HttpLimits, start_bounded_site
+
+SHORT = HttpLimits(header_timeout_s=0.5, body_timeout_s=0.5, keepalive_timeout_s=0.5, max_connections=8)
+TRICKLE_S = 0.2
+HEAD = b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n"
+
+
+def make_app(gate: asyncio.Event | None = None) -> web.Application:
+    async def healthz(request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def echo(request: web.Request) -> web.Response:
+        return web.Response(text=str(len(await request.read())))
+
+    async def hold(request: web.Request) -> web.Response:
+        assert gate is not None
+        await gate.wait()
+        return web.Response(text="released")
+
+    app = web.Application()
+    app.router.add_get("/healthz", healthz)
+    app.router.add_post("/echo", echo)
+    app.router.add_get("/hold", hold)
+    return app
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    limits: HttpLimits = SHORT, *, tls: ssl.SSLContext | None = None, gate: asyncio.Event | None = None
+) -> AsyncIterator[BoundedServer]:
+    server = await start_bounded_site(
+        make_app(gate), host="127.0.0.1", port=0, limits=limits, ssl_context=tls, shutdown_timeout_s=1
+    )
+    try:
+        yield server
+    finally:
+        await server.close()
+
+
+async def until(predicate: Callable[[], bool], what: str) -> None:
+    """Poll ``predicate`` (the server's counters) every 10 ms for up to 5 s."""
+    for _ in range(500):
+        if predicate():
+            return
+        await asyncio.sleep(0.01)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+async def closed_by_server(reader: asyncio.StreamReader, timeout_s: float = 5.0) -> bytes:
+    """What the server sent before closing (waits for the close, at most ``timeout_s``)."""
+    try:
+        return await asyncio.wait_for(reader.read(), timeout_s)
+    except ConnectionResetError:
+        return b""
+
+
+async def trickle(writer: asyncio.StreamWriter, data: bytes, sent: list[int]) -> None:
+    """Send ``data`` a byte at a time, ``TRICKLE_S`` apart, until done or the server hangs up."""
+    with contextlib.suppress(ConnectionError):
+        for byte in data:
+            writer.write(bytes([byte]))
+            await writer.drain()
+            sent.append(byte)
+            await asyncio.sleep(TRICKLE_S)
+
+
+async def get(url: str, *, tls: ssl.SSLContext | None = None) -> tuple[int, str]:
+    connector = aiohttp.TCPConnector(ssl=tls if tls is not None else False, force_close=True)
+    async with (
+        aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=5)) as session,
+        session.get(url) as response,
+    ):
+        return response.status, await response.text()
+
+
+async def open_raw(server: BoundedServer) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    return await asyncio.wait_for(asyncio.open_connection("127.0.0.1", server.port), 5)
+
+
+async def close_raw(writer: asyncio.StreamWriter) -> None:
+    writer.close()
+    with contextlib.suppress(ConnectionError):
+        await asyncio.wait_for(writer.wait_closed(), 5)
+
+
+# -- plain HTTP -------------------------------------------------------------------------------------------
+
+
+async def test_a_prompt_client_is_served_twice_on_one_connection() -> None:
+    async with serving() as server:
+        reader, writer = await open_raw(server)
+        for _ in range(2):
+            writer.write(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc")
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+            assert head.startswith(b"HTTP/1.1 200")
+            assert await asyncio.wait_for(reader.readexactly(1), 5) == b"3"
+        await close_raw(writer)
+        assert server.stats.header_timeouts == server.stats.body_timeouts == 0
+
+
+async def test_trickled_headers_are_cut_after_the_header_timeout() -> None:
+    async with serving() as server:
+        reader, writer = await open_raw(server)
+        started = time.monotonic()
+        sent: list[int] = []
+        sender = asyncio.create_task(trickle(writer, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", sent))
+        answer = await closed_by_server(reader)
+        elapsed = time.monotonic() - started
+        sender.cancel()
+        await close_raw(writer)
+        assert answer == b""
+        assert 0.4 <= elapsed < 3, elapsed
+        assert 0 < len(sent) < 10  # still sending its request line when cut
+        assert server.stats.header_timeouts == 1
+        await until(lambda: server.stats.held == 0, "the slot to be free")
+
+
+async def test_trickled_body_is_cut_after_the_body_timeout(caplog: pytest.LogCaptureFixture) -> None:
+    async with serving() as server:
+        reader, writer = await open_raw(server)
+        writer.write(HEAD)
+        started = time.monotonic()
+        sent: list[int] = []
+        sender = asyncio.create_task(trickle(writer, b"x" * 1000, sent))
+        answer = await closed_by_server(reader)
+        elapsed = time.monotonic() - started
+        sender.cancel()
+        await close_raw(writer)
+        assert answer == b""
+        # The handler's read was cut under it: no "Error handling request" (a 500) from aiohttp.
+        assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+        assert 0.4 <= elapsed < 3, elapsed
+        assert 0 < len(sent) < 20
+        assert server.stats.body_timeouts == 1
+        assert server.stats.header_timeouts == 0
+        assert (await get(f"http://127.0.0.1:{server.port}/healthz")) == (200, "ok")
+
+
+async def test_an_idle_connection_is_closed_after_the_keepalive_timeout() -> None:
+    limits = HttpLimits(header_timeout_s=5, body_timeout_s=5, keepalive_timeout_s=0.5)
+    async with serving(limits) as server:
+        reader, writer = await open_raw(server)
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        assert head.startswith(b"HTTP/1.1 200")
+        answered = time.monotonic()
+        assert await closed_by_server(reader) == b"ok"  # the body, then the close
+        elapsed = time.monotonic() - answered
+        await close_raw(writer)
+        assert 0.4 <= elapsed < 3, elapsed
+        assert server.stats.idle_timeouts == 1
+
+
+async def test_a_second_request_is_timed_from_its_first_byte() -> None:
+    limits = HttpLimits(header_timeout_s=0.5, body_timeout_s=5, keepalive_timeout_s=30)
+    async with serving(limits) as server:
+        reader, writer = await open_raw(server)
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        await asyncio.wait_for(reader.readuntil(b"\r\n\r\nok"), 5)
+        sent: list[int] = []
+        started = time.monotonic()
+        sender = asyncio.create_task(trickle(writer, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", sent))
+        assert await closed_by_server(reader) == b""
+        elapsed = time.monotonic() - started
+        sender.cancel()
+        await close_raw(writer)
+        assert 0.4 <= elapsed < 3, elapsed  # the header timeout, not the 30 s keep-alive
+        assert server.stats.header_timeouts == 1
+
+
+# -- the connection cap -----------------------------------------------------------------------------------
+
+
+async def test_the_cap_holds_and_healthz_gets_in_by_evicting_the_longest_waiter() -> None:
+    cap, extra = 4, 3
+    limits = HttpLimits(header_timeout_s=1.0, body_timeout_s=1.0, keepalive_timeout_s=30, max_connections=cap)
+    async with serving(limits) as server:
+        idle = [await open_raw(server) for _ in range(cap + extra)]
+        await until(lambda: server.stats.accepted == cap + extra, "every connection to be accepted")
+        assert server.stats.held == cap
+        assert server.stats.evicted == extra
+        # The first ones were evicted (closed without a byte), the newest still held.
+        for reader, _ in idle[:extra]:
+            assert await closed_by_server(reader) == b""
+        assert all(not reader.at_eof() for reader, _ in idle[extra:])
+        # A prompt request gets in at once, evicting the longest waiter.
+        assert (await get(f"http://127.0.0.1:{server.port}/healthz")) == (200, "ok")
+        assert server.stats.held <= cap
+        # The slow ones are all cut after the header timeout, and the server still answers.
+        for reader, _ in idle:
+            assert await closed_by_server(reader) == b""
+        await until(lambda: server.stats.held == 0, "every slot to be free")
+        assert server.stats.header_timeouts == cap - 1
+        assert (await get(f"http://127.0.0.1:{server.port}/healthz")) == (200, "ok")
+        for _, writer in idle:
+            await close_raw(writer)
+
+
+async def test_at_the_cap_with_every_connection_busy_a_new_one_is_refused() -> None:
+    gate = asyncio.Event()
+    limits = HttpLimits(header_timeout_s=5, body_timeout_s=5, keepalive_timeout_s=5, max_connections=2)
+    async with serving(limits, gate=gate) as server:
+        url = f"http://127.0.0.1:{server.port}"
+        busy = [asyncio.create_task(get(f"{url}/hold")) for _ in range(2)]
+        await until(lambda: server.stats.held == 2 and server.stats.waiting == 0, "two requests in flight")
+        reader, writer = await open_raw(server)
+        assert await closed_by_server(reader) == b""
+        await close_raw(writer)
+        assert server.stats.refused == 1
+        gate.set()
+        assert [await task for task in busy] == [(200, "released")] * 2
+        assert (await get(f"{url}/healthz")) == (200, "ok")
+
+
+# -- TLS --------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> tuple[KeyPair, Path, Path]:
+    ca = make_ca("test-ca", validity=datetime.timedelta(days=1))
+    leaf = issue_cert(
+        ca,
+        common_name="127.0.0.1",
+        validity=datetime.timedelta(days=1),
+        ip_addresses=["127.0.0.1"],
+        server=True,
+    )
+    directory = tmp_path_factory.mktemp("tls")
+    (directory / "tls.crt").write_bytes(leaf.cert_pem)
+    (directory / "tls.key").write_bytes(leaf.key_pem)
+    return ca, directory / "tls.crt", directory / "tls.key"
+
+
+def server_context(certs: tuple[KeyPair, Path, Path]) -> ssl.SSLContext:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(certs[1], certs[2])
+    return context
+
+
+def client_context(certs: tuple[KeyPair, Path, Path]) -> ssl.SSLContext:
+    return ssl.create_default_context(cadata=certs[0].cert_pem.decode())
+
+
+async def test_tls_requests_are_served(certs: tuple[KeyPair, Path, Path]) -> None:
+    async with serving(tls=server_context(certs)) as server:
+        url = f"https://127.0.0.1:{server.port}/healthz"
+        assert await get(url, tls=client_context(certs)) == (200, "ok")
+        assert await get(url, tls=client_context(certs)) == (200, "ok")
+        await until(lambda: server.stats.held == 0, "the connections to close")
+
+
+async def test_a_tls_client_that_never_says_hello_is_cut_after_the_header_timeout(
+    certs: tuple[KeyPair, Path, Path],
+) -> None:
+    async with serving(tls=server_context(certs)) as server:
+        reader, writer = await open_raw(server)
+        started = time.monotonic()
+        await until(lambda: server.stats.held == 1, "the connection to be held")
+        assert await closed_by_server(reader) == b""
+        elapsed = time.monotonic() - started
+        await close_raw(writer)
+        assert 0.4 <= elapsed < 3, elapsed
+        assert server.stats.header_timeouts == 1
+        await until(lambda: server.stats.held == 0, "the slot to be free")
+        assert await get(f"https://127.0.0.1:{server.port}/healthz", tls=client_context(certs)) == (200, "ok")
+
+
+async def test_tls_handshakes_in_progress_count_against_the_cap_and_are_evicted(
+    certs: tuple[KeyPair, Path, Path],
+) -> None:
+    limits = HttpLimits(header_timeout_s=5, body_timeout_s=5, keepalive_timeout_s=5, max_connections=3)
+    async with serving(limits, tls=server_context(certs)) as server:
+        silent = [await open_raw(server) for _ in range(3)]
+        await until(lambda: server.stats.held == 3, "three handshakes to be held")
+        assert await get(f"https://127.0.0.1:{server.port}/healthz", tls=client_context(certs)) == (200, "ok")
+        assert server.stats.evicted == 1
+        assert await closed_by_server(silent[0][0]) == b""
+        for _, writer in silent:
+            await close_raw(writer)
+
+
+async def test_cut_handshakes_free_their_tls_state_at_once(certs: tuple[KeyPair, Path, Path]) -> None:
+    # asyncio's TLS layer holds a 256 KiB buffer per connection: one evicted (or cut) in its
+    # handshake must free it when cut, not when the cyclic garbage collector next runs.
+    limits = HttpLimits(header_timeout_s=5, body_timeout_s=5, keepalive_timeout_s=5, max_connections=3)
+
+    def tls_states() -> int:
+        return sum(1 for obj in gc.get_objects() if isinstance(obj, SSLProtocol))
+
+    gc.collect()
+    gc.disable()
+    try:
+        async with serving(limits, tls=server_context(certs)) as server:
+            silent = [await open_raw(server) for _ in range(8)]
+            await until(
+                lambda: server.stats.accepted == 8 and server.stats.evicted == 5, "8 accepted, 5 evicted"
+            )
+            await until(lambda: tls_states() == 3, "only the 3 held connections to keep a TLS state")
+            for _, writer in silent:
+                await close_raw(writer)
+    finally:
+        gc.enable()
+
+
+async def test_stopping_cuts_handshakes_in_progress(certs: tuple[KeyPair, Path, Path]) -> None:
+    limits = HttpLimits(header_timeout_s=30, body_timeout_s=30, keepalive_timeout_s=30)
+    async with serving(limits, tls=server_context(certs)) as server:
+        reader, writer = await open_raw(server)
+        await until(lambda: server.stats.held == 1, "the connection to be held")
+    # Stopped: the silent client was hung up on, and no handshake task is left (conftest checks).
+    assert await closed_by_server(reader) == b""
+    await close_raw(writer)
+
+
+def test_limits_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="header_timeout_s"):
+        HttpLimits(header_timeout_s=0)
+    with pytest.raises(ValueError, match="max_connections"):
+        HttpLimits(max_connections=0)

@@ -1,0 +1,312 @@
+"""The webhook against clients that are not the API server: slow or silent TLS clients are cut while
+the probes keep answering, malformed bodies get HTTP 400 and malformed pods a refusal with code 400
+(never a 500); the limits come from flags and the environment."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import io
+import json
+import ssl
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+import hamipy.webhook.cli as cli
+from hamipy.webhook.admitting import Admitter
+from hamipy.webhook.certs import CertificateBundle, generate_certificates, write_files
+from hamipy.webhook.mutation import MutationSettings
+from hamipy.webhook.server import ServerSettings, WebhookServer
+from hamipy.webhook.telemetry import Telemetry
+
+GPU_POD: dict[str, Any] = {
+    "metadata": {"name": "p", "namespace": "ns", "annotations": {"team": "ml"}},
+    "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+}
+TRICKLE_S = 0.2
+
+
+def review(pod: object, **request: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "u-1",
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "operation": "CREATE",
+            "namespace": "ns",
+            "object": pod,
+            **request,
+        },
+    }
+
+
+class Running:
+    def __init__(self, server: WebhookServer, certs: CertificateBundle) -> None:
+        self.server = server
+        self.certs = certs
+
+    def client_context(self) -> ssl.SSLContext:
+        return ssl.create_default_context(cadata=self.certs.ca_pem.decode())
+
+    async def request(self, method: str, path: str, data: bytes | None = None) -> tuple[int, bytes]:
+        connector = aiohttp.TCPConnector(ssl=self.client_context(), force_close=True)
+        async with (
+            aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=10)) as session,
+            session.request(method, f"https://127.0.0.1:{self.server.port}{path}", data=data) as response,
+        ):
+            return response.status, await response.read()
+
+    async def admit(self, doc: object) -> tuple[int, dict[str, Any]]:
+        status, body = await self.request("POST", "/webhook", json.dumps(doc).encode())
+        return status, json.loads(body)
+
+    async def probe(self) -> int:
+        url = f"http://127.0.0.1:{self.server.metrics_port}/healthz"
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session,
+            session.get(url) as response,
+        ):
+            return response.status
+
+
+@pytest.fixture
+async def running(tmp_path: Path) -> AsyncIterator[Running]:
+    certs = generate_certificates(dns_names=["localhost"], ip_addresses=["127.0.0.1"])
+    cert, key, _ = write_files(certs, tmp_path)
+    settings = ServerSettings(
+        cert_file=cert,
+        key_file=key,
+        host="127.0.0.1",
+        port=0,
+        metrics_port=0,
+        shutdown_timeout_s=1.0,
+        header_timeout_s=0.5,
+        body_timeout_s=0.5,
+        keepalive_timeout_s=5,
+        max_connections=4,
+    )
+    admitter = Admitter(MutationSettings(), Telemetry.create(stream=io.StringIO()))
+    async with WebhookServer(settings, admitter) as server:
+        yield Running(server, certs)
+
+
+async def closed_by_server(reader: asyncio.StreamReader) -> bytes:
+    """What the server sent before it closed the connection (at most 5 s of waiting)."""
+    try:
+        return await asyncio.wait_for(reader.read(), 5)
+    except (ConnectionResetError, ssl.SSLError):
+        return b""
+
+
+async def trickle(writer: asyncio.StreamWriter, data: bytes) -> None:
+    with contextlib.suppress(ConnectionError, ssl.SSLError):
+        for byte in data:
+            writer.write(bytes([byte]))
+            await writer.drain()
+            await asyncio.sleep(TRICKLE_S)
+
+
+async def close(writer: asyncio.StreamWriter) -> None:
+    writer.close()
+    with contextlib.suppress(ConnectionError, ssl.SSLError, TimeoutError):
+        await asyncio.wait_for(writer.wait_closed(), 5)
+
+
+# -- slow and silent clients ------------------------------------------------------------------------------
+
+
+async def test_silent_tls_clients_are_cut_while_probes_and_admissions_go_on(running: Running) -> None:
+    port = running.server.port
+    silent = [await asyncio.open_connection("127.0.0.1", port) for _ in range(6)]  # over the cap of 4
+    started = time.monotonic()
+    assert await running.probe() == 200  # the plain port has its own cap
+    status, answer = await running.admit(review(GPU_POD))  # gets in by evicting the longest waiter
+    assert (status, answer["response"]["allowed"]) == (200, True)
+    for reader, _ in silent:
+        assert await closed_by_server(reader) == b""
+    assert time.monotonic() - started < 3  # the header timeout (0.5 s), not asyncio's 60 s handshake
+    for _, writer in silent:
+        await close(writer)
+    assert await running.probe() == 200
+
+
+@pytest.mark.parametrize(
+    ("head", "trickled"),
+    [
+        pytest.param(b"", b"POST /webhook HTTP/1.1\r\nHost: x\r\n", id="headers"),
+        pytest.param(
+            b"POST /webhook HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n", b"{" * 1000, id="body"
+        ),
+    ],
+)
+async def test_a_client_trickling_over_tls_is_cut(running: Running, head: bytes, trickled: bytes) -> None:
+    reader, writer = await asyncio.wait_for(
+        asyncio.open_connection(
+            "127.0.0.1", running.server.port, ssl=running.client_context(), server_hostname="127.0.0.1"
+        ),
+        5,
+    )
+    writer.write(head)
+    started = time.monotonic()
+    sender = asyncio.create_task(trickle(writer, trickled))
+    assert await closed_by_server(reader) == b""
+    elapsed = time.monotonic() - started
+    sender.cancel()
+    await close(writer)
+    assert 0.4 <= elapsed < 3, elapsed
+    assert not sender.done() or sender.cancelled()  # it was still sending when cut
+    assert await running.probe() == 200
+
+
+# -- malformed bodies: HTTP 400 ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "reason", "says"),
+    [
+        pytest.param(b"[" * 100_000, "too_deep", "nested deeper than 100", id="deep-array"),
+        pytest.param(b'{"a":' * 5_000 + b"1" + b"}" * 5_000, "too_deep", "nested deeper", id="deep-object"),
+        pytest.param(b"\xff\xfe{}", "not_json", "not JSON", id="not-utf8"),
+        pytest.param(
+            json.dumps(review(GPU_POD, namespace=["ns"])).encode(),
+            "wrong_type",
+            "request.namespace is an array, expected a string",
+            id="namespace-array",
+        ),
+        pytest.param(
+            json.dumps(review(GPU_POD, operation={"op": "CREATE"})).encode(),
+            "wrong_type",
+            "request.operation is an object, expected a string",
+            id="operation-object",
+        ),
+        pytest.param(
+            json.dumps({**review(GPU_POD), "kind": ["x"] * 10_000}).encode(),
+            "wrong_kind",
+            "kind is an array, expected 'AdmissionReview'",
+            id="kind-list-not-echoed",
+        ),
+    ],
+)
+async def test_a_malformed_body_gets_400_with_its_reason(
+    running: Running, body: bytes, reason: str, says: str
+) -> None:
+    status, raw = await running.request("POST", "/webhook", body)
+    assert status == 400
+    answer = json.loads(raw)
+    assert answer["error"] == reason
+    assert says in answer["message"]
+    assert len(raw) < 1000  # the client's value is named, not echoed back
+
+
+# -- malformed pods: refused in the review, code 400 ------------------------------------------------------
+
+
+def with_field(path: tuple[str | int, ...], value: object) -> dict[str, Any]:
+    pod = copy.deepcopy(GPU_POD)
+    node: Any = pod
+    for key in path[:-1]:
+        node = node.setdefault(key, {}) if isinstance(key, str) else node[key]
+    node[path[-1]] = value
+    return pod
+
+
+@pytest.mark.parametrize(
+    ("pod", "says"),
+    [
+        pytest.param(
+            with_field(("metadata", "annotations"), ["a"]),
+            "pod.metadata.annotations is an array, expected an object",
+            id="annotations-array",
+        ),
+        pytest.param(
+            with_field(("metadata", "annotations"), "a=b"),
+            "pod.metadata.annotations is a string, expected an object",
+            id="annotations-string",
+        ),
+        pytest.param(
+            with_field(("metadata", "annotations", "team"), 7),
+            "pod.metadata.annotations['team'] is a number, expected a string",
+            id="annotation-value-number",
+        ),
+        pytest.param(with_field(("metadata",), "p"), "pod.metadata is a string", id="metadata-string"),
+        pytest.param(
+            with_field(("metadata", "name"), ["p"]), "pod.metadata.name is an array", id="name-array"
+        ),
+        pytest.param(
+            with_field(("spec", "containers"), "c"),
+            "pod.spec.containers is a string, expected an array",
+            id="containers-string",
+        ),
+        pytest.param(
+            with_field(("spec", "containers", 0, "env"), [{"name": ["X"]}]),
+            "pod.spec.containers[0].env[0].name is an array, expected a string",
+            id="env-name-array",
+        ),
+        pytest.param(with_field(("spec",), [1]), "pod.spec is an array", id="spec-array"),
+        pytest.param(
+            ["not", "a", "pod"], "request.object is an array, expected an object", id="object-array"
+        ),
+    ],
+)
+async def test_a_malformed_pod_is_refused_with_code_400_and_why(
+    running: Running, pod: object, says: str
+) -> None:
+    status, answer = await running.admit(review(pod))
+    assert status == 200
+    response = answer["response"]
+    assert response["uid"] == "u-1"
+    assert response["allowed"] is False
+    assert response["status"]["code"] == 400
+    assert response["status"]["reason"] == "BadRequest"
+    assert says in response["status"]["message"]
+    metrics = running.server.admitter.telemetry.metrics.registry
+    sample = {"outcome": "refused", "reason": "malformed_pod"}
+    assert metrics.get_sample_value("hamipy_webhook_admissions_total", sample) == 1
+
+
+async def test_a_well_formed_pod_with_nulls_is_still_admitted(running: Running) -> None:
+    # JSON null is "absent", as the API server writes it for empty fields (creationTimestamp).
+    pod = with_field(("metadata", "annotations"), None)
+    pod["metadata"]["creationTimestamp"] = None
+    pod["spec"]["initContainers"] = None
+    status, answer = await running.admit(review(pod))
+    assert (status, answer["response"]["allowed"], answer["response"]["patchType"]) == (
+        200,
+        True,
+        "JSONPatch",
+    )
+
+
+# -- settings ---------------------------------------------------------------------------------------------
+
+
+def test_the_limits_come_from_flags_and_the_environment() -> None:
+    env = {"HAMIPY_WEBHOOK_HEADER_TIMEOUT": "3", "HAMIPY_WEBHOOK_MAX_CONNECTIONS": "50"}
+    args = cli.build_parser(env).parse_args(["serve", "--body-timeout", "4", "--keepalive-timeout", "30"])
+    settings = cli._server_settings(args)
+    assert (settings.header_timeout_s, settings.body_timeout_s) == (3, 4)
+    assert (settings.keepalive_timeout_s, settings.max_connections) == (30, 50)
+    defaults = cli._server_settings(cli.build_parser({}).parse_args(["serve"])).limits
+    assert (defaults.header_timeout_s, defaults.body_timeout_s, defaults.keepalive_timeout_s) == (10, 10, 75)
+    assert defaults.max_connections == 256
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        pytest.param(["--header-timeout", "0"], id="zero-timeout"),
+        pytest.param(["--max-connections", "0"], id="zero-connections"),
+    ],
+)
+def test_a_limit_out_of_range_is_a_usage_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["serve", *argv], env={})
+    assert exit_info.value.code == 2
+    assert "must be" in capsys.readouterr().err
