@@ -8,6 +8,7 @@ arguments and environment) are checked where they land."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 from pathlib import Path
@@ -18,7 +19,7 @@ import yaml
 from stack_support import extender_config
 
 from hamipy.devcluster.binaries import KUBERNETES_VERSION, ensure_helm
-from hamipy.devcluster.config import SchedulerConfig, render_scheduler_config
+from hamipy.devcluster.config import ExtenderTLS, SchedulerConfig, render_scheduler_config
 from hamipy.devcluster.identities import SERVICE_RULES
 from hamipy.protocol.config import load_config
 from hamipy.webhook.admission_policy import admission_policies
@@ -33,7 +34,7 @@ API_TIMEOUT_S = 10.0
 # values key -> (workload kind, name suffix, container, the container's argument list, metrics port)
 SERVICES = {
     "webhook": ("Deployment", "-webhook", "webhook", "args", 9090),
-    "extender": ("Deployment", "-extender", "extender", "args", 8888),
+    "extender": ("Deployment", "-extender", "extender", "args", 9396),
     "scheduler": ("Deployment", "-scheduler", "kube-scheduler", "command", None),
     "devicePlugin": ("DaemonSet", "-device-plugin", "device-plugin", "args", 9395),
     "monitor": ("DaemonSet", "-monitor", "monitor", "args", 9394),
@@ -216,8 +217,11 @@ def test_scheduler_config_is_the_one_the_integration_tests_run(
     rendered: dict[str, list[dict[str, Any]]],
 ) -> None:
     chart = yaml.safe_load(one(rendered["defaults"], "ConfigMap", "-scheduler")["data"]["config.yaml"])
-    url = f"http://{RELEASE}-extender.hami-system.svc:8888"
-    tests = render_scheduler_config(SchedulerConfig.hami(extender_config(url)), kubeconfig="unused")
+    url = f"https://{RELEASE}-extender.hami-system.svc:8888"
+    client = "/etc/hami-py/extender-client"
+    tls = ExtenderTLS(ca_file=f"{client}/ca.crt", cert_file=f"{client}/tls.crt", key_file=f"{client}/tls.key")
+    extender = dataclasses.replace(extender_config(url), tls=tls)
+    tests = render_scheduler_config(SchedulerConfig.hami(extender), kubeconfig="unused")
     assert chart["leaderElection"] == {
         "leaderElect": True,
         "resourceName": "hami-scheduler",
@@ -227,6 +231,76 @@ def test_scheduler_config_is_the_one_the_integration_tests_run(
         chart.pop(key, None)
         tests.pop(key, None)
     assert chart == tests
+
+
+def test_only_the_scheduler_reaches_the_extenders_port(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    docs = rendered["defaults"]
+    policy = one(docs, "NetworkPolicy", "-extender")
+    extender = one(docs, "Deployment", "-extender")["spec"]["template"]["metadata"]["labels"]
+    scheduler = one(docs, "Deployment", "-scheduler")["spec"]["template"]["metadata"]["labels"]
+    assert selects(policy["spec"]["podSelector"]["matchLabels"], extender)
+    api, metrics = policy["spec"]["ingress"]
+    assert api["ports"] == [{"port": 8888, "protocol": "TCP"}]
+    ((peer,),) = [api["from"]]
+    assert selects(peer["podSelector"]["matchLabels"], scheduler)
+    assert not selects(peer["podSelector"]["matchLabels"], extender)
+    assert metrics == {"ports": [{"port": 9396, "protocol": "TCP"}]}
+    # The extender demands a client certificate from the CA that signed the scheduler's.
+    args = container(docs, "extender")["args"]
+    assert "--tls-client-ca-file=/etc/hami-py/extender-tls/ca.crt" in args
+    server = one(docs, "Secret", "-extender-tls")["data"]
+    client = one(docs, "Secret", "-extender-client-tls")["data"]
+    assert server["ca.crt"] == client["ca.crt"]
+
+
+def test_extender_tls_can_be_off_or_bring_your_own() -> None:
+    off = render(
+        "hami-system", "--set", "extender.tls.enabled=false", "--set", "extender.networkPolicy.enabled=false"
+    )
+    assert not [d for d in off if d["kind"] in ("Secret", "NetworkPolicy")]
+    scheduler = yaml.safe_load(one(off, "ConfigMap", "-scheduler")["data"]["config.yaml"])
+    assert scheduler["extenders"][0]["urlPrefix"].startswith("http://")
+    assert "tlsConfig" not in scheduler["extenders"][0]
+    own = render(
+        "hami-system",
+        "--set",
+        "extender.tls.serverSecret=mine",
+        "--set",
+        "extender.tls.clientSecret=mine-client",
+    )
+    assert not [d for d in own if d["kind"] == "Secret" and "extender" in d["metadata"]["name"]]
+    volumes = one(own, "Deployment", "-scheduler")["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "extender-client", "secret": {"secretName": "mine-client"}} in volumes
+    proc = subprocess.run(
+        [
+            *[str(ensure_helm()), "template", RELEASE, str(CHART)],
+            *["--kube-version", KUBERNETES_VERSION.lstrip("v"), "--set", "extender.tls.serverSecret=mine"],
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode != 0
+    assert "give both serverSecret and clientSecret" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("key", "module"),
+    # The node agents take their settings from the environment (the test below).
+    [("webhook", "hamipy.webhook.cli"), ("extender", "hamipy.extender.cli")],
+)
+@pytest.mark.parametrize("values", ["defaults", "cert-manager"])
+def test_every_argument_the_chart_passes_is_one_the_service_takes(
+    rendered: dict[str, list[dict[str, Any]]], key: str, module: str, values: str
+) -> None:
+    import importlib
+
+    args = container(rendered[values], key)["args"]
+    parsed = importlib.import_module(module).build_parser({}).parse_args(args)
+    if key == "extender":
+        assert parsed.tls_client_ca_file is not None
+        assert parsed.metrics_port == 9396
 
 
 def test_extender_replicas_are_their_own(rendered: dict[str, list[dict[str, Any]]]) -> None:
@@ -412,7 +486,14 @@ def test_name_overrides_name_every_object_and_keep_references(args: list[str], p
     # The scheduler calls the extender's Service; every pod runs as a ServiceAccount of the chart.
     scheduler = yaml.safe_load(one(docs, "ConfigMap", "-scheduler")["data"]["config.yaml"])
     extender = one(docs, "Service", "-extender")["metadata"]["name"]
-    assert scheduler["extenders"][0]["urlPrefix"] == f"http://{extender}.hami-system.svc:8888"
+    assert scheduler["extenders"][0]["urlPrefix"] == f"https://{extender}.hami-system.svc:8888"
+    # kube-scheduler's client certificate and the extender's serving one are the chart's Secrets.
+    pod = one(docs, "Deployment", "-extender")["spec"]["template"]["spec"]
+    (tls_secret,) = [v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v]
+    pod = one(docs, "Deployment", "-scheduler")["spec"]["template"]["spec"]
+    (client_secret,) = [v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v]
+    secrets = {d["metadata"]["name"] for d in docs if d["kind"] == "Secret"}
+    assert {tls_secret, client_secret} <= secrets
     accounts = {d["metadata"]["name"] for d in docs if d["kind"] == "ServiceAccount"}
     for doc in docs:
         if doc["kind"] in ("Deployment", "DaemonSet", "Job"):

@@ -1,7 +1,8 @@
 """The whole system for ``make up``: our services beside the control plane, and GPU nodes.
 
-- the extender (``hamipy-extender serve``) on loopback, wired into a ``hami-scheduler``
-  kube-scheduler as its filter/bind extender;
+- the extender (``hamipy-extender serve``) on loopback over HTTPS that takes only kube-scheduler's
+  client certificate, wired into a ``hami-scheduler`` kube-scheduler as its filter/bind extender
+  (probes and metrics on a plain-HTTP port of their own);
 - the webhook (``hamipy-webhook serve``) over TLS with a certificate from a CA made here, and the
   MutatingWebhookConfiguration it ships (``hamipy-webhook manifest``) pointing at it;
 - three simulated GPU nodes with different GPU models, each with its real device plugin process
@@ -28,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from hamipy.devcluster.config import ExtenderConfig, ManagedResource, SchedulerConfig
+from hamipy.devcluster.config import ExtenderConfig, ExtenderTLS, ManagedResource, SchedulerConfig
 from hamipy.devcluster.gpu_nodes import FakeGpu, MonitorAgent, gpu_node_agents
 from hamipy.devcluster.identities import ServiceIdentities
 from hamipy.devcluster.kubeobjects import API_TIMEOUT_S
@@ -171,9 +172,37 @@ class LocalStack:
                 "POST", f"/apis/admissionregistration.k8s.io/v1/{plural}", body=doc, timeout_s=API_TIMEOUT_S
             )
 
+    def _extender_certificates(self) -> tuple[Path, ExtenderTLS]:
+        """A CA of the extender's own, its serving certificate, and kube-scheduler's client
+        certificate (the chart makes the same three): only the scheduler may call filter and bind."""
+        certs = self.workdir / "extender-tls"
+        certs.mkdir(parents=True, exist_ok=True)
+        ca = make_ca("hamipy-extender-ca", validity=CERT_VALIDITY)
+        serving = issue_cert(
+            ca, common_name="hamipy-extender", validity=CERT_VALIDITY, ip_addresses=["127.0.0.1"], server=True
+        )
+        client = issue_cert(ca, common_name="hami-scheduler", validity=CERT_VALIDITY, client=True)
+        for name, data in (
+            ("ca.crt", ca.cert_pem),
+            ("tls.crt", serving.cert_pem),
+            ("tls.key", serving.key_pem),
+            ("client.crt", client.cert_pem),
+            ("client.key", client.key_pem),
+        ):
+            (certs / name).write_bytes(data)
+            if name.endswith(".key"):
+                (certs / name).chmod(0o600)
+        tls = ExtenderTLS(
+            ca_file=str(certs / "ca.crt"),
+            cert_file=str(certs / "client.crt"),
+            key_file=str(certs / "client.key"),
+        )
+        return certs, tls
+
     async def start_extender(self) -> None:
-        port = free_port()
+        port, metrics_port = free_port(), free_port()
         kubeconfig = str(await self.identities.kubeconfig("extender"))
+        certs, tls = await asyncio.to_thread(self._extender_certificates)
         process = _service(
             "hamipy-extender",
             [
@@ -185,13 +214,23 @@ class LocalStack:
                 "127.0.0.1",
                 "--port",
                 str(port),
+                "--metrics-port",
+                str(metrics_port),
+                "--tls-cert-file",
+                str(certs / "tls.crt"),
+                "--tls-key-file",
+                str(certs / "tls.key"),
+                "--tls-client-ca-file",
+                str(certs / "ca.crt"),
             ],
             self.workdir,
             self.env,
         )
-        await self._run(process, f"http://127.0.0.1:{port}/readyz", "synced with the cluster (GET /readyz)")
-        self.extender_url = f"http://127.0.0.1:{port}"
-        self.endpoints["extender (filter/bind, /metrics)"] = self.extender_url
+        metrics = f"http://127.0.0.1:{metrics_port}"
+        await self._run(process, f"{metrics}/readyz", "synced with the cluster (GET /readyz)")
+        self.extender_url = f"https://127.0.0.1:{port}"
+        self.endpoints["extender (filter/bind: kube-scheduler's client certificate only)"] = self.extender_url
+        self.endpoints["extender /metrics"] = f"{metrics}/metrics"
         extender = ExtenderConfig(
             url_prefix=self.extender_url,
             filter_verb="filter",
@@ -199,6 +238,7 @@ class LocalStack:
             node_cache_capable=True,
             managed_resources=tuple(ManagedResource(name) for name in MANAGED_RESOURCES),
             http_timeout_s=30,
+            tls=tls,
         )
         await asyncio.to_thread(self.cluster.start_scheduler, SchedulerConfig.hami(extender), name="hami")
 

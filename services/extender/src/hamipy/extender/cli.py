@@ -101,6 +101,20 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
     )
     serve.add_argument("--tls-key-file", type=Path, default=flags.get("tls-key-file"), help="PEM key (HTTPS)")
     serve.add_argument(
+        "--tls-client-ca-file",
+        type=Path,
+        default=flags.get("tls-client-ca-file"),
+        help="PEM CA: with HTTPS, a request to the decision port must come with a client certificate "
+        "it signed (kube-scheduler's, from its extender tlsConfig)",
+    )
+    serve.add_argument(
+        "--metrics-port",
+        type=int,
+        default=flags.optional_integer("metrics-port"),
+        help="also serve /metrics, /healthz, /readyz over plain HTTP on this port (for the kubelet's "
+        "probes and Prometheus when the decision port demands client certificates)",
+    )
+    serve.add_argument(
         "--cooperative",
         action=argparse.BooleanOptionalAction,
         default=flags.boolean("cooperative", _DEFAULTS.cooperative),
@@ -202,14 +216,28 @@ async def serve(server: ExtenderServer) -> int:
     return await serve_until_signal(server, server.supervisor, server.telemetry.logger)
 
 
-async def _serve(args: argparse.Namespace, settings: ExtenderSettings) -> int:
+def server_tls(cert: Path | None, key: Path | None, client_ca: Path | None) -> ssl.SSLContext | None:
+    """The decision port's TLS: none without a certificate; with ``client_ca`` a client must
+    present a certificate that CA signed, or the handshake fails. ``ValueError`` for flags that do
+    not go together."""
+    if cert is None and key is None:
+        if client_ca is not None:
+            raise ValueError("--tls-client-ca-file needs --tls-cert-file and --tls-key-file (HTTPS)")
+        return None
+    if cert is None or key is None:
+        raise ValueError("--tls-cert-file and --tls-key-file go together")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(cert, key)
+    if client_ca is not None:
+        context.load_verify_locations(cafile=client_ca)
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+async def _serve(args: argparse.Namespace, settings: ExtenderSettings, context: ssl.SSLContext | None) -> int:
     config = Config() if args.config is None else load_config_file(args.config)
     telemetry = Telemetry.create(level=getattr(logging, args.log_level.upper()))
-    context = None
-    if args.tls_cert_file or args.tls_key_file:
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.minimum_version = ssl.TLSVersion.TLSv1_2
-        context.load_cert_chain(args.tls_cert_file, args.tls_key_file)
     api_client, api = await connect(args.kubeconfig)
     async with api_client:
         server = ExtenderServer(
@@ -220,6 +248,7 @@ async def _serve(args: argparse.Namespace, settings: ExtenderSettings) -> int:
             host=args.host,
             port=args.port,
             ssl_context=context,
+            metrics_port=args.metrics_port,
         )
         return await serve(server)
 
@@ -240,10 +269,11 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
             return asyncio.run(_check(args))
         settings = settings_from_args(args)
         try:
-            http_limits(settings)
-        except ValueError as exc:  # a timeout or connection cap out of range
+            http_limits(settings)  # a timeout or connection cap out of range
+            context = server_tls(args.tls_cert_file, args.tls_key_file, args.tls_client_ca_file)
+        except ValueError as exc:
             parser.error(str(exc))
-        return asyncio.run(_serve(args, settings))
+        return asyncio.run(_serve(args, settings, context))
 
     return run_command(
         "hamipy-extender",

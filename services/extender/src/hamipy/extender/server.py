@@ -9,6 +9,11 @@ gets HTTP 400 with the reason; kube-scheduler counts that as an extender error f
 retries it, and the server keeps serving. Any pod can reach this server, so it runs under
 ``hamipy.telemetry.http_limits`` (header, body and keep-alive timeouts, a connection cap).
 
+With ``metrics_port`` the same ``/healthz``, ``/readyz`` and ``/metrics`` are also served over plain
+HTTP on a port of their own (``hamipy.telemetry.probes``), so that the decision port can demand
+kube-scheduler's client certificate (``--tls-client-ca-file``) while the kubelet's probes and
+Prometheus need none (docs/security.md).
+
 ``ExtenderServer`` owns one extender: model, scheduler, binder, event recorder, the Node and Pod
 informers and the handshake loop. The background ones run under a ``Supervisor``
 (``hamipy.telemetry.supervision``), started in the app's ``cleanup_ctx`` as named tasks and
@@ -44,6 +49,7 @@ from hamipy.kube.informer import Informer
 from hamipy.protocol.config import Config
 from hamipy.telemetry.http_limits import BoundedServer, HttpLimits, start_bounded_site
 from hamipy.telemetry.json_bodies import BadJson, ListOf, MapOf, Shape, decode_json, shape_problem
+from hamipy.telemetry.probes import ProbeServer, start_probe_server
 from hamipy.telemetry.supervision import Supervisor
 
 __all__ = ["HEALTH", "SCHEDULER", "ExtenderServer", "Health", "http_limits", "make_app"]
@@ -247,6 +253,7 @@ class ExtenderServer:
         host: str = "127.0.0.1",
         port: int = 0,
         ssl_context: ssl.SSLContext | None = None,
+        metrics_port: int | None = None,
         shutdown_timeout_s: float = 5.0,
     ) -> None:
         self.config = config
@@ -256,6 +263,9 @@ class ExtenderServer:
         self.host = host
         self.requested_port = port
         self.ssl_context = ssl_context
+        self.requested_metrics_port = metrics_port
+        self.metrics_port: int | None = None
+        self._probes: ProbeServer | None = None
         self.shutdown_timeout_s = shutdown_timeout_s
         self.model = ClusterModel(count_resource=config.nvidia.resource_count_name)
         telemetry.metrics.attach(self.model)
@@ -315,11 +325,22 @@ class ExtenderServer:
             shutdown_timeout_s=self.shutdown_timeout_s,
         )
         self.port = self._server.port
+        if self.requested_metrics_port is not None:
+            self._probes = await start_probe_server(
+                host=self.host,
+                port=self.requested_metrics_port,
+                render=self.telemetry.metrics.render,
+                not_ready=self.health.not_ready,
+            )
+            self.metrics_port = self._probes.port
         self.telemetry.logger.info(
             "extender serving",
             host=self.host,
             port=self.port,
+            metrics_port=self.metrics_port,
             tls=self.ssl_context is not None,
+            client_certificates=self.ssl_context is not None
+            and self.ssl_context.verify_mode == ssl.CERT_REQUIRED,
             cooperative=self.settings.cooperative,
             release_lock_after_bind=self.settings.release_lock_after_bind,
         )
@@ -345,6 +366,9 @@ class ExtenderServer:
         if self._server is not None:
             await self._server.close()
             self._server = None
+        if self._probes is not None:
+            await self._probes.close()
+            self._probes = None
         self.telemetry.logger.info("extender stopped")
 
     @property

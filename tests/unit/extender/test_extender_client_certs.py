@@ -1,0 +1,129 @@
+"""Only kube-scheduler calls the extender: over real TLS, the decision port takes a request only
+with a client certificate the configured CA signed, while probes and metrics answer on a plain port
+of their own (docs/security.md, rule 5)."""
+
+from __future__ import annotations
+
+import datetime
+import io
+import ssl
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import pytest
+from builders import container
+from extender_fakes import node, pod
+
+import hamipy.extender.cli as cli
+from hamipy.extender.server import ExtenderServer
+from hamipy.extender.settings import ExtenderSettings
+from hamipy.extender.telemetry import Telemetry
+from hamipy.kube.certs import KeyPair, issue_cert, make_ca
+from hamipy.protocol.config import Config
+
+DAY = datetime.timedelta(days=1)
+
+
+@dataclass
+class Pki:
+    ca: Path
+    cert: Path
+    key: Path
+    client: ssl.SSLContext
+    """kube-scheduler's: trusts the extender's CA, presents the client certificate."""
+    stranger: ssl.SSLContext
+    """Trusts the extender's CA, presents a certificate of another CA."""
+    anonymous: ssl.SSLContext
+    """Trusts the extender's CA, presents no certificate."""
+
+
+def _write(directory: Path, name: str, pair: KeyPair) -> tuple[Path, Path]:
+    cert, key = directory / f"{name}.crt", directory / f"{name}.key"
+    cert.write_bytes(pair.cert_pem)
+    key.write_bytes(pair.key_pem)
+    return cert, key
+
+
+@pytest.fixture
+def pki(tmp_path: Path) -> Pki:
+    ca = make_ca("extender-ca", validity=DAY)
+    other = make_ca("another-ca", validity=DAY)
+    (tmp_path / "ca.crt").write_bytes(ca.cert_pem)
+    cert, key = _write(
+        tmp_path,
+        "server",
+        issue_cert(ca, common_name="ext", validity=DAY, ip_addresses=["127.0.0.1"], server=True),
+    )
+    contexts = []
+    for name, signer in (("scheduler", ca), ("stranger", other), ("anonymous", None)):
+        context = ssl.create_default_context(cafile=str(tmp_path / "ca.crt"))
+        if signer is not None:
+            pair = issue_cert(signer, common_name=name, validity=DAY, client=True)
+            context.load_cert_chain(*_write(tmp_path, name, pair))
+        contexts.append(context)
+    return Pki(tmp_path / "ca.crt", cert, key, *contexts)
+
+
+@pytest.fixture
+async def server(pki: Pki) -> AsyncIterator[ExtenderServer]:
+    srv = ExtenderServer(
+        config=Config(),
+        settings=ExtenderSettings(),
+        telemetry=Telemetry.create(stream=io.StringIO()),
+        api=None,
+        ssl_context=cli.server_tls(pki.cert, pki.key, pki.ca),
+        metrics_port=0,
+    )
+    async with srv:
+        srv.model.replace_nodes([node("a")])
+        srv.model.replace_pods([])
+        yield srv
+
+
+async def _filter(srv: ExtenderServer, context: ssl.SSLContext) -> int:
+    body = {"Pod": pod("p", container(gpu=1, gpumem=1000)), "NodeNames": ["a"]}
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session,
+        session.post(f"{srv.url}/filter", json=body, ssl=context) as resp,
+    ):
+        return resp.status
+
+
+async def test_the_decision_port_takes_only_the_schedulers_certificate(
+    server: ExtenderServer, pki: Pki
+) -> None:
+    assert server.url.startswith("https://")
+    assert await _filter(server, pki.client) == 200
+    for context in (pki.anonymous, pki.stranger):
+        with pytest.raises(aiohttp.ClientError):
+            await _filter(server, context)
+    # Refused callers cost nothing lasting: the scheduler still gets in.
+    assert await _filter(server, pki.client) == 200
+
+
+async def test_probes_and_metrics_answer_on_their_own_plain_port(server: ExtenderServer) -> None:
+    assert server.metrics_port
+    base = f"http://{server.host}:{server.metrics_port}"
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+        for path, expect in (("/healthz", "ok"), ("/readyz", "ok"), ("/metrics", "hamipy_extender_")):
+            async with session.get(base + path) as resp:
+                assert resp.status == 200, path
+                assert expect in await resp.text()
+        # The decision routes are not on it.
+        async with session.post(base + "/filter", json={}) as resp:
+            assert resp.status in (404, 405)
+
+
+def test_tls_flags_that_do_not_go_together_are_refused(pki: Pki, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.server_tls(None, None, None) is None
+    with pytest.raises(ValueError, match="needs --tls-cert-file"):
+        cli.server_tls(None, None, pki.ca)
+    with pytest.raises(ValueError, match="go together"):
+        cli.server_tls(pki.cert, None, None)
+    assert cli.server_tls(pki.cert, pki.key, None).verify_mode == ssl.CERT_NONE  # type: ignore[union-attr]
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["serve", "--tls-client-ca-file", str(pki.ca)], env={})
+    assert exited.value.code == 2
+    assert "--tls-client-ca-file needs --tls-cert-file" in capsys.readouterr().err
