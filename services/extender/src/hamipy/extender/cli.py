@@ -46,6 +46,7 @@ from hamipy.kube.options import (
 )
 from hamipy.protocol.config import Config, load_config_file
 from hamipy.telemetry import TracingConfigError
+from hamipy.telemetry.limit_options import add_limit_options
 from hamipy.telemetry.supervision import serve_until_signal
 
 __all__ = ["build_parser", "main", "serve", "settings_from_args"]
@@ -157,30 +158,7 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
         default=flags.integer("max-body-bytes", _DEFAULTS.max_body_bytes),
         help="largest request body (larger: HTTP 400)",
     )
-    serve.add_argument(
-        "--header-timeout",
-        type=float,
-        default=flags.number("header-timeout", _DEFAULTS.header_timeout_s),
-        help="seconds a client gets from connecting (TLS handshake included) to its request headers",
-    )
-    serve.add_argument(
-        "--body-timeout",
-        type=float,
-        default=flags.number("body-timeout", _DEFAULTS.body_timeout_s),
-        help="seconds a client gets from its headers to the end of its body",
-    )
-    serve.add_argument(
-        "--keepalive-timeout",
-        type=float,
-        default=flags.number("keepalive-timeout", _DEFAULTS.keepalive_timeout_s),
-        help="seconds an idle kept-alive connection stays open",
-    )
-    serve.add_argument(
-        "--max-connections",
-        type=int,
-        default=flags.integer("max-connections", _DEFAULTS.max_connections),
-        help="connections held at once; beyond it the longest idle or slow one is closed",
-    )
+    add_limit_options(serve, flags, http_limits(_DEFAULTS))
     serve.add_argument("--log-level", default=log_level, choices=LOG_LEVELS)
 
     check = commands.add_parser(

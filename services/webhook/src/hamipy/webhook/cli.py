@@ -40,6 +40,7 @@ from hamipy.kube.options import (
 )
 from hamipy.protocol.config import Config, load_config_file
 from hamipy.telemetry import TracingConfigError
+from hamipy.telemetry.limit_options import add_limit_options
 from hamipy.telemetry.supervision import serve_until_signal
 from hamipy.webhook import certs, registration
 from hamipy.webhook.admission_policy import admission_policies
@@ -106,30 +107,7 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
         default=flags.integer("max-body-bytes", 4 * 1024 * 1024),
         help="largest AdmissionReview accepted (larger: HTTP 400)",
     )
-    serve.add_argument(
-        "--header-timeout",
-        type=float,
-        default=flags.number("header-timeout", _SERVER.header_timeout_s),
-        help="seconds a client gets from connecting (TLS handshake included) to its request headers",
-    )
-    serve.add_argument(
-        "--body-timeout",
-        type=float,
-        default=flags.number("body-timeout", _SERVER.body_timeout_s),
-        help="seconds a client gets from its headers to the end of its body",
-    )
-    serve.add_argument(
-        "--keepalive-timeout",
-        type=float,
-        default=flags.number("keepalive-timeout", _SERVER.keepalive_timeout_s),
-        help="seconds an idle kept-alive connection stays open",
-    )
-    serve.add_argument(
-        "--max-connections",
-        type=int,
-        default=flags.integer("max-connections", _SERVER.max_connections),
-        help="connections held per port; beyond it the longest idle or slow one is closed",
-    )
+    add_limit_options(serve, flags, _SERVER.limits)
     serve.add_argument(
         "--scheduler-name",
         default=flags.get("scheduler-name"),
