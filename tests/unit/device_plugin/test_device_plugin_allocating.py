@@ -186,3 +186,12 @@ def test_a_pod_without_a_readable_bind_time_is_served_after_stamped_ones(
 def test_pods_bound_in_the_same_second_are_served_by_name() -> None:
     pods = [pod("b", f"{DEV_A};", bind_time=7), pod("a", f"{DEV_B};", bind_time=7)]
     assert [p["metadata"]["name"] for p in pending_pods(pods, NODE)] == ["a", "b"]
+
+
+def test_a_waiting_pod_with_nothing_left_to_serve_does_not_stop_the_line() -> None:
+    # Every slot empty while still "allocating" (its success patch never landed): nothing to serve
+    # there, and the pods behind it are still considered.
+    pods = [pod("drained", ";", bind_time=1), pod("next", f"{DEV_B};", bind_time=2)]
+    served = choose(pods, node=NODE, device_count=1).served
+    assert served is not None
+    assert served.name == "next"
