@@ -198,6 +198,14 @@ async def test_slow_clients_are_cut_and_healthz_keeps_answering(server: Extender
             await writer.wait_closed()
     assert time.monotonic() - started < 3  # the 0.5 s header timeout
     assert await healthz(server) == 200
+    # The operator sees it: at the cap of 4, the 5th, 6th and /healthz evicted one each; the other
+    # 3 were cut by the header timeout.
+    closed = {
+        line.split('reason="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
+        for line in server.telemetry.metrics.render().decode().splitlines()
+        if line.startswith("hamipy_extender_http_connections_closed_total{") and 'server="api"' in line
+    }
+    assert closed == {"header_timeout": 3, "body_timeout": 0, "idle_timeout": 0, "evicted": 3, "refused": 0}
 
 
 async def test_a_trickled_body_is_cut(server: ExtenderServer) -> None:

@@ -135,6 +135,18 @@ async def test_silent_tls_clients_are_cut_while_probes_and_admissions_go_on(runn
     for _, writer in silent:
         await close(writer)
     assert await running.probe() == 200
+    # Exported per port: the TLS port cut the silent clients; the probe port cut nobody.
+    metrics = running.server.admitter.telemetry.metrics.render().decode()
+    closed = {
+        (line.split('server="')[1].split('"')[0], line.split('reason="')[1].split('"')[0]): float(
+            line.split()[-1]
+        )
+        for line in metrics.splitlines()
+        if line.startswith("hamipy_webhook_http_connections_closed_total{")
+    }
+    assert closed[("api", "evicted")] + closed[("api", "header_timeout")] == 6
+    assert closed[("api", "evicted")] >= 2
+    assert sum(n for (server, _), n in closed.items() if server == "probes") == 0
 
 
 @pytest.mark.parametrize(

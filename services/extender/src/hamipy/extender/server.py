@@ -325,6 +325,7 @@ class ExtenderServer:
             shutdown_timeout_s=self.shutdown_timeout_s,
         )
         self.port = self._server.port
+        self.telemetry.metrics.connections.add("api", self._server)
         if self.requested_metrics_port is not None:
             self._probes = await start_probe_server(
                 host=self.host,
@@ -333,6 +334,7 @@ class ExtenderServer:
                 not_ready=self.health.not_ready,
             )
             self.metrics_port = self._probes.port
+            self.telemetry.metrics.connections.add("probes", self._probes.server)
         self.telemetry.logger.info(
             "extender serving",
             host=self.host,

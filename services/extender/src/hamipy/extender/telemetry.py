@@ -23,6 +23,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from hamipy.extender.model import ClusterModel
+from hamipy.telemetry.http_metrics import HttpConnectionsCollector
 from hamipy.telemetry.service import ServiceTelemetry
 
 __all__ = ["SERVICE_NAME", "GpuCollector", "Metrics", "Telemetry"]
@@ -159,6 +160,9 @@ class Metrics:
                 self.watch_restarts.labels(resource=resource, cause=cause)
         for reason in ("expired", "owner-gone", "owner-done", "malformed"):
             self.lock_breaks.labels(reason=reason)
+        self.connections = HttpConnectionsCollector("hamipy_extender")
+        """What the HTTP limits did on each port (``api``: filter/bind, ``probes``: the metrics port)."""
+        r.register(self.connections)
 
     def attach(self, model: ClusterModel) -> None:
         """Serve the GPU gauges from ``model``."""

@@ -322,10 +322,10 @@ class WebhookServer:
                 self.admitter, max_body_bytes=s.max_body_bytes, ready=self.ready, supervisor=self.supervisor
             )
             app.cleanup_ctx.append(self._telemetry_ctx)
-            self.port = await self._start_site(app, s.port, self.certificates.ssl_context)
+            self.port = await self._start_site("api", app, s.port, self.certificates.ssl_context)
             if s.metrics_port is not None:
                 probes = make_probe_app(self.admitter, ready=self.ready, supervisor=self.supervisor)
-                self.metrics_port = await self._start_site(probes, s.metrics_port, None)
+                self.metrics_port = await self._start_site("probes", probes, s.metrics_port, None)
             self.supervisor.start("certificate-watch", self.certificates.watch())
         except BaseException:
             await self.stop()
@@ -335,7 +335,9 @@ class WebhookServer:
             "webhook serving", host=s.host, port=self.port, metrics_port=self.metrics_port
         )
 
-    async def _start_site(self, app: web.Application, port: int, ssl_context: ssl.SSLContext | None) -> int:
+    async def _start_site(
+        self, name: str, app: web.Application, port: int, ssl_context: ssl.SSLContext | None
+    ) -> int:
         s = self.settings
         server = await start_bounded_site(
             app,
@@ -346,6 +348,7 @@ class WebhookServer:
             shutdown_timeout_s=s.shutdown_timeout_s,
         )
         self._servers.append(server)
+        self.admitter.telemetry.metrics.connections.add(name, server)
         return server.port
 
     async def _telemetry_ctx(self, app: web.Application) -> AsyncIterator[None]:

@@ -16,6 +16,7 @@ from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
+from hamipy.telemetry.http_metrics import HttpConnectionsCollector
 from hamipy.telemetry.service import ServiceTelemetry
 from hamipy.webhook.admission import BadReviewReason
 
@@ -76,6 +77,9 @@ class Metrics:
             ["result"],
             registry=self.registry,
         )
+        self.connections = HttpConnectionsCollector("hamipy_webhook")
+        """What the HTTP limits did on each port (``api``: TLS, ``probes``: the metrics port)."""
+        self.registry.register(self.connections)
 
         # Known label values start at zero: a series that appears only at its first event hides
         # that event from rate() and increase() (an alert on the first bad request would miss it).

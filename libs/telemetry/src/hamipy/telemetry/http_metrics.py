@@ -1,0 +1,58 @@
+"""What the HTTP limits did, as Prometheus metrics: a service registers one
+``HttpConnectionsCollector`` and adds each ``BoundedServer`` it starts under a name (``api``,
+``probes``), so an operator sees slow or flooding clients being cut (docs/security.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from hamipy.telemetry.http_limits import BoundedServer, ConnectionStats
+
+__all__ = ["CLOSE_REASONS", "HttpConnectionsCollector"]
+
+CLOSE_REASONS: tuple[tuple[str, str], ...] = (
+    ("header_timeout", "header_timeouts"),
+    ("body_timeout", "body_timeouts"),
+    ("idle_timeout", "idle_timeouts"),
+    ("evicted", "evicted"),
+    ("refused", "refused"),
+)
+"""The ``reason`` label and the ``ConnectionStats`` field it counts."""
+
+
+class HttpConnectionsCollector(Collector):
+    """``<prefix>_http_connections{server}`` (held now), ``<prefix>_http_connections_accepted_total``
+    and ``<prefix>_http_connections_closed_total{server,reason}`` (cut by a limit), read from the
+    servers' own counters at scrape time. Every reason is exported from the start, at 0."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self._servers: dict[str, ConnectionStats] = {}
+
+    def add(self, name: str, server: BoundedServer) -> None:
+        self._servers[name] = server.stats
+
+    def collect(self) -> Iterator[Metric]:
+        held = GaugeMetricFamily(
+            f"{self.prefix}_http_connections", "Connections held now, per server.", labels=["server"]
+        )
+        accepted = CounterMetricFamily(
+            f"{self.prefix}_http_connections_accepted", "Connections accepted.", labels=["server"]
+        )
+        closed = CounterMetricFamily(
+            f"{self.prefix}_http_connections_closed",
+            "Connections closed by a limit: a slow request head or body, an idle kept-alive "
+            "connection, evicted or refused at the connection cap.",
+            labels=["server", "reason"],
+        )
+        for name, stats in sorted(self._servers.items()):
+            held.add_metric([name], stats.held)
+            accepted.add_metric([name], stats.accepted)
+            for reason, field in CLOSE_REASONS:
+                closed.add_metric([name, reason], getattr(stats, field))
+        yield held
+        yield accepted
+        yield closed
