@@ -237,3 +237,30 @@ async def test_a_failed_bind_frees_an_allocation_the_watch_already_counted() -> 
     assert keys.DEVICES_ALLOCATED not in r.kube.pods[("ns", "p")]["metadata"]["annotations"]
     assert r.lock() is None
     assert (await check_cluster(r.kube)).ok
+
+
+async def test_the_re_check_counts_only_the_broken_locks_holder_among_unbound_pods() -> None:
+    # r holds the expired lock mid-bind: counted. s is labelled and annotated for the node but not
+    # bound and holds no lock (a bind that failed and could not clean up): not counted. One slot
+    # left for p, so p fits only if s is not counted.
+    r = bind_rig(BIND_SETTINGS, node("n", [gpu("A", 0, count=2)]))
+    r.kube.add_pod(mid_bind("r", "n", bound=False))
+    r.kube.add_pod(mid_bind("s", "n", bound=False))
+    r.locked_by("ns", "r", datetime.now(UTC) - timedelta(minutes=10))
+    r.kube.add_pod(pod("p"))
+    await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+    assert r.kube.pods[("ns", "p")]["spec"]["nodeName"] == "n"
+
+
+async def test_the_broken_locks_holder_is_counted_with_its_init_containers_at_their_peak() -> None:
+    # r (mid-bind under an expired lock) has an init container and an app container, each on one
+    # slot of A: at its peak r holds one slot, so one of A's two is left for p.
+    r = bind_rig(BIND_SETTINGS, node("n", [gpu("A", 0, count=2)]))
+    holder = mid_bind("r", "n", bound=False)
+    holder["spec"]["initContainers"] = [container("setup", gpu=1, gpumem=1000)]
+    holder["metadata"]["annotations"][keys.DEVICES_ALLOCATED] = "A,NVIDIA,1000,0:;A,NVIDIA,1000,0:;"
+    r.kube.add_pod(holder)
+    r.locked_by("ns", "r", datetime.now(UTC) - timedelta(minutes=10))
+    r.kube.add_pod(pod("p"))
+    await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+    assert r.kube.pods[("ns", "p")]["spec"]["nodeName"] == "n"
