@@ -39,8 +39,9 @@ def test_stop_leaves_no_process_port_or_directory() -> None:
     cluster = DevCluster(binaries=ensure_binaries()).start()
     pids = [p.pid for p in cluster.processes.values() if p.pid]
     ports, workdir = cluster.ports, cluster.workdir
-    assert len(pids) == 3
-    assert all(port_is_listening(p) for p in (cluster.etcd_port, cluster.apiserver_port))
+    assert len(pids) == 4  # etcd, kube-apiserver, kube-controller-manager, kube-scheduler
+    listening = (cluster.etcd_port, cluster.apiserver_port, cluster.controller_manager_port)
+    assert all(port_is_listening(p) for p in listening)
 
     cluster.stop()
 

@@ -52,8 +52,8 @@ if TYPE_CHECKING:
         API_TIMEOUT_S,
         create_namespace,
         delete_namespace,
-        ensure_default_service_account,
         ensure_namespace,
+        wait_for_default_service_account,
     )
     from hamipy.devcluster.nodes import NodeAgent, NodePool, NodeSpec, SimulatedNode
     from hamipy.devcluster.waiting import wait_annotation, wait_for, wait_pod_bound
@@ -90,7 +90,7 @@ _EXPORTS: dict[str, str] = {
     "create_namespace": "hamipy.devcluster.kubeobjects",
     "delete_namespace": "hamipy.devcluster.kubeobjects",
     "ensure_binaries": "hamipy.devcluster.binaries",
-    "ensure_default_service_account": "hamipy.devcluster.kubeobjects",
+    "wait_for_default_service_account": "hamipy.devcluster.kubeobjects",
     "ensure_namespace": "hamipy.devcluster.kubeobjects",
     "wait_annotation": "hamipy.devcluster.waiting",
     "wait_for": "hamipy.devcluster.waiting",
@@ -129,10 +129,10 @@ __all__ = [
     "create_namespace",
     "delete_namespace",
     "ensure_binaries",
-    "ensure_default_service_account",
     "ensure_namespace",
     "wait_annotation",
     "wait_for",
+    "wait_for_default_service_account",
     "wait_pod_bound",
 ]
 

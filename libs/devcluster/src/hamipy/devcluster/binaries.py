@@ -1,11 +1,11 @@
 """Build and cache the Kubernetes control-plane binaries the tests and `make up` run.
 
-There is no Docker and no release download here, only the Go module proxy, so kube-apiserver and
-kube-scheduler are built from `k8s.io/kubernetes` through a small wrapper module that replaces every
-`k8s.io/*` staging module (which the real go.mod points at `./staging/...`) with its published
-`v0.x.y` release. etcd is built the same way from `go.etcd.io/etcd/server/v3`. Binaries are cached
-outside the clone, keyed by version, and binaries already present (``KUBEBUILDER_ASSETS``, ``PATH``)
-are reused when their ``--version`` matches.
+There is no Docker and no release download here, only the Go module proxy, so kube-apiserver,
+kube-scheduler and kube-controller-manager are built from `k8s.io/kubernetes` through a small
+wrapper module that replaces every `k8s.io/*` staging module (which the real go.mod points at
+`./staging/...`) with its published `v0.x.y` release. etcd is built the same way from
+`go.etcd.io/etcd/server/v3`. Binaries are cached outside the clone, keyed by version, and binaries
+already present (``KUBEBUILDER_ASSETS``, ``PATH``) are reused when their ``--version`` matches.
 """
 
 from __future__ import annotations
@@ -41,11 +41,16 @@ _STAGING_REPLACE = re.compile(r"^\s*(k8s\.io/[\w.-]+)\s*=>\s*\./staging/src/\S+\
 
 @dataclasses.dataclass(frozen=True)
 class ControlPlaneBinaries:
-    """Paths of the three binaries a devcluster runs."""
+    """Paths of the binaries a devcluster runs."""
 
     etcd: Path
     kube_apiserver: Path
     kube_scheduler: Path
+    kube_controller_manager: Path
+
+
+KUBE_COMPONENTS: tuple[str, ...] = ("kube-apiserver", "kube-scheduler", "kube-controller-manager")
+"""Built from ``k8s.io/kubernetes/cmd/<name>`` in one ``go build`` (what is built already is cached)."""
 
 
 def cache_root() -> Path:
@@ -121,7 +126,7 @@ def check_proxy() -> None:
         raise BinaryBuildError(
             f"cannot reach the Go module proxy at {proxy} ({exc}); the control-plane binaries are "
             "built from it on first use. Set GOPROXY to a reachable proxy, or point "
-            "KUBEBUILDER_ASSETS at a directory holding etcd, kube-apiserver and kube-scheduler "
+            f"KUBEBUILDER_ASSETS at a directory holding etcd, {', '.join(KUBE_COMPONENTS)} "
             f"({KUBERNETES_VERSION}, etcd {ETCD_VERSION})."
         ) from exc
 
@@ -175,7 +180,7 @@ def _staging_modules(kubernetes_gomod: str) -> list[str]:
 
 
 def build_kubernetes(dest: Path, version: str = KUBERNETES_VERSION) -> None:
-    """Build kube-apiserver and kube-scheduler at `version` into `dest`."""
+    """Build ``KUBE_COMPONENTS`` at `version` into `dest`."""
     work = cache_root() / "build" / f"kubernetes-{version}"
     work.mkdir(parents=True, exist_ok=True)
     env = _go_env(work)
@@ -211,15 +216,14 @@ def build_kubernetes(dest: Path, version: str = KUBERNETES_VERSION) -> None:
             _kube_ldflags(version),
             "-o",
             str(tmp) + "/",
-            "k8s.io/kubernetes/cmd/kube-apiserver",
-            "k8s.io/kubernetes/cmd/kube-scheduler",
+            *(f"k8s.io/kubernetes/cmd/{name}" for name in KUBE_COMPONENTS),
         ],
         cwd=work,
         env=env,
         what=f"build kubernetes {version}",
     )
     dest.mkdir(parents=True, exist_ok=True)
-    for name in ("kube-apiserver", "kube-scheduler"):
+    for name in KUBE_COMPONENTS:
         os.replace(tmp / name, dest / name)
     shutil.rmtree(tmp, ignore_errors=True)
 
@@ -278,29 +282,36 @@ def _verified(path: Path, want: str) -> Path:
 
 
 def ensure_binaries() -> ControlPlaneBinaries:
-    """Return the three binaries, building (once per machine) whatever is missing."""
+    """Return the binaries, building (once per machine) whatever is missing."""
     kube_dir = cache_root() / "bin" / f"kubernetes-{KUBERNETES_VERSION}"
     etcd_dir = cache_root() / "bin" / f"etcd-{ETCD_VERSION}"
 
-    def find() -> tuple[Path | None, Path | None, Path | None]:
+    def find() -> tuple[Path | None, dict[str, Path | None]]:
         return (
             _find_existing("etcd", ETCD_VERSION, etcd_dir / "etcd"),
-            _find_existing("kube-apiserver", KUBERNETES_VERSION, kube_dir / "kube-apiserver"),
-            _find_existing("kube-scheduler", KUBERNETES_VERSION, kube_dir / "kube-scheduler"),
+            {name: _find_existing(name, KUBERNETES_VERSION, kube_dir / name) for name in KUBE_COMPONENTS},
         )
 
-    etcd, apiserver, scheduler = find()
-    if etcd is not None and apiserver is not None and scheduler is not None:
-        return ControlPlaneBinaries(etcd=etcd, kube_apiserver=apiserver, kube_scheduler=scheduler)
+    def found(etcd: Path, kube: dict[str, Path]) -> ControlPlaneBinaries:
+        return ControlPlaneBinaries(
+            etcd=etcd,
+            kube_apiserver=kube["kube-apiserver"],
+            kube_scheduler=kube["kube-scheduler"],
+            kube_controller_manager=kube["kube-controller-manager"],
+        )
+
+    etcd, kube = find()
+    if etcd is not None and all(kube.values()):
+        return found(etcd, {name: path for name, path in kube.items() if path is not None})
     if shutil.which("go") is None:
         raise BinaryBuildError(
             "Go is not installed and no matching control-plane binaries were found (cache "
             f"{cache_root() / 'bin'}, KUBEBUILDER_ASSETS, PATH); install Go or point KUBEBUILDER_ASSETS "
-            f"at etcd {ETCD_VERSION}, kube-apiserver and kube-scheduler {KUBERNETES_VERSION}"
+            f"at etcd {ETCD_VERSION} and {', '.join(KUBE_COMPONENTS)} {KUBERNETES_VERSION}"
         )
     with _build_lock():
-        etcd, apiserver, scheduler = find()  # another process may have built them while we waited
-        if etcd is None or apiserver is None or scheduler is None:
+        etcd, kube = find()  # another process may have built them while we waited
+        if etcd is None or not all(kube.values()):
             check_proxy()
         if etcd is None:
             _progress(f"building etcd {ETCD_VERSION} into {etcd_dir} (first run on this machine only)")
@@ -308,17 +319,17 @@ def ensure_binaries() -> ControlPlaneBinaries:
             build_etcd(etcd_dir)
             _progress(f"built etcd {ETCD_VERSION} in {_elapsed(began)}")
             etcd = _verified(etcd_dir / "etcd", ETCD_VERSION)
-        if apiserver is None or scheduler is None:
+        missing = [name for name, path in kube.items() if path is None]
+        if missing:
             _progress(
-                f"building kube-apiserver and kube-scheduler {KUBERNETES_VERSION} into {kube_dir} "
-                "(first run on this machine only; about 6-10 minutes on 2 cores)"
+                f"building {', '.join(missing)} {KUBERNETES_VERSION} into {kube_dir} "
+                "(first run on this machine only; about 8-14 minutes on 2 cores for all three)"
             )
             began = time.monotonic()
             build_kubernetes(kube_dir)
-            _progress(f"built kube-apiserver and kube-scheduler {KUBERNETES_VERSION} in {_elapsed(began)}")
-            apiserver = _verified(kube_dir / "kube-apiserver", KUBERNETES_VERSION)
-            scheduler = _verified(kube_dir / "kube-scheduler", KUBERNETES_VERSION)
-    return ControlPlaneBinaries(etcd=etcd, kube_apiserver=apiserver, kube_scheduler=scheduler)
+            _progress(f"built {', '.join(KUBE_COMPONENTS)} {KUBERNETES_VERSION} in {_elapsed(began)}")
+            kube = {name: _verified(kube_dir / name, KUBERNETES_VERSION) for name in KUBE_COMPONENTS}
+    return found(etcd, {name: path for name, path in kube.items() if path is not None})
 
 
 def _helm_version_matches(helm: Path, want: str = HELM_VERSION) -> bool:

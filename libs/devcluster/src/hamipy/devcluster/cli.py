@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import dataclasses
 import importlib
 import json
@@ -51,8 +50,6 @@ DEFAULT_GPU_NODES = 3
 UP_TIMEOUT_S = 240.0
 # The daemon's graceful stop (nodes, schedulers, apiserver, etcd) takes ~2 s; this is headroom.
 DOWN_GRACE_S = 30.0
-# How often `up`'s daemon makes sure every namespace has its `default` ServiceAccount.
-SA_SYNC_INTERVAL_S = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -288,7 +285,7 @@ async def _serve_nodes(
     cluster: Any, state_dir: Path, count: int, gpu_count: int, native_build: Path, examples: Path
 ) -> None:
     from hamipy.devcluster.examples import apply_examples
-    from hamipy.devcluster.kubeobjects import ensure_default_service_account
+    from hamipy.devcluster.kubeobjects import wait_for_default_service_account
     from hamipy.devcluster.nodes import NodePool, NodeSpec
     from hamipy.devcluster.otlp import OtlpReceiver
     from hamipy.devcluster.stack import GPU_NODE_MODELS, LocalStack
@@ -301,7 +298,7 @@ async def _serve_nodes(
         names = [f"hamipy-node-{i}" for i in range(count)]
         for name in names:
             await pool.add(NodeSpec(name=name))
-        await ensure_default_service_account(api, "default")
+        await wait_for_default_service_account(api, "default")
         # Every service exports its spans here; `hamipy-devcluster trace` reads the file.
         receiver = OtlpReceiver(record=state_dir / TRACES_FILE)
         await receiver.start()
@@ -326,36 +323,10 @@ async def _serve_nodes(
             examples=[f"{ns}/{name}" for ns, name in applied],
         ).write(state_dir)
         log.info("ready: %d simulated nodes", count)
-        sync = asyncio.create_task(_service_account_sync(api, stop), name="devcluster-serviceaccounts")
         await stop.wait()
         log.info("stopping")
-        sync.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await sync
         await stack.stop()
         await receiver.stop()
-
-
-async def _service_account_sync(api: Any, stop: asyncio.Event) -> None:
-    """The ServiceAccount controller's one job we need: a `default` ServiceAccount in every namespace."""
-    from hamipy.devcluster.kubeobjects import ensure_default_service_account
-    from hamipy.kube.client import RawKube
-    from hamipy.kube.resources import list_all
-
-    kube = RawKube(api)
-    done: set[str] = set()
-    while not stop.is_set():
-        try:
-            namespaces, _ = await list_all(kube, "/api/v1/namespaces")
-            for ns in namespaces:
-                name = ns["metadata"]["name"]
-                if name not in done and (ns.get("status") or {}).get("phase") == "Active":
-                    await ensure_default_service_account(api, name)
-                    done.add(name)
-        except Exception:
-            log.exception("serviceaccount sync failed; retrying")
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), timeout=SA_SYNC_INTERVAL_S)
 
 
 # -- down / status -------------------------------------------------------------------------

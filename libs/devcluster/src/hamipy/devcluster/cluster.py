@@ -10,8 +10,11 @@ free at random, so clusters can run side by side. `stop` runs on context exit, o
 collection / interpreter exit (a finalizer), and the kernel kills the children if Python dies
 (``PR_SET_PDEATHSIG``): nothing is left behind.
 
-There is no kube-controller-manager: no ServiceAccount, namespace, node-lifecycle or garbage
-collector controllers. `kubeobjects` and `nodes` do the small parts of their work tests need.
+kube-controller-manager runs with every default controller but the node lifecycle controller and
+the pod garbage collector (``config.CONTROLLERS`` says why): namespaces get their ``default``
+ServiceAccount and ``kube-root-ca.crt``, Deployments get ReplicaSets and pods, owners' deletion
+cascades. There is no kubelet: `nodes` keeps simulated Nodes Ready and `kubeobjects` deletes
+namespaces without waiting for pods to be confirmed gone.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from hamipy.devcluster.config import (
     DEFAULT_SCHEDULER_NAME,
     SchedulerConfig,
     apiserver_args,
+    controller_manager_args,
     render_kubeconfig,
     render_scheduler_config,
 )
@@ -67,6 +71,9 @@ class ClusterSettings:
     # Keep the directory (logs!) after stop; a fresh temporary directory is otherwise removed.
     keep_dir: bool = False
     extra_apiserver_args: tuple[str, ...] = ()
+    # Run kube-controller-manager (ServiceAccounts, kube-root-ca.crt, Deployments and ReplicaSets,
+    # garbage collection, namespaces...), as a cluster does.
+    controller_manager: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,6 +153,15 @@ def _stop_all(processes: dict[str, ManagedProcess], workdir: Path | None) -> Non
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+def _self_signed_ok() -> ssl.SSLContext:
+    """For the health checks of kube-scheduler and kube-controller-manager, which serve a certificate
+    they make themselves at start."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    return context
+
+
 class DevCluster:
     """etcd, kube-apiserver and kube-schedulers as child processes of this Python process."""
 
@@ -166,6 +182,7 @@ class DevCluster:
         self.etcd_port = 0
         self.etcd_peer_port = 0
         self.apiserver_port = 0
+        self.controller_manager_port = 0
         self.scheduler_ports: dict[str, int] = {}
         self.start_seconds: float = 0.0
 
@@ -192,6 +209,8 @@ class DevCluster:
         try:
             self._start_etcd(bins, workdir)
             self._start_apiserver(bins, workdir)
+            if self.settings.controller_manager:
+                self._start_controller_manager(bins, workdir)
             if self.settings.default_scheduler:
                 self.start_scheduler(
                     SchedulerConfig(
@@ -237,13 +256,20 @@ class DevCluster:
 
     @property
     def processes(self) -> dict[str, ManagedProcess]:
-        """The running processes by name (``etcd``, ``kube-apiserver``, ``kube-scheduler-<name>``)."""
+        """The running processes by name (``etcd``, ``kube-apiserver``, ``kube-controller-manager``,
+        ``kube-scheduler-<name>``)."""
         return dict(self._procs)
 
     @property
     def ports(self) -> list[int]:
         """Every TCP port the cluster's processes listen on."""
-        found = [self.etcd_port, self.etcd_peer_port, self.apiserver_port, *self.scheduler_ports.values()]
+        found = [
+            self.etcd_port,
+            self.etcd_peer_port,
+            self.apiserver_port,
+            self.controller_manager_port,
+            *self.scheduler_ports.values(),
+        ]
         return [p for p in found if p]
 
     def api_client(self) -> ApiClient:
@@ -312,6 +338,13 @@ class DevCluster:
             pki.scheduler_client.key_pem,
             user="system:kube-scheduler",
         )
+        self._write_kubeconfig(
+            workdir / "controller-manager.kubeconfig",
+            server,
+            pki.controller_manager_client.cert_pem,
+            pki.controller_manager_client.key_pem,
+            user="system:kube-controller-manager",
+        )
         self._access = ClusterAccess(
             server=server, kubeconfig=kubeconfig, ca_file=ca, cert_file=admin_crt, key_file=admin_key
         )
@@ -336,6 +369,33 @@ class DevCluster:
             https_ok(f"{server}/readyz", context=self._access.ssl_context()),
             timeout_s=self.settings.start_timeout_s,
             what="ready (GET /readyz)",
+        )
+
+    def _start_controller_manager(self, bins: _binaries.ControlPlaneBinaries, workdir: Path) -> None:
+        kubeconfig = workdir / "controller-manager.kubeconfig"
+        port = free_port()
+        self.controller_manager_port = port
+        name = "kube-controller-manager"
+        proc = ManagedProcess(
+            name,
+            [
+                str(bins.kube_controller_manager),
+                *controller_manager_args(
+                    kubeconfig=str(kubeconfig),
+                    secure_port=port,
+                    cert_dir=str(workdir / "pki" / name),
+                    pki_dir=str(workdir / "pki"),
+                ),
+            ],
+            log_path=self.log_path(name),
+            cwd=workdir,
+        )
+        self._procs[name] = proc
+        proc.start()
+        proc.wait_healthy(
+            https_ok(f"https://127.0.0.1:{port}/healthz", context=_self_signed_ok()),
+            timeout_s=self.settings.start_timeout_s,
+            what="healthy (GET /healthz)",
         )
 
     def _write_kubeconfig(
@@ -387,11 +447,8 @@ class DevCluster:
         self._procs[proc_name] = proc
         self.scheduler_ports[name] = port
         proc.start()
-        insecure = ssl.create_default_context()
-        insecure.check_hostname = False
-        insecure.verify_mode = ssl.CERT_NONE
         proc.wait_healthy(
-            https_ok(f"https://127.0.0.1:{port}/readyz", context=insecure),
+            https_ok(f"https://127.0.0.1:{port}/readyz", context=_self_signed_ok()),
             timeout_s=self.settings.start_timeout_s,
             what="ready (GET /readyz)",
         )

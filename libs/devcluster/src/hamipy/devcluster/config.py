@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
 DEFAULT_SCHEDULER_NAME = "default-scheduler"
 HAMI_SCHEDULER_NAME = "hami-scheduler"
@@ -220,4 +220,34 @@ def apiserver_args(
         "--allow-privileged=true",
         "--profiling=false",
         *extra,
+    ]
+
+
+CONTROLLERS: Final = ("*", "-nodelifecycle", "-podgc")
+"""Every default controller but two that would undo the simulated nodes: the node lifecycle
+controller reads the kubelets' Leases (the simulated nodes only keep their Ready condition) and would
+taint them unreachable and evict their pods; the pod garbage collector deletes pods bound to node
+names that do not exist, which some tests use on purpose."""
+
+
+def controller_manager_args(*, kubeconfig: str, secure_port: int, cert_dir: str, pki_dir: str) -> list[str]:
+    """kube-controller-manager flags: loopback only, each controller with its own ServiceAccount's
+    credentials (as kubeadm runs it), the ServiceAccount token signer and the root CA to publish.
+
+    `pki_dir` must hold the files `cluster` writes: ca.crt and sa.key.
+    """
+    return [
+        f"--kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={secure_port}",
+        f"--cert-dir={cert_dir}",
+        f"--root-ca-file={pki_dir}/ca.crt",
+        f"--service-account-private-key-file={pki_dir}/sa.key",
+        "--use-service-account-credentials=true",
+        f"--controllers={','.join(CONTROLLERS)}",
+        "--leader-elect=false",
+        "--profiling=false",
+        "--v=1",
     ]

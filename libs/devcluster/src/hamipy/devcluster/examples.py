@@ -17,7 +17,7 @@ from typing import Any, Final
 import yaml
 
 from hamipy.devcluster.errors import DevClusterError
-from hamipy.devcluster.kubeobjects import API_TIMEOUT_S, ensure_default_service_account
+from hamipy.devcluster.kubeobjects import API_TIMEOUT_S, wait_for_default_service_account
 from hamipy.devcluster.waiting import wait_for
 from hamipy.kube.client import RawKube
 from hamipy.kube.errors import Conflict, KubeError
@@ -53,7 +53,7 @@ async def apply_examples(api: Any, directory: Path) -> list[tuple[str, str]]:
                 await kube.request("POST", "/api/v1/namespaces", body=doc)
             else:
                 namespace = doc["metadata"].get("namespace", "default")
-                await ensure_default_service_account(api, namespace)
+                await wait_for_default_service_account(api, namespace)
                 await kube.request("POST", pod_path(namespace), body=doc)
         except Conflict:
             pass  # there already

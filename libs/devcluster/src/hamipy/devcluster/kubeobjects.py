@@ -1,11 +1,11 @@
-"""The small pieces of kube-controller-manager's work that a devcluster needs, done by hand.
+"""The small pieces of cluster plumbing a devcluster's tests and `make up` need.
 
-There is no kube-controller-manager, so:
-- no ServiceAccount controller: the ServiceAccount admission plugin (left on, as in a real cluster)
-  rejects pods in a namespace without a ``default`` ServiceAccount, so `create_namespace` makes it;
-- no namespace controller: a deleted namespace would stay ``Terminating`` forever, so
-  `delete_namespace` deletes the pods (grace 0: no kubelet confirms) and the usual namespaced
-  objects itself, then clears the namespace's ``kubernetes`` finalizer.
+kube-controller-manager runs in the dev cluster (``cluster``), so its ServiceAccount controller makes
+every namespace's ``default`` ServiceAccount: `ensure_namespace` waits for it, since the
+ServiceAccount admission plugin refuses pods until it exists. There is no kubelet to confirm a pod's
+deletion on the simulated nodes, so `delete_namespace` deletes the pods at once (grace 0) and the
+usual namespaced objects itself, then clears the namespace's ``kubernetes`` finalizer instead of
+waiting for the namespace controller to find the pods gone.
 
 Every call goes through ``hamipy.kube.client.RawKube`` over the caller's ``ApiClient``, with its
 timeout (`API_TIMEOUT_S`) and its errors (``hamipy.kube.errors``: a ``KubeError`` other than the
@@ -25,27 +25,39 @@ __all__ = [
     "API_TIMEOUT_S",
     "create_namespace",
     "delete_namespace",
-    "ensure_default_service_account",
     "ensure_namespace",
+    "wait_for_default_service_account",
 ]
+
+SA_WAIT_S = 60.0
+"""The ServiceAccount controller answers within a second; the rest is headroom for a loaded CI box."""
 
 # The namespaced collections `delete_namespace` empties, pods first.
 _NAMESPACED: tuple[str, ...] = ("pods", "configmaps", "secrets", "serviceaccounts", "events")
 
 
-async def ensure_default_service_account(api: Any, namespace: str) -> None:
-    """Create the ``default`` ServiceAccount in `namespace` (what the ServiceAccount controller does)."""
-    body = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}}
-    with contextlib.suppress(Conflict):
-        await RawKube(api).request("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts", body=body)
+async def wait_for_default_service_account(api: Any, namespace: str, *, timeout_s: float = SA_WAIT_S) -> None:
+    """Return once kube-controller-manager has made ``namespace``'s ``default`` ServiceAccount."""
+    from hamipy.devcluster.waiting import wait_for
+
+    kube = RawKube(api)
+
+    async def made() -> bool:
+        try:
+            await kube.request("GET", f"/api/v1/namespaces/{namespace}/serviceaccounts/default")
+        except NotFound:
+            return False
+        return True
+
+    await wait_for(made, timeout=timeout_s, interval=0.1, what=f"ServiceAccount {namespace}/default")
 
 
 async def ensure_namespace(api: Any, name: str, *, labels: dict[str, str] | None = None) -> None:
-    """Create namespace `name` (if missing) with its ``default`` ServiceAccount."""
+    """Create namespace `name` (if missing); return once its ``default`` ServiceAccount exists."""
     body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels or {}}}
     with contextlib.suppress(Conflict):
         await RawKube(api).request("POST", "/api/v1/namespaces", body=body)
-    await ensure_default_service_account(api, name)
+    await wait_for_default_service_account(api, name)
 
 
 async def create_namespace(api: Any, *, prefix: str = "test") -> str:

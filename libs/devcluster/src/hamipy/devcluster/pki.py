@@ -39,12 +39,14 @@ class ClusterPKI:
     apiserver_serving: KeyPair
     admin_client: KeyPair
     scheduler_client: KeyPair
+    controller_manager_client: KeyPair
     service_account_key_pem: bytes
     service_account_pub_pem: bytes
 
 
 def make_cluster_pki(*, service_ip: str) -> ClusterPKI:
-    """A fresh CA with the apiserver serving cert, the admin and scheduler client certs, and SA keys."""
+    """A fresh CA with the apiserver serving cert, the admin, scheduler and controller-manager client
+    certs, and SA keys."""
     ca = make_ca(CA_NAME, validity=CERT_VALIDITY)
     serving = issue_cert(
         ca,
@@ -62,12 +64,16 @@ def make_cluster_pki(*, service_ip: str) -> ClusterPKI:
         client=True,
     )
     scheduler = issue_cert(ca, common_name="system:kube-scheduler", validity=CERT_VALIDITY, client=True)
+    controller_manager = issue_cert(
+        ca, common_name="system:kube-controller-manager", validity=CERT_VALIDITY, client=True
+    )
     sa_key = new_key_pem()
     return ClusterPKI(
         ca=ca,
         apiserver_serving=serving,
         admin_client=admin,
         scheduler_client=scheduler,
+        controller_manager_client=controller_manager,
         service_account_key_pem=sa_key,
         service_account_pub_pem=public_key_pem(sa_key),
     )
