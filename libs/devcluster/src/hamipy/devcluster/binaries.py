@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import datetime
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -47,9 +48,12 @@ class ControlPlaneBinaries:
     kube_apiserver: Path
     kube_scheduler: Path
     kube_controller_manager: Path
+    kubelet: Path
+    fakecri: Path
+    """The upstream CRI fake on a unix socket (``fakecri/main.go``): the kubelet's container runtime."""
 
 
-KUBE_COMPONENTS: tuple[str, ...] = ("kube-apiserver", "kube-scheduler", "kube-controller-manager")
+KUBE_COMPONENTS: tuple[str, ...] = ("kube-apiserver", "kube-scheduler", "kube-controller-manager", "kubelet")
 """Built from ``k8s.io/kubernetes/cmd/<name>`` in one ``go build`` (what is built already is cached)."""
 
 
@@ -179,8 +183,8 @@ def _staging_modules(kubernetes_gomod: str) -> list[str]:
     return sorted(set(mods))
 
 
-def build_kubernetes(dest: Path, version: str = KUBERNETES_VERSION) -> None:
-    """Build ``KUBE_COMPONENTS`` at `version` into `dest`."""
+def _kube_module(version: str = KUBERNETES_VERSION) -> Path:
+    """The wrapper module that builds from `k8s.io/kubernetes` at `version` (set up once)."""
     work = cache_root() / "build" / f"kubernetes-{version}"
     work.mkdir(parents=True, exist_ok=True)
     env = _go_env(work)
@@ -206,6 +210,13 @@ def build_kubernetes(dest: Path, version: str = KUBERNETES_VERSION) -> None:
     lines += ["replace ("] + [f"\t{m} => {m} {_kube_minor(version)}" for m in staging] + [")", ""]
     (work / "go.mod").write_text("\n".join(lines))
     (work / "go.sum").unlink(missing_ok=True)
+    return work
+
+
+def build_kubernetes(dest: Path, version: str = KUBERNETES_VERSION) -> None:
+    """Build ``KUBE_COMPONENTS`` at `version` into `dest`."""
+    work = _kube_module(version)
+    env = _go_env(work)
     tmp = Path(tempfile.mkdtemp(prefix="kubebin-", dir=work))
     _go(
         [
@@ -225,6 +236,40 @@ def build_kubernetes(dest: Path, version: str = KUBERNETES_VERSION) -> None:
     dest.mkdir(parents=True, exist_ok=True)
     for name in KUBE_COMPONENTS:
         os.replace(tmp / name, dest / name)
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+FAKECRI_SOURCE = Path(__file__).with_name("fakecri") / "main.go"
+
+
+def _fakecri_stamp() -> str:
+    return hashlib.sha256(FAKECRI_SOURCE.read_bytes()).hexdigest()
+
+
+def _fakecri_built(dest: Path) -> Path | None:
+    """The cached fake runtime, if it was built from the current source."""
+    binary, stamp = dest / "fakecri", dest / "fakecri.sha256"
+    if binary.is_file() and stamp.is_file() and stamp.read_text().strip() == _fakecri_stamp():
+        return binary
+    return None
+
+
+def build_fakecri(dest: Path, version: str = KUBERNETES_VERSION) -> None:
+    """Build ``fakecri/main.go`` in the Kubernetes wrapper module (it imports k8s.io/cri-client's
+    fake, at `version`'s release) into `dest`."""
+    work = _kube_module(version)
+    (work / "cmd" / "fakecri").mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(FAKECRI_SOURCE, work / "cmd" / "fakecri" / "main.go")
+    tmp = Path(tempfile.mkdtemp(prefix="fakecri-", dir=work))
+    _go(
+        ["build", "-v", "-trimpath", "-ldflags", "-s -w", "-o", str(tmp / "fakecri"), "./cmd/fakecri"],
+        cwd=work,
+        env=_go_env(work),
+        what="build fakecri",
+    )
+    dest.mkdir(parents=True, exist_ok=True)
+    os.replace(tmp / "fakecri", dest / "fakecri")
+    (dest / "fakecri.sha256").write_text(_fakecri_stamp() + "\n")
     shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -292,17 +337,20 @@ def ensure_binaries() -> ControlPlaneBinaries:
             {name: _find_existing(name, KUBERNETES_VERSION, kube_dir / name) for name in KUBE_COMPONENTS},
         )
 
-    def found(etcd: Path, kube: dict[str, Path]) -> ControlPlaneBinaries:
+    def found(etcd: Path, kube: dict[str, Path], fakecri: Path) -> ControlPlaneBinaries:
         return ControlPlaneBinaries(
             etcd=etcd,
             kube_apiserver=kube["kube-apiserver"],
             kube_scheduler=kube["kube-scheduler"],
             kube_controller_manager=kube["kube-controller-manager"],
+            kubelet=kube["kubelet"],
+            fakecri=fakecri,
         )
 
     etcd, kube = find()
-    if etcd is not None and all(kube.values()):
-        return found(etcd, {name: path for name, path in kube.items() if path is not None})
+    fakecri = _fakecri_built(kube_dir)
+    if etcd is not None and all(kube.values()) and fakecri is not None:
+        return found(etcd, {name: path for name, path in kube.items() if path is not None}, fakecri)
     if shutil.which("go") is None:
         raise BinaryBuildError(
             "Go is not installed and no matching control-plane binaries were found (cache "
@@ -311,7 +359,8 @@ def ensure_binaries() -> ControlPlaneBinaries:
         )
     with _build_lock():
         etcd, kube = find()  # another process may have built them while we waited
-        if etcd is None or not all(kube.values()):
+        fakecri = _fakecri_built(kube_dir)
+        if etcd is None or not all(kube.values()) or fakecri is None:
             check_proxy()
         if etcd is None:
             _progress(f"building etcd {ETCD_VERSION} into {etcd_dir} (first run on this machine only)")
@@ -323,13 +372,18 @@ def ensure_binaries() -> ControlPlaneBinaries:
         if missing:
             _progress(
                 f"building {', '.join(missing)} {KUBERNETES_VERSION} into {kube_dir} "
-                "(first run on this machine only; about 8-14 minutes on 2 cores for all three)"
+                "(first run on this machine only; about 10-18 minutes on 2 cores for all four)"
             )
             began = time.monotonic()
             build_kubernetes(kube_dir)
             _progress(f"built {', '.join(KUBE_COMPONENTS)} {KUBERNETES_VERSION} in {_elapsed(began)}")
             kube = {name: _verified(kube_dir / name, KUBERNETES_VERSION) for name in KUBE_COMPONENTS}
-    return found(etcd, {name: path for name, path in kube.items() if path is not None})
+        if fakecri is None:
+            began = time.monotonic()
+            build_fakecri(kube_dir)
+            _progress(f"built the fake container runtime in {_elapsed(began)}")
+            fakecri = kube_dir / "fakecri"
+    return found(etcd, {name: path for name, path in kube.items() if path is not None}, fakecri)
 
 
 def _helm_version_matches(helm: Path, want: str = HELM_VERSION) -> bool:

@@ -43,8 +43,9 @@ from hamipy.devcluster.config import (
     render_scheduler_config,
 )
 from hamipy.devcluster.errors import DevClusterError
-from hamipy.devcluster.pki import ClusterPKI, make_cluster_pki
+from hamipy.devcluster.pki import CERT_VALIDITY, ClusterPKI, make_cluster_pki
 from hamipy.devcluster.processes import ManagedProcess, free_port, http_ok, https_ok, pid_alive
+from hamipy.kube.certs import issue_cert
 
 if TYPE_CHECKING:
     from kubernetes_asyncio.client import ApiClient, Configuration
@@ -271,6 +272,28 @@ class DevCluster:
             *self.scheduler_ports.values(),
         ]
         return [p for p in found if p]
+
+    @property
+    def binaries(self) -> _binaries.ControlPlaneBinaries:
+        if self._binaries is None:
+            raise DevClusterError("DevCluster: not started")
+        return self._binaries
+
+    def node_kubeconfig(self, node: str, path: Path) -> Path:
+        """A kubeconfig for a kubelet of ``node``: ``system:node:<node>`` in ``system:nodes``, the
+        identity the Node authorizer and NodeRestriction hold to its own Node and pods."""
+        if self._pki is None or self._access is None:
+            raise DevClusterError("DevCluster.node_kubeconfig: the cluster is not started")
+        pair = issue_cert(
+            self._pki.ca,
+            common_name=f"system:node:{node}",
+            organizations=("system:nodes",),
+            validity=CERT_VALIDITY,
+            client=True,
+        )
+        return self._write_kubeconfig(
+            path, self._access.server, pair.cert_pem, pair.key_pem, user=f"system:node:{node}"
+        )
 
     def api_client(self) -> ApiClient:
         """A new admin kubernetes_asyncio ApiClient; the caller closes it."""
