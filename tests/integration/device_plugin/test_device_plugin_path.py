@@ -81,7 +81,12 @@ async def gpu_stack(
 
 
 async def test_node_registers_its_gpus(gpu_stack: GpuStack) -> None:
-    node = await gpu_stack.core.read_node(gpu_stack.node, _request_timeout=API_TIMEOUT_S)
+    async def advertised() -> Any:
+        # The kubelet stand-in writes the capacity after the plugin's ListAndWatch: not at once.
+        node = await gpu_stack.core.read_node(gpu_stack.node, _request_timeout=API_TIMEOUT_S)
+        return node if (node.status.capacity or {}).get(RESOURCE) not in (None, "0") else None
+
+    node = await wait_for(advertised, timeout=30, interval=0.1, what="the node advertising its GPUs")
     devices = decode_node_devices(node.metadata.annotations[keys.NODE_REGISTER])
     assert [(d.id, d.index, d.count, d.devmem, d.type, d.numa, d.health) for d in devices] == [
         (GPUS[0].uuid, 0, 10, 81920, "NVIDIA A100-SXM4-80GB", 0, True),
