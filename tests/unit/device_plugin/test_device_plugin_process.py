@@ -8,7 +8,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from agent_process import DIED, INJECT_BUG, AgentProcess, FakeApiServer
+from agent_process import (
+    INJECT_BUG,
+    AgentProcess,
+    FakeApiServer,
+    assert_dies_naming_the_task,
+    assert_sigterm_stops_cleanly,
+)
 from plugin_fakes import NODE
 
 from hamipy.devcluster.gpu_nodes import FakeGpu, fake_gpu_config
@@ -55,29 +61,11 @@ def plugin(api: FakeApiServer, tmp_path: Path, *, python_args: list[str]) -> Age
 
 
 async def test_sigterm_stops_the_plugin_with_status_0(api: FakeApiServer, tmp_path: Path) -> None:
-    process = await plugin(api, tmp_path, python_args=["-m", MODULE]).start()
-    try:
-        await process.wait_up(api)
-        process.terminate()
-        assert await process.exit_code() == 0, process.log.read_text()
-    finally:
-        await process.kill()
-    events = [line["event"] for line in process.lines()]
-    assert "stopped" in events
-    assert DIED not in events
+    await assert_sigterm_stops_cleanly(await plugin(api, tmp_path, python_args=["-m", MODULE]).start(), api)
 
 
 async def test_a_task_that_dies_ends_the_plugin_with_status_1(api: FakeApiServer, tmp_path: Path) -> None:
     process = await plugin(api, tmp_path, python_args=["-c", INJECT_BUG, MODULE]).start()
-    try:
-        await process.wait_up(api)
-        api.send({"type": "ADDED", "object": POD})
-        assert await process.exit_code() == 1, process.log.read_text()
-    finally:
-        await process.kill()
-    (died,) = [line for line in process.lines() if line["event"] == DIED]
-    assert (died["level"], died["task"], died["error"]) == (
-        "error",
-        "device-plugin:pod-informer",
-        "TypeError: injected",
+    await assert_dies_naming_the_task(
+        process, api, {"type": "ADDED", "object": POD}, "device-plugin:pod-informer"
     )

@@ -161,3 +161,31 @@ class AgentProcess:
             except ValueError:
                 continue
         return [entry for entry in found if isinstance(entry, dict)]
+
+
+async def assert_sigterm_stops_cleanly(process: AgentProcess, server: FakeApiServer) -> None:
+    """Once up, SIGTERM ends the agent with status 0, logging ``stopped`` and no dead task."""
+    try:
+        await process.wait_up(server)
+        process.terminate()
+        assert await process.exit_code() == 0, process.log.read_text()
+    finally:
+        await process.kill()
+    events = [line["event"] for line in process.lines()]
+    assert "stopped" in events
+    assert DIED not in events
+
+
+async def assert_dies_naming_the_task(
+    process: AgentProcess, server: FakeApiServer, event: dict[str, Any], task: str
+) -> None:
+    """Started with ``INJECT_BUG``: the watch ``event`` kills its pod cache task, which ends the agent
+    with status 1 and one log line naming ``task`` and the error."""
+    try:
+        await process.wait_up(server)
+        server.send(event)
+        assert await process.exit_code() == 1, process.log.read_text()
+    finally:
+        await process.kill()
+    (died,) = [line for line in process.lines() if line["event"] == DIED]
+    assert (died["level"], died["task"], died["error"]) == ("error", task, "TypeError: injected")
