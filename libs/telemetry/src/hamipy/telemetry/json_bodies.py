@@ -20,7 +20,7 @@ value has the shape).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Final, Literal, NamedTuple
 
 __all__ = ["MAX_DEPTH", "BadJson", "ListOf", "MapOf", "Shape", "decode_json", "shape_problem"]
@@ -97,6 +97,8 @@ def shape_problem(value: object, shape: Shape, path: str) -> str | None:
     if isinstance(shape, ListOf):
         if not isinstance(value, list):
             return _wrong(path, value, "an array")
+        if _all_exactly(value, shape.item):
+            return None
         for index, item in enumerate(value):
             if (problem := shape_problem(item, shape.item, f"{path}[{index}]")) is not None:
                 return problem
@@ -104,6 +106,8 @@ def shape_problem(value: object, shape: Shape, path: str) -> str | None:
     if isinstance(shape, MapOf):
         if not isinstance(value, dict):
             return _wrong(path, value, "an object")
+        if _all_exactly(value.values(), shape.value):
+            return None
         for key, item in value.items():
             if (problem := shape_problem(item, shape.value, f"{path}[{_shown(key)}]")) is not None:
                 return problem
@@ -112,6 +116,13 @@ def shape_problem(value: object, shape: Shape, path: str) -> str | None:
     if isinstance(value, shape) and (shape is bool or not isinstance(value, bool)):
         return None
     return _wrong(path, value, _KINDS.get(shape, shape.__name__))
+
+
+def _all_exactly(items: Iterable[object], shape: Shape) -> bool:
+    """Whether every item is exactly of the plain type ``shape`` (what ``json.loads`` makes): the
+    common case, checked without building a path per item (1,000 node names in the extender's
+    arguments took 1.1 ms that way). Anything else goes item by item for the message."""
+    return isinstance(shape, type) and all(type(item) is shape for item in items)
 
 
 _KINDS: dict[type, str] = {
