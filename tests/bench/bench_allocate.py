@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from _results import percentiles_us, record
 
-from hamipy.devcluster import DevCluster, NodePool, NodeSpec, ensure_default_service_account
+from hamipy.devcluster import DevCluster, NodePool, NodeSpec, wait_for_default_service_account
 from hamipy.devcluster.binaries import ensure_binaries
 from hamipy.devcluster.cluster import ClusterSettings
 from hamipy.device_plugin.allocator import Allocator
@@ -91,7 +91,7 @@ async def run(pods: int) -> dict[str, Any]:
     ):
         async with cluster.api_client() as api, NodePool(api) as pool:
             await pool.add(NodeSpec(name=NODE))
-            await ensure_default_service_account(api, "default")
+            await wait_for_default_service_account(api, "default")
             core: Any = CoreV1Api(api)  # its hint asks for a V1Pod; the client sends a JSON body as it is
             for i in range(pods):
                 await core.create_namespaced_pod("default", pending_pod(i))

@@ -41,7 +41,7 @@ from hamipy.devcluster import (
     SchedulerConfig,
     create_namespace,
     delete_namespace,
-    ensure_default_service_account,
+    wait_for_default_service_account,
 )
 from hamipy.devcluster.binaries import ensure_binaries
 from hamipy.devcluster.cluster import ClusterSettings
@@ -217,7 +217,7 @@ async def placement_rate(cluster: DevCluster, api: Any, nodes: int, pods: int, p
 
 async def one_node(cluster: DevCluster, api: Any, pool: NodePool, workdir: Path) -> dict[str, Any]:
     core = CoreV1Api(api)
-    await ensure_default_service_account(api, "default")
+    await wait_for_default_service_account(api, "default")
     gpus = [FakeGpu(f"GPU-00000e2e-0000-4000-8000-{g:012x}", memory_mib=40960) for g in range(GPUS)]
     standin, plugin = gpu_node_agents(
         workdir=workdir,
