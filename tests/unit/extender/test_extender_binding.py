@@ -105,6 +105,7 @@ async def test_failed_binding_removes_written_annotations() -> None:
     [
         pytest.param(None, 0, "owner-gone", id="owner-deleted"),
         pytest.param("Succeeded", 0, "owner-gone", id="owner-finished"),
+        pytest.param("deleting", 0, "owner-gone", id="owner-being-deleted"),
         pytest.param("success", 0, "owner-done", id="owner-served"),
         pytest.param("Running", 600, "expired", id="expired"),
     ],
@@ -116,6 +117,10 @@ async def test_stale_locks_are_broken(owner: str | None, age: int, reason: str) 
         r.kube.add_pod(pod("old", node_name="n", phase=owner))
     elif owner == "success":
         r.kube.add_pod(pod("old", node_name="n", phase="Running", annotations={keys.BIND_PHASE: "success"}))
+    elif owner == "deleting":  # never served now, though its containers may still run
+        old = pod("old", node_name="n", phase="Running")
+        old["metadata"]["deletionTimestamp"] = "2025-01-01T00:00:00Z"
+        r.kube.add_pod(old)
     p = pod("p")
     r.kube.add_pod(p)
     await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")

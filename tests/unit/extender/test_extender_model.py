@@ -24,6 +24,7 @@ from hamipy.extender.model import (
     PodUid,
     node_from_json,
     pod_finished,
+    pod_leaving,
     pod_usage,
 )
 from hamipy.protocol import keys
@@ -61,6 +62,11 @@ def running(
         phase=phase,
         annotations=allocation(allocated=devices, node=vgpu_node),
     )
+
+
+def deleting(p: dict[str, Any]) -> dict[str, Any]:
+    """``p`` with a deletion timestamp: deleted, in its grace period."""
+    return {**p, "metadata": {**p["metadata"], "deletionTimestamp": "2025-01-01T00:00:00Z"}}
 
 
 def model_of(*nodes: dict[str, Any], pods: Sequence[dict[str, Any]] = ()) -> ClusterModel:
@@ -325,16 +331,26 @@ def test_pod_usage_law_peak_of_init_against_sum_of_regular(
         pytest.param(pod("p", phase="Pending"), False, id="pending"),
         pytest.param(pod("p", phase="Succeeded"), True, id="succeeded"),
         pytest.param(pod("p", phase="Failed"), True, id="failed"),
-        pytest.param(
-            {**pod("p"), "metadata": {**pod("p")["metadata"], "deletionTimestamp": "2025-01-01T00:00:00Z"}},
-            True,
-            id="being-deleted",
-        ),
+        pytest.param(deleting(pod("p", phase="Running")), False, id="being-deleted"),
+        pytest.param(deleting(pod("p", phase="Failed")), True, id="deleted-and-stopped"),
         pytest.param({"metadata": {"name": "p"}}, False, id="no-status"),
     ],
 )
 def test_pod_finished(p: dict[str, Any], finished: bool) -> None:
     assert pod_finished(p) is finished
+
+
+@pytest.mark.parametrize(
+    ("p", "leaving"),
+    [
+        pytest.param(pod("p", phase="Running"), False, id="running"),
+        pytest.param(pod("p", phase="Succeeded"), True, id="succeeded"),
+        pytest.param(deleting(pod("p", phase="Running")), True, id="being-deleted"),
+        pytest.param({"metadata": {"name": "p"}}, False, id="no-status"),
+    ],
+)
+def test_pod_leaving(p: dict[str, Any], leaving: bool) -> None:
+    assert pod_leaving(p) is leaving
 
 
 def test_allocation_counts_on_spec_node_not_on_vgpu_node() -> None:
@@ -411,22 +427,31 @@ def test_allocation_replaces_a_reservation_of_the_same_pod() -> None:
     assert used(model, "n")["A"] == (1, 100, 10)
 
 
-@pytest.mark.parametrize("how", ["deleted", "succeeded", "failed", "being-deleted"])
+@pytest.mark.parametrize("how", ["deleted", "succeeded", "failed", "stopped-while-deleted"])
 def test_finished_pod_frees_its_gpus(how: str) -> None:
     model = model_of(node("n", TWO_GPUS))
     p = running("p", "n", [[dev("A", 100, 10)]])
     model.apply_pod("ADDED", p)
     if how == "deleted":
         model.apply_pod("DELETED", p)
-    elif how == "being-deleted":
-        model.apply_pod(
-            "MODIFIED", {**p, "metadata": {**p["metadata"], "deletionTimestamp": "2025-01-01T00:00:00Z"}}
-        )
+    elif how == "stopped-while-deleted":
+        model.apply_pod("MODIFIED", deleting({**p, "status": {"phase": "Failed"}}))
     else:
         model.apply_pod("MODIFIED", {**p, "status": {"phase": how.capitalize()}})
     assert used(model, "n")["A"] == (0, 0, 0)
     assert model.contributions == {}
     assert model.nodes["n"].free_slot_gpus == 2
+
+
+def test_pod_being_deleted_holds_its_gpus_until_its_containers_stop() -> None:
+    # Its containers run through the grace period: the GPU is not free until the kubelet says so.
+    model = model_of(node("n", TWO_GPUS))
+    p = running("p", "n", [[dev("A", 100, 10)]])
+    model.apply_pod("ADDED", p)
+    model.apply_pod("MODIFIED", deleting(p))
+    assert used(model, "n")["A"] == (1, 100, 10)
+    model.apply_pod("MODIFIED", deleting({**p, "status": {"phase": "Succeeded"}}))
+    assert used(model, "n")["A"] == (0, 0, 0)
 
 
 def test_malformed_allocation_is_reported_and_blocks_its_node_until_fixed() -> None:

@@ -51,7 +51,7 @@ from typing import Any, Final
 from hamipy.extender.errors import BindRefused, LockTimeout
 from hamipy.extender.filtering import build_ask
 from hamipy.extender.fitting import fit_pod
-from hamipy.extender.model import ClusterModel, NodeName, PodUid, now_epoch, pod_finished
+from hamipy.extender.model import ClusterModel, NodeName, PodUid, now_epoch, pod_leaving
 from hamipy.extender.settings import ExtenderSettings
 from hamipy.extender.telemetry import Telemetry
 from hamipy.kube.client import KubeApi
@@ -374,7 +374,7 @@ class Binder:
             owner = await get_pod(self.api, lock.namespace, lock.name, timeout_s=self.settings.api_timeout_s)
         except NotFound:
             return "owner-gone", holder
-        if pod_finished(owner):
+        if pod_leaving(owner):
             return "owner-gone", holder
         if (_meta(owner).get("annotations") or {}).get(keys.BIND_PHASE) in _DONE_PHASES:
             return "owner-done", holder

@@ -7,7 +7,9 @@ that pod's contribution, a node event only that node.
 Usage on a GPU is the sum of *contributions*, one per pod UID, each either
 
 - ``allocated``: the ``hami.io/vgpu-devices-allocated`` annotation of a *bound* pod (``spec.nodeName``
-  set; phase not Succeeded/Failed, no deletionTimestamp), on that node;
+  set; phase not Succeeded/Failed), on that node, until the pod is gone or finished: a pod being
+  deleted holds its GPUs until the kubelet reports its containers stopped (the terminal phase it
+  writes before the final delete), since they run through the grace period;
 - ``binding``: a bind of this extender in flight (decided under the node lock, being written), from
   ``begin_bind`` until ``allocate`` (after the Binding) or ``release``; or
 - ``reserved``: a filter decision not yet visible in the pod, dropped after a time-to-live.
@@ -65,6 +67,7 @@ __all__ = [
     "Usage",
     "node_from_json",
     "pod_finished",
+    "pod_leaving",
     "pod_usage",
 ]
 
@@ -237,10 +240,17 @@ def pod_usage(devices: Sequence[Sequence[ContainerDevice]], n_init: int) -> dict
 
 
 def pod_finished(pod: Mapping[str, Any]) -> bool:
-    """Succeeded, Failed or being deleted: its GPUs are free again."""
-    meta = pod.get("metadata") or {}
+    """Succeeded or Failed: its containers have stopped and its GPUs are free again. A deletion
+    timestamp alone is not enough: the containers run (and hold GPU memory) through the grace
+    period, and the kubelet moves the pod to a terminal phase once they have stopped, before it
+    deletes the object (HAMi counts such pods the same way)."""
     status = pod.get("status") or {}
-    return bool(meta.get("deletionTimestamp")) or status.get("phase") in _FINISHED
+    return status.get("phase") in _FINISHED
+
+
+def pod_leaving(pod: Mapping[str, Any]) -> bool:
+    """Finished or being deleted: it will never be served (again), though it may still hold GPUs."""
+    return bool((pod.get("metadata") or {}).get("deletionTimestamp")) or pod_finished(pod)
 
 
 def _annotations(obj: Mapping[str, Any]) -> Mapping[str, Any]:
