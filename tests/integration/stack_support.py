@@ -13,12 +13,16 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import builders
+import pytest
 from kubernetes_asyncio.client import CoreV1Api
+from prometheus_client.parser import text_string_to_metric_families
 
-from hamipy.devcluster import DevCluster, ExtenderConfig, ManagedResource, NodePool, NodeSpec, wait_for
-from hamipy.devcluster.gpu_nodes import DevicePluginAgent, FakeGpu, gpu_node_agents
-from hamipy.devcluster.kubelet_standin import ContainerAllocation, KubeletStandIn
+from hamipy.devcluster import DevCluster, ExtenderConfig, ManagedResource, wait_for
+from hamipy.devcluster.gpu_nodes import DevicePluginAgent, FakeGpu
+from hamipy.devcluster.kubelet_nodes import KubeletNode, gpu_kubelet_node
+from hamipy.devcluster.real_kubelet import ContainerConfig, can_run_real_kubelets
 from hamipy.extender.invariant import check_cluster
 from hamipy.extender.server import ExtenderServer
 from hamipy.extender.settings import ExtenderSettings
@@ -193,19 +197,45 @@ async def use_extender(hami_scheduler: Callable[..., Any], url: str, *, cooperat
 
 RESOURCE = keys.RESOURCE_COUNT
 NATIVE_BUILD = Path(__file__).resolve().parents[2] / "native" / "build"
+NEEDS_REAL_KUBELET = pytest.mark.skipif(
+    can_run_real_kubelets() is not None, reason=f"skipped: {can_run_real_kubelets()}"
+)
+"""For tests of a GPU node: its kubelet is the real one, which needs root (a mount namespace)."""
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def sample_key(name: str, **labels: str) -> tuple[str, frozenset[tuple[str, str]]]:
+    return name, frozenset(labels.items())
+
+
+async def scrape_text(url: str) -> str:
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session,
+        session.get(url) as resp,
+    ):
+        assert resp.status == 200, f"GET {url}: HTTP {resp.status}"
+        return await resp.text()
+
+
+def samples(text: str) -> Samples:
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 class GpuStack:
-    """One GPU node with its plugin and stand-in, and helpers to create and inspect pods."""
+    """One GPU node (the real kubelet over the fake runtime, the device plugin process), and helpers
+    to create pods and read what the kubelet made of them."""
 
-    def __init__(
-        self, api: Any, namespace: str, node: str, standin: KubeletStandIn, plugin: DevicePluginAgent
-    ):
+    def __init__(self, api: Any, namespace: str, kubelet_node: KubeletNode, plugin: DevicePluginAgent):
         self.api = api
         self.core = CoreV1Api(api)
         self.namespace = namespace
-        self.node = node
-        self.standin = standin
+        self.kubelet_node = kubelet_node
+        self.node = kubelet_node.name
         self.plugin = plugin
 
     def pod_body(
@@ -244,12 +274,87 @@ class GpuStack:
         assert pod is not None  # wait_for returns the first truthy value
         return pod
 
-    async def allocation(self, pod: str, container: str) -> ContainerAllocation:
-        return await self.standin.wait_allocated(self.namespace, pod, container, timeout_s=60)
+    async def running(self, name: str, timeout: float = 60) -> dict[str, Any]:  # noqa: ASYNC109
+        """The pod once the kubelet reports it Running."""
+
+        async def up() -> dict[str, Any] | None:
+            pod = await self.pod(name)
+            return pod if pod["status"].get("phase") == "Running" else None
+
+        pod: dict[str, Any] | None = await wait_for(
+            up, timeout=timeout, interval=0.1, what=f"pod {name} Running"
+        )
+        assert pod is not None
+        return pod
+
+    async def container(self, pod: str, container: str, timeout: float = 60) -> ContainerConfig:  # noqa: ASYNC109
+        """The config the kubelet created `pod`'s `container` with (the fake runtime's record)."""
+        kubelet = self.kubelet_node.kubelet
+        found: ContainerConfig | None = await wait_for(
+            lambda: kubelet.container(self.namespace, pod, container),
+            timeout=timeout,
+            interval=0.1,
+            what=f"the kubelet to create container {pod}/{container}",
+        )
+        assert found is not None
+        return found
+
+    def device_ids(self, pod_uid: str, container: str) -> list[str]:
+        """The kubelet's device IDs for a container, from its checkpoint ([] if none)."""
+        return self.kubelet_node.kubelet.device_ids().get((pod_uid, container, RESOURCE), [])
+
+    async def plugin_metric(self, name: str, **labels: str) -> float:
+        found = samples(await scrape_text(f"http://127.0.0.1:{self.plugin.metrics_port}/metrics"))
+        return found.get(sample_key(name, **labels), 0.0)
 
 
 def allocated_slots(pod: dict[str, Any]) -> list[list[ContainerDevice]]:
     return decode_pod_devices(pod["metadata"]["annotations"][keys.DEVICES_ALLOCATED])
+
+
+async def wait_advertised(api: Any, node: str, timeout_s: float = 60) -> dict[str, Any]:
+    """The Node once its kubelet advertises the device plugin's GPUs (capacity above zero)."""
+    core = CoreV1Api(api)
+
+    async def advertised() -> dict[str, Any] | None:
+        found = await core.read_node(node, _request_timeout=API_TIMEOUT_S)
+        out: dict[str, Any] = api.sanitize_for_serialization(found)
+        return out if (out["status"].get("capacity") or {}).get(RESOURCE) not in (None, "0") else None
+
+    found: dict[str, Any] | None = await wait_for(
+        advertised, timeout=timeout_s, interval=0.2, what=f"node {node} advertising {RESOURCE}"
+    )
+    assert found is not None
+    return found
+
+
+@contextlib.asynccontextmanager
+async def gpu_node(
+    devcluster: DevCluster,
+    api: Any,
+    namespace: str,
+    workdir: Path,
+    *,
+    gpus: Sequence[FakeGpu],
+    extra_agents: Callable[[DevicePluginAgent], Sequence[Any]] = lambda _plugin: (),
+) -> AsyncIterator[tuple[KubeletNode, DevicePluginAgent]]:
+    """A GPU node ``<namespace>-gpu`` labelled ``gpu-test=<namespace>``: the real kubelet over the
+    fake runtime, the device plugin process (and ``extra_agents(plugin)``, the monitor), Ready with
+    its GPUs advertised. Its tracing follows this process's OTEL_* variables."""
+    node, plugin = gpu_kubelet_node(
+        devcluster,
+        api,
+        f"{namespace}-gpu",
+        workdir=workdir,
+        gpus=gpus,
+        native_build=NATIVE_BUILD,
+        labels={"gpu-test": namespace},
+    )
+    node.agents.extend(extra_agents(plugin))
+    async with node:
+        await wait_advertised(api, node.name)
+        yield node, plugin
+        assert node.kubelet.running(), f"the kubelet or its runtime exited; see {node.kubelet.workdir}"
 
 
 @contextlib.asynccontextmanager
@@ -257,15 +362,12 @@ async def running_gpu_stack(
     devcluster: DevCluster,
     api: Any,
     namespace: str,
-    pool: NodePool,
     hami_scheduler: Callable[..., Any],
     *,
     gpus: Sequence[FakeGpu],
 ) -> AsyncIterator[GpuStack]:
-    """The webhook and one extender in this process, the hami-scheduler using it, and one simulated
-    GPU node (kubelet stand-in + device plugin process) labelled ``gpu-test=<namespace>``. All three
-    follow this process's OTEL_* variables (the device plugin inherits them). On exit the stand-in
-    must have met no error and the cluster must hold the GPU invariant."""
+    """The webhook and one extender in this process, the hami-scheduler using it, and one GPU node
+    (``gpu_node``). On exit the cluster must hold the GPU invariant."""
     # Unix socket paths must stay short (about 100 bytes): a directory under /tmp, not tmp_path.
     workdir = Path(tempfile.mkdtemp(prefix="hamipy-gpu-", dir="/tmp"))
     webhook = await start_webhook(api, namespace, workdir / "webhook")
@@ -273,17 +375,8 @@ async def running_gpu_stack(
         (extender,) = await start_extenders(api)
         try:
             await use_extender(hami_scheduler, extender.url)
-            standin, plugin = gpu_node_agents(
-                workdir=workdir / "node",
-                gpus=gpus,
-                kubeconfig=Path(devcluster.access.kubeconfig),
-                native_build=NATIVE_BUILD,
-            )
-            node = f"{namespace}-gpu"
-            await pool.add(NodeSpec(name=node, labels={"gpu-test": namespace}), agents=(standin, plugin))
-            await standin.wait_registered(RESOURCE)
-            yield GpuStack(api, namespace, node, standin, plugin)
-            assert not standin.errors, standin.errors
+            async with gpu_node(devcluster, api, namespace, workdir / "node", gpus=gpus) as (node, plugin):
+                yield GpuStack(api, namespace, node, plugin)
             report = await check_cluster(RawKube(api))
             assert report.ok, report.violations
         finally:

@@ -1,10 +1,13 @@
 """The whole path of a GPU pod (issue 7, "Done when"): webhook -> kube-scheduler -> extender ->
-bind -> kubelet stand-in -> the real device plugin process over the fake NVML -> Allocate.
+bind -> the real kubelet's device manager -> the real device plugin process over the fake NVML ->
+Allocate -> the container the kubelet creates.
 
-Each test runs one simulated GPU node (``gpu_node_agents``: the stand-in and a
-``hamipy-device-plugin`` process), the webhook and one extender in this process, and the real
-control plane. Pods are created without a scheduler name: the webhook routes them; the tenant's
-forged pods of issue 16 are bound by ``spec.nodeName`` and carry allocation annotations of their own.
+Each test runs one GPU node (``stack_support.gpu_node``: the real kubelet v1.34 over the fake
+container runtime, and a ``hamipy-device-plugin`` process), the webhook and one extender in this
+process, and the real control plane. What a container gets is read from the runtime's record of the
+kubelet's CreateContainer (its envs and mounts) and from the kubelet's device checkpoint. Pods are
+created without a scheduler name: the webhook routes them; the tenant's forged pods of issue 16 are
+bound by ``spec.nodeName`` and carry allocation annotations of their own.
 """
 
 from __future__ import annotations
@@ -19,20 +22,21 @@ import builders
 import pytest
 from builders import container
 from stack_support import (
+    NEEDS_REAL_KUBELET,
     RESOURCE,
     GpuStack,
     allocated_slots,
     running_gpu_stack,
 )
 
-from hamipy.devcluster import API_TIMEOUT_S, DevCluster, NodePool, wait_for
+from hamipy.devcluster import API_TIMEOUT_S, DevCluster, wait_for
 from hamipy.devcluster.gpu_nodes import FakeGpu
-from hamipy.devcluster.kubelet_standin import ContainerAllocation
 from hamipy.devcluster.kubeobjects import create_namespace, delete_namespace
+from hamipy.devcluster.real_kubelet import ContainerConfig
 from hamipy.device_plugin.devices import gpu_of
 from hamipy.protocol import ContainerDevice, decode_node_devices, decode_pod_devices, keys
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, NEEDS_REAL_KUBELET]
 
 GPUS = (
     FakeGpu("GPU-aaaaaaaa-0000-4000-8000-000000000000", "NVIDIA A100-SXM4-80GB", 81920, numa=0),
@@ -41,14 +45,14 @@ GPUS = (
 
 
 def assert_matches_slot(
-    allocation: ContainerAllocation, slot: list[ContainerDevice], hook: Path, uid: str
+    config: ContainerConfig, device_ids: list[str], slot: list[ContainerDevice], hook: Path, uid: str
 ) -> None:
-    """The container's env and mounts say exactly what its ``vgpu-devices-allocated`` slot says,
-    and the kubelet's device IDs lie on the slot's GPUs (GetPreferredAllocation steered them)."""
-    assert sorted(gpu_of(d) for d in allocation.for_resource(RESOURCE).device_ids) == sorted(
-        d.uuid for d in slot
-    )
-    env = allocation.for_resource(RESOURCE).envs
+    """The container the kubelet created has exactly the env and mounts its
+    ``vgpu-devices-allocated`` slot says, and the kubelet's device IDs for it lie on the slot's GPUs
+    (GetPreferredAllocation steered them)."""
+    assert (config.pod_uid, len(device_ids)) == (uid, len(slot))
+    assert sorted(gpu_of(d) for d in device_ids) == sorted(d.uuid for d in slot)
+    env = config.envs
     assert env["NVIDIA_VISIBLE_DEVICES"] == ",".join(d.uuid for d in slot)
     for i, dev in enumerate(slot):
         assert env[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] == f"{dev.usedmem}m"
@@ -57,32 +61,34 @@ def assert_matches_slot(
     cache = Path(env["CUDA_DEVICE_MEMORY_SHARED_CACHE"])
     assert cache.parent == hook
     assert cache.suffix == ".cache"
-    mounts = {m.container_path: m for m in allocation.mounts}
-    region = mounts[str(hook)]
-    assert region.host_path == str(hook / "containers" / f"{uid}_{allocation.container}")
+    region = config.mount(str(hook))
+    assert region.host_path == str(hook / "containers" / f"{uid}_{config.container}")
     assert not region.read_only
     assert Path(region.host_path).is_dir(), "the region directory is created on the host"
-    assert mounts[str(hook / "libvgpu.so")].read_only
-    assert mounts["/etc/ld.so.preload"].host_path == str(hook / "ld.so.preload")
+    assert config.mount(str(hook / "libvgpu.so")).read_only
+    assert config.mount("/etc/ld.so.preload").host_path == str(hook / "ld.so.preload")
+
+
+async def assert_container_matches(
+    stack: GpuStack, pod: dict[str, Any], container: str, slot: list[ContainerDevice]
+) -> ContainerConfig:
+    uid = pod["metadata"]["uid"]
+    config = await stack.container(pod["metadata"]["name"], container)
+    assert_matches_slot(config, stack.device_ids(uid, container), slot, stack.plugin.hook_path, uid)
+    return config
 
 
 @pytest.fixture
 async def gpu_stack(
-    devcluster: DevCluster,
-    kube_client: Any,
-    namespace: str,
-    node_pool: NodePool,
-    hami_scheduler: Callable[..., Any],
+    devcluster: DevCluster, kube_client: Any, namespace: str, hami_scheduler: Callable[..., Any]
 ) -> AsyncIterator[GpuStack]:
-    async with running_gpu_stack(
-        devcluster, kube_client, namespace, node_pool, hami_scheduler, gpus=GPUS
-    ) as stack:
+    async with running_gpu_stack(devcluster, kube_client, namespace, hami_scheduler, gpus=GPUS) as stack:
         yield stack
 
 
 async def test_node_registers_its_gpus(gpu_stack: GpuStack) -> None:
     async def advertised() -> Any:
-        # The kubelet stand-in writes the capacity after the plugin's ListAndWatch: not at once.
+        # The kubelet writes the capacity after the plugin's ListAndWatch: not at once.
         node = await gpu_stack.core.read_node(gpu_stack.node, _request_timeout=API_TIMEOUT_S)
         return node if (node.status.capacity or {}).get(RESOURCE) not in (None, "0") else None
 
@@ -100,40 +106,37 @@ async def test_node_registers_its_gpus(gpu_stack: GpuStack) -> None:
 async def test_container_env_and_mounts_match_its_allocation(gpu_stack: GpuStack) -> None:
     await gpu_stack.create(gpu_stack.pod_body("one", [container("main", gpu=1, gpumem=3000, gpucores=30)]))
     pod = await gpu_stack.served("one")
-    allocation = await gpu_stack.allocation("one", "main")
     annotations = pod["metadata"]["annotations"]
     assert pod["spec"]["schedulerName"] == "hami-scheduler"  # the webhook routed it
     assert pod["spec"]["nodeName"] == gpu_stack.node
     (slot,) = allocated_slots(pod)
     assert [(d.usedmem, d.usedcores) for d in slot] == [(3000, 30)]
-    assert_matches_slot(allocation, slot, gpu_stack.plugin.hook_path, pod["metadata"]["uid"])
+    await assert_container_matches(gpu_stack, pod, "main", slot)
     assert decode_pod_devices(annotations[keys.DEVICES_TO_ALLOCATE]) == [[]]
     node = await gpu_stack.core.read_node(gpu_stack.node, _request_timeout=API_TIMEOUT_S)
     assert keys.NODE_LOCK not in (node.metadata.annotations or {})
-
-    async def running() -> bool:
-        phase: str | None = (await gpu_stack.pod("one"))["status"].get("phase")
-        return phase == "Running"
-
-    await wait_for(running, timeout=30, interval=0.1, what="pod one Running")
+    await gpu_stack.running("one")
 
 
 async def test_init_and_app_containers_each_get_their_own_slot(gpu_stack: GpuStack) -> None:
     body = gpu_stack.pod_body(
         "multi",
         [container("sidecar"), container("app", gpu=1, gpumem=2000), container("pair", gpu=2, gpumem=1000)],
-        init=[container("setup", gpu=1, gpumem=500)],
+        # Runs to completion (the fake runtime exits a container whose command is `true`).
+        init=[container("setup", gpu=1, gpumem=500, command=["true"])],
     )
     await gpu_stack.create(body)
     pod = await gpu_stack.served("multi")
     slots = allocated_slots(pod)
     assert [len(s) for s in slots] == [1, 0, 1, 2]  # setup, sidecar, app, pair
-    uid = pod["metadata"]["uid"]
     for name, slot in (("setup", slots[0]), ("app", slots[2]), ("pair", slots[3])):
-        assert_matches_slot(await gpu_stack.allocation("multi", name), slot, gpu_stack.plugin.hook_path, uid)
+        await assert_container_matches(gpu_stack, pod, name, slot)
     assert len({d.uuid for d in slots[3]}) == 2, "two GPUs in one container are two distinct GPUs"
-    assert ("multi", "sidecar") not in {(k.pod, k.container) for k in gpu_stack.standin.allocations}
+    sidecar = await gpu_stack.container("multi", "sidecar")
+    assert gpu_stack.device_ids(pod["metadata"]["uid"], "sidecar") == []
+    assert "NVIDIA_VISIBLE_DEVICES" not in sidecar.envs
     assert decode_pod_devices(pod["metadata"]["annotations"][keys.DEVICES_TO_ALLOCATE]) == [[], [], [], []]
+    await gpu_stack.running("multi")
 
 
 async def test_ten_pods_at_once_all_succeed_with_distinct_allocations(gpu_stack: GpuStack) -> None:
@@ -146,39 +149,46 @@ async def test_ten_pods_at_once_all_succeed_with_distinct_allocations(gpu_stack:
     )
     pods = await asyncio.gather(*(gpu_stack.served(n, timeout=120) for n in names))
     caches = set()
+    device_ids = []
     for pod in pods:
         (slot,) = allocated_slots(pod)
-        allocation = await gpu_stack.allocation(pod["metadata"]["name"], "main")
-        assert_matches_slot(allocation, slot, gpu_stack.plugin.hook_path, pod["metadata"]["uid"])
-        caches.add(allocation.envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"])
+        config = await assert_container_matches(gpu_stack, pod, "main", slot)
+        caches.add(config.envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"])
+        device_ids += gpu_stack.device_ids(pod["metadata"]["uid"], "main")
     assert len(caches) == 10
-    device_ids = [
-        d for key, a in gpu_stack.standin.allocations.items() if key.pod in names for d in a.device_ids
-    ]
-    assert len(set(device_ids)) == 10, "the kubelet's fake device IDs are not handed out twice"
+    assert len(set(device_ids)) == 10, "the kubelet's device IDs are not handed out twice"
 
 
 async def test_kubelet_restart_reregisters_without_losing_allocations(gpu_stack: GpuStack) -> None:
+    registered = "hamipy_device_plugin_registrations_total"
     await gpu_stack.create(gpu_stack.pod_body("before", [container("main", gpu=1, gpumem=1000)]))
-    await gpu_stack.served("before")
-    first = await gpu_stack.allocation("before", "main")
-    await gpu_stack.standin.restart()
-    assert await gpu_stack.standin.wait_registered(RESOURCE, times=2) >= 2
-    assert gpu_stack.standin.allocations[first.key] == first
+    before = await gpu_stack.served("before")
+    await gpu_stack.running("before")
+    uid = before["metadata"]["uid"]
+    first = gpu_stack.device_ids(uid, "main")
+    registrations = await gpu_stack.plugin_metric(registered, result="success")
+    await gpu_stack.kubelet_node.restart_kubelet()
+
+    async def registered_again() -> bool:
+        return await gpu_stack.plugin_metric(registered, result="success") > registrations
+
+    # The restarted kubelet wiped the plugin's socket: the plugin serves and registers again.
+    await wait_for(registered_again, timeout=60, interval=0.2, what="the plugin to register again")
+    assert gpu_stack.device_ids(uid, "main") == first, "the kubelet's checkpoint kept the assignment"
     await gpu_stack.create(gpu_stack.pod_body("after", [container("main", gpu=1, gpumem=1000)]))
-    await gpu_stack.served("after")
-    second = await gpu_stack.allocation("after", "main")
-    assert not set(second.device_ids) & set(first.device_ids)
+    after = await gpu_stack.served("after")
+    (slot,) = allocated_slots(after)
+    await assert_container_matches(gpu_stack, after, "main", slot)
+    assert not set(gpu_stack.device_ids(after["metadata"]["uid"], "main")) & set(first)
+    # The running pod was neither restarted nor served again.
+    assert (await gpu_stack.pod("before"))["status"]["phase"] == "Running"
+    assert [c.attempt for c in gpu_stack.kubelet_node.kubelet.containers() if c.pod == "before"] == [0]
+    assert allocated_slots(await gpu_stack.pod("before")) == allocated_slots(before)
 
 
 async def test_unhealthy_gpu_is_reported_and_gets_no_new_pods(gpu_stack: GpuStack) -> None:
     sick = GPUS[1].uuid
     await gpu_stack.plugin.set_health(sick, healthy=False)
-    await gpu_stack.standin.wait_until(
-        lambda: all(not d.healthy for d in gpu_stack.standin.devices(RESOURCE) if d.id.startswith(sick)),
-        timeout_s=30,
-        what="the sick GPU's devices Unhealthy",
-    )
 
     async def registered_sick() -> bool:
         node = await gpu_stack.core.read_node(gpu_stack.node, _request_timeout=API_TIMEOUT_S)
@@ -228,10 +238,11 @@ async def test_a_pod_asking_no_gpu_never_takes_a_gpu_pods_slot(gpu_stack: GpuSta
     pod = await gpu_stack.served("legit")
     (slot,) = allocated_slots(pod)
     assert [(d.usedmem, d.usedcores) for d in slot] == [(30000, 40)]
-    allocation = await gpu_stack.allocation("legit", "main")
-    assert_matches_slot(allocation, slot, gpu_stack.plugin.hook_path, pod["metadata"]["uid"])
-    assert allocation.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "30000m"
-    assert allocation.envs["CUDA_DEVICE_SM_LIMIT"] == "40"
+    config = await assert_container_matches(gpu_stack, pod, "main", slot)
+    assert config.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "30000m"
+    assert config.envs["CUDA_DEVICE_SM_LIMIT"] == "40"
+    hijack_config = await gpu_stack.container("hijack", "main")
+    assert "CUDA_DEVICE_MEMORY_LIMIT_0" not in hijack_config.envs
     left = (await gpu_stack.pod("hijack"))["metadata"]["annotations"]
     assert left == hijack["metadata"]["annotations"], "the hijack pod is neither served nor touched"
 
@@ -261,7 +272,8 @@ async def test_a_gpu_pod_another_scheduler_placed_is_refused_not_served(
         assert failed["status"]["reason"] == "UnexpectedAdmissionError"
         assert "schedulerName is 'default-scheduler', not 'hami-scheduler'" in failed["status"]["message"]
         assert failed["metadata"]["annotations"][keys.BIND_PHASE] == "failed"
-        assert ("steal", "main") not in {(k.pod, k.container) for k in gpu_stack.standin.allocations}
+        assert gpu_stack.device_ids(failed["metadata"]["uid"], "main") == []
+        assert gpu_stack.kubelet_node.kubelet.container(other, "steal", "main") is None
     finally:
         await delete_namespace(kube_client, other)
     # The node still serves our pods.

@@ -1,11 +1,11 @@
-"""A simulated GPU node with the monitor on it, for the monitor's integration tests.
+"""A GPU node with the monitor on it, for the monitor's integration tests.
 
-The node is the device plugin's (``hamipy.devcluster.gpu_nodes``: the kubelet stand-in and the real
-``hamipy-device-plugin`` process over the fake driver); ``MonitorAgent`` adds the real
+The node is the device plugin's (``stack_support.gpu_node``: the real kubelet over the fake runtime
+and the real ``hamipy-device-plugin`` process over the fake driver); ``MonitorAgent`` adds the real
 ``hamipy-monitor`` process, with the fake ``libnvidia-ml.so.1`` on its library path and the node's
-hook directory. ``SimContainer`` runs native/'s test programs as processes of one served container:
-the env its Allocate answer gave, the interposer preloaded, and the region file at the host path of
-the container's mount (what a container runtime would do).
+hook directory. ``SimContainer`` runs native/'s test programs as processes of one container the
+kubelet created: the env it was created with, the interposer preloaded, and the region file at the
+host path of the container's mount (what a container runtime would do).
 """
 
 from __future__ import annotations
@@ -24,12 +24,23 @@ from typing import Any
 import aiohttp
 import builders
 from kubernetes_asyncio.client import CoreV1Api
-from prometheus_client.parser import text_string_to_metric_families
-from stack_support import Webhook, start_extenders, start_webhook, stop_webhook, use_extender
+from stack_support import (
+    Samples,
+    Webhook,
+    gpu_node,
+    sample_key,
+    samples,
+    scrape_text,
+    start_extenders,
+    start_webhook,
+    stop_webhook,
+    use_extender,
+)
 
-from hamipy.devcluster import API_TIMEOUT_S, DevCluster, NodePool, NodeSpec, gpu_nodes, wait_for
+from hamipy.devcluster import API_TIMEOUT_S, DevCluster, gpu_nodes, wait_for
 from hamipy.devcluster.gpu_nodes import DevicePluginAgent, FakeGpu
-from hamipy.devcluster.kubelet_standin import ContainerAllocation, KubeletStandIn
+from hamipy.devcluster.kubelet_nodes import KubeletNode
+from hamipy.devcluster.real_kubelet import ContainerConfig
 from hamipy.extender.server import ExtenderServer
 from hamipy.protocol import keys
 from hamipy.protocol.allocation_env import ENV_SHARED_CACHE
@@ -39,28 +50,7 @@ NATIVE_BUILD = ROOT / "native" / "build"
 PROGRAM_TIMEOUT_S = 30.0
 MIB = 1 << 20
 
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-def sample_key(name: str, **labels: str) -> tuple[str, frozenset[tuple[str, str]]]:
-    return name, frozenset(labels.items())
-
-
-async def scrape_text(url: str) -> str:
-    async with (
-        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session,
-        session.get(url) as resp,
-    ):
-        assert resp.status == 200, f"GET {url}: HTTP {resp.status}"
-        return await resp.text()
-
-
-def samples(text: str) -> Samples:
-    return {
-        (s.name, frozenset(s.labels.items())): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
+__all__ = ["Samples", "sample_key", "samples", "scrape_text"]  # the monitor tests read them here
 
 
 class MonitorAgent(gpu_nodes.MonitorAgent):
@@ -85,15 +75,13 @@ class SimContainer:
     """The processes of one served container: its Allocate env, the interposer, its region file at
     the host end of its mount."""
 
-    allocation: ContainerAllocation
+    allocation: ContainerConfig
     plugin: DevicePluginAgent
     extra_env: dict[str, str] | None = None
 
     @property
     def host_region_dir(self) -> Path:
-        hook = str(self.plugin.hook_path)
-        (mount,) = [m for m in self.allocation.mounts if m.container_path == hook]
-        return Path(mount.host_path)
+        return Path(self.allocation.mount(str(self.plugin.hook_path)).host_path)
 
     @property
     def region_file(self) -> Path:
@@ -157,7 +145,7 @@ class MonitorStack:
         api: Any,
         namespace: str,
         node: str,
-        standin: KubeletStandIn,
+        kubelet_node: KubeletNode,
         plugin: DevicePluginAgent,
         monitor: MonitorAgent,
         extender: ExtenderServer,
@@ -166,7 +154,7 @@ class MonitorStack:
         self.core = CoreV1Api(api)
         self.namespace = namespace
         self.node = node
-        self.standin = standin
+        self.kubelet_node = kubelet_node
         self.plugin = plugin
         self.monitor = monitor
         self.extender = extender
@@ -210,8 +198,15 @@ class MonitorStack:
     async def container(
         self, pod: str, container: str, extra_env: dict[str, str] | None = None
     ) -> SimContainer:
-        allocation = await self.standin.wait_allocated(self.namespace, pod, container, timeout_s=60)
-        return SimContainer(allocation, self.plugin, extra_env)
+        kubelet = self.kubelet_node.kubelet
+        config: ContainerConfig | None = await wait_for(
+            lambda: kubelet.container(self.namespace, pod, container),
+            timeout=60,
+            interval=0.1,
+            what=f"the kubelet to create container {pod}/{container}",
+        )
+        assert config is not None
+        return SimContainer(config, self.plugin, extra_env)
 
 
 MONITOR_ARGS = ("--feedback-interval", "0.3", "--legacy-metrics")
@@ -222,17 +217,15 @@ async def running_monitor_stack(
     devcluster: DevCluster,
     api: Any,
     namespace: str,
-    pool: NodePool,
     hami_scheduler: Callable[..., Any],
     *,
     monitor_args: Sequence[str] = MONITOR_ARGS,
     webhook_metrics: bool = False,
 ) -> AsyncIterator[tuple[MonitorStack, Webhook]]:
     """The real control plane, the webhook (``webhook_metrics``: with its plain-HTTP metrics port)
-    and one extender in this process, and one simulated GPU node running the kubelet stand-in, the
-    real device plugin and the real monitor (``monitor_args``) as processes over the fake driver
-    (one GPU, so that every pod shares it). On exit the monitor must still run and the stand-in
-    must have met no error."""
+    and one extender in this process, and one GPU node running the real kubelet, the real device
+    plugin and the real monitor (``monitor_args``) as processes over the fake driver (one GPU, so
+    that every pod shares it). On exit the monitor and the kubelet must still run."""
     # Unix socket paths must stay short (about 100 bytes): a directory under /tmp, not tmp_path.
     workdir = Path(tempfile.mkdtemp(prefix="hamipy-mon-", dir="/tmp"))
     webhook = await start_webhook(api, namespace, workdir / "webhook", metrics=webhook_metrics)
@@ -240,21 +233,20 @@ async def running_monitor_stack(
         (extender,) = await start_extenders(api)
         try:
             await use_extender(hami_scheduler, extender.url)
-            standin, plugin = gpu_nodes.gpu_node_agents(
-                workdir=workdir / "node",
-                gpus=(GPU,),
-                kubeconfig=Path(devcluster.access.kubeconfig),
-                native_build=NATIVE_BUILD,
-            )
-            monitor = MonitorAgent(plugin, extra_args=monitor_args)
-            node = f"{namespace}-gpu"
-            await pool.add(
-                NodeSpec(name=node, labels={"gpu-test": namespace}), agents=(standin, plugin, monitor)
-            )
-            await standin.wait_registered(RESOURCE)
-            yield MonitorStack(api, namespace, node, standin, plugin, monitor, extender), webhook
-            assert monitor.running(), f"the monitor exited; its log:\n{monitor.log_path.read_text()[-4000:]}"
-            assert not standin.errors, standin.errors
+            monitors: list[MonitorAgent] = []
+
+            def monitor_of(plugin: DevicePluginAgent) -> list[MonitorAgent]:
+                monitors.append(MonitorAgent(plugin, extra_args=monitor_args))
+                return monitors
+
+            async with gpu_node(
+                devcluster, api, namespace, workdir / "node", gpus=(GPU,), extra_agents=monitor_of
+            ) as (node, plugin):
+                (monitor,) = monitors
+                yield MonitorStack(api, namespace, node.name, node, plugin, monitor, extender), webhook
+                assert monitor.running(), (
+                    f"the monitor exited; its log:\n{monitor.log_path.read_text()[-4000:]}"
+                )
         finally:
             await extender.stop()
     finally:

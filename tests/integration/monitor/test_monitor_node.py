@@ -1,6 +1,7 @@
-"""The monitor on a simulated GPU node (issue 8, "Done when"): real pods through the webhook, the
-extender and the device plugin; real CUDA test programs under the interposer and the fake driver in
-each served container's region directory; the real ``hamipy-monitor`` process reading them."""
+"""The monitor on a GPU node run by the real kubelet (issue 8, "Done when"): real pods through the
+webhook, the extender and the device plugin; real CUDA test programs under the interposer and the
+fake driver in each served container's region directory, with the env the kubelet created the
+container with; the real ``hamipy-monitor`` process reading them."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from monitor_support import (
     samples,
     scrape_text,
 )
+from stack_support import NEEDS_REAL_KUBELET
 
 from hamipy.devcluster import wait_for
 from hamipy.protocol.allocation_env import ENV_TASK_PRIORITY
@@ -33,7 +35,7 @@ from hamipy.protocol.region import (
     write_recent_kernel,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, NEEDS_REAL_KUBELET]
 
 
 def vgpu(stack: MonitorStack, pod: str, container: str = "main") -> dict[str, str]:

@@ -36,6 +36,7 @@ import yaml
 from builders import container
 from by_path import load
 from observability_support import ObservedSystem, monitor_support
+from stack_support import NEEDS_REAL_KUBELET
 
 from hamipy.devcluster import wait_for
 from hamipy.devcluster.prometheus import (
@@ -46,7 +47,7 @@ from hamipy.devcluster.prometheus import (
     promtool_check_metrics,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, NEEDS_REAL_KUBELET]
 
 ROOT = Path(__file__).resolve().parents[3]
 ALERTS = ROOT / "deploy" / "helm" / "hami-py" / "files" / "alerts.yaml"

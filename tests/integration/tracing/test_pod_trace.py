@@ -17,14 +17,14 @@ from typing import Any
 
 import pytest
 from builders import container
-from stack_support import GpuStack, running_gpu_stack
+from stack_support import NEEDS_REAL_KUBELET, GpuStack, running_gpu_stack
 
-from hamipy.devcluster import DevCluster, NodePool, wait_for
+from hamipy.devcluster import DevCluster, wait_for
 from hamipy.devcluster.gpu_nodes import FakeGpu
 from hamipy.devcluster.otlp import OtlpReceiver, ReceivedSpan
 from hamipy.protocol import keys
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, NEEDS_REAL_KUBELET]
 
 GPUS = (FakeGpu("GPU-cccccccc-0000-4000-8000-000000000000", "NVIDIA H100 80GB HBM3", 81559),)
 JOURNEY = ["webhook.admission", "extender.filter", "extender.bind", "device_plugin.allocate"]
@@ -43,16 +43,13 @@ async def traced_stack(
     devcluster: DevCluster,
     kube_client: Any,
     namespace: str,
-    node_pool: NodePool,
     hami_scheduler: Callable[..., Any],
     receiver: OtlpReceiver,
     monkeypatch: pytest.MonkeyPatch,
 ) -> AsyncIterator[GpuStack]:
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")  # export within 0.1 s, not the default 5 s
-    async with running_gpu_stack(
-        devcluster, kube_client, namespace, node_pool, hami_scheduler, gpus=GPUS
-    ) as stack:
+    async with running_gpu_stack(devcluster, kube_client, namespace, hami_scheduler, gpus=GPUS) as stack:
         yield stack
 
 
@@ -94,7 +91,6 @@ async def test_with_tracing_disabled_a_gpu_pod_is_admitted_scheduled_and_allocat
     devcluster: DevCluster,
     kube_client: Any,
     namespace: str,
-    node_pool: NodePool,
     hami_scheduler: Callable[..., Any],
     receiver: OtlpReceiver,
     monkeypatch: pytest.MonkeyPatch,
@@ -104,12 +100,10 @@ async def test_with_tracing_disabled_a_gpu_pod_is_admitted_scheduled_and_allocat
     monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
-    async with running_gpu_stack(
-        devcluster, kube_client, namespace, node_pool, hami_scheduler, gpus=GPUS
-    ) as stack:
+    async with running_gpu_stack(devcluster, kube_client, namespace, hami_scheduler, gpus=GPUS) as stack:
         await stack.create(stack.pod_body("untraced", [container("main", gpu=1, gpumem=2000, gpucores=20)]))
         pod = await stack.served("untraced")
-        allocation = await stack.allocation("untraced", "main")
+        allocation = await stack.container("untraced", "main")
     annotations = pod["metadata"]["annotations"]
     assert pod["spec"]["schedulerName"] == "hami-scheduler"
     assert pod["spec"]["nodeName"] == stack.node

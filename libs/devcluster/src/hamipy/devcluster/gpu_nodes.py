@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from hamipy.devcluster.nodes import NodeAgent, SimulatedNode
+from hamipy.devcluster.nodes import NamedNode, NodeAgent
 from hamipy.devcluster.processes import ManagedProcess, free_port, http_ok
 
 __all__ = [
@@ -106,7 +106,7 @@ class DevicePluginAgent:
         config.write_text(yaml.safe_dump({"nvidia": dict(self.nvidia)}))
         return config
 
-    async def start(self, node: SimulatedNode) -> None:
+    async def start(self, node: NamedNode) -> None:
         fake = self.native_build / "fake"
         if not (fake / "libnvidia-ml.so.1").is_file():
             raise FileNotFoundError(f"{fake}/libnvidia-ml.so.1 is missing: run `make native` first")
@@ -144,7 +144,7 @@ class DevicePluginAgent:
             process.wait_healthy,
             http_ok(f"http://127.0.0.1:{self.metrics_port}/readyz", expect=b"ok"),
             timeout_s=PLUGIN_START_TIMEOUT_S,
-            what="registered with the kubelet stand-in and the node",
+            what="registered with the kubelet and the node",
         )
 
     def node_env(self) -> dict[str, str]:
@@ -200,7 +200,7 @@ class MonitorAgent:
     def running(self) -> bool:
         return self.process is not None and self.process.running()
 
-    async def start(self, node: SimulatedNode) -> None:
+    async def start(self, node: NamedNode) -> None:
         self.node = node.name
         kubeconfig = self.plugin.kubeconfig if self.credentials is None else await self.credentials(node.name)
         self.port = free_port()

@@ -134,6 +134,27 @@ class NodeAgent(Protocol):
     async def stop(self) -> None: ...
 
 
+class NamedNode(Protocol):
+    """What an agent that only needs the node's name sees of it (a simulated or a kubelet's node)."""
+
+    @property
+    def name(self) -> str: ...
+
+
+async def remove_not_ready_taint(kube: RawKube, node: Mapping[str, Any]) -> bool:
+    """Drop ``node.kubernetes.io/not-ready`` from a Ready node, as the node-lifecycle controller
+    would (it does not run here: ``config.CONTROLLERS``); True if there was one."""
+    taints = list((node.get("spec") or {}).get("taints") or [])
+    kept = [t for t in taints if t.get("key") != NOT_READY_TAINT]
+    if len(kept) == len(taints):
+        return False
+    name = str((node.get("metadata") or {}).get("name"))
+    await kube.request(
+        "PATCH", node_path(name), body={"spec": {"taints": kept or None}}, content_type=STRATEGIC_MERGE_PATCH
+    )
+    return True
+
+
 def _micro_time(now: datetime.datetime) -> str:
     return now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
@@ -184,15 +205,7 @@ class SimulatedNode:
             body=self.spec.status_body(now),
             content_type=STRATEGIC_MERGE_PATCH,
         )
-        taints = list((node.get("spec") or {}).get("taints") or [])
-        kept = [t for t in taints if t.get("key") != NOT_READY_TAINT]
-        if len(kept) != len(taints):
-            await self.kube.request(
-                "PATCH",
-                node_path(self.name),
-                body={"spec": {"taints": kept or None}},
-                content_type=STRATEGIC_MERGE_PATCH,
-            )
+        await remove_not_ready_taint(self.kube, node)
         await self._renew_lease(now)
         self.beats += 1
 

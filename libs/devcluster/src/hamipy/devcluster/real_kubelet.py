@@ -1,8 +1,11 @@
 """A real kubelet (the pinned release) for one dev-cluster node, over a fake container runtime.
 
 The runtime is the upstream CRI fake kubemark's hollow nodes use (``fakecri/main.go``: no container
-runs; sandboxes get the IP 127.0.0.1, images a non-zero size). The kubelet runs in a mount namespace
-of its own (``unshare -m``, so root only), where:
+runs; sandboxes get the IP 127.0.0.1, images a non-zero size; a container whose command is
+``["true"]`` exits 0 at once, others run until stopped). It records the config of every container
+the kubelet creates (``RealKubelet.containers()``: the envs, mounts and devices the device plugin's
+Allocate returned, as the kubelet passed them on). The kubelet runs in a mount namespace of its own
+(``unshare -m``, so root only), where:
 
 - the node's own directory is bind-mounted on ``/var/lib/kubelet``: the device-plugin directory is
   fixed at ``/var/lib/kubelet/device-plugins`` whatever ``--root-dir`` says, and each kubelet wipes it
@@ -13,18 +16,20 @@ of its own (``unshare -m``, so root only), where:
 
 The namespace dies with the kubelet, so nothing stays mounted. The kubelet authenticates as
 ``system:node:<name>`` (group ``system:nodes``) with a certificate from the cluster's CA, as a
-joined node does, and serves only on loopback. This is the first part of issue 17: the GPU nodes of
-``make up`` and the device-plugin tests still use the kubelet stand-in.
+joined node does, and serves only on loopback.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import shlex
 import shutil
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import yaml
 
@@ -34,7 +39,14 @@ from hamipy.devcluster.processes import ManagedProcess, free_port
 if TYPE_CHECKING:
     from hamipy.devcluster.cluster import DevCluster
 
-__all__ = ["KUBELET_DIR", "PROTECTED_SYSCTLS", "RealKubelet", "can_run_real_kubelets"]
+__all__ = [
+    "KUBELET_DIR",
+    "PROTECTED_SYSCTLS",
+    "ContainerConfig",
+    "ContainerMount",
+    "RealKubelet",
+    "can_run_real_kubelets",
+]
 
 KUBELET_DIR: Final = Path("/var/lib/kubelet")
 PROTECTED_SYSCTLS: Final = ("vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops")
@@ -51,6 +63,55 @@ def can_run_real_kubelets() -> str | None:
     return None
 
 
+@dataclasses.dataclass(frozen=True)
+class ContainerMount:
+    container_path: str
+    host_path: str
+    read_only: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class ContainerConfig:
+    """One container the kubelet created (a CRI ``CreateContainer``), as the fake runtime recorded it."""
+
+    id: str
+    namespace: str
+    pod: str
+    pod_uid: str
+    container: str
+    attempt: int
+    command: tuple[str, ...]
+    envs: Mapping[str, str]
+    mounts: tuple[ContainerMount, ...]
+    devices: tuple[str, ...]
+    """Host paths of the device nodes passed in."""
+
+    @classmethod
+    def from_record(cls, rec: Mapping[str, Any]) -> ContainerConfig:
+        return cls(
+            id=rec["id"],
+            namespace=rec["namespace"],
+            pod=rec["pod"],
+            pod_uid=rec["pod_uid"],
+            container=rec["container"],
+            attempt=int(rec["attempt"]),
+            command=tuple(rec.get("command") or ()),
+            envs=dict(rec.get("envs") or {}),
+            mounts=tuple(
+                ContainerMount(m["container_path"], m["host_path"], bool(m["readonly"]))
+                for m in rec.get("mounts") or ()
+            ),
+            devices=tuple(d["host_path"] for d in rec.get("devices") or ()),
+        )
+
+    def mount(self, container_path: str) -> ContainerMount:
+        """The mount at ``container_path`` (KeyError naming what there is if none)."""
+        for m in self.mounts:
+            if m.container_path == container_path:
+                return m
+        raise KeyError(f"{self.pod}/{self.container}: no mount at {container_path}; has {self.mounts}")
+
+
 def _healthy(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=2) as resp:
@@ -63,17 +124,67 @@ class RealKubelet:
     """One node's kubelet and fake runtime; ``start()`` returns once the kubelet is healthy (the
     Node then registers and turns Ready on its own), ``stop()`` ends both."""
 
-    def __init__(self, cluster: DevCluster, node: str, workdir: Path) -> None:
+    def __init__(
+        self, cluster: DevCluster, node: str, workdir: Path, *, labels: Mapping[str, str] | None = None
+    ) -> None:
         self.cluster = cluster
         self.node = node
         self.workdir = workdir
+        self.labels = dict(labels or {})
+        """Set on the Node at registration (``--node-labels``)."""
         self.runtime: ManagedProcess | None = None
         self.kubelet: ManagedProcess | None = None
         self.healthz_port = 0
+        self._kubeconfig: Path | None = None
 
     @property
     def socket(self) -> Path:
         return self.workdir / "cri.sock"
+
+    @property
+    def plugin_dir(self) -> Path:
+        """The node's device-plugin directory as seen from the host (the kubelet sees it at
+        ``/var/lib/kubelet/device-plugins``): where a device plugin on this node serves its socket."""
+        return self.workdir / "root" / "device-plugins"
+
+    @property
+    def record_path(self) -> Path:
+        return self.workdir / "containers.jsonl"
+
+    def containers(self) -> list[ContainerConfig]:
+        """Every container the kubelet created on this node, oldest first (restarts included)."""
+        try:
+            text = self.record_path.read_text()
+        except FileNotFoundError:
+            return []
+        # The runtime writes each record in one write: only a last line without its newline can be
+        # partial, and it is read next time.
+        return [
+            ContainerConfig.from_record(json.loads(line))
+            for line in text.splitlines(keepends=True)
+            if line.endswith("\n")
+        ]
+
+    def container(self, namespace: str, pod: str, container: str) -> ContainerConfig | None:
+        """The newest config of that container, or None if the kubelet has not created it."""
+        found = [
+            c for c in self.containers() if (c.namespace, c.pod, c.container) == (namespace, pod, container)
+        ]
+        return found[-1] if found else None
+
+    def device_ids(self) -> dict[tuple[str, str, str], list[str]]:
+        """The kubelet's device assignments from its checkpoint, by (pod UID, container, resource):
+        what its device manager handed out and keeps across restarts."""
+        path = self.plugin_dir / "kubelet_internal_checkpoint"
+        try:
+            data = json.loads(path.read_text())["Data"]
+        except FileNotFoundError:
+            return {}
+        out: dict[tuple[str, str, str], list[str]] = {}
+        for entry in data.get("PodDeviceEntries") or ():
+            ids = [i for per_numa in (entry.get("DeviceIDs") or {}).values() for i in per_numa]
+            out[(entry["PodUID"], entry["ContainerName"], entry["ResourceName"])] = sorted(ids)
+        return out
 
     def _write_files(self) -> Path:
         w = self.workdir
@@ -129,27 +240,34 @@ class RealKubelet:
             f"--hostname-override={self.node}",
             "--v=2",
         ]
+        if self.labels:
+            argv.append("--node-labels=" + ",".join(f"{k}={v}" for k, v in sorted(self.labels.items())))
         return "set -e\n" + "\n".join(mounts) + "\nexec " + shlex.join(argv) + "\n"
 
     def start(self) -> None:
-        """Blocking (run it in a thread from async code)."""
+        """Start the runtime, then the kubelet. Blocking (run it in a thread from async code)."""
         why = can_run_real_kubelets()
         if why is not None:
             raise DevClusterError(why)
-        bins = self.cluster.binaries
         self.workdir.mkdir(parents=True, exist_ok=True)
         # The mount point must exist on the host; it is left empty there (a kubelet's directory).
         KUBELET_DIR.mkdir(parents=True, exist_ok=True)
-        kubeconfig = self._write_files()
+        self._kubeconfig = self._write_files()
         self.runtime = ManagedProcess(
             f"fakecri-{self.node}",
-            [str(bins.fakecri), f"unix://{self.socket}"],
+            [str(self.cluster.binaries.fakecri), f"unix://{self.socket}", str(self.record_path)],
             log_path=self.workdir / "fakecri.log",
             cwd=self.workdir,
         )
         self.runtime.start()
         self.runtime.wait_healthy(self.socket.exists, timeout_s=START_TIMEOUT_S, what="serving its socket")
-        script = self.namespace_script(bins.kubelet, kubeconfig)
+        self.start_kubelet()
+
+    def start_kubelet(self) -> None:
+        """Start (or start again, after ``stop_kubelet``) the kubelet over the running runtime."""
+        if self._kubeconfig is None or self.runtime is None:
+            raise DevClusterError(f"RealKubelet({self.node}).start_kubelet: call start() first")
+        script = self.namespace_script(self.cluster.binaries.kubelet, self._kubeconfig)
         self.kubelet = ManagedProcess(
             f"kubelet-{self.node}",
             ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
@@ -162,8 +280,23 @@ class RealKubelet:
             lambda: _healthy(url), timeout_s=START_TIMEOUT_S, what="healthy (GET /healthz)"
         )
 
+    def stop_kubelet(self) -> None:
+        """Stop the kubelet only: the runtime keeps its containers, as on a node whose kubelet
+        restarts."""
+        if self.kubelet is not None:
+            self.kubelet.stop()
+            self.kubelet = None
+
+    def running(self) -> bool:
+        """Both the kubelet and the runtime are up (neither exited under us)."""
+        return all(p is not None and p.running() for p in (self.kubelet, self.runtime))
+
+    def restart_kubelet(self) -> None:
+        self.stop_kubelet()
+        self.start_kubelet()
+
     def stop(self) -> None:
-        for proc in (self.kubelet, self.runtime):
-            if proc is not None:
-                proc.stop()
-        self.kubelet = self.runtime = None
+        self.stop_kubelet()
+        if self.runtime is not None:
+            self.runtime.stop()
+            self.runtime = None

@@ -1,0 +1,160 @@
+"""Dev-cluster nodes run by the real kubelet (``real_kubelet.RealKubelet``) and GPU nodes built on them.
+
+A `KubeletNode` is what a joined node is: the kubelet registers the Node (with the labels given),
+reports its status and renews its Lease; the node's agents (the device plugin, the monitor) start
+once it is Ready and stop before it goes. The one thing done here that a cluster's controllers would
+do is dropping the ``node.kubernetes.io/not-ready`` taint once the node is Ready: the node-lifecycle
+controller is left out of the dev cluster (``config.CONTROLLERS``).
+
+`gpu_kubelet_node` puts the real device plugin (over native/'s fake NVML) on such a node, serving
+its socket in the kubelet's device-plugin directory, where the kubelet's device manager finds it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Final, Protocol, Self
+
+from hamipy.devcluster.gpu_nodes import Credentials, DevicePluginAgent, FakeGpu
+from hamipy.devcluster.nodes import LEASE_NAMESPACE, NamedNode, remove_not_ready_taint
+from hamipy.devcluster.real_kubelet import RealKubelet
+from hamipy.devcluster.waiting import wait_for
+from hamipy.kube.client import RawKube
+from hamipy.kube.errors import NotFound
+from hamipy.kube.resources import node_path
+
+if TYPE_CHECKING:
+    from hamipy.devcluster.cluster import DevCluster
+
+__all__ = ["KubeletAgent", "KubeletNode", "gpu_kubelet_node"]
+
+READY_TIMEOUT_S: Final = 90.0
+
+
+class KubeletAgent(Protocol):
+    """Something that runs on a kubelet's node (the device plugin, the monitor)."""
+
+    async def start(self, node: NamedNode) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+def _ready(node: Mapping[str, Any]) -> bool:
+    conditions = (node.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+class KubeletNode:
+    """One node: its kubelet and runtime, then its agents. ``async with`` starts and removes it."""
+
+    def __init__(
+        self,
+        cluster: DevCluster,
+        api: Any,
+        name: str,
+        workdir: Path,
+        *,
+        labels: Mapping[str, str] | None = None,
+        agents: Sequence[KubeletAgent] = (),
+    ) -> None:
+        self.kube = RawKube(api)
+        self.kubelet = RealKubelet(cluster, name, workdir, labels=labels)
+        self.agents = list(agents)
+        self._started: list[KubeletAgent] = []
+
+    @property
+    def name(self) -> str:
+        return self.kubelet.node
+
+    async def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> dict[str, Any]:
+        """The Node once its kubelet reports it Ready (and the not-ready taint is gone)."""
+
+        async def ready() -> dict[str, Any] | None:
+            try:
+                node: dict[str, Any] = await self.kube.request("GET", node_path(self.name))
+            except NotFound:
+                return None
+            if not _ready(node):
+                return None
+            return None if await remove_not_ready_taint(self.kube, node) else node
+
+        found: dict[str, Any] | None = await wait_for(
+            ready, timeout=timeout_s, interval=0.2, what=f"node {self.name} Ready"
+        )
+        assert found is not None  # wait_for returns the first truthy value
+        return found
+
+    async def start(self) -> None:
+        await asyncio.to_thread(self.kubelet.start)
+        await self.wait_ready()
+        for agent in self.agents:
+            await agent.start(self)
+            self._started.append(agent)
+
+    async def restart_kubelet(self) -> None:
+        """Stop and start the kubelet only (the runtime's containers and the agents keep running)."""
+        await asyncio.to_thread(self.kubelet.restart_kubelet)
+        await self.wait_ready()
+
+    async def stop(self, *, delete: bool = True) -> None:
+        """Stop the agents (newest first), the kubelet and its runtime; delete the Node and Lease."""
+        try:
+            while self._started:
+                await self._started.pop().stop()
+        finally:
+            await asyncio.to_thread(self.kubelet.stop)
+            if delete:
+                lease = f"/apis/coordination.k8s.io/v1/namespaces/{LEASE_NAMESPACE}/leases/{self.name}"
+                for path in (node_path(self.name), lease):
+                    with contextlib.suppress(NotFound):
+                        await self.kube.request("DELETE", path)
+
+    async def __aenter__(self) -> Self:
+        try:
+            await self.start()
+        except BaseException:
+            await self.stop()
+            raise
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+
+def gpu_kubelet_node(
+    cluster: DevCluster,
+    api: Any,
+    name: str,
+    *,
+    workdir: Path,
+    gpus: Sequence[FakeGpu],
+    native_build: Path,
+    labels: Mapping[str, str] | None = None,
+    nvidia: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    credentials: Credentials | None = None,
+) -> tuple[KubeletNode, DevicePluginAgent]:
+    """A kubelet node with the real device plugin process over the fake driver's `gpus`. Add more
+    agents (the monitor) to ``node.agents`` before starting it. `workdir` holds the plugin's and the
+    kubelet's unix sockets: keep its path short (about 60 bytes at most). ``credentials`` (default:
+    the cluster's admin kubeconfig) gives the plugin its own identity; ``env`` is added to its
+    environment."""
+    node = KubeletNode(cluster, api, name, workdir / "kubelet", labels=labels)
+    plugin = DevicePluginAgent(
+        workdir=workdir / "plugin",
+        gpus=gpus,
+        kubeconfig=Path(cluster.access.kubeconfig),
+        native_build=native_build,
+        plugin_dir=node.kubelet.plugin_dir,
+        nvidia=nvidia,
+        env=env,
+        credentials=credentials,
+    )
+    node.agents.append(plugin)
+    return node, plugin
