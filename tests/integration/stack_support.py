@@ -230,8 +230,16 @@ class GpuStack:
     """One GPU node (the real kubelet over the fake runtime, the device plugin process), and helpers
     to create pods and read what the kubelet made of them."""
 
-    def __init__(self, api: Any, namespace: str, kubelet_node: KubeletNode, plugin: DevicePluginAgent):
+    def __init__(
+        self,
+        api: Any,
+        namespace: str,
+        kubelet_node: KubeletNode,
+        plugin: DevicePluginAgent,
+        extender: ExtenderServer,
+    ):
         self.api = api
+        self.extender = extender
         self.core = CoreV1Api(api)
         self.namespace = namespace
         self.kubelet_node = kubelet_node
@@ -376,7 +384,7 @@ async def running_gpu_stack(
         try:
             await use_extender(hami_scheduler, extender.url)
             async with gpu_node(devcluster, api, namespace, workdir / "node", gpus=gpus) as (node, plugin):
-                yield GpuStack(api, namespace, node, plugin)
+                yield GpuStack(api, namespace, node, plugin, extender)
             report = await check_cluster(RawKube(api))
             assert report.ok, report.violations
         finally:

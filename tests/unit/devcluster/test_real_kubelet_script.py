@@ -7,16 +7,27 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from hamipy.devcluster.real_kubelet import KUBELET_DIR, PROTECTED_SYSCTLS, RealKubelet
+from hamipy.devcluster.real_kubelet import KUBELET_DIR, PROTECTED_SYSCTLS, SHADOWED_DIRS, RealKubelet
 
 
-def test_the_namespace_shadows_the_kernel_settings_and_the_kubelet_dir(tmp_path: Path) -> None:
+def test_the_namespace_shadows_the_kernel_settings_and_the_kubelet_dirs(tmp_path: Path) -> None:
     cluster: Any = object()
-    script = RealKubelet(cluster, "n1", tmp_path).namespace_script(Path("/bin/kubelet"), tmp_path / "kc")
+    kubelet = RealKubelet(cluster, "n1", tmp_path)
+    script = kubelet.namespace_script(Path("/bin/kubelet"), tmp_path / "kc")
     lines = script.splitlines()
     assert lines[0] == "set -e"  # a failed mount stops it before the kubelet touches anything
-    mounts = [shlex.split(line)[-1] for line in lines if line.startswith("mount --bind ")]
-    assert mounts == [str(KUBELET_DIR), *(f"/proc/sys/{name}" for name in PROTECTED_SYSCTLS)]
+    mounts = [shlex.split(line)[-2:] for line in lines if line.startswith("mount --bind ")]
+    assert [target for _, target in mounts] == [
+        "/var/lib",
+        "/var/log",
+        *(f"/proc/sys/{name}" for name in PROTECTED_SYSCTLS),
+    ]
+    assert set(SHADOWED_DIRS) == {"/var/lib", "/var/log"}
+    # Each shadow lies in the node's directory; the kubelet's own lies within the first.
+    for source, target in mounts[:2]:
+        assert Path(source) == tmp_path / "fs" / target.lstrip("/")
+    assert kubelet.root_dir == Path(mounts[0][0]) / KUBELET_DIR.name
+    assert kubelet.plugin_dir == kubelet.root_dir / "device-plugins"
     assert {"vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops"} == set(PROTECTED_SYSCTLS)
     exec_line = shlex.split(lines[-1])
     assert exec_line[:2] == ["exec", "/bin/kubelet"]

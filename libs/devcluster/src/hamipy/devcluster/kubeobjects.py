@@ -3,9 +3,10 @@
 kube-controller-manager runs in the dev cluster (``cluster``), so its ServiceAccount controller makes
 every namespace's ``default`` ServiceAccount: `ensure_namespace` waits for it, since the
 ServiceAccount admission plugin refuses pods until it exists. There is no kubelet to confirm a pod's
-deletion on the simulated nodes, so `delete_namespace` deletes the pods at once (grace 0) and the
-usual namespaced objects itself, then clears the namespace's ``kubernetes`` finalizer instead of
-waiting for the namespace controller to find the pods gone.
+deletion on the simulated nodes, so `delete_namespace` deletes the workload controllers (so nothing
+makes pods again), the pods at once (grace 0) and the usual namespaced objects itself, then clears
+the namespace's ``kubernetes`` finalizer instead of waiting for the namespace controller to find the
+pods gone.
 
 Every call goes through ``hamipy.kube.client.RawKube`` over the caller's ``ApiClient``, with its
 timeout (`API_TIMEOUT_S`) and its errors (``hamipy.kube.errors``: a ``KubeError`` other than the
@@ -32,7 +33,8 @@ __all__ = [
 SA_WAIT_S = 60.0
 """The ServiceAccount controller answers within a second; the rest is headroom for a loaded CI box."""
 
-# The namespaced collections `delete_namespace` empties, pods first.
+# The namespaced collections `delete_namespace` empties: apps/v1 workloads, then core objects, pods first.
+_WORKLOADS: tuple[str, ...] = ("deployments", "replicasets", "statefulsets", "daemonsets")
 _NAMESPACED: tuple[str, ...] = ("pods", "configmaps", "secrets", "serviceaccounts", "events")
 
 
@@ -72,6 +74,9 @@ async def delete_namespace(api: Any, name: str) -> None:
     kube = RawKube(api)
     namespace = f"/api/v1/namespaces/{name}"
     try:
+        # Workload controllers first, so that nothing makes pods again after they are deleted.
+        for collection in _WORKLOADS:
+            await kube.request("DELETE", f"/apis/apps/v1/namespaces/{name}/{collection}")
         for collection in _NAMESPACED:
             # Pods go at once: no kubelet would confirm a graceful deletion.
             query = [("gracePeriodSeconds", "0")] if collection == "pods" else []

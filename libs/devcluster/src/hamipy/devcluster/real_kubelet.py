@@ -7,9 +7,11 @@ the kubelet creates (``RealKubelet.containers()``: the envs, mounts and devices 
 Allocate returned, as the kubelet passed them on). The kubelet runs in a mount namespace of its own
 (``unshare -m``, so root only), where:
 
-- the node's own directory is bind-mounted on ``/var/lib/kubelet``: the device-plugin directory is
-  fixed at ``/var/lib/kubelet/device-plugins`` whatever ``--root-dir`` says, and each kubelet wipes it
-  at start, so two kubelets must not share it;
+- directories of the node's own are bind-mounted over ``/var/lib`` and ``/var/log``: the
+  device-plugin directory is fixed at ``/var/lib/kubelet/device-plugins`` whatever ``--root-dir``
+  says, and each kubelet wipes it at start, so two kubelets must not share it; the kubelet writes
+  pod logs under ``/var/log/pods`` and ``/var/log/containers``. Shadowing the parents rather than
+  those directories means no mount point has to exist on the host: nothing there is created;
 - files holding the host's values are bind-mounted over ``vm.overcommit_memory``, ``kernel.panic``
   and ``kernel.panic_on_oops``: the kubelet sets those at start (``protectKernelDefaults`` off), and
   its writes land in the files, never in the host's kernel.
@@ -42,6 +44,7 @@ if TYPE_CHECKING:
 __all__ = [
     "KUBELET_DIR",
     "PROTECTED_SYSCTLS",
+    "SHADOWED_DIRS",
     "ContainerConfig",
     "ContainerMount",
     "RealKubelet",
@@ -49,6 +52,8 @@ __all__ = [
 ]
 
 KUBELET_DIR: Final = Path("/var/lib/kubelet")
+SHADOWED_DIRS: Final = ("/var/lib", "/var/log")
+"""Host directories the kubelet writes under, each replaced by the node's own in its namespace."""
 PROTECTED_SYSCTLS: Final = ("vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops")
 """What the kubelet would set on the host; each is shadowed by a file in its mount namespace."""
 START_TIMEOUT_S: Final = 60.0
@@ -145,7 +150,16 @@ class RealKubelet:
     def plugin_dir(self) -> Path:
         """The node's device-plugin directory as seen from the host (the kubelet sees it at
         ``/var/lib/kubelet/device-plugins``): where a device plugin on this node serves its socket."""
-        return self.workdir / "root" / "device-plugins"
+        return self.root_dir / "device-plugins"
+
+    @property
+    def root_dir(self) -> Path:
+        """The kubelet's ``/var/lib/kubelet`` as seen from the host."""
+        return self._shadow(str(KUBELET_DIR))
+
+    def _shadow(self, path: str) -> Path:
+        """Where the namespace's ``path`` (under one of ``SHADOWED_DIRS``) lies on the host."""
+        return self.workdir / "fs" / path.lstrip("/")
 
     @property
     def record_path(self) -> Path:
@@ -188,7 +202,9 @@ class RealKubelet:
 
     def _write_files(self) -> Path:
         w = self.workdir
-        (w / "root" / "device-plugins").mkdir(parents=True, exist_ok=True)
+        self.plugin_dir.mkdir(parents=True, exist_ok=True)
+        for shadowed in SHADOWED_DIRS:
+            self._shadow(shadowed).mkdir(parents=True, exist_ok=True)
         kubeconfig = self.cluster.node_kubeconfig(self.node, w / "kubelet.kubeconfig")
         sysctls = w / "sysctl"
         sysctls.mkdir(exist_ok=True)
@@ -227,7 +243,7 @@ class RealKubelet:
 
     def namespace_script(self, kubelet: Path, kubeconfig: Path) -> str:
         w = self.workdir
-        mounts = [f"mount --bind {shlex.quote(str(w / 'root'))} {KUBELET_DIR}"]
+        mounts = [f"mount --bind {shlex.quote(str(self._shadow(d)))} {d}" for d in SHADOWED_DIRS]
         for name in PROTECTED_SYSCTLS:
             shadow = w / "sysctl" / name.replace("/", ".")
             mounts.append(f"mount --bind {shlex.quote(str(shadow))} /proc/sys/{name}")
@@ -250,8 +266,6 @@ class RealKubelet:
         if why is not None:
             raise DevClusterError(why)
         self.workdir.mkdir(parents=True, exist_ok=True)
-        # The mount point must exist on the host; it is left empty there (a kubelet's directory).
-        KUBELET_DIR.mkdir(parents=True, exist_ok=True)
         self._kubeconfig = self._write_files()
         self.runtime = ManagedProcess(
             f"fakecri-{self.node}",
