@@ -42,10 +42,11 @@ from image_envs import (
     read_dockerfile,
 )
 from prometheus_client.parser import text_string_to_metric_families
+from stack_support import NEEDS_REAL_KUBELET, wait_advertised
 
-from hamipy.devcluster import API_TIMEOUT_S, DevCluster, NodePool, NodeSpec
+from hamipy.devcluster import API_TIMEOUT_S, DevCluster
 from hamipy.devcluster.gpu_nodes import FakeGpu, fake_gpu_config
-from hamipy.devcluster.kubelet_standin import KubeletStandIn
+from hamipy.devcluster.kubelet_nodes import KubeletNode
 from hamipy.devcluster.processes import ManagedProcess, free_port, http_ok
 from hamipy.protocol import decode_node_devices, keys
 from hamipy.webhook.registration import webhook_configuration
@@ -353,59 +354,55 @@ async def test_extender_image_serves_and_syncs_with_the_cluster(
 
 
 @pytest.mark.native
+@NEEDS_REAL_KUBELET
 async def test_device_plugin_image_registers_the_fake_gpu(
     device_plugin_env: ImageEnv,
     devcluster: DevCluster,
     kube_client: Any,
     namespace: str,
-    node_pool: NodePool,
     scratch: Path,
 ) -> None:
-    from kubernetes_asyncio.client import CoreV1Api
-
     extra = fake_driver_env(scratch)
     hook = scratch / "vgpu"
     config = scratch / "hami-py.yaml"
     config.write_text(yaml.safe_dump({"nvidia": {"hookPath": str(hook)}}))
-    standin = KubeletStandIn(scratch / "dp")
-    node = f"{namespace}-image"
-    taint = {"key": "hami-py.io/image-test", "value": namespace, "effect": "NoSchedule"}
-    await node_pool.add(NodeSpec(name=node, taints=(taint,)), agents=(standin,))
-    metrics_port = free_port()
-    process = start(
-        device_plugin_env,
-        "device-plugin",
-        [
-            "--node-name",
-            node,
-            "--kubeconfig",
-            str(devcluster.access.kubeconfig),
-            "--config",
-            str(config),
-            "--plugin-dir",
-            str(standin.plugin_dir),
-            "--metrics-host",
-            "127.0.0.1",
-            "--metrics-port",
-            str(metrics_port),
-        ],
-        scratch,
-        extra,
-    )
-    try:
-        await wait_ok(process, f"http://127.0.0.1:{metrics_port}/healthz", "serving /healthz")
-        await wait_ok(process, f"http://127.0.0.1:{metrics_port}/readyz", "registered (/readyz)")
-        await standin.wait_registered(RESOURCE)
-        assert [d.id for d in standin.devices(RESOURCE)] != []
-        read = await CoreV1Api(kube_client).read_node(node, _request_timeout=API_TIMEOUT_S)
-        devices = decode_node_devices(read.metadata.annotations[keys.NODE_REGISTER])
-        assert [(d.id, d.devmem, d.type) for d in devices] == [(GPU.uuid, GPU.memory_mib, GPU.name)]
-        # the ENTRYPOINT's --interposer put libvgpu.so and its ld.so.preload into the hook path
-        assert (hook / "libvgpu.so").read_bytes() == (NATIVE_BUILD / "libvgpu.so").read_bytes()
-        assert (hook / "ld.so.preload").read_text().strip() == str(hook / "libvgpu.so")
-        assert not standin.errors, standin.errors
-    finally:
-        await asyncio.to_thread(process.stop)
+    # The real kubelet's device manager; its unix sockets want a short directory.
+    sockets = Path(tempfile.mkdtemp(prefix="hamipy-img-", dir="/tmp"))
+    taint = f"hami-py.io/image-test={namespace}:NoSchedule"
+    async with KubeletNode(devcluster, kube_client, f"{namespace}-image", sockets, taints=[taint]) as node:
+        metrics_port = free_port()
+        process = start(
+            device_plugin_env,
+            "device-plugin",
+            [
+                "--node-name",
+                node.name,
+                "--kubeconfig",
+                str(devcluster.access.kubeconfig),
+                "--config",
+                str(config),
+                "--plugin-dir",
+                str(node.kubelet.plugin_dir),
+                "--metrics-host",
+                "127.0.0.1",
+                "--metrics-port",
+                str(metrics_port),
+            ],
+            scratch,
+            extra,
+        )
+        try:
+            await wait_ok(process, f"http://127.0.0.1:{metrics_port}/healthz", "serving /healthz")
+            await wait_ok(process, f"http://127.0.0.1:{metrics_port}/readyz", "registered (/readyz)")
+            read = await wait_advertised(kube_client, node.name)
+            devices = decode_node_devices(read["metadata"]["annotations"][keys.NODE_REGISTER])
+            assert [(d.id, d.devmem, d.type) for d in devices] == [(GPU.uuid, GPU.memory_mib, GPU.name)]
+            # the ENTRYPOINT's --interposer put libvgpu.so and its ld.so.preload into the hook path
+            assert (hook / "libvgpu.so").read_bytes() == (NATIVE_BUILD / "libvgpu.so").read_bytes()
+            assert (hook / "ld.so.preload").read_text().strip() == str(hook / "libvgpu.so")
+        finally:
+            await asyncio.to_thread(process.stop)
+            shutil.rmtree(sockets, ignore_errors=True)
 
 
 @pytest.mark.native

@@ -16,8 +16,10 @@ import pytest
 from by_path import load
 
 from hamipy.devcluster import ClusterSettings, DevCluster, StartupError, ensure_binaries
+from hamipy.devcluster.binaries import KUBERNETES_VERSION
 from hamipy.devcluster.cluster import _sweep_stale_workdirs
 from hamipy.devcluster.processes import pid_alive, port_is_listening
+from hamipy.devcluster.real_kubelet import PROTECTED_SYSCTLS, can_run_real_kubelets
 
 pytestmark = pytest.mark.integration
 
@@ -156,8 +158,28 @@ def _check_examples(table: str) -> None:
     assert "CardInsufficientMemory" in " ".join(cannot_fit)
 
 
+def _check_gpu_nodes(table: str) -> None:
+    """`kubectl get nodes -o wide`: three Ready GPU nodes, run by the real kubelet where it can run."""
+    rows = [line.split() for line in table.splitlines()[1:] if line.startswith("hamipy-gpu-")]
+    assert [(row[1], row[0]) for row in rows] == [("Ready", f"hamipy-gpu-{i}") for i in range(3)], table
+    real = can_run_real_kubelets() is None
+    assert {row[4] for row in rows} == (
+        {KUBERNETES_VERSION} if real else {f"{KUBERNETES_VERSION}-hamipy-sim"}
+    )
+
+
+def _host() -> tuple[dict[str, str], bool]:
+    """What the kubelets must not change on the host: its kernel settings, and whether a
+    /var/lib/kubelet exists."""
+    sysctls = {name: Path("/proc/sys", name).read_text() for name in PROTECTED_SYSCTLS}
+    return sysctls, Path("/var/lib/kubelet").exists()
+
+
 def _check_gone(state_dir: Path, state: dict[str, Any]) -> None:
     pids = [state["daemon_pid"], *state["process_pids"].values()]
+    if can_run_real_kubelets() is None:
+        assert any(name.startswith("kubelet-hamipy-gpu-") for name in state["process_pids"])
+    assert not [line for line in Path("/proc/mounts").read_text().splitlines() if str(state_dir) in line]
     assert _wait_gone(pids, state["ports"]) == ([], [])
     assert not (state_dir / "state.json").exists()
     assert not (state_dir / "kubeconfig").exists()
@@ -169,10 +191,11 @@ def test_the_readme_commands_work_as_written_then_up_down_again_leaves_nothing(t
     """``make up``, then the README's follow-up block line by line as a user types it (``make gpus``,
     ``make trace POD=...``, ``make down``); then the CLI's own up/down once more."""
     state_dir = tmp_path / ".hamipy"
+    host = _host()
     try:
         up = _as_a_user_types_it(state_dir, "make up")
         assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
-        assert "KUBECONFIG=" in up.stdout
+        assert f"{state_dir}/kubectl get nodes -o wide" in up.stdout
         state = json.loads((state_dir / "state.json").read_text())
         assert (state_dir / "kubeconfig").is_file()
         assert len(state["nodes"]) == 3
@@ -180,15 +203,31 @@ def test_the_readme_commands_work_as_written_then_up_down_again_leaves_nothing(t
 
         outputs = {}
         for command in _readme_after_up():
-            done = _as_a_user_types_it(state_dir, command)
+            # The block names the default state directory; this test's is its own.
+            done = _as_a_user_types_it(state_dir, command.replace(".hamipy/", f"{state_dir}/"))
             assert done.returncode == 0, f"{command!r} failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
-            outputs[command.split()[1]] = done.stdout
-        assert set(outputs) == {"gpus", "trace", "down"}
-        assert "hami-examples/exclusive" in outputs["gpus"]
+            outputs[" ".join(command.split()[:2])] = done.stdout
+        assert set(outputs) == {
+            ".hamipy/kubectl get",
+            ".hamipy/kubectl create",
+            ".hamipy/kubectl set",
+            ".hamipy/kubectl rollout",
+            "make gpus",
+            "make trace",
+            "make down",
+        }
+        _check_gpu_nodes(outputs[".hamipy/kubectl get"])
+        assert "successfully rolled out" in outputs[".hamipy/kubectl rollout"]
+        assert "hami-examples/exclusive" in outputs["make gpus"]
+        # Both replicas hold a 4 GiB slice of a GPU.
+        demo = [line for line in outputs["make gpus"].splitlines() if "default/gpu-demo-" in line]
+        assert sum(line.count("default/gpu-demo-") for line in demo) == 2, outputs["make gpus"]
         spans = ("webhook.", "extender.", "device_plugin.")
-        names = [w for line in outputs["trace"].splitlines() for w in line.split() if w.startswith(spans)]
+        trace = outputs["make trace"]
+        names = [w for line in trace.splitlines() for w in line.split() if w.startswith(spans)]
         assert names == ["webhook.admission", "extender.filter", "extender.bind", "device_plugin.allocate"]
         _check_gone(state_dir, state)
+        assert not (state_dir / "kubectl").exists()
 
         up = _cli(state_dir, "up")
         assert up.returncode == 0, up.stderr
@@ -204,5 +243,6 @@ def test_the_readme_commands_work_as_written_then_up_down_again_leaves_nothing(t
         not_up = _cli(state_dir, "down")
         assert not_up.returncode == 0
         assert "not up" in not_up.stdout
+        assert _host() == host
     finally:
         _cli(state_dir, "down")

@@ -23,6 +23,8 @@ DOCUMENTS: Final = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SHELL_LANGUAGES: Final = {"bash", "sh", "shell", "console"}
 # Programs a reader runs in their own environment (a real cluster, an image registry), and shell
 # syntax: not checked beyond the repository paths they name.
+# Written by `make up` (hamipy.devcluster.cli.KUBECTL_FILE in its default state directory).
+MADE_BY_UP: Final = {".hamipy/kubectl"}
 FOREIGN: Final = {"docker", "helm", "kubectl", "export", "for", "done", "do", "cd", "curl"}
 INLINE_COMMAND: Final = re.compile(r"`((?:make |uv |\.venv/bin/)[^`]*)`")
 _FENCE: Final = re.compile(r"^```(\w*)\s*$")
@@ -101,6 +103,8 @@ def problems(line: str, targets: set[str]) -> list[str]:
         tool = program.removeprefix(".venv/bin/")
         if not (ROOT / ".venv" / "bin" / tool).exists():
             found.append(f"{program} is not installed by the set-up")
+    elif program in MADE_BY_UP:
+        pass
     elif program == "uv":
         found.append("uv is not on the PATH after `make` (it lives in .hamipy/tools); use a make target")
     elif program not in FOREIGN:
@@ -144,11 +148,17 @@ def test_a_command_that_would_fail_is_caught(line: str, problem: str) -> None:
     assert any(problem in p for p in problems(line, make_targets()))
 
 
-def test_the_readme_runs_its_follow_up_commands_through_make() -> None:
+def test_the_readme_runs_its_follow_up_commands_through_make_and_ups_kubectl() -> None:
+    from hamipy.devcluster import cli
+
     block = readme_after_up()
-    assert block[0] == "make gpus"
-    assert block[1].startswith("make trace POD=")
+    assert {f"{Path(cli.DEFAULT_STATE_DIR)}/{cli.KUBECTL_FILE}"} == MADE_BY_UP
+    kubectl = [line for line in block if line.startswith(".hamipy/kubectl ")]
+    assert kubectl[0] == ".hamipy/kubectl get nodes -o wide"
+    assert "make gpus" in block
+    assert any(line.startswith("make trace POD=") for line in block)
     assert block[-1] == "make down"
+    assert block.index("make gpus") > block.index(kubectl[-1])
 
 
 def readme_after_up() -> list[str]:

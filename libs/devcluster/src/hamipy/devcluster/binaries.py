@@ -49,11 +49,19 @@ class ControlPlaneBinaries:
     kube_scheduler: Path
     kube_controller_manager: Path
     kubelet: Path
+    kubectl: Path
+    """For the user of `make up` (``.hamipy/kubectl``): the client of the cluster's own version."""
     fakecri: Path
     """The upstream CRI fake on a unix socket (``fakecri/main.go``): the kubelet's container runtime."""
 
 
-KUBE_COMPONENTS: tuple[str, ...] = ("kube-apiserver", "kube-scheduler", "kube-controller-manager", "kubelet")
+KUBE_COMPONENTS: tuple[str, ...] = (
+    "kube-apiserver",
+    "kube-scheduler",
+    "kube-controller-manager",
+    "kubelet",
+    "kubectl",
+)
 """Built from ``k8s.io/kubernetes/cmd/<name>`` in one ``go build`` (what is built already is cached)."""
 
 
@@ -72,9 +80,9 @@ def _kube_minor(version: str) -> str:
 
 def _run_version(binary: Path) -> str:
     try:
-        proc = subprocess.run(
-            [str(binary), "--version"], capture_output=True, text=True, timeout=30, check=False
-        )
+        # kubectl has no --version flag: "Client Version: v1.34.4".
+        args = ["version", "--client"] if binary.name == "kubectl" else ["--version"]
+        proc = subprocess.run([str(binary), *args], capture_output=True, text=True, timeout=30, check=False)
     except OSError:
         return ""
     return proc.stdout + proc.stderr
@@ -344,6 +352,7 @@ def ensure_binaries() -> ControlPlaneBinaries:
             kube_scheduler=kube["kube-scheduler"],
             kube_controller_manager=kube["kube-controller-manager"],
             kubelet=kube["kubelet"],
+            kubectl=kube["kubectl"],
             fakecri=fakecri,
         )
 
@@ -372,7 +381,7 @@ def ensure_binaries() -> ControlPlaneBinaries:
         if missing:
             _progress(
                 f"building {', '.join(missing)} {KUBERNETES_VERSION} into {kube_dir} "
-                "(first run on this machine only; about 10-18 minutes on 2 cores for all four)"
+                "(first run on this machine only; about 12-20 minutes on 2 cores for all five)"
             )
             began = time.monotonic()
             build_kubernetes(kube_dir)

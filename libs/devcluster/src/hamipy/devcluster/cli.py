@@ -2,17 +2,19 @@
 
     hamipy-devcluster binaries     build (first time) and print the control-plane binaries
     hamipy-devcluster up           start etcd, kube-apiserver, kube-schedulers, the extender, the
-                                   webhook and 3 simulated GPU nodes (device plugin + kubelet stand-in)
+                                   webhook and 3 GPU nodes (the real kubelet over a fake runtime,
+                                   the device plugin and the monitor; as root, else simulated)
     hamipy-devcluster status       say whether it is up and where
     hamipy-devcluster gpus         every GPU's allocation: memory, cores, slots, pods
     hamipy-devcluster trace NS/POD the trace of one pod's journey (admission -> Allocate)
     hamipy-devcluster down         stop everything `up` started and remove its state
 
 `up` starts a detached daemon (``hamipy-devcluster _serve``) that owns the processes (they die with
-it) and keeps the simulated nodes' heartbeats going; it records itself in ``<state-dir>/state.json``
-(default ``.hamipy/``, ignored by git), with the cluster files and logs in ``<state-dir>/cluster/``
-and the admin kubeconfig at ``<state-dir>/kubeconfig``. `down` stops the daemon (SIGTERM, then
-SIGKILL of whatever is left, checked against the recorded pids) and removes those files.
+it) and keeps the simulated nodes' heartbeats going (the GPU nodes' kubelets keep their own); it
+records itself in ``<state-dir>/state.json`` (default ``.hamipy/``, ignored by git), with the
+cluster files and logs in ``<state-dir>/cluster/`` and the admin kubeconfig at
+``<state-dir>/kubeconfig``. `down` stops the daemon (SIGTERM, then SIGKILL of whatever is left,
+checked against the recorded pids) and removes those files.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import importlib
 import json
 import logging
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -34,13 +37,17 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
+from hamipy.devcluster.binaries import KUBERNETES_VERSION
 from hamipy.devcluster.errors import ClusterStateError, DevClusterError
 from hamipy.devcluster.processes import kill_group, pid_alive, port_is_listening, tail
 
 log = logging.getLogger("hamipy.devcluster.cli")
 
 STATE_FILE = "state.json"
+DEFAULT_STATE_DIR = ".hamipy"
 KUBECONFIG_FILE = "kubeconfig"
+KUBECTL_FILE = "kubectl"
+"""``<state-dir>/kubectl``: the cluster's own kubectl release, already pointed at its kubeconfig."""
 DAEMON_LOG = "devcluster.log"
 TRACES_FILE = "traces.jsonl"
 CLUSTER_DIR = "cluster"
@@ -91,8 +98,15 @@ def _is_our_daemon(pid: int) -> bool:
     return b"hamipy" in cmdline and b"_serve" in cmdline and pid_alive(pid)
 
 
+def write_kubectl(path: Path, kubectl: Path, kubeconfig: Path) -> None:
+    """A script that runs `kubectl` against `kubeconfig` (absolute paths: it works from anywhere)."""
+    argv = shlex.join([str(kubectl.resolve()), f"--kubeconfig={kubeconfig.resolve()}"])
+    path.write_text(f'#!/bin/sh\n# written by `hamipy-devcluster up`; removed by `down`\nexec {argv} "$@"\n')
+    path.chmod(0o755)
+
+
 def _remove_state(state_dir: Path) -> None:
-    for name in (STATE_FILE, KUBECONFIG_FILE, DAEMON_LOG):
+    for name in (STATE_FILE, KUBECONFIG_FILE, KUBECTL_FILE, DAEMON_LOG):
         (state_dir / name).unlink(missing_ok=True)
     shutil.rmtree(state_dir / CLUSTER_DIR, ignore_errors=True)
 
@@ -159,11 +173,8 @@ def cmd_up(
             kill_group(daemon.pid, waiter=daemon.wait)
             raise DevClusterError(f"devcluster not up after {timeout_s:g}s; log:\n{tail(daemon_log)}")
         time.sleep(0.1)
-    kubectl = shutil.which("kubectl")
     kubeconfig = Path(state.kubeconfig).resolve()
-    print(
-        f"devcluster is up: {state.server} with {len(state.nodes)} simulated nodes ({', '.join(state.nodes)})"
-    )
+    print(f"devcluster is up: {state.server} with {len(state.nodes)} nodes ({', '.join(state.nodes)})")
     if state.examples:
         print(f"\nexample workloads ({examples}):")
         print(asyncio.run(_examples_table(state)))
@@ -171,10 +182,8 @@ def cmd_up(
         print("\nendpoints:")
         for service, url in state.services.items():
             print(f"  {service}: {url}")
-    print(f"\n  export KUBECONFIG={kubeconfig}")
-    print("  kubectl get nodes")
-    if kubectl is None:
-        print("  (kubectl is not installed here; any Kubernetes client can use that kubeconfig)")
+    print(f"\n  {state_dir / KUBECTL_FILE} get nodes -o wide")
+    print(f"  (kubectl {KUBERNETES_VERSION}, with the admin kubeconfig {kubeconfig})")
     print(f"logs: {Path(state.workdir).resolve() / 'logs'} and {daemon_log.resolve()}")
     print("stop it with: make down")
     return 0
@@ -276,6 +285,7 @@ def cmd_serve(state_dir: Path, *, nodes: int, gpu_nodes: int, native_build: Path
         log.info("control plane up in %.1fs at %s", cluster.start_seconds, cluster.access.server)
         shutil.copyfile(cluster.access.kubeconfig, state_dir / KUBECONFIG_FILE)
         (state_dir / KUBECONFIG_FILE).chmod(0o600)
+        write_kubectl(state_dir / KUBECTL_FILE, cluster.binaries.kubectl, state_dir / KUBECONFIG_FILE)
         asyncio.run(_serve_nodes(cluster, state_dir, nodes, gpu_nodes, native_build, examples))
     log.info("devcluster stopped")
     return 0
@@ -316,13 +326,16 @@ async def _serve_nodes(
             server=cluster.access.server,
             kubeconfig=str(state_dir / KUBECONFIG_FILE),
             workdir=str(cluster.workdir),
-            process_pids={name: proc.pid for name, proc in cluster.processes.items() if proc.pid},
+            process_pids={
+                **{name: proc.pid for name, proc in cluster.processes.items() if proc.pid},
+                **stack.kubelet_pids(),
+            },
             ports=cluster.ports,
             nodes=names,
             services=stack.endpoints,
             examples=[f"{ns}/{name}" for ns, name in applied],
         ).write(state_dir)
-        log.info("ready: %d simulated nodes", count)
+        log.info("ready: %d nodes without GPUs, %d GPU nodes", count, len(stack.gpu_nodes))
         await stop.wait()
         log.info("stopping")
         await stack.stop()
@@ -339,7 +352,7 @@ def _stop_leftovers(state: State) -> None:
             exe = os.readlink(f"/proc/{pid}/exe")
         except OSError:
             continue
-        if Path(exe).name.startswith(("etcd", "kube-")):
+        if Path(exe).name.startswith(("etcd", "kube-", "kubelet", "fakecri")):
             kill_group(pid, grace_s=1.0)
 
 
@@ -381,18 +394,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hamipy-devcluster",
         description="A real local Kubernetes control plane (etcd, kube-apiserver, kube-scheduler) "
-        "with simulated nodes, for tests and `make up`.",
+        "with real kubelets and simulated nodes, for tests and `make up`.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {version('hamipy-devcluster')}")
     parser.add_argument(
         "--state-dir",
         type=Path,
-        default=Path(os.environ.get("HAMIPY_STATE_DIR", ".hamipy")),
+        default=Path(os.environ.get("HAMIPY_STATE_DIR", DEFAULT_STATE_DIR)),
         help="where `up` keeps its state, kubeconfig and logs (default: .hamipy, or $HAMIPY_STATE_DIR)",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("binaries", help="build (first time only) and print the control-plane binaries")
-    up = sub.add_parser("up", help="start the cluster with simulated nodes in the background")
+    up = sub.add_parser("up", help="start the cluster, our services and GPU nodes in the background")
     up.add_argument(
         "--nodes", type=int, default=DEFAULT_NODES, help="simulated nodes without GPUs (default 0)"
     )
@@ -400,7 +413,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--gpu-nodes",
         type=int,
         default=DEFAULT_GPU_NODES,
-        help="simulated GPU nodes with the device plugin, plus the extender and webhook (default 3; 0: none)",
+        help="GPU nodes (the real kubelet as root, else simulated) with the device plugin and the "
+        "monitor, plus the extender and webhook (default 3; 0: none)",
     )
     up.add_argument(
         "--examples",

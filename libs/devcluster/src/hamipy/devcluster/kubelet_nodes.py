@@ -59,10 +59,11 @@ class KubeletNode:
         workdir: Path,
         *,
         labels: Mapping[str, str] | None = None,
+        taints: Sequence[str] = (),
         agents: Sequence[KubeletAgent] = (),
     ) -> None:
         self.kube = RawKube(api)
-        self.kubelet = RealKubelet(cluster, name, workdir, labels=labels)
+        self.kubelet = RealKubelet(cluster, name, workdir, labels=labels, taints=taints)
         self.agents = list(agents)
         self._started: list[KubeletAgent] = []
 

@@ -29,7 +29,7 @@ import os
 import shlex
 import shutil
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
@@ -130,13 +130,21 @@ class RealKubelet:
     Node then registers and turns Ready on its own), ``stop()`` ends both."""
 
     def __init__(
-        self, cluster: DevCluster, node: str, workdir: Path, *, labels: Mapping[str, str] | None = None
+        self,
+        cluster: DevCluster,
+        node: str,
+        workdir: Path,
+        *,
+        labels: Mapping[str, str] | None = None,
+        taints: Sequence[str] = (),
     ) -> None:
         self.cluster = cluster
         self.node = node
         self.workdir = workdir
         self.labels = dict(labels or {})
         """Set on the Node at registration (``--node-labels``)."""
+        self.taints = tuple(taints)
+        """``key=value:Effect``, set at registration (``--register-with-taints``)."""
         self.runtime: ManagedProcess | None = None
         self.kubelet: ManagedProcess | None = None
         self.healthz_port = 0
@@ -258,6 +266,8 @@ class RealKubelet:
         ]
         if self.labels:
             argv.append("--node-labels=" + ",".join(f"{k}={v}" for k, v in sorted(self.labels.items())))
+        if self.taints:
+            argv.append("--register-with-taints=" + ",".join(self.taints))
         return "set -e\n" + "\n".join(mounts) + "\nexec " + shlex.join(argv) + "\n"
 
     def start(self) -> None:

@@ -5,8 +5,10 @@
   (probes and metrics on a plain-HTTP port of their own);
 - the webhook (``hamipy-webhook serve``) over TLS with a certificate from a CA made here, and the
   MutatingWebhookConfiguration it ships (``hamipy-webhook manifest``) pointing at it;
-- three simulated GPU nodes with different GPU models, each with its real device plugin process
-  over the fake NVML driver, a kubelet stand-in and the monitor process (``gpu_nodes``);
+- three GPU nodes with different GPU models, each run by the real kubelet over the fake container
+  runtime (``kubelet_nodes``), with its real device plugin process over the fake NVML driver and the
+  monitor process; where real kubelets cannot run (not root), simulated nodes with the kubelet
+  stand-in instead, and a warning that says why (``gpu_nodes``);
 - the admission policies that keep allocation state to the extender and the device plugins
   (``hamipy-webhook manifest --policy``), with each service running as its own ServiceAccount with
   the chart's rights (``identities``; the device plugins' tokens bound to their nodes).
@@ -20,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -30,18 +33,23 @@ from pathlib import Path
 from typing import Any, Final
 
 from hamipy.devcluster.config import ExtenderConfig, ExtenderTLS, ManagedResource, SchedulerConfig
-from hamipy.devcluster.gpu_nodes import FakeGpu, MonitorAgent, gpu_node_agents
+from hamipy.devcluster.gpu_nodes import DevicePluginAgent, FakeGpu, MonitorAgent, gpu_node_agents
 from hamipy.devcluster.identities import ServiceIdentities
+from hamipy.devcluster.kubelet_nodes import KubeletNode, gpu_kubelet_node
 from hamipy.devcluster.kubeobjects import API_TIMEOUT_S
 from hamipy.devcluster.nodes import NodePool, NodeSpec
 from hamipy.devcluster.pki import CERT_VALIDITY
 from hamipy.devcluster.processes import ManagedProcess, free_port, http_ok
+from hamipy.devcluster.real_kubelet import can_run_real_kubelets
 from hamipy.kube.certs import issue_cert, make_ca
 from hamipy.kube.client import RawKube
 
-__all__ = ["GPU_NODE_MODELS", "GpuNodeModel", "LocalStack"]
+__all__ = ["GPU_NODE_LABELS", "GPU_NODE_MODELS", "GpuNodeModel", "LocalStack"]
+
+log = logging.getLogger(__name__)
 
 SERVICE_START_TIMEOUT_S: Final = 60.0
+GPU_NODE_LABELS: Final = {"hami-py.io/gpu-node": "true"}
 MANAGED_RESOURCES: Final = (
     "nvidia.com/gpu",
     "nvidia.com/gpumem",
@@ -113,6 +121,9 @@ class LocalStack:
         self.endpoints: dict[str, str] = {}
         """What a user can look at: service URLs and metrics endpoints, by name."""
         self.gpu_nodes: list[str] = []
+        self.kubelet_nodes: list[KubeletNode] = []
+        self.real_kubelets_unavailable = can_run_real_kubelets()
+        """Why the GPU nodes are simulated (with the kubelet stand-in), or None: real kubelets."""
         # Unix socket paths are limited to 107 bytes: the nodes' device-plugin directories live in
         # a short directory of their own, not under the (possibly deep) state directory.
         self.socket_root = Path(tempfile.mkdtemp(prefix="hamipy-up-", dir="/tmp"))
@@ -307,29 +318,71 @@ class LocalStack:
         )
 
     async def add_gpu_node(self, name: str, gpus: Sequence[FakeGpu]) -> None:
-        agents = gpu_node_agents(
-            workdir=self.workdir / name,
-            gpus=gpus,
-            kubeconfig=Path(self.cluster.access.kubeconfig),
-            native_build=self.native_build,
-            record_dir=self.workdir / name / "allocations",
-            plugin_dir=self.socket_root / name,
-            env=self.env,
-            credentials=lambda node: self.identities.kubeconfig("device-plugin", bound_node=node),
-        )
-        standin, plugin = agents
-        monitor = MonitorAgent(plugin, credentials=lambda _node: self.identities.kubeconfig("monitor"))
-        await self.pool.add(
-            NodeSpec(name=name, labels={"hami-py.io/gpu-node": "true"}), agents=(standin, plugin, monitor)
-        )
+        """A GPU node with its device plugin and monitor: on the real kubelet where it can run."""
+
+        def plugin_identity(node: str) -> Any:
+            return self.identities.kubeconfig("device-plugin", bound_node=node)
+
+        plugin: DevicePluginAgent
+        if self.real_kubelets_unavailable is None:
+            node, plugin = gpu_kubelet_node(
+                self.cluster,
+                self.api,
+                name,
+                workdir=self.socket_root / name,
+                gpus=gpus,
+                native_build=self.native_build,
+                labels=GPU_NODE_LABELS,
+                env=self.env,
+                credentials=plugin_identity,
+            )
+            monitor = self._monitor(plugin)
+            node.agents.append(monitor)
+            self.kubelet_nodes.append(node)
+            await node.start()
+        else:
+            log.warning(
+                "GPU node %s is simulated, with the kubelet stand-in: %s",
+                name,
+                self.real_kubelets_unavailable,
+            )
+            standin, plugin = gpu_node_agents(
+                workdir=self.workdir / name,
+                gpus=gpus,
+                kubeconfig=Path(self.cluster.access.kubeconfig),
+                native_build=self.native_build,
+                record_dir=self.workdir / name / "allocations",
+                plugin_dir=self.socket_root / name,
+                env=self.env,
+                credentials=plugin_identity,
+            )
+            monitor = self._monitor(plugin)
+            await self.pool.add(
+                NodeSpec(name=name, labels=GPU_NODE_LABELS), agents=(standin, plugin, monitor)
+            )
         self.gpu_nodes.append(name)
         self.endpoints[f"device plugin {name} /metrics"] = f"http://127.0.0.1:{plugin.metrics_port}/metrics"
         self.endpoints[f"monitor {name} /metrics"] = f"{monitor.url}/metrics"
 
+    def kubelet_pids(self) -> dict[str, int]:
+        """The GPU nodes' kubelet and runtime processes by name, for `down` to find any left over."""
+        out = {}
+        for node in self.kubelet_nodes:
+            for proc in (node.kubelet.kubelet, node.kubelet.runtime):
+                if proc is not None and proc.pid:
+                    out[proc.name] = proc.pid
+        return out
+
+    def _monitor(self, plugin: DevicePluginAgent) -> MonitorAgent:
+        return MonitorAgent(plugin, credentials=lambda _node: self.identities.kubeconfig("monitor"))
+
     async def stop(self) -> None:
         """Stop the GPU nodes (their plugins first), then the services, newest first."""
+        while self.kubelet_nodes:
+            await self.kubelet_nodes.pop().stop()
         for name in reversed(self.gpu_nodes):
-            await self.pool.remove(name)
+            if name in self.pool.nodes:
+                await self.pool.remove(name)
         self.gpu_nodes.clear()
         while self.processes:
             await asyncio.to_thread(self.processes.pop().stop)
