@@ -112,6 +112,21 @@ def pod(
     return out
 
 
+def deployment(name: str, replicas: int, pod_spec: Mapping[str, Any]) -> dict[str, Any]:
+    """An apps/v1 Deployment of `replicas` pods labelled ``app=<name>`` with `pod_spec`."""
+    labels = {"app": name}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": labels},
+            "template": {"metadata": {"labels": labels}, "spec": dict(pod_spec)},
+        },
+    }
+
+
 def allocation(
     *,
     allocated: Slots | str | None = None,

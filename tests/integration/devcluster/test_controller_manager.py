@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import builders
 import pytest
 
 from hamipy.devcluster.cluster import DevCluster
@@ -19,24 +20,12 @@ APPS = "/apis/apps/v1"
 
 
 def deployment(name: str, replicas: int) -> dict[str, Any]:
-    labels = {"app": name}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": labels},
-                # No node has this label: the pods stay Pending, which is all this test needs.
-                "spec": {
-                    "nodeSelector": {"hami-py.io/nowhere": "true"},
-                    "containers": [{"name": "main", "image": "registry.invalid/app:1"}],
-                },
-            },
-        },
+    # No node has this label: the pods stay Pending, which is all this test needs.
+    spec = {
+        "nodeSelector": {"hami-py.io/nowhere": "true"},
+        "containers": [{"name": "main", "image": "registry.invalid/app:1"}],
     }
+    return builders.deployment(name, replicas, spec)
 
 
 async def test_a_new_namespace_gets_its_service_account_and_root_ca(

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +25,9 @@ from stack_support import (
     RESOURCE,
     GpuStack,
     allocated_slots,
-    running_gpu_stack,
 )
 
-from hamipy.devcluster import API_TIMEOUT_S, DevCluster, wait_for
+from hamipy.devcluster import API_TIMEOUT_S, wait_for
 from hamipy.devcluster.gpu_nodes import FakeGpu
 from hamipy.devcluster.kubeobjects import create_namespace, delete_namespace
 from hamipy.devcluster.real_kubelet import ContainerConfig
@@ -76,14 +74,6 @@ async def assert_container_matches(
     config = await stack.container(pod["metadata"]["name"], container)
     assert_matches_slot(config, stack.device_ids(uid, container), slot, stack.plugin.hook_path, uid)
     return config
-
-
-@pytest.fixture
-async def gpu_stack(
-    devcluster: DevCluster, kube_client: Any, namespace: str, hami_scheduler: Callable[..., Any]
-) -> AsyncIterator[GpuStack]:
-    async with running_gpu_stack(devcluster, kube_client, namespace, hami_scheduler, gpus=GPUS) as stack:
-        yield stack
 
 
 async def test_node_registers_its_gpus(gpu_stack: GpuStack) -> None:

@@ -6,14 +6,14 @@ kubelet v1.34 over the fake runtime, the device plugin process, the webhook and 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import builders
 import pytest
 from builders import container
-from stack_support import NEEDS_REAL_KUBELET, GpuStack, allocated_slots, running_gpu_stack
+from stack_support import NEEDS_REAL_KUBELET, GpuStack, allocated_slots
 
-from hamipy.devcluster import API_TIMEOUT_S, DevCluster, wait_for
+from hamipy.devcluster import API_TIMEOUT_S, wait_for
 from hamipy.devcluster.gpu_nodes import FakeGpu
 from hamipy.extender.invariant import check_cluster
 from hamipy.kube.client import MERGE_PATCH, RawKube
@@ -24,14 +24,6 @@ GPUS = (
     FakeGpu("GPU-dddddddd-0000-4000-8000-000000000000", "NVIDIA A100-SXM4-80GB", 81920, numa=0),
     FakeGpu("GPU-dddddddd-0000-4000-8000-000000000001", "NVIDIA A100-SXM4-80GB", 81920, numa=1),
 )
-
-
-@pytest.fixture
-async def gpu_stack(
-    devcluster: DevCluster, kube_client: Any, namespace: str, hami_scheduler: Callable[..., Any]
-) -> AsyncIterator[GpuStack]:
-    async with running_gpu_stack(devcluster, kube_client, namespace, hami_scheduler, gpus=GPUS) as stack:
-        yield stack
 
 
 def held_on_node(stack: GpuStack) -> set[str]:
@@ -50,26 +42,14 @@ APPS = "/apis/apps/v1"
 
 
 def deployment(stack: GpuStack, name: str, replicas: int) -> dict[str, Any]:
-    labels = {"app": name}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "nodeSelector": {"gpu-test": stack.namespace},
-                    "terminationGracePeriodSeconds": 0,
-                    # Two fit on one 80 GB GPU: four on the node, so a leaked allocation shows as a
-                    # replica left Pending when the Deployment grows back to three.
-                    "containers": [container("main", gpu=1, gpumem=30000, gpucores=20)],
-                },
-            },
-        },
+    spec = {
+        "nodeSelector": {"gpu-test": stack.namespace},
+        "terminationGracePeriodSeconds": 0,
+        # Two fit on one 80 GB GPU: four on the node, so a leaked allocation shows as a replica
+        # left Pending when the Deployment grows back to three.
+        "containers": [container("main", gpu=1, gpumem=30000, gpucores=20)],
     }
+    return builders.deployment(name, replicas, spec)
 
 
 async def settled(stack: GpuStack, app: str, replicas: int) -> list[dict[str, Any]]:

@@ -16,6 +16,7 @@ import select
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,14 +110,31 @@ class SimContainer:
             stderr=subprocess.PIPE,
             text=True,
         )
-        assert proc.stdout is not None
-        ready, _, _ = select.select([proc.stdout], [], [], PROGRAM_TIMEOUT_S)
-        line = proc.stdout.readline().strip() if ready else ""
+        (line,) = read_lines(proc, 1) or [""]
         if line != "held":
             proc.kill()
             _, err = proc.communicate(timeout=PROGRAM_TIMEOUT_S)
             raise AssertionError(f"region_peer did not hold {mib} MiB (got {line!r}); stderr:\n{err}")
         return proc
+
+
+def read_lines(proc: subprocess.Popen[str], count: int, timeout_s: float = PROGRAM_TIMEOUT_S) -> list[str]:
+    """Up to `count` lines of the program's stdout, fewer if it says no more within `timeout_s`.
+    Raw reads of the pipe: ``select`` on a buffered reader misses lines the reader already took in
+    (two lines written at once, the second waiting in its buffer while select sees an empty pipe)."""
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    data = b""
+    deadline = time.monotonic() + timeout_s
+    while data.count(b"\n") < count:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            break
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        data += chunk
+    return [line.strip() for line in data.decode().splitlines()[:count]]
 
 
 def release(proc: subprocess.Popen[str]) -> None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-import select
 import ssl
 import subprocess
 import urllib.error
@@ -184,11 +183,7 @@ def launch_once(container: Any) -> subprocess.Popen[str]:
         stderr=subprocess.PIPE,
         text=True,
     )
-    assert proc.stdout is not None
-    lines = []
-    for _ in range(2):
-        ready, _, _ = select.select([proc.stdout], [], [], PROGRAM_TIMEOUT_S)
-        lines.append(proc.stdout.readline().strip() if ready else "(nothing in time)")
+    lines = monitor_support.read_lines(proc, 2)
     if lines != ["launching", "launched rc=0"]:
         proc.kill()
         _, err = proc.communicate(timeout=PROGRAM_TIMEOUT_S)
@@ -252,7 +247,11 @@ async def test_prometheus_scrapes_the_system_dashboards_and_alerts_work(
     await s.served("broken")
     busy, broken = await s.container("busy", "main"), await s.container("broken", "main")
     holder = busy.hold(64)
-    launcher = await asyncio.to_thread(launch_once, busy)
+    try:
+        launcher = await asyncio.to_thread(launch_once, busy)
+    except BaseException:
+        monitor_support.release(holder)
+        raise
     try:
         await asyncio.to_thread(broken.region_file.write_bytes, b"not a region file" * 256)
         try:
