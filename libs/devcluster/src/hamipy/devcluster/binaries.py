@@ -381,7 +381,7 @@ def ensure_binaries() -> ControlPlaneBinaries:
         if missing:
             _progress(
                 f"building {', '.join(missing)} {KUBERNETES_VERSION} into {kube_dir} "
-                "(first run on this machine only; about 12-20 minutes on 2 cores for all five)"
+                "(first run on this machine only; about 8 minutes on 2 cores for all five)"
             )
             began = time.monotonic()
             build_kubernetes(kube_dir)
