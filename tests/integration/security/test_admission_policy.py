@@ -214,6 +214,32 @@ async def test_a_tenant_cannot_create_a_pod_carrying_allocation_state(rig: dict[
     assert created["metadata"]["annotations"] == {keys.USE_GPU_TYPE: "A100"}
 
 
+async def test_a_tenant_cannot_write_allocation_state_through_a_binding(rig: dict[str, Any]) -> None:
+    """The extender writes the allocation with the pod's Binding, which the pod policy does not see:
+    creating Bindings is a scheduler's right, which a tenant (nor Kubernetes' edit or admin role)
+    does not have."""
+    ns, tenant = rig["namespace"], rig["tenant"]
+    created = await tenant.request("POST", f"/api/v1/namespaces/{ns}/pods", body=_pod("mine"))
+    binding = {
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": {"name": "mine", "annotations": {**BOUND, keys.DEVICES_ALLOCATED: "GPU-a,NVIDIA,1,0:;"}},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": f"{ns}-a"},
+    }
+    message = await _refused(tenant, "POST", f"/api/v1/namespaces/{ns}/pods/mine/binding", binding)
+    assert 'cannot create resource "pods/binding"' in message
+    assert created["metadata"].get("annotations") is None
+    for role in ("edit", "admin"):
+        found = await rig["admin"].request("GET", f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{role}")
+        granted = [
+            r
+            for r in found.get("rules") or []
+            if {"pods/binding", "*"} & set(r.get("resources") or ())
+            and {"create", "*"} & set(r.get("verbs") or ())
+        ]
+        assert granted == [], f"the {role} role lets tenants bind pods: {granted}"
+
+
 async def test_updates_by_others_cannot_set_change_or_remove_allocation_state(rig: dict[str, Any]) -> None:
     ns, editor, scheduler = rig["namespace"], rig["editor"], rig["scheduler"]
     pods = f"/api/v1/namespaces/{ns}/pods"

@@ -181,9 +181,15 @@ class FakeKube:
             if len(parts) == 7 and parts[6] == "binding":
                 if obj["spec"].get("nodeName"):
                     raise Conflict("already bound", status=409)
-                uid = (body.get("metadata") or {}).get("uid")
+                meta = body.get("metadata") or {}
+                uid = meta.get("uid")
                 if uid and uid != obj["metadata"].get("uid"):
                     raise Conflict("uid precondition failed", status=409)
+                version = meta.get("resourceVersion")
+                if version and version != obj["metadata"]["resourceVersion"]:
+                    raise Conflict("resourceVersion precondition failed", status=409)
+                # As the API server does: the Binding's annotations land with spec.nodeName.
+                obj["metadata"].setdefault("annotations", {}).update(meta.get("annotations") or {})
                 obj["spec"]["nodeName"] = body["target"]["name"]
                 obj["metadata"]["resourceVersion"] = str(next(self._rv))
                 return {"kind": "Status", "status": "Success"}

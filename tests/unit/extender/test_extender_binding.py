@@ -183,19 +183,19 @@ def _lists(r: BindRig) -> int:
     return sum(1 for method, path in r.kube.calls if method == "GET" and path == "/api/v1/pods")
 
 
-def _record_lock_owner_at_pod_patches(r: BindRig) -> list[tuple[str, str | None]]:
-    """(pod patched, lock owner at that moment) for every allocation patch."""
+def _record_lock_owner_at_binds(r: BindRig) -> list[tuple[str, str | None]]:
+    """(pod bound, lock owner at that moment) for every Binding carrying an allocation."""
     seen: list[tuple[str, str | None]] = []
     request = r.kube.request
 
     async def spy(method: str, path: str, **kwargs: Any) -> Any:
         if (
-            method == "PATCH"
-            and "/pods/" in path
-            and kwargs.get("body", {}).get("metadata", {}).get("labels")
+            method == "POST"
+            and path.endswith("/binding")
+            and kwargs.get("body", {}).get("metadata", {}).get("annotations")
         ):
             value = r.kube.nodes["n"]["metadata"]["annotations"].get(keys.NODE_LOCK)
-            seen.append((path.rsplit("/", 1)[1], parse_node_lock(value).name if value else None))
+            seen.append((path.rsplit("/", 2)[1], parse_node_lock(value).name if value else None))
         return await request(method, path, **kwargs)
 
     r.kube.request = spy  # type: ignore[method-assign]
@@ -207,7 +207,7 @@ async def test_queued_binds_on_one_node_share_one_lock_session() -> None:
     pods = [pod(f"p{i}") for i in range(5)]
     for p in pods:
         r.kube.add_pod(p)
-    owners = _record_lock_owner_at_pod_patches(r)
+    owners = _record_lock_owner_at_binds(r)
     results = await asyncio.gather(*(r.scheduler.bind(bind_args(p)) for p in pods))
     assert [res["Error"] for res in results] == [""] * 5
     assert all(r.kube.pods[("ns", f"p{i}")]["spec"]["nodeName"] == "n" for i in range(5))

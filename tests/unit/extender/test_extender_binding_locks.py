@@ -294,7 +294,7 @@ async def test_a_bind_queued_behind_this_replicas_binds_gives_up_at_its_deadline
     held: list[str] = []
 
     async def hold_the_first_allocation(method: str, path: str, body: Any) -> None:
-        if method == "PATCH" and path == "/api/v1/namespaces/ns/pods/a":
+        if method == "POST" and path == "/api/v1/namespaces/ns/pods/a/binding":
             held.append(path)
             await gate.wait()
 

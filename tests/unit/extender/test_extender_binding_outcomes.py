@@ -17,7 +17,7 @@ from extender_fakes import BIND_SETTINGS, bind_rig, node, pod
 from hamipy.extender.errors import BindRefused
 from hamipy.extender.invariant import check_cluster
 from hamipy.extender.model import NodeName, PodUid
-from hamipy.kube.errors import Conflict, KubeError
+from hamipy.kube.errors import KubeError
 from hamipy.protocol import keys
 from hamipy.protocol.devices import ContainerDevice
 from hamipy.protocol.node_handshake import requesting
@@ -187,14 +187,19 @@ async def test_a_node_name_too_long_for_a_label_is_written_as_annotation_only() 
     assert stored["spec"]["nodeName"] == NAME_64
 
 
-# -- the pod patch and the Binding, under the pod's UID ----------------------------------------------
+# -- the Binding and the label, under the pod's UID ------------------------------------------------
 
 
 @pytest.mark.parametrize(
-    "replaced_before", [("PATCH", POD_PATH), ("POST", f"{POD_PATH}/binding")], ids=["patch", "binding"]
+    ("replaced_before", "bound"),
+    [(("POST", f"{POD_PATH}/binding"), False), (("PATCH", POD_PATH), True)],
+    ids=["binding", "label"],
 )
-async def test_a_pod_replaced_during_its_bind_is_never_touched(replaced_before: tuple[str, str]) -> None:
-    # A StatefulSet's pod deleted and created again under the same name, then bound by someone else.
+async def test_a_pod_replaced_during_its_bind_is_never_touched(
+    replaced_before: tuple[str, str], bound: bool
+) -> None:
+    # A StatefulSet's pod deleted and created again under the same name, then bound by someone else:
+    # before our Binding (refused, nothing written) or between it and the label (left unlabelled).
     r = bind_rig(BIND_SETTINGS, node("n", [gpu("A", 0, count=2)]))
     r.kube.add_pod(pod("p"))
     successor = pod(
@@ -212,11 +217,14 @@ async def test_a_pod_replaced_during_its_bind_is_never_touched(replaced_before: 
             stored.append(copy.deepcopy(r.kube.pods[("ns", "p")]))
 
     r.kube.on_request = replace
-    with pytest.raises(Conflict):
+    if bound:
         await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+    else:
+        with pytest.raises(BindRefused, match="replaced while being bound"):
+            await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+        assert "uid-ns-p" not in r.model.contributions
     assert r.kube.pods[("ns", "p")] == stored[0]
     assert r.lock() is None
-    assert "uid-ns-p" not in r.model.contributions
 
 
 async def test_a_failed_bind_frees_an_allocation_the_watch_already_counted() -> None:

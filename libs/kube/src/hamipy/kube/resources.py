@@ -120,13 +120,28 @@ async def list_all(
 
 
 async def create_binding(
-    api: KubeApi, namespace: str, name: str, uid: str, node: str, *, timeout_s: float = API_TIMEOUT_S
+    api: KubeApi,
+    namespace: str,
+    name: str,
+    uid: str,
+    node: str,
+    *,
+    annotations: Mapping[str, str] | None = None,
+    resource_version: str | None = None,
+    timeout_s: float = API_TIMEOUT_S,
 ) -> None:
-    """Bind a pod to ``node`` (the ``binding`` subresource), only if it is still the pod ``uid``."""
+    """Bind a pod to ``node`` (the ``binding`` subresource), only if it is still the pod ``uid``
+    (and, with ``resource_version``, unchanged since that version: else ``Conflict``). The API
+    server copies ``annotations`` onto the pod in the same write that sets ``spec.nodeName``."""
+    metadata: dict[str, Any] = {"name": name, "namespace": namespace, "uid": uid}
+    if annotations:
+        metadata["annotations"] = dict(annotations)
+    if resource_version is not None:
+        metadata["resourceVersion"] = resource_version
     body = {
         "apiVersion": "v1",
         "kind": "Binding",
-        "metadata": {"name": name, "namespace": namespace, "uid": uid},
+        "metadata": metadata,
         "target": {"apiVersion": "v1", "kind": "Node", "name": node},
     }
     await api.request("POST", f"{pod_path(namespace, name)}/binding", body=body, timeout_s=timeout_s)

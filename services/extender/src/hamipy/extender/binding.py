@@ -19,10 +19,14 @@ For one pod and the node kube-scheduler chose:
    other bind is half-done. The one exception is a lock we broke: its holder may have written its
    pod and not bound it yet, so that pod, found by the ``hami.io/vgpu-node`` label our bind writes
    with the allocation, is counted as if bound;
-4. record the bind in flight in the model (``begin_bind``), so a filter meanwhile counts it; patch
-   the pod (``hami.io/vgpu-node`` annotation and label, ``vgpu-time``,
-   ``vgpu-devices-to-allocate``, ``vgpu-devices-allocated``, ``bind-phase=allocating``,
-   ``bind-time``; the pod's UID as precondition) and create the Binding;
+4. record the bind in flight in the model (``begin_bind``), so a filter meanwhile counts it; then
+   one write binds the pod and records its allocation: the Binding carries ``hami.io/vgpu-node``,
+   ``vgpu-time``, ``vgpu-devices-to-allocate``, ``vgpu-devices-allocated``,
+   ``bind-phase=allocating`` and ``bind-time`` as annotations, which the API server copies onto the
+   pod with ``spec.nodeName``, guarded by the pod's UID and the resourceVersion this bind read. A
+   Conflict means another bind of the same pod wrote first: the pod is left as it wrote it, the
+   model takes what it holds, and the bind succeeds if it is bound to this node (``_lost_race``).
+   The ``hami.io/vgpu-node`` label HAMi's monitor selects on follows, best effort;
 5. release the lock at once (``release_lock_after_bind``) or leave it for the device plugin
    (HAMi-compatible).
 
@@ -34,8 +38,8 @@ never looks "done" to other replicas); if the node changed meanwhile, it checks 
 ours and re-reads the fresh state before going on, and if the lock was lost it takes the full path.
 That saves the lock round trips and the pod list per bind when pods queue on one node.
 
-On failure the lock (if ours) and the reservation are released, annotations already written are
-removed, and ``BindRefused``/``KubeError`` tells the caller why.
+On failure the lock (if ours) and the reservation are released (nothing was written to the pod), and
+``BindRefused``/``KubeError`` tells the caller why.
 """
 
 from __future__ import annotations
@@ -174,7 +178,8 @@ class Binder:
             ) from None
         self._waiting[node] -= 1
         locked = False
-        patched = False
+        raced = False
+        labelled = False
         release = False
         try:
             pod_uid = str(_meta(pod).get("uid", ""))
@@ -204,21 +209,14 @@ class Binder:
             devices = fit.devices
             encoded = encode_pod_devices(devices, field=keys.DEVICES_ALLOCATED)
             stamp = str(int(self.wall_clock().timestamp()))
-            body: dict[str, Any] = {
-                "metadata": {
-                    "uid": _meta(pod).get("uid"),
-                    "annotations": {
-                        keys.VGPU_NODE: node,
-                        keys.VGPU_TIME: stamp,
-                        keys.DEVICES_TO_ALLOCATE: encoded,
-                        keys.DEVICES_ALLOCATED: encoded,
-                        keys.BIND_PHASE: "allocating",
-                        keys.BIND_TIME: stamp,
-                    },
-                }
+            annotations = {
+                keys.VGPU_NODE: node,
+                keys.VGPU_TIME: stamp,
+                keys.DEVICES_TO_ALLOCATE: encoded,
+                keys.DEVICES_ALLOCATED: encoded,
+                keys.BIND_PHASE: "allocating",
+                keys.BIND_TIME: stamp,
             }
-            if len(node) <= _LABEL_MAX:
-                body["metadata"]["labels"] = {keys.VGPU_NODE_LABEL: node}
 
             def record(model: ClusterModel, *, in_flight: bool = False) -> None:
                 (model.begin_bind if in_flight else model.allocate)(
@@ -233,12 +231,29 @@ class Binder:
 
             # In flight: counted by filters meanwhile, whatever the pod's watch events say.
             record(self.model, in_flight=True)
-            patched = True
-            await patch_pod(self.api, namespace, name, body, timeout_s=timeout)
-            await create_binding(self.api, namespace, name, uid, node, timeout_s=timeout)
-            record(fresh)  # the next bind of a session counts this pod
-            record(self.model)
-            patched = False
+            try:
+                # One write binds the pod and records its allocation, and only if the pod is still
+                # as read: a bind of the same pod that wrote first makes this one a Conflict.
+                await create_binding(
+                    self.api,
+                    namespace,
+                    name,
+                    uid,
+                    node,
+                    annotations=annotations,
+                    resource_version=str(_meta(pod).get("resourceVersion")),
+                    timeout_s=timeout,
+                )
+            except NotFound:
+                raise BindRefused(f"pod {namespace}/{name} was deleted while being bound") from None
+            except Conflict:
+                raced = True  # from here the model holds what the pod really holds
+                twin = await self._lost_race(namespace, name, uid, node)  # raises unless bound here
+                fresh.apply_pod("MODIFIED", twin)  # the next bind of a session counts it
+            else:
+                record(fresh)  # the next bind of a session counts this pod
+                record(self.model)
+                labelled = True
             if self.settings.release_lock_after_bind:
                 # Decided before the mutex is released, so the next bind finds the session.
                 if self._waiting[node] > 0:
@@ -246,9 +261,8 @@ class Binder:
                 else:
                     release = True
         except BaseException:
-            self.model.release(PodUid(uid), only_reserved=False)
-            if patched:
-                await self._unannotate(namespace, name, str(_meta(pod).get("uid", "")))
+            if not raced:
+                self.model.release(PodUid(uid), only_reserved=False)
             if locked:
                 await self._release(node, namespace, name)
                 locked = False
@@ -257,6 +271,8 @@ class Binder:
             mutex.release()
         if release:
             await self._release(node, namespace, name)
+        if labelled:
+            await self._label(namespace, name, uid, node)
 
     # -- the node lock ---------------------------------------------------------------------------
 
@@ -445,21 +461,40 @@ class Binder:
             return "asks for no GPU resource this extender manages"
         return None
 
-    async def _unannotate(self, namespace: str, name: str, uid: str) -> None:
-        # The UID precondition: a new pod of the same name (a StatefulSet's) is never stripped.
-        body = {
-            "metadata": {
-                "uid": uid,
-                "annotations": dict.fromkeys(_ALLOCATION_KEYS),
-                "labels": {keys.VGPU_NODE_LABEL: None},
-            }
-        }
+    async def _lost_race(self, namespace: str, name: str, uid: str, node: str) -> dict[str, Any]:
+        """Our Binding met a Conflict: the pod changed since we read it. Another bind of the same
+        pod (a retry after kube-scheduler's timeout, a leader hand-over) may have bound it: it is
+        left exactly as that bind wrote it, and the model takes what the pod really holds. Returns
+        the pod when it is bound to ``node`` (the bind kube-scheduler asked for has happened);
+        raises ``BindRefused`` otherwise."""
+        self.model.release(PodUid(uid), only_reserved=False)
+        try:
+            current = await get_pod(self.api, namespace, name, timeout_s=self.settings.api_timeout_s)
+        except NotFound:
+            raise BindRefused(f"pod {namespace}/{name} was deleted while being bound") from None
+        if _meta(current).get("uid") != uid:
+            raise BindRefused(f"pod {namespace}/{name} was replaced while being bound")
+        self.model.apply_pod("MODIFIED", current)
+        self.telemetry.metrics.bind_races.inc()
+        bound = (current.get("spec") or {}).get("nodeName")
+        if bound == node:
+            self.telemetry.logger.info(
+                "pod bound by another bind of it", namespace=namespace, pod=name, node=node
+            )
+            return current
+        if bound:
+            raise BindRefused(f"pod {namespace}/{name} was bound to {bound} by another bind meanwhile")
+        raise BindRefused(f"pod {namespace}/{name} changed while being bound; kube-scheduler retries it")
+
+    async def _label(self, namespace: str, name: str, uid: str, node: str) -> None:
+        """The ``hami.io/vgpu-node`` label HAMi's monitor selects on (a Binding sets annotations
+        only). Best effort, after the bind: nothing here depends on it."""
+        if len(node) > _LABEL_MAX:
+            return
+        body = {"metadata": {"uid": uid, "labels": {keys.VGPU_NODE_LABEL: node}}}
         try:
             await patch_pod(self.api, namespace, name, body, timeout_s=self.settings.api_timeout_s)
         except KubeError as exc:
             self.telemetry.logger.warning(
-                "allocation annotations not removed after a failed bind",
-                namespace=namespace,
-                pod=name,
-                error=str(exc),
+                "vgpu-node label not set", namespace=namespace, pod=name, error=str(exc)
             )

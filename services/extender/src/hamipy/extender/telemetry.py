@@ -142,6 +142,11 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.bind_races = Counter(
+            "hamipy_extender_bind_races",
+            "Binds whose pod another bind of it had written first (left as that bind wrote it).",
+            registry=r,
+        )
         self._collector: GpuCollector | None = None
         # Known label values start at zero: a series that appears only at its first event hides
         # that event from rate() and increase() (dashboards show nothing, alerts see no increase).

@@ -1,0 +1,138 @@
+"""Two binds of one pod in flight at once (kube-scheduler retrying after its timeout while the first
+bind still runs, or a leader hand-over between replicas): the bind that writes first wins, the other
+leaves the pod exactly as the winner wrote it, and nothing loses its allocation (issue 18, item 2).
+
+Each bind reads the pod, decides, and writes the allocation with the Binding itself, guarded by the
+pod's resourceVersion: a loser's write is a Conflict that changes nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from typing import Any
+
+import pytest
+from builders import gpu
+from extender_fakes import BIND_SETTINGS, BindRig, bind_rig, node, pod
+
+from hamipy.extender.binding import Binder
+from hamipy.extender.errors import BindRefused
+from hamipy.extender.invariant import check_cluster
+from hamipy.extender.model import ClusterModel
+from hamipy.extender.telemetry import Telemetry
+from hamipy.protocol import decode_pod_devices, keys
+from hamipy.protocol.config import Config
+
+
+def replica(r: BindRig) -> tuple[Binder, ClusterModel, Telemetry]:
+    """A second extender replica over the same API: its own model, binder and metrics."""
+    model = ClusterModel()
+    model.replace_nodes(r.kube.nodes.values())
+    model.replace_pods(r.kube.pods.values())
+    telemetry = Telemetry.create()
+    binder = Binder(api=r.kube, model=model, config=Config(), settings=BIND_SETTINGS, telemetry=telemetry)
+    return binder, model, telemetry
+
+
+def both_read_before_either_binds(r: BindRig) -> None:
+    """Hold each Binding until two have been sent: both binds read the pod unbound and decided."""
+    arrived: list[str] = []
+    both = asyncio.Event()
+
+    async def barrier(method: str, path: str, body: Any) -> None:
+        if method == "POST" and path.endswith("/binding"):
+            arrived.append(path)
+            if len(arrived) == 2:
+                both.set()
+            await asyncio.wait_for(both.wait(), 2)
+
+    r.kube.on_request = barrier
+
+
+def races(telemetry: Telemetry) -> float:
+    value = telemetry.metrics.registry.get_sample_value("hamipy_extender_bind_races_total")
+    return 0.0 if value is None else value
+
+
+async def test_two_binds_of_one_pod_on_one_node_bind_it_once_and_both_succeed() -> None:
+    r = bind_rig(BIND_SETTINGS, node("n", [gpu("A", 0, count=4)]))
+    r.kube.add_pod(pod("p"))
+    other, other_model, other_telemetry = replica(r)
+    writes: list[dict[str, Any]] = []
+
+    def record(method: str, path: str, body: Any) -> None:
+        if method == "POST" and path.endswith("/binding"):
+            writes.append(copy.deepcopy(body))
+
+    r.kube.on_request = record
+    await asyncio.gather(
+        r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n"),
+        other.bind(namespace="ns", name="p", uid="uid-ns-p", node="n"),
+    )
+    stored = r.kube.pods[("ns", "p")]
+    assert stored["spec"]["nodeName"] == "n"
+    # The pod carries the first bind's allocation, unchanged by the second.
+    winner = writes[0]["metadata"]["annotations"]
+    assert {k: stored["metadata"]["annotations"][k] for k in winner} == winner
+    assert races(r.telemetry) + races(other_telemetry) == 1
+    # Both replicas count the pod once, with what it holds.
+    for model in (r.model, other_model):
+        (held,) = model.contributions.values()
+        assert held.raw == stored["metadata"]["annotations"][keys.DEVICES_ALLOCATED]
+    assert r.lock() is None
+    assert (await check_cluster(r.kube)).ok
+
+
+async def test_two_binds_of_one_pod_on_two_nodes_bind_it_once_and_the_loser_leaves_it() -> None:
+    r = bind_rig(BIND_SETTINGS, node("n", [gpu("A", 0, count=4)]), node("m", [gpu("B", 0, count=4)]))
+    r.kube.add_pod(pod("p"))
+    other, other_model, other_telemetry = replica(r)
+    both_read_before_either_binds(r)
+    results = await asyncio.gather(
+        r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n"),
+        other.bind(namespace="ns", name="p", uid="uid-ns-p", node="m"),
+        return_exceptions=True,
+    )
+    stored = r.kube.pods[("ns", "p")]
+    bound = stored["spec"]["nodeName"]
+    (refusal,) = [res for res in results if isinstance(res, BaseException)]
+    assert isinstance(refusal, BindRefused)
+    assert f"was bound to {bound} by another bind meanwhile" in str(refusal)
+    annotations = stored["metadata"]["annotations"]
+    assert annotations[keys.VGPU_NODE] == bound
+    (slot,) = decode_pod_devices(annotations[keys.DEVICES_ALLOCATED])
+    assert [d.uuid for d in slot] == ["A" if bound == "n" else "B"]
+    assert races(r.telemetry) + races(other_telemetry) == 1
+    # The loser's model holds the winner's allocation on the winner's node, nothing on its own.
+    for model in (r.model, other_model):
+        (held,) = model.contributions.values()
+        assert (held.node, held.raw) == (bound, annotations[keys.DEVICES_ALLOCATED])
+    assert r.lock("n") is None
+    assert r.lock("m") is None
+    report = await check_cluster(r.kube)
+    assert report.ok, report.violations
+
+
+@pytest.mark.parametrize("change", ["labelled", "deleted"])
+async def test_a_pod_changed_under_a_bind_is_left_as_it_is(change: str) -> None:
+    r = bind_rig()
+    r.kube.add_pod(pod("p"))
+
+    def meddle(method: str, path: str, body: Any) -> None:
+        if method == "POST" and path.endswith("/binding"):
+            r.kube.on_request = None
+            if change == "deleted":
+                del r.kube.pods[("ns", "p")]
+            else:
+                r.kube._write(r.kube.pods[("ns", "p")], {"metadata": {"labels": {"team": "a"}}})
+
+    r.kube.on_request = meddle
+    want = "was deleted while being bound" if change == "deleted" else "changed while being bound"
+    with pytest.raises(BindRefused, match=want):
+        await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+    if change == "labelled":
+        stored = r.kube.pods[("ns", "p")]
+        assert not stored["spec"].get("nodeName")
+        assert keys.DEVICES_ALLOCATED not in (stored["metadata"].get("annotations") or {})
+    assert r.model.contributions == {}
+    assert r.lock() is None
