@@ -297,15 +297,7 @@ class GpuStack:
 
     async def container(self, pod: str, container: str, timeout: float = 60) -> ContainerConfig:  # noqa: ASYNC109
         """The config the kubelet created `pod`'s `container` with (the fake runtime's record)."""
-        kubelet = self.kubelet_node.kubelet
-        found: ContainerConfig | None = await wait_for(
-            lambda: kubelet.container(self.namespace, pod, container),
-            timeout=timeout,
-            interval=0.1,
-            what=f"the kubelet to create container {pod}/{container}",
-        )
-        assert found is not None
-        return found
+        return await self.kubelet_node.wait_container(self.namespace, pod, container, timeout_s=timeout)
 
     def device_ids(self, pod_uid: str, container: str) -> list[str]:
         """The kubelet's device IDs for a container, from its checkpoint ([] if none)."""

@@ -216,14 +216,7 @@ class MonitorStack:
     async def container(
         self, pod: str, container: str, extra_env: dict[str, str] | None = None
     ) -> SimContainer:
-        kubelet = self.kubelet_node.kubelet
-        config: ContainerConfig | None = await wait_for(
-            lambda: kubelet.container(self.namespace, pod, container),
-            timeout=60,
-            interval=0.1,
-            what=f"the kubelet to create container {pod}/{container}",
-        )
-        assert config is not None
+        config = await self.kubelet_node.wait_container(self.namespace, pod, container, timeout_s=60)
         return SimContainer(config, self.plugin, extra_env)
 
 

@@ -1,9 +1,10 @@
 """Build and cache the Kubernetes control-plane binaries the tests and `make up` run.
 
-There is no Docker and no release download here, only the Go module proxy, so kube-apiserver,
-kube-scheduler and kube-controller-manager are built from `k8s.io/kubernetes` through a small
-wrapper module that replaces every `k8s.io/*` staging module (which the real go.mod points at
-`./staging/...`) with its published `v0.x.y` release. etcd is built the same way from
+There is no Docker and no release download here, only the Go module proxy, so the Kubernetes
+binaries (``KUBE_COMPONENTS``) are built from `k8s.io/kubernetes` through a small wrapper module that
+replaces every `k8s.io/*` staging module (which the real go.mod points at `./staging/...`) with its
+published `v0.x.y` release; ``fakecri`` (the kubelet's fake container runtime, our source) in the
+same module. etcd is built the same way from
 `go.etcd.io/etcd/server/v3`. Binaries are cached outside the clone, keyed by version, and binaries
 already present (``KUBEBUILDER_ASSETS``, ``PATH``) are reused when their ``--version`` matches.
 """

@@ -13,8 +13,9 @@ collection / interpreter exit (a finalizer), and the kernel kills the children i
 kube-controller-manager runs with every default controller but the node lifecycle controller and
 the pod garbage collector (``config.CONTROLLERS`` says why): namespaces get their ``default``
 ServiceAccount and ``kube-root-ca.crt``, Deployments get ReplicaSets and pods, owners' deletion
-cascades. There is no kubelet: `nodes` keeps simulated Nodes Ready and `kubeobjects` deletes
-namespaces without waiting for pods to be confirmed gone.
+cascades. Nodes join on their own: real kubelets (``kubelet_nodes``, with ``node_kubeconfig``) or
+simulated Nodes kept Ready by ``nodes``; `kubeobjects` deletes namespaces without waiting for pods on
+simulated nodes to be confirmed gone.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import ssl
 import tempfile
 import time
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
@@ -326,12 +328,10 @@ class DevCluster:
             log_path=self.log_path("etcd"),
             cwd=workdir,
         )
-        self._procs["etcd"] = proc
-        proc.start()
-        proc.wait_healthy(
+        self._start_process(
+            proc,
             http_ok(f"http://127.0.0.1:{client}/health", expect=b'"health":"true"'),
-            timeout_s=self.settings.start_timeout_s,
-            what="healthy (GET /health)",
+            "healthy (GET /health)",
         )
 
     def _start_apiserver(self, bins: _binaries.ControlPlaneBinaries, workdir: Path) -> None:
@@ -386,12 +386,8 @@ class DevCluster:
             log_path=self.log_path("kube-apiserver"),
             cwd=workdir,
         )
-        self._procs["kube-apiserver"] = proc
-        proc.start()
-        proc.wait_healthy(
-            https_ok(f"{server}/readyz", context=self._access.ssl_context()),
-            timeout_s=self.settings.start_timeout_s,
-            what="ready (GET /readyz)",
+        self._start_process(
+            proc, https_ok(f"{server}/readyz", context=self._access.ssl_context()), "ready (GET /readyz)"
         )
 
     def _start_controller_manager(self, bins: _binaries.ControlPlaneBinaries, workdir: Path) -> None:
@@ -413,13 +409,17 @@ class DevCluster:
             log_path=self.log_path(name),
             cwd=workdir,
         )
-        self._procs[name] = proc
-        proc.start()
-        proc.wait_healthy(
+        self._start_process(
+            proc,
             https_ok(f"https://127.0.0.1:{port}/healthz", context=_self_signed_ok()),
-            timeout_s=self.settings.start_timeout_s,
-            what="healthy (GET /healthz)",
+            "healthy (GET /healthz)",
         )
+
+    def _start_process(self, proc: ManagedProcess, probe: Callable[[], bool], what: str) -> None:
+        """Register, start and wait for one control-plane process (stopped with the cluster)."""
+        self._procs[proc.name] = proc
+        proc.start()
+        proc.wait_healthy(probe, timeout_s=self.settings.start_timeout_s, what=what)
 
     def _write_kubeconfig(
         self, path: Path, server: str, cert: bytes, key: bytes, *, user: str = "admin"
@@ -467,13 +467,11 @@ class DevCluster:
             log_path=self.log_path(proc_name),
             cwd=workdir,
         )
-        self._procs[proc_name] = proc
         self.scheduler_ports[name] = port
-        proc.start()
-        proc.wait_healthy(
+        self._start_process(
+            proc,
             https_ok(f"https://127.0.0.1:{port}/readyz", context=_self_signed_ok()),
-            timeout_s=self.settings.start_timeout_s,
-            what="ready (GET /readyz)",
+            "ready (GET /readyz)",
         )
         return proc
 

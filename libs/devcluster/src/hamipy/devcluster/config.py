@@ -225,9 +225,10 @@ def apiserver_args(
 
 CONTROLLERS: Final = ("*", "-nodelifecycle", "-podgc")
 """Every default controller but two that would undo the simulated nodes: the node lifecycle
-controller reads the kubelets' Leases (the simulated nodes only keep their Ready condition) and would
-taint them unreachable and evict their pods; the pod garbage collector deletes pods bound to node
-names that do not exist, which some tests use on purpose."""
+controller taints a node unreachable and evicts its pods once its Lease is 40 s old, and the
+benchmarks' thousands of simulated nodes renew theirs only every 5 minutes (as would a node whose
+heartbeat a test stops); the pod garbage collector deletes pods bound to node names that do not
+exist, which some tests use on purpose."""
 
 
 def controller_manager_args(*, kubeconfig: str, secure_port: int, cert_dir: str, pki_dir: str) -> list[str]:

@@ -13,15 +13,14 @@ its socket in the kubelet's device-plugin directory, where the kubelet's device 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Protocol, Self
 
 from hamipy.devcluster.gpu_nodes import Credentials, DevicePluginAgent, FakeGpu
-from hamipy.devcluster.nodes import LEASE_NAMESPACE, NamedNode, remove_not_ready_taint
-from hamipy.devcluster.real_kubelet import RealKubelet
+from hamipy.devcluster.nodes import NamedNode, delete_node, remove_not_ready_taint
+from hamipy.devcluster.real_kubelet import ContainerConfig, RealKubelet
 from hamipy.devcluster.waiting import wait_for
 from hamipy.kube.client import RawKube
 from hamipy.kube.errors import NotFound
@@ -89,6 +88,20 @@ class KubeletNode:
         assert found is not None  # wait_for returns the first truthy value
         return found
 
+    async def wait_container(
+        self, namespace: str, pod: str, container: str, *, timeout_s: float = READY_TIMEOUT_S
+    ) -> ContainerConfig:
+        """The config the kubelet created that container with (the fake runtime's record), once it
+        has created it."""
+        found: ContainerConfig | None = await wait_for(
+            lambda: self.kubelet.container(namespace, pod, container),
+            timeout=timeout_s,
+            interval=0.1,
+            what=f"the kubelet to create container {namespace}/{pod}/{container}",
+        )
+        assert found is not None  # wait_for returns the first truthy value
+        return found
+
     async def start(self) -> None:
         await asyncio.to_thread(self.kubelet.start)
         await self.wait_ready()
@@ -109,10 +122,7 @@ class KubeletNode:
         finally:
             await asyncio.to_thread(self.kubelet.stop)
             if delete:
-                lease = f"/apis/coordination.k8s.io/v1/namespaces/{LEASE_NAMESPACE}/leases/{self.name}"
-                for path in (node_path(self.name), lease):
-                    with contextlib.suppress(NotFound):
-                        await self.kube.request("DELETE", path)
+                await delete_node(self.kube, self.name)
 
     async def __aenter__(self) -> Self:
         try:

@@ -141,6 +141,13 @@ class NamedNode(Protocol):
     def name(self) -> str: ...
 
 
+async def delete_node(kube: RawKube, name: str) -> None:
+    """Delete the Node and its Lease (either may be gone already)."""
+    for path in (node_path(name), _lease_path(name)):
+        with contextlib.suppress(NotFound):
+            await kube.request("DELETE", path)
+
+
 async def remove_not_ready_taint(kube: RawKube, node: Mapping[str, Any]) -> bool:
     """Drop ``node.kubernetes.io/not-ready`` from a Ready node, as the node-lifecycle controller
     would (it does not run here: ``config.CONTROLLERS``); True if there was one."""
@@ -263,9 +270,7 @@ class SimulatedNode:
             await self.delete()
 
     async def delete(self) -> None:
-        for path in (node_path(self.name), _lease_path(self.name)):
-            with contextlib.suppress(NotFound):
-                await self.kube.request("DELETE", path)
+        await delete_node(self.kube, self.name)
 
     async def patch_annotations(self, annotations: Mapping[str, str | None]) -> None:
         """Set (or with None, remove) node annotations, as a device plugin registering GPUs does."""

@@ -28,7 +28,6 @@ import json
 import os
 import shlex
 import shutil
-import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -36,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Final
 import yaml
 
 from hamipy.devcluster.errors import DevClusterError
-from hamipy.devcluster.processes import ManagedProcess, free_port
+from hamipy.devcluster.processes import ManagedProcess, free_port, http_ok
 
 if TYPE_CHECKING:
     from hamipy.devcluster.cluster import DevCluster
@@ -115,14 +114,6 @@ class ContainerConfig:
             if m.container_path == container_path:
                 return m
         raise KeyError(f"{self.pod}/{self.container}: no mount at {container_path}; has {self.mounts}")
-
-
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as resp:
-            return bool(resp.status == 200)
-    except OSError:
-        return False
 
 
 class RealKubelet:
@@ -299,9 +290,10 @@ class RealKubelet:
             cwd=self.workdir,
         )
         self.kubelet.start()
-        url = f"http://127.0.0.1:{self.healthz_port}/healthz"
         self.kubelet.wait_healthy(
-            lambda: _healthy(url), timeout_s=START_TIMEOUT_S, what="healthy (GET /healthz)"
+            http_ok(f"http://127.0.0.1:{self.healthz_port}/healthz", expect=b"ok"),
+            timeout_s=START_TIMEOUT_S,
+            what="healthy (GET /healthz)",
         )
 
     def stop_kubelet(self) -> None:
@@ -310,6 +302,11 @@ class RealKubelet:
         if self.kubelet is not None:
             self.kubelet.stop()
             self.kubelet = None
+
+    def pids(self) -> dict[str, int]:
+        """The kubelet's and the runtime's processes by name, while they run."""
+        procs = (self.kubelet, self.runtime)
+        return {p.name: p.pid for p in procs if p is not None and p.pid}
 
     def running(self) -> bool:
         """Both the kubelet and the runtime are up (neither exited under us)."""

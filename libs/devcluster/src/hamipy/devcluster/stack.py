@@ -30,6 +30,7 @@ import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Final
 
 from hamipy.devcluster.config import ExtenderConfig, ExtenderTLS, ManagedResource, SchedulerConfig
@@ -49,7 +50,7 @@ __all__ = ["GPU_NODE_LABELS", "GPU_NODE_MODELS", "GpuNodeModel", "LocalStack"]
 log = logging.getLogger(__name__)
 
 SERVICE_START_TIMEOUT_S: Final = 60.0
-GPU_NODE_LABELS: Final = {"hami-py.io/gpu-node": "true"}
+GPU_NODE_LABELS: Final[Mapping[str, str]] = MappingProxyType({"hami-py.io/gpu-node": "true"})
 MANAGED_RESOURCES: Final = (
     "nvidia.com/gpu",
     "nvidia.com/gpumem",
@@ -366,12 +367,7 @@ class LocalStack:
 
     def kubelet_pids(self) -> dict[str, int]:
         """The GPU nodes' kubelet and runtime processes by name, for `down` to find any left over."""
-        out = {}
-        for node in self.kubelet_nodes:
-            for proc in (node.kubelet.kubelet, node.kubelet.runtime):
-                if proc is not None and proc.pid:
-                    out[proc.name] = proc.pid
-        return out
+        return {name: pid for node in self.kubelet_nodes for name, pid in node.kubelet.pids().items()}
 
     def _monitor(self, plugin: DevicePluginAgent) -> MonitorAgent:
         return MonitorAgent(plugin, credentials=lambda _node: self.identities.kubeconfig("monitor"))

@@ -14,11 +14,11 @@ For one pod and the node kube-scheduler chose:
 3. under the lock, rebuild the node's usage from *fresh* API state: the Node, and every pod bound to
    it (``spec.nodeName``), so that binds by other replicas and pods the watch has not delivered yet
    are counted; re-check the filter's devices there and re-plan on that node if they no longer fit.
-   As in the model, a pod that is not bound holds nothing (anyone may annotate their own pod): a
-   bind writes its pod and creates the Binding before it lets the lock go, so under the lock no
-   other bind is half-done. The one exception is a lock we broke: its holder may have written its
-   pod and not bound it yet, so that pod, found by the ``hami.io/vgpu-node`` label our bind writes
-   with the allocation, is counted as if bound;
+   As in the model, a pod that is not bound holds nothing (anyone may annotate their own pod): our
+   bind writes the allocation with the Binding itself, before it lets the lock go, so under the
+   lock no bind of ours is half-done. The one exception is a lock we broke whose holder patches
+   the pod before binding it (HAMi's scheduler does; the ``hami.io/vgpu-node`` label it writes
+   with the allocation finds that pod): it is counted as if bound;
 4. record the bind in flight in the model (``begin_bind``), so a filter meanwhile counts it; then
    one write binds the pod and records its allocation: the Binding carries ``hami.io/vgpu-node``,
    ``vgpu-time``, ``vgpu-devices-to-allocate``, ``vgpu-devices-allocated``,

@@ -17,9 +17,9 @@ Usage on a GPU is the sum of *contributions*, one per pod UID, each either
 A pod that is not bound holds nothing, whatever its annotations say: anyone who may create pods can
 write ``hami.io/vgpu-node`` and ``vgpu-devices-allocated``, and only a bound pod is ever served GPUs
 by the device plugin. So an unbound pod's events never add, change or drop a contribution: our own
-bind's record (``binding``, then ``allocated``) survives the watch events of its patch (annotated,
-not yet bound), a filter's reservation stays until its TTL, and the pod's Binding event makes it an
-ordinary allocation. Another replica's pod mid-bind (annotated, not yet bound) is not counted here:
+bind's record (``binding``, then ``allocated``) survives the pod's watch events before its Binding, a
+filter's reservation stays until its TTL, and the pod's Binding event makes it an ordinary
+allocation. Another scheduler's pod mid-bind (HAMi's patches it before binding it) is not counted here:
 binds on a node serialize on the node lock and each re-checks fresh API state under it
 (``binding.Binder``), where the same rule applies; under the lock no other bind is half-written.
 
