@@ -1,13 +1,16 @@
-"""A scripted API server for the informer's and the recorder's tests: lists answered page by page
-from ``pages``, watches replayed from ``streams`` (an exception in a stream is raised there)."""
+"""Fake API servers for the kube tests: ``ScriptedKube`` answers lists page by page from ``pages``
+and replays watches from ``streams`` (an exception in a stream is raised there); ``EventStore``
+keeps Events; ``Leases`` keeps Leases with resourceVersion preconditions, one ``LeaseClient`` per
+replica."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+import copy
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
-from hamipy.kube.errors import KubeError
+from hamipy.kube.errors import Conflict, KubeError, NotFound
 
 
 def obj(uid: str, version: int, **labels: str) -> dict[str, Any]:
@@ -93,8 +96,6 @@ class EventStore:
         content_type: str = "application/json",
         timeout_s: float = 10.0,
     ) -> Any:
-        from hamipy.kube.errors import Conflict, NotFound
-
         self.calls.append((method, path))
         if (method, path) in self.fail:
             raise self.fail[(method, path)]
@@ -115,6 +116,91 @@ class EventStore:
         if method == "PATCH":
             found[0].update(body)
         return dict(found[0])
+
+    def stream(
+        self, path: str, *, query: Sequence[tuple[str, str]], inactivity_s: float
+    ) -> AsyncIterator[dict[str, Any]]:
+        raise NotImplementedError
+
+
+class Leases:
+    """Leases kept as the API server keeps them, by path: every write gets a new resourceVersion; a
+    PUT carrying another version, or a POST of one that exists, is ``Conflict``. ``intrude`` runs
+    just before the next write lands, as another replica's write that got there first."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.calls: list[tuple[str, str]] = []
+        self.intrude: Callable[[], object] | None = None
+        self._version = 0
+
+    def client(self) -> LeaseClient:
+        return LeaseClient(self)
+
+    def store(self, path: str, lease: dict[str, Any]) -> dict[str, Any]:
+        """``lease`` written at ``path`` with the next resourceVersion, whatever was there."""
+        self._version += 1
+        stored = copy.deepcopy(lease)
+        stored.setdefault("metadata", {})["resourceVersion"] = str(self._version)
+        self.objects[path] = stored
+        return copy.deepcopy(stored)
+
+    def spec(self, path: str) -> dict[str, Any]:
+        spec: dict[str, Any] = self.objects[path]["spec"]
+        return spec
+
+    def handle(self, method: str, path: str, body: Any) -> Any:
+        self.calls.append((method, path))
+        if method in ("POST", "PUT") and self.intrude is not None:
+            intrude, self.intrude = self.intrude, None
+            intrude()
+        if method == "POST":
+            path = f"{path}/{body['metadata']['name']}"
+            if path in self.objects:
+                raise Conflict(f"POST {path}: already exists", status=409)
+            return self.store(path, body)
+        current = self.objects.get(path)
+        if current is None:
+            raise NotFound(f"{method} {path}: not found", status=404)
+        if method == "GET":
+            return copy.deepcopy(current)
+        if method == "PUT":
+            if body["metadata"].get("resourceVersion") != current["metadata"]["resourceVersion"]:
+                raise Conflict(f"PUT {path}: the object has been modified", status=409)
+            return self.store(path, body)
+        raise NotImplementedError(method)
+
+
+class LeaseClient:
+    """One replica's connection to ``Leases``: while ``down`` is set every call raises it; the next
+    ``fail_next`` calls raise a ``KubeError``; while ``hang`` is set a call never answers."""
+
+    def __init__(self, store: Leases) -> None:
+        self.store = store
+        self.down: KubeError | None = None
+        self.fail_next = 0
+        self.hang = False
+        self.timeouts: list[float] = []
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Sequence[tuple[str, str]] = (),
+        body: Any = None,
+        content_type: str = "application/json",
+        timeout_s: float = 10.0,
+    ) -> Any:
+        self.timeouts.append(timeout_s)
+        if self.hang:
+            await asyncio.Event().wait()
+        if self.down is not None:
+            raise self.down
+        if self.fail_next:
+            self.fail_next -= 1
+            raise KubeError(f"{method} {path}: HTTP 503: unavailable", status=503)
+        return self.store.handle(method, path, copy.deepcopy(body))
 
     def stream(
         self, path: str, *, query: Sequence[tuple[str, str]], inactivity_s: float

@@ -1,4 +1,4 @@
-"""Typed calls on the objects hami-py reads and writes: nodes, pods, bindings, lists.
+"""Typed calls on the objects hami-py reads and writes: nodes, pods, bindings, lists; Lease paths.
 
 Each is one ``KubeApi.request`` with a timeout; errors are ``hamipy.kube.errors.KubeError``.
 """
@@ -15,6 +15,7 @@ __all__ = [
     "create_binding",
     "get_node",
     "get_pod",
+    "lease_path",
     "list_all",
     "node_path",
     "node_pods_query",
@@ -36,6 +37,12 @@ def pod_path(namespace: str = "", name: str = "") -> str:
     if not namespace:
         return "/api/v1/pods"
     base = f"/api/v1/namespaces/{namespace}/pods"
+    return f"{base}/{name}" if name else base
+
+
+def lease_path(namespace: str, name: str = "") -> str:
+    """A ``coordination.k8s.io/v1`` Lease in ``namespace`` (its collection without ``name``)."""
+    base = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
     return f"{base}/{name}" if name else base
 
 
