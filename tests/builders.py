@@ -14,11 +14,13 @@ lives there (pytest's "prepend" import mode).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from hamipy.protocol import keys
 from hamipy.protocol.devices import ContainerDevice, DeviceInfo
 from hamipy.protocol.node_devices import encode_node_devices
+from hamipy.protocol.node_handshake import Handshake, format_handshake
 from hamipy.protocol.pod_devices import encode_pod_devices
 
 __all__ = ["GPU_TYPE", "IMAGE", "allocation", "container", "gpu", "node", "pod"]
@@ -170,6 +172,17 @@ def gpu(
 ) -> DeviceInfo:
     """One healthy GPU as a node registers it: split ``count`` ways, ``mem`` MiB, ``core`` percent."""
     return DeviceInfo(uuid, index, count, mem, core, type_, numa, mode, health)
+
+
+def plugin_registration(devices: Sequence[DeviceInfo], *, ours: bool = True) -> dict[str, str]:
+    """The node annotations a device plugin writes when it registers ``devices``: the register and a
+    ``Reported_`` handshake, and with ``ours`` our marker (the extender then binds there without the
+    node lock); without, as HAMi's plugin writes them."""
+    handshake = format_handshake(Handshake("Reported", datetime.now(UTC)))
+    written = {keys.NODE_REGISTER: encode_node_devices(devices), keys.NODE_HANDSHAKE: handshake}
+    if ours:
+        written[keys.DEVICE_PLUGIN_MARKER] = handshake
+    return written
 
 
 def node(

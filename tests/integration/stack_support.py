@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import io
 import shutil
 import tempfile
@@ -152,6 +153,21 @@ async def unregister_webhook(api: Any, name: str) -> None:
         await admission.delete_mutating_webhook_configuration(name, _request_timeout=API_TIMEOUT_S)
 
 
+def elected(namespace: str) -> ExtenderSettings:
+    """``EXTENDER_SETTINGS`` for replicas electing their leader by a Lease in ``namespace``, with
+    short times (failover in about 8 s) that still fence: lease > renew deadline + API timeout."""
+    return dataclasses.replace(
+        EXTENDER_SETTINGS,
+        leader_election=True,
+        lease_namespace=namespace,
+        api_timeout_s=3.0,
+        lease_duration_s=8.0,
+        renew_deadline_s=4.0,
+        retry_period_s=0.5,
+        leader_wait_s=10.0,
+    )
+
+
 async def start_extenders(
     api: Any,
     n: int = 1,
@@ -161,10 +177,12 @@ async def start_extenders(
     """`n` extender replicas in this process, each synced with the cluster. Their tracing follows
     this process's OTEL_* variables."""
     servers = []
-    for _ in range(n):
+    for i in range(n):
         server = ExtenderServer(
             config=config or Config(),
-            settings=settings,
+            settings=dataclasses.replace(settings, identity=f"replica-{i}")
+            if settings.leader_election
+            else settings,
             telemetry=ExtenderTelemetry.create(stream=io.StringIO()),
             api=RawKube(api),
         )

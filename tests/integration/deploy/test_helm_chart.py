@@ -233,7 +233,9 @@ def test_scheduler_config_is_the_one_the_integration_tests_run(
     assert chart == tests
 
 
-def test_only_the_scheduler_reaches_the_extenders_port(rendered: dict[str, list[dict[str, Any]]]) -> None:
+def test_only_the_scheduler_and_the_other_replicas_reach_the_extenders_port(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
     docs = rendered["defaults"]
     policy = one(docs, "NetworkPolicy", "-extender")
     extender = one(docs, "Deployment", "-extender")["spec"]["template"]["metadata"]["labels"]
@@ -241,9 +243,12 @@ def test_only_the_scheduler_reaches_the_extenders_port(rendered: dict[str, list[
     assert selects(policy["spec"]["podSelector"]["matchLabels"], extender)
     api, metrics = policy["spec"]["ingress"]
     assert api["ports"] == [{"port": 8888, "protocol": "TCP"}]
-    ((peer,),) = [api["from"]]
-    assert selects(peer["podSelector"]["matchLabels"], scheduler)
-    assert not selects(peer["podSelector"]["matchLabels"], extender)
+    scheduler_peer, replica_peer = api["from"]
+    assert selects(scheduler_peer["podSelector"]["matchLabels"], scheduler)
+    assert not selects(scheduler_peer["podSelector"]["matchLabels"], extender)
+    # Followers forward to the leader (docs/extender.md#replicas).
+    assert selects(replica_peer["podSelector"]["matchLabels"], extender)
+    assert not selects(replica_peer["podSelector"]["matchLabels"], scheduler)
     assert metrics == {"ports": [{"port": 9396, "protocol": "TCP"}]}
     # The extender demands a client certificate from the CA that signed the scheduler's.
     args = container(docs, "extender")["args"]
@@ -500,12 +505,17 @@ def test_name_overrides_name_every_object_and_keep_references(args: list[str], p
             assert doc["spec"]["template"]["spec"]["serviceAccountName"] in accounts
 
 
+def _unnamed(args: list[str]) -> list[str]:
+    """Arguments without the values that carry an object's name (renamed in one render)."""
+    return [a for a in args if not a.startswith(("--lease-name=", "--peer-server-name="))]
+
+
 @pytest.mark.parametrize("key", sorted(SERVICES))
 def test_extra_args_and_env_land_in_each_service(rendered: dict[str, list[dict[str, Any]]], key: str) -> None:
     plain = container(rendered["defaults"], key)
     extra = container(rendered["renamed-with-extras"], key)
     field = SERVICES[key][3]
-    assert extra[field] == plain.get(field, []) + _extra_args(key)
+    assert _unnamed(extra[field]) == _unnamed(plain.get(field, [])) + _extra_args(key)
     assert extra["env"] == plain.get("env", []) + EXTRA_ENV
 
 

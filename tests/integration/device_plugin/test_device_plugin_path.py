@@ -89,6 +89,10 @@ async def test_node_registers_its_gpus(gpu_stack: GpuStack) -> None:
         (GPUS[1].uuid, 1, 10, 81920, "NVIDIA A100-SXM4-80GB", 1, True),
     ]
     assert node.metadata.annotations[keys.NODE_HANDSHAKE].startswith("Reported_")
+    # Our marker is the report itself: the extender binds here without the node lock.
+    assert (
+        node.metadata.annotations[keys.DEVICE_PLUGIN_MARKER] == node.metadata.annotations[keys.NODE_HANDSHAKE]
+    )
     assert node.status.capacity[RESOURCE] == "20"
     assert node.status.allocatable[RESOURCE] == "20"
 

@@ -20,7 +20,7 @@ import pytest
 from aiohttp import web
 from builders import container, gpu
 from kubernetes_asyncio.client import CoreV1Api
-from stack_support import EXTENDER_SETTINGS, start_extenders, use_extender
+from stack_support import EXTENDER_SETTINGS, elected, start_extenders, use_extender
 
 from hamipy.devcluster import (
     API_TIMEOUT_S,
@@ -73,13 +73,14 @@ class Cluster:
         self.namespace = namespace
         self.pool = pool
 
-    async def add_node(self, suffix: str, devices: Sequence[DeviceInfo]) -> str:
+    async def add_node(self, suffix: str, devices: Sequence[DeviceInfo], *, ours: bool = True) -> str:
+        """A node registered as our device plugin registers it (``ours``), else as HAMi's does."""
         name = f"{self.namespace}-{suffix}"
         await self.pool.add(
             NodeSpec(
                 name=name,
                 labels={"extender-test": self.namespace},
-                annotations={keys.NODE_REGISTER: encode_node_devices(devices)},
+                annotations=builders.plugin_registration(devices, ours=ours),
                 capacity={keys.RESOURCE_COUNT: str(sum(d.count for d in devices))},
             )
         )
@@ -353,16 +354,95 @@ async def test_burst_with_one_replica(cluster: Cluster, extender: ExtenderServer
     await burst(cluster)
 
 
+async def caught_up_leader(servers: Sequence[ExtenderServer]) -> ExtenderServer:
+    """The replica that leads, once its model has caught up (its binds decide from it)."""
+    found = await wait_for(
+        lambda: next((s for s in servers if s.leadership.exclusive()), None),
+        timeout=30,
+        what="an extender leader caught up",
+    )
+    assert found is not None
+    return found
+
+
+def counter(servers: Sequence[ExtenderServer], name: str, labels: dict[str, str]) -> float:
+    return sum(s.telemetry.metrics.registry.get_sample_value(name, labels) or 0.0 for s in servers)
+
+
 @pytest.mark.timeout(240)
+@pytest.mark.parametrize("balancing", ["per-request", "per-connection"])
 async def test_burst_with_three_replicas(
-    cluster: Cluster, kube_client: Any, hami_scheduler: Callable[..., Any]
+    cluster: Cluster, kube_client: Any, hami_scheduler: Callable[..., Any], balancing: str
 ) -> None:
-    servers = await start_extenders(kube_client, 3)
-    runner, url = await round_robin_proxy([s.url for s in servers])
+    """Three replicas electing a leader (issue 18, item 3): kube-scheduler reaches them through a
+    round-robin proxy (per-request balancing) or, as kube-proxy pins its kept-alive connection, one
+    follower only (per-connection). The leader decides and binds; the others forward. Under 5 % of
+    binds are refused, and only the leader binds."""
+    servers = await start_extenders(kube_client, 3, settings=elected(cluster.namespace))
+    runner = None
     try:
+        leader = await caught_up_leader(servers)
+        followers = [s for s in servers if s is not leader]
+        if balancing == "per-request":
+            runner, url = await round_robin_proxy([s.url for s in servers])
+        else:
+            url = followers[0].url
         await use_extender(hami_scheduler, url)
         await burst(cluster)
+        bound = counter(
+            [leader],
+            "hamipy_extender_decisions_total",
+            {"verb": "bind", "result": "bound", "reason": "bound"},
+        )
+        refused = counter(
+            servers,
+            "hamipy_extender_decisions_total",
+            {"verb": "bind", "result": "refused", "reason": "refused"},
+        )
+        assert bound >= FITTABLE
+        assert refused < 0.05 * (bound + refused), (bound, refused)
+        assert counter(followers, "hamipy_extender_bind_paths_total", {"path": "model"}) == 0
+        assert counter(followers, "hamipy_extender_bind_paths_total", {"path": "locked"}) == 0
+        assert counter([leader], "hamipy_extender_bind_paths_total", {"path": "model"}) >= FITTABLE
+        forwarded = counter(
+            followers, "hamipy_extender_forwarded_total", {"verb": "bind", "result": "answered"}
+        )
+        assert forwarded >= (FITTABLE if balancing == "per-connection" else 1)
     finally:
-        await runner.cleanup()
+        if runner is not None:
+            await runner.cleanup()
+        for server in servers:
+            await server.stop()
+
+
+@pytest.mark.timeout(240)
+async def test_a_new_leader_takes_over_and_binds_what_is_left(
+    cluster: Cluster, kube_client: Any, hami_scheduler: Callable[..., Any]
+) -> None:
+    """The leader stops mid-burst (it releases the Lease); a follower leads, catches its model up
+    and places the rest; nothing over-full, every fittable pod bound with its allocation."""
+    servers = await start_extenders(kube_client, 2, settings=elected(cluster.namespace))
+    try:
+        first = await caught_up_leader(servers)
+        (second,) = [s for s in servers if s is not first]
+        await use_extender(hami_scheduler, second.url)
+        ns = cluster.namespace
+        await cluster.add_node("n0", [gpu(f"GPU-{ns}-0-{i}", i, count=SLOTS) for i in range(GPUS)])
+        for i in range(20):
+            await cluster.create(pod_body(f"a{i}", container(gpu=1, gpumem=3000), selector=ns))
+        await first.stop()
+        await wait_for(second.leadership.exclusive, timeout=30, what="the follower to lead, caught up")
+        for i in range(20):
+            await cluster.create(pod_body(f"b{i}", container(gpu=1, gpumem=3000), selector=ns))
+
+        async def all_bound() -> bool:
+            pods = await cluster.core.list_namespaced_pod(ns, _request_timeout=API_TIMEOUT_S)
+            return sum(1 for p in pods.items if p.spec.node_name) == 40
+
+        await wait_for(all_bound, timeout=120, interval=0.5, what="40 pods bound")
+        pods = await cluster.core.list_namespaced_pod(ns, _request_timeout=API_TIMEOUT_S)
+        assert all(keys.DEVICES_ALLOCATED in (p.metadata.annotations or {}) for p in pods.items)
+        await cluster.assert_invariant()
+    finally:
         for server in servers:
             await server.stop()

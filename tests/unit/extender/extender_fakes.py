@@ -11,7 +11,7 @@ import io
 import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Final
 
 import builders
 from builders import container, gpu
@@ -36,6 +36,17 @@ def node(
     GPUs unless ``devices`` says otherwise."""
     devices = devices if devices is not None else [gpu(f"GPU-{name}-{i}", i) for i in range(2)]
     return builders.node(name, devices, uid=f"uid-{name}", resource_version="1", annotations=annotations)
+
+
+REPORTED: Final = "Reported_2026-11-24 10:00:00"
+"""A ``Reported_`` handshake, as a device plugin answers."""
+
+
+def our_node(name: str, devices: Sequence[DeviceInfo] | None = None) -> dict[str, Any]:
+    """``node`` as our device plugin registers it: its last report carries our marker."""
+    return node(
+        name, devices, annotations={keys.NODE_HANDSHAKE: REPORTED, keys.DEVICE_PLUGIN_MARKER: REPORTED}
+    )
 
 
 def pod(

@@ -104,6 +104,7 @@ async def test_a_refused_bind_releases_the_pods_reservation() -> None:
     r.scheduler.filter({"Pod": p, "NodeNames": ["n"]})
     assert "uid-tenant-victim" in r.model.contributions
     r.kube.pods[("tenant", "victim")]["spec"]["schedulerName"] = "default-scheduler"
+    r.model.apply_pod("MODIFIED", r.kube.pods[("tenant", "victim")])  # as the watch delivers it
     await refused(r, bind_args(p))
     assert r.model.contributions == {}
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -18,7 +19,7 @@ from extender_fakes import BIND_SETTINGS, BindRig, bind_rig, node, pod
 from hamipy.extender.binding import Binder
 from hamipy.extender.errors import BindRefused
 from hamipy.extender.invariant import check_cluster
-from hamipy.extender.model import ClusterModel
+from hamipy.extender.model import ClusterModel, PodUid
 from hamipy.extender.telemetry import Telemetry
 from hamipy.protocol import decode_pod_devices, keys
 from hamipy.protocol.config import Config
@@ -113,26 +114,38 @@ async def test_two_binds_of_one_pod_on_two_nodes_bind_it_once_and_the_loser_leav
     assert report.ok, report.violations
 
 
-@pytest.mark.parametrize("change", ["labelled", "deleted"])
-async def test_a_pod_changed_under_a_bind_is_left_as_it_is(change: str) -> None:
-    r = bind_rig()
-    r.kube.add_pod(pod("p"))
+def meddle_once(r: BindRig, change: Callable[[], object]) -> None:
+    """Make ``change`` just before the first Binding arrives (the pod changes under the bind)."""
 
-    def meddle(method: str, path: str, body: Any) -> None:
+    def hook(method: str, path: str, body: Any) -> None:
         if method == "POST" and path.endswith("/binding"):
             r.kube.on_request = None
-            if change == "deleted":
-                del r.kube.pods[("ns", "p")]
-            else:
-                r.kube._write(r.kube.pods[("ns", "p")], {"metadata": {"labels": {"team": "a"}}})
+            change()
 
-    r.kube.on_request = meddle
-    want = "was deleted while being bound" if change == "deleted" else "changed while being bound"
-    with pytest.raises(BindRefused, match=want):
+    r.kube.on_request = hook
+
+
+async def test_a_pod_deleted_under_a_bind_is_refused_and_nothing_is_left() -> None:
+    r = bind_rig()
+    r.kube.add_pod(pod("p"))
+    meddle_once(r, lambda: r.kube.pods.pop(("ns", "p")))
+    with pytest.raises(BindRefused, match="was deleted while being bound"):
         await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
-    if change == "labelled":
-        stored = r.kube.pods[("ns", "p")]
-        assert not stored["spec"].get("nodeName")
-        assert keys.DEVICES_ALLOCATED not in (stored["metadata"].get("annotations") or {})
     assert r.model.contributions == {}
+    assert r.lock() is None
+
+
+async def test_a_pod_changed_otherwise_under_a_bind_is_read_again_and_bound() -> None:
+    """A label written between the read and the Binding makes the Binding a Conflict; the pod is
+    still the same unbound pod asking the same, so it is written again with its new version."""
+    r = bind_rig()
+    r.kube.add_pod(pod("p"))
+    meddle_once(r, lambda: r.kube._write(r.kube.pods[("ns", "p")], {"metadata": {"labels": {"team": "a"}}}))
+    await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+    stored = r.kube.pods[("ns", "p")]
+    assert stored["spec"]["nodeName"] == "n"
+    assert stored["metadata"]["labels"]["team"] == "a"
+    (slot,) = decode_pod_devices(stored["metadata"]["annotations"][keys.DEVICES_ALLOCATED])
+    assert [d.uuid for d in slot] == ["A"]
+    assert r.model.contributions[PodUid("uid-ns-p")].source == "allocated"
     assert r.lock() is None

@@ -56,6 +56,7 @@ def test_a_pending_pod_keeps_its_identity_preferences_and_asks_only() -> None:
         "name": "p",
         "namespace": "ns",
         "uid": "uid-ns-p",
+        "resourceVersion": "1",
         "annotations": {keys.USE_GPU_TYPE: "A100"},
     }
     assert set(kept.pod["spec"]) == {"schedulerName", "containers"}

@@ -32,7 +32,10 @@ async def server() -> AsyncIterator[tuple[ExtenderServer, InMemorySpanExporter]]
     exporter = InMemorySpanExporter()
     telemetry = Telemetry.create(stream=io.StringIO(), processor=SimpleSpanProcessor(exporter))
     srv = ExtenderServer(
-        config=Config(), settings=ExtenderSettings(cooperative=False), telemetry=telemetry, api=None
+        config=Config(),
+        settings=ExtenderSettings(cooperative=False, success_events=True),
+        telemetry=telemetry,
+        api=None,
     )
     await srv.start()
     yield srv, exporter

@@ -13,6 +13,7 @@ __all__ = [
     "DEVICES_ALLOCATED",
     "DEVICES_TO_ALLOCATE",
     "DEVICE_CORDON",
+    "DEVICE_PLUGIN_MARKER",
     "DEVICE_SCORING_WEIGHTS",
     "DEVICE_VENDOR_NVIDIA",
     "GPU_SCHEDULER_POLICY",
@@ -87,6 +88,11 @@ DEVICE_SCORING_WEIGHTS: Final = "hami.io/device-scoring-weights"
 # Our own addition (new keys only, docs/design.md#6-wire-compatible-with-hami): W3C trace context of
 # the pod's journey (docs/wire-format.md#trace-context).
 TRACE_CONTEXT: Final = "hami-py.io/traceparent"
+DEVICE_PLUGIN_MARKER: Final = "hami-py.io/device-plugin-handshake"
+"""Node annotation our device plugin writes with every register, equal to the ``Reported_``
+handshake written beside it: a node whose current report carries it is served by our device plugin
+(which needs no node lock), one whose report does not (HAMi's plugin reported last) gets HAMi's
+lock discipline (docs/extender.md#two-bind-paths)."""
 
 # Default resource names (docs/wire-format.md#resources; configurable)
 RESOURCE_COUNT: Final = "nvidia.com/gpu"

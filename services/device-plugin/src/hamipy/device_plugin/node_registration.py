@@ -24,10 +24,13 @@ _RETRY_S = 2.0
 
 
 async def write_node_register(api: NodeKube, inventory: Inventory) -> str:
-    """One write of both annotations; returns the register value written."""
+    """One write of the register, the handshake and our marker (equal to the handshake, so that a
+    report by HAMi's plugin, which leaves the marker, is told apart); returns the register value."""
     value = encode_node_devices(inventory.register_devices())
     handshake = format_handshake(Handshake("Reported", datetime.now(UTC)))
-    await api.patch_node_annotations({keys.NODE_REGISTER: value, keys.NODE_HANDSHAKE: handshake})
+    await api.patch_node_annotations(
+        {keys.NODE_REGISTER: value, keys.NODE_HANDSHAKE: handshake, keys.DEVICE_PLUGIN_MARKER: handshake}
+    )
     return value
 
 

@@ -50,12 +50,12 @@ import dataclasses
 import random
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from hamipy.extender.errors import BindRefused, LockTimeout
 from hamipy.extender.filtering import build_ask
-from hamipy.extender.fitting import fit_pod
-from hamipy.extender.model import ClusterModel, NodeName, PodUid, now_epoch, pod_leaving
+from hamipy.extender.fitting import PodAsk, fit_pod
+from hamipy.extender.model import ClusterModel, NodeName, NodeState, PodUid, now_epoch, pod_leaving
 from hamipy.extender.settings import ExtenderSettings
 from hamipy.extender.telemetry import Telemetry
 from hamipy.kube.client import KubeApi
@@ -73,6 +73,7 @@ from hamipy.kube.resources import (
 )
 from hamipy.protocol import keys
 from hamipy.protocol.config import Config
+from hamipy.protocol.devices import PodDevices
 from hamipy.protocol.errors import ProtocolError
 from hamipy.protocol.node_lock import NodeLock, format_node_lock, lock_expired, owned_by, parse_node_lock
 from hamipy.protocol.pod_devices import encode_pod_devices
@@ -84,7 +85,21 @@ _FIRST_DELAY_S: Final = 0.02
 _MAX_DELAY_S: Final = 0.25
 _DONE_PHASES: Final = frozenset({"success", "failed"})
 _LABEL_MAX: Final = 63
-_ALLOCATION_KEYS: Final = keys.ALLOCATION_STATE_ANNOTATIONS
+_BINDING_ATTEMPTS: Final = 3
+"""Bindings written for one bind when the pod keeps changing (not bound) between them."""
+
+
+class _Target(NamedTuple):
+    """The pod a bind is for and the node kube-scheduler chose."""
+
+    namespace: str
+    name: str
+    uid: str
+    node: str
+
+
+class _Settled(BindRefused):
+    """A refusal after which the model already holds what the pod really holds (nothing to undo)."""
 
 
 @dataclasses.dataclass
@@ -124,6 +139,7 @@ class Binder:
         settings: ExtenderSettings,
         telemetry: Telemetry,
         wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        exclusive: Callable[[], bool] = lambda: True,
     ) -> None:
         self.api = api
         self.model = model
@@ -131,6 +147,9 @@ class Binder:
         self.settings = settings
         self.telemetry = telemetry
         self.wall_clock = wall_clock
+        self.exclusive = exclusive
+        """Whether this replica alone writes allocations now (one replica, or the leader whose
+        model has caught up): only then may a bind decide from the model."""
         self._mutexes: dict[str, asyncio.Lock] = {}
         self._waiting: collections.Counter[str] = collections.Counter()
         self._sessions: dict[str, _Session] = {}
@@ -138,13 +157,14 @@ class Binder:
     async def bind(self, *, namespace: str, name: str, uid: str, node: str) -> None:
         """Bind ``namespace/name`` to ``node``; raises ``BindRefused`` or ``KubeError``."""
         timeout = self.settings.api_timeout_s
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.settings.bind_timeout_s
-        try:
-            pod = await get_pod(self.api, namespace, name, timeout_s=timeout)
-        except NotFound:
-            # Its reservation goes with its watch event; the UID of a made-up bind frees nothing.
-            raise BindRefused(f"pod {namespace}/{name} no longer exists") from None
+        pod = self._watched(namespace, name, uid)
+        if pod is None:
+            # Not (yet) seen by the watch, or seen under another UID: ask the API.
+            try:
+                pod = await get_pod(self.api, namespace, name, timeout_s=timeout)
+            except NotFound:
+                # Its reservation goes with its watch event; the UID of a made-up bind frees nothing.
+                raise BindRefused(f"pod {namespace}/{name} no longer exists") from None
         refusal = self._not_ours(pod, uid)
         if refusal is not None:
             if _meta(pod).get("uid") == uid:
@@ -165,6 +185,61 @@ class Binder:
             # (managedResources), and it takes nothing on the node.
             await create_binding(self.api, namespace, name, uid, node, timeout_s=timeout)
             return
+        target = _Target(namespace, name, uid, node)
+        if self._fast(node):
+            self.telemetry.metrics.bind_paths.labels(path="model").inc()
+            await self._bind_from_model(target, pod, ask)
+        else:
+            self.telemetry.metrics.bind_paths.labels(path="locked").inc()
+            await self._bind_locked(target, pod, ask)
+
+    def _watched(self, namespace: str, name: str, uid: str) -> Mapping[str, Any] | None:
+        """The pod as the watch last saw it pending, if that is the pod this bind names."""
+        pending = self.model.pending.get(PodUid(uid))
+        if pending is None or (pending.namespace, pending.name) != (namespace, name):
+            return None
+        return pending.pod
+
+    def _fast(self, node: str) -> bool:
+        """Whether this bind may decide from the model alone: this replica is the only one writing
+        allocations (``exclusive``), our device plugin serves the node (it needs no lock), and no
+        one else holds the node's lock (HAMi's scheduler beside us): docs/extender.md#two-bind-paths."""
+        state = self.model.nodes.get(node)
+        if state is None or not state.ours or not self.exclusive():
+            return False
+        value = state.lock_value
+        if not value:
+            return True
+        try:
+            lock = parse_node_lock(value)
+        except ProtocolError:
+            return False  # the locked path breaks it
+        return lock_expired(lock, now=self.wall_clock(), timeout=self.settings.lock_expiry)
+
+    async def _bind_from_model(self, target: _Target, pod: Mapping[str, Any], ask: PodAsk) -> None:
+        """Decide on the model's node and write one Binding: no lock, no read. Safe because this
+        replica alone writes allocations (``exclusive``) and the model counts every bind it made,
+        in flight ones included; the decision and ``begin_bind`` run with no await between them."""
+        uid = PodUid(target.uid)
+        state = self.model.nodes.get(target.node)
+        if state is None:
+            self.model.release(uid)
+            raise BindRefused(f"node {target.node} no longer exists")
+        reservation = self.model.contributions.get(uid)
+        preferred = None
+        if reservation is not None and reservation.source == "reserved" and reservation.node == target.node:
+            preferred = reservation.devices
+        self.model.release(uid)  # its own reservation must not count against it
+        devices = self._choose(state, ask, preferred)
+        if await self._write(target, pod, ask, devices, fresh=None, fenced=True):
+            await self._label(*target)
+
+    async def _bind_locked(self, target: _Target, pod: Mapping[str, Any], ask: PodAsk) -> None:
+        """HAMi's discipline: take the node lock, rebuild the node from fresh API state, decide
+        there and write the Binding under the lock (see the module docstring)."""
+        namespace, name, uid, node = target
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.bind_timeout_s
         mutex = self._mutexes.setdefault(node, asyncio.Lock())
         self._waiting[node] += 1
         try:
@@ -178,90 +253,29 @@ class Binder:
             ) from None
         self._waiting[node] -= 1
         locked = False
-        raced = False
-        labelled = False
         release = False
+        written = False
         try:
-            pod_uid = str(_meta(pod).get("uid", ""))
-            continued = await self._continue(self._sessions.pop(node, None), node, namespace, name, pod_uid)
+            continued = await self._continue(self._sessions.pop(node, None), node, namespace, name, uid)
             if continued is None:
                 node_obj, displaced = await self._acquire(node, namespace, name, deadline)
                 locked = True
-                fresh = await self._fresh_model(node_obj, exclude=pod_uid, displaced=displaced)
+                fresh = await self._fresh_model(node_obj, exclude=uid, displaced=displaced)
             else:
                 node_obj, fresh = continued
                 locked = True
-            state = fresh.nodes[node]
-            if not state.usable(now_epoch()):
-                why = state.problem or (
-                    f"a pod on it has a malformed {keys.DEVICES_ALLOCATED}"
-                    if state.bad_pods
-                    else f"no {keys.NODE_REGISTER} annotation"
-                    if not state.registered
-                    else "handshake timed out"
-                )
-                raise BindRefused(f"node {node} cannot take GPU pods now: {why}")
             reservation = self.model.contributions.get(PodUid(uid))
             preferred = reservation.devices if reservation is not None and reservation.node == node else None
-            fit = fit_pod(state, ask, preferred=preferred)
-            if fit.devices is None:
-                raise BindRefused(f"pod no longer fits node {node}: {fit.why().text()}")
-            devices = fit.devices
-            encoded = encode_pod_devices(devices, field=keys.DEVICES_ALLOCATED)
-            stamp = str(int(self.wall_clock().timestamp()))
-            annotations = {
-                keys.VGPU_NODE: node,
-                keys.VGPU_TIME: stamp,
-                keys.DEVICES_TO_ALLOCATE: encoded,
-                keys.DEVICES_ALLOCATED: encoded,
-                keys.BIND_PHASE: "allocating",
-                keys.BIND_TIME: stamp,
-            }
-
-            def record(model: ClusterModel, *, in_flight: bool = False) -> None:
-                (model.begin_bind if in_flight else model.allocate)(
-                    uid=PodUid(uid),
-                    namespace=namespace,
-                    name=name,
-                    node=NodeName(node),
-                    devices=devices,
-                    n_init=ask.n_init,
-                    raw=encoded,
-                )
-
-            # In flight: counted by filters meanwhile, whatever the pod's watch events say.
-            record(self.model, in_flight=True)
-            try:
-                # One write binds the pod and records its allocation, and only if the pod is still
-                # as read: a bind of the same pod that wrote first makes this one a Conflict.
-                await create_binding(
-                    self.api,
-                    namespace,
-                    name,
-                    uid,
-                    node,
-                    annotations=annotations,
-                    resource_version=str(_meta(pod).get("resourceVersion")),
-                    timeout_s=timeout,
-                )
-            except NotFound:
-                raise BindRefused(f"pod {namespace}/{name} was deleted while being bound") from None
-            except Conflict:
-                raced = True  # from here the model holds what the pod really holds
-                twin = await self._lost_race(namespace, name, uid, node)  # raises unless bound here
-                fresh.apply_pod("MODIFIED", twin)  # the next bind of a session counts it
-            else:
-                record(fresh)  # the next bind of a session counts this pod
-                record(self.model)
-                labelled = True
+            devices = self._choose(fresh.nodes[node], ask, preferred)
+            written = await self._write(target, pod, ask, devices, fresh=fresh)
             if self.settings.release_lock_after_bind:
                 # Decided before the mutex is released, so the next bind finds the session.
                 if self._waiting[node] > 0:
                     self._sessions[node] = _Session(node_obj, fresh, (namespace, name))
                 else:
                     release = True
-        except BaseException:
-            if not raced:
+        except BaseException as exc:
+            if not isinstance(exc, _Settled):
                 self.model.release(PodUid(uid), only_reserved=False)
             if locked:
                 await self._release(node, namespace, name)
@@ -271,8 +285,127 @@ class Binder:
             mutex.release()
         if release:
             await self._release(node, namespace, name)
-        if labelled:
+        if written:
             await self._label(namespace, name, uid, node)
+
+    def _choose(self, state: NodeState, ask: PodAsk, preferred: PodDevices | None) -> PodDevices:
+        """The pod's devices on ``state`` (the filter's when they still fit); ``BindRefused`` when
+        the node cannot take GPU pods or the pod no longer fits."""
+        if not state.usable(now_epoch()):
+            why = state.problem or (
+                f"a pod on it has a malformed {keys.DEVICES_ALLOCATED}"
+                if state.bad_pods
+                else f"no {keys.NODE_REGISTER} annotation"
+                if not state.registered
+                else "handshake timed out"
+            )
+            raise BindRefused(f"node {state.name} cannot take GPU pods now: {why}")
+        fit = fit_pod(state, ask, preferred=preferred)
+        if fit.devices is None:
+            raise BindRefused(f"pod no longer fits node {state.name}: {fit.why().text()}")
+        return fit.devices
+
+    async def _write(
+        self,
+        target: _Target,
+        pod: Mapping[str, Any],
+        ask: PodAsk,
+        devices: PodDevices,
+        *,
+        fresh: ClusterModel | None,
+        fenced: bool = False,
+    ) -> bool:
+        """Record the bind in flight, write the Binding carrying the allocation, then record it as
+        made (in ``fresh`` too: the next bind of a lock session counts it). True when this bind
+        wrote it, False when another bind of the pod had bound it here. On any failure the model no
+        longer counts the pod, unless a Conflict showed another bind of it wrote first
+        (``_Settled``): then the model holds what the pod really holds."""
+        namespace, name, uid, node = target
+        encoded = encode_pod_devices(devices, field=keys.DEVICES_ALLOCATED)
+        stamp = str(int(self.wall_clock().timestamp()))
+        annotations = {
+            keys.VGPU_NODE: node,
+            keys.VGPU_TIME: stamp,
+            keys.DEVICES_TO_ALLOCATE: encoded,
+            keys.DEVICES_ALLOCATED: encoded,
+            keys.BIND_PHASE: "allocating",
+            keys.BIND_TIME: stamp,
+        }
+
+        def record(model: ClusterModel, *, in_flight: bool = False) -> None:
+            (model.begin_bind if in_flight else model.allocate)(
+                uid=PodUid(uid),
+                namespace=namespace,
+                name=name,
+                node=NodeName(node),
+                devices=devices,
+                n_init=ask.n_init,
+                raw=encoded,
+            )
+
+        # In flight: counted by filters meanwhile, whatever the pod's watch events say.
+        record(self.model, in_flight=True)
+        try:
+            twin = await self._create_binding(target, pod, ask, annotations, fenced=fenced)
+        except _Settled:
+            raise  # the model already holds what the pod really holds
+        except BaseException:
+            self.model.release(PodUid(uid), only_reserved=False)
+            raise
+        if twin is not None:
+            if fresh is not None:
+                fresh.apply_pod("MODIFIED", twin)  # the next bind of a session counts it
+            return False
+        if fresh is not None:
+            record(fresh)
+        record(self.model)
+        return True
+
+    async def _create_binding(
+        self,
+        target: _Target,
+        pod: Mapping[str, Any],
+        ask: PodAsk,
+        annotations: Mapping[str, str],
+        *,
+        fenced: bool,
+    ) -> dict[str, Any] | None:
+        """One write binds the pod and records its allocation, only if the pod is still as read.
+        Returns None when written, or the pod as another bind of it wrote it (bound to this node);
+        a pod changed in some other way (a label, a status) is re-read and written again when it is
+        still the same unbound pod asking the same. ``fenced``: a decision from the model, written
+        again only while this replica still alone writes allocations."""
+        namespace, name, uid, node = target
+        version = str(_meta(pod).get("resourceVersion") or "")
+        for attempt in range(_BINDING_ATTEMPTS):
+            if attempt and fenced and not self.exclusive():
+                raise BindRefused(
+                    f"pod {namespace}/{name} not bound: this extender stopped leading meanwhile"
+                )
+            try:
+                await create_binding(
+                    self.api,
+                    namespace,
+                    name,
+                    uid,
+                    node,
+                    annotations=annotations,
+                    resource_version=version or None,
+                    timeout_s=self.settings.api_timeout_s,
+                )
+                return None
+            except NotFound:
+                raise BindRefused(f"pod {namespace}/{name} was deleted while being bound") from None
+            except Conflict:
+                current = await self._after_conflict(target)
+                if (current.get("spec") or {}).get("nodeName"):
+                    return current  # bound here by another bind of it (else _after_conflict raised)
+                if self._not_ours(current, uid) is not None or self._ask_of(current) != ask:
+                    raise BindRefused(
+                        f"pod {namespace}/{name} changed while being bound; kube-scheduler retries it"
+                    ) from None
+                version = str(_meta(current).get("resourceVersion") or "")
+        raise BindRefused(f"pod {namespace}/{name} kept changing while being bound; kube-scheduler retries")
 
     # -- the node lock ---------------------------------------------------------------------------
 
@@ -461,30 +594,38 @@ class Binder:
             return "asks for no GPU resource this extender manages"
         return None
 
-    async def _lost_race(self, namespace: str, name: str, uid: str, node: str) -> dict[str, Any]:
-        """Our Binding met a Conflict: the pod changed since we read it. Another bind of the same
-        pod (a retry after kube-scheduler's timeout, a leader hand-over) may have bound it: it is
-        left exactly as that bind wrote it, and the model takes what the pod really holds. Returns
-        the pod when it is bound to ``node`` (the bind kube-scheduler asked for has happened);
-        raises ``BindRefused`` otherwise."""
-        self.model.release(PodUid(uid), only_reserved=False)
+    def _ask_of(self, pod: Mapping[str, Any]) -> PodAsk | None:
+        try:
+            return build_ask(pod, self.config)
+        except ProtocolError:
+            return None
+
+    async def _after_conflict(self, target: _Target) -> dict[str, Any]:
+        """Our Binding met a Conflict: the pod changed since it was read. Returns it when it is
+        still unbound (the caller may write again) or bound to our node by another bind of it (a
+        retry after kube-scheduler's timeout, a leader hand-over: the bind asked for has happened,
+        and the pod is left exactly as that bind wrote it). Raises ``BindRefused`` when it is gone
+        or replaced, ``_Settled`` when another bind bound it elsewhere. Once bound, the model takes
+        what the pod really holds."""
+        namespace, name, uid, node = target
         try:
             current = await get_pod(self.api, namespace, name, timeout_s=self.settings.api_timeout_s)
         except NotFound:
             raise BindRefused(f"pod {namespace}/{name} was deleted while being bound") from None
         if _meta(current).get("uid") != uid:
             raise BindRefused(f"pod {namespace}/{name} was replaced while being bound")
+        bound = (current.get("spec") or {}).get("nodeName")
+        if not bound:
+            return current
+        self.model.release(PodUid(uid), only_reserved=False)
         self.model.apply_pod("MODIFIED", current)
         self.telemetry.metrics.bind_races.inc()
-        bound = (current.get("spec") or {}).get("nodeName")
-        if bound == node:
-            self.telemetry.logger.info(
-                "pod bound by another bind of it", namespace=namespace, pod=name, node=node
-            )
-            return current
-        if bound:
-            raise BindRefused(f"pod {namespace}/{name} was bound to {bound} by another bind meanwhile")
-        raise BindRefused(f"pod {namespace}/{name} changed while being bound; kube-scheduler retries it")
+        if bound != node:
+            raise _Settled(f"pod {namespace}/{name} was bound to {bound} by another bind meanwhile")
+        self.telemetry.logger.info(
+            "pod bound by another bind of it", namespace=namespace, pod=name, node=node
+        )
+        return current
 
     async def _label(self, namespace: str, name: str, uid: str, node: str) -> None:
         """The ``hami.io/vgpu-node`` label HAMi's monitor selects on (a Binding sets annotations

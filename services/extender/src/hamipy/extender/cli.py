@@ -21,6 +21,7 @@ import dataclasses
 import json
 import logging
 import os
+import secrets
 import ssl
 import sys
 from collections.abc import Mapping, Sequence
@@ -30,7 +31,7 @@ from pathlib import Path
 from typing import Final
 
 from hamipy.extender.invariant import check_cluster
-from hamipy.extender.server import ExtenderServer, http_limits
+from hamipy.extender.server import ExtenderServer, http_limits, lease_settings
 from hamipy.extender.settings import ExtenderSettings
 from hamipy.extender.telemetry import Telemetry
 from hamipy.kube.client import connect
@@ -158,6 +159,49 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
         default=flags.integer("max-body-bytes", _DEFAULTS.max_body_bytes),
         help="largest request body (larger: HTTP 400)",
     )
+    serve.add_argument(
+        "--success-events",
+        action=argparse.BooleanOptionalAction,
+        default=flags.boolean("success-events", _DEFAULTS.success_events),
+        help="a FilteringSucceed Event per placed pod, as HAMi writes (one more API request a pod)",
+    )
+    serve.add_argument(
+        "--leader-elect",
+        action=argparse.BooleanOptionalAction,
+        default=flags.boolean("leader-elect", _DEFAULTS.leader_election),
+        help="replicas elect a leader by a Lease; it decides and the others forward to it (needed "
+        "with more than one replica: docs/extender.md#replicas)",
+    )
+    serve.add_argument(
+        "--lease-namespace",
+        default=flags.text("lease-namespace", env.get("POD_NAMESPACE") or _DEFAULTS.lease_namespace),
+        help="namespace of the leader Lease (default: $POD_NAMESPACE, else kube-system)",
+    )
+    serve.add_argument("--lease-name", default=flags.text("lease-name", _DEFAULTS.lease_name))
+    serve.add_argument(
+        "--identity",
+        default=flags.text("identity", env.get("POD_NAME") or ""),
+        help="this replica's name in the Lease (default: $POD_NAME, else the host name), made "
+        "unique per process with a random suffix",
+    )
+    serve.add_argument(
+        "--advertise-url",
+        default=flags.text("advertise-url", ""),
+        help="where the other replicas reach this one while it leads, e.g. https://$(POD_IP):8888",
+    )
+    serve.add_argument(
+        "--peer-server-name",
+        default=flags.text("peer-server-name", ""),
+        help="TLS name checked on the leader's certificate when forwarding (default: the URL's host)",
+    )
+    for flag, default, what in (
+        ("lease-duration", _DEFAULTS.lease_duration_s, "how long a silent leader's Lease stands"),
+        ("renew-deadline", _DEFAULTS.renew_deadline_s, "a leader that could not renew this long stops"),
+        ("retry-period", _DEFAULTS.retry_period_s, "between Lease reads and renewals"),
+    ):
+        serve.add_argument(
+            f"--{flag}", type=float, default=flags.number(flag, default), help=f"seconds: {what}"
+        )
     add_limit_options(serve, flags, http_limits(_DEFAULTS))
     serve.add_argument("--log-level", default=log_level, choices=LOG_LEVELS)
 
@@ -184,7 +228,41 @@ def settings_from_args(args: argparse.Namespace) -> ExtenderSettings:
         body_timeout_s=float(args.body_timeout),
         keepalive_timeout_s=float(args.keepalive_timeout),
         max_connections=int(args.max_connections),
+        success_events=bool(args.success_events),
+        leader_election=bool(args.leader_elect),
+        lease_namespace=str(args.lease_namespace),
+        lease_name=str(args.lease_name),
+        identity=_unique(str(args.identity)) if args.identity else "",
+        advertise_url=str(args.advertise_url),
+        peer_server_name=str(args.peer_server_name),
+        lease_duration_s=float(args.lease_duration),
+        renew_deadline_s=float(args.renew_deadline),
+        retry_period_s=float(args.retry_period),
     )
+
+
+def _unique(name: str) -> str:
+    """A Lease identity unique per process (a restarted pod keeps its name: client-go's advice)."""
+    return f"{name}_{secrets.token_hex(4)}"
+
+
+def peer_tls(
+    settings: ExtenderSettings, cert: Path | None, key: Path | None, ca: Path | None
+) -> ssl.SSLContext | None:
+    """How a follower reaches the leader: with HTTPS, the leader's certificate checked against the CA
+    and this replica's own certificate presented as the client's (one CA signs kube-scheduler's and
+    the extenders' certificates: the chart makes them so). ``ValueError`` for settings that cannot
+    elect or fence."""
+    if not settings.leader_election:
+        return None
+    if not settings.advertise_url:
+        raise ValueError("--leader-elect needs --advertise-url (where the others reach the leader)")
+    lease_settings(settings)  # times that cannot fence are refused here
+    if cert is None or key is None:
+        return None
+    context = ssl.create_default_context(cafile=str(ca) if ca is not None else None)
+    context.load_cert_chain(cert, key)
+    return context
 
 
 async def serve(server: ExtenderServer) -> int:
@@ -213,7 +291,12 @@ def server_tls(cert: Path | None, key: Path | None, client_ca: Path | None) -> s
     return context
 
 
-async def _serve(args: argparse.Namespace, settings: ExtenderSettings, context: ssl.SSLContext | None) -> int:
+async def _serve(
+    args: argparse.Namespace,
+    settings: ExtenderSettings,
+    context: ssl.SSLContext | None,
+    peer: ssl.SSLContext | None,
+) -> int:
     config = Config() if args.config is None else load_config_file(args.config)
     telemetry = Telemetry.create(level=getattr(logging, args.log_level.upper()))
     api_client, api = await connect(args.kubeconfig)
@@ -227,6 +310,7 @@ async def _serve(args: argparse.Namespace, settings: ExtenderSettings, context: 
             port=args.port,
             ssl_context=context,
             metrics_port=args.metrics_port,
+            forward_ssl=peer,
         )
         return await serve(server)
 
@@ -249,9 +333,10 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         try:
             http_limits(settings)  # a timeout or connection cap out of range
             context = server_tls(args.tls_cert_file, args.tls_key_file, args.tls_client_ca_file)
+            peer = peer_tls(settings, args.tls_cert_file, args.tls_key_file, args.tls_client_ca_file)
         except ValueError as exc:
             parser.error(str(exc))
-        return asyncio.run(_serve(args, settings, context))
+        return asyncio.run(_serve(args, settings, context, peer))
 
     return run_command(
         "hamipy-extender",

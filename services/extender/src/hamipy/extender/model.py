@@ -35,7 +35,8 @@ log, count and report as an Event.
 
 The model also keeps the pods that are not bound yet (``pending``: identity, ``schedulerName`` and
 the fields a filter reads), so that a filter reserves only for a pod that exists and reads its asks
-from the watched object rather than from the caller's copy.
+from the watched object rather than from the caller's copy, and a bind decides without reading the
+pod again (its ``resourceVersion`` guards the Binding).
 """
 
 from __future__ import annotations
@@ -141,6 +142,9 @@ class NodeState:
     register_value: str | None = None
     cordon_value: str | None = None
     lock_value: str | None = None
+    ours: bool = False
+    """Served by our device plugin: its last ``Reported_`` handshake carries our marker
+    (``keys.DEVICE_PLUGIN_MARKER``). Kept while the handshake is a ``Requesting_`` stamp."""
     score: float = 0.0
     free_slot_gpus: int = 0
     max_free_mem: int = 0
@@ -287,16 +291,23 @@ def _read_liveness(state: NodeState, node: Mapping[str, Any], count_resource: st
             return
         if parsed.kind == "Requesting":
             state.requesting_since = parsed.time.timestamp()
+        elif parsed.kind == "Reported":
+            # Whoever reported last serves the node; HAMi's plugin leaves our marker as it was.
+            state.ours = ann.get(keys.DEVICE_PLUGIN_MARKER) == state.handshake
 
 
 def node_from_json(
-    node: Mapping[str, Any], *, count_resource: str = keys.RESOURCE_COUNT
+    node: Mapping[str, Any],
+    *,
+    count_resource: str = keys.RESOURCE_COUNT,
+    previous: NodeState | None = None,
 ) -> tuple[NodeState, Problem | None]:
-    """A fresh ``NodeState`` (no usage yet) from a Node object, and the problem with it if any."""
+    """A fresh ``NodeState`` (no usage yet) from a Node object, and the problem with it if any;
+    ``previous``, the node's state before this event, supplies what only a past event told."""
     meta = node.get("metadata") or {}
     name = str(meta.get("name", ""))
     ann = _annotations(node)
-    state = NodeState(name=name)
+    state = NodeState(name=name, ours=previous.ours if previous is not None else False)
     problem: Problem | None = None
     register = ann.get(keys.NODE_REGISTER)
     state.register_value = register if isinstance(register, str) else None
@@ -321,7 +332,8 @@ def node_from_json(
 @dataclasses.dataclass(frozen=True, slots=True)
 class PendingPod:
     """A pod the watch has seen not bound and not finished: who it is, which scheduler it asked
-    for, and ``pod``, the fields of the watched object a filter reads (metadata and containers)."""
+    for, and ``pod``, the fields of the watched object a filter or bind reads (metadata with the
+    ``resourceVersion``, ``schedulerName`` and containers)."""
 
     namespace: str
     name: str
@@ -358,13 +370,16 @@ def _pod_info(pod: Mapping[str, Any]) -> _PodInfo:
     )
 
 
+_KEPT_META: Final = ("name", "namespace", "uid", "resourceVersion", "annotations")
+
+
 def _pending(info: _PodInfo, pod: Mapping[str, Any]) -> PendingPod:
     # Only what a filter reads (the asks, the preferences in annotations, the identity): the rest of
     # a pending pod (status, managedFields) is not kept alive.
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     kept_spec = {k: spec[k] for k in ("schedulerName", "initContainers", "containers") if k in spec}
-    kept_meta = {k: meta[k] for k in ("name", "namespace", "uid", "annotations") if k in meta}
+    kept_meta = {k: meta[k] for k in _KEPT_META if k in meta}
     return PendingPod(
         namespace=info.namespace,
         name=info.name,
@@ -414,7 +429,7 @@ class ClusterModel:
             # Only liveness/lock fields changed: keep the GPUs and their usage.
             _read_liveness(old, node, self.count_resource)
             return []
-        state, problem = node_from_json(node, count_resource=self.count_resource)
+        state, problem = node_from_json(node, count_resource=self.count_resource, previous=old)
         if old is not None:
             state.bad_pods = old.bad_pods
         self.nodes[name] = state

@@ -205,7 +205,8 @@ class Scheduler:
                     expires_at=now_mono + self.settings.reservation_ttl_s,
                 )
             chose = f"chose node {decision.node} among {len(names)} ({decision.fitted} fitted)"
-            self.events.emit(involved, FILTERING_SUCCEED, chose)
+            if self.settings.success_events:
+                self.events.emit(involved, FILTERING_SUCCEED, chose)
             return (
                 self._result(names, items, [decision.node], decision.failed, decision.unresolvable),
                 "fit",

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
+import socket
 import ssl
 from collections.abc import AsyncIterator, Mapping
 from types import TracebackType
@@ -38,6 +40,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from hamipy.extender.binding import Binder
 from hamipy.extender.errors import ExtenderError
+from hamipy.extender.leadership import FORWARDED_HEADER, LEADER_URL_ANNOTATION, Leadership
 from hamipy.extender.model import ClusterModel
 from hamipy.extender.scheduler import BadRequest, Scheduler
 from hamipy.extender.settings import ExtenderSettings
@@ -46,6 +49,7 @@ from hamipy.extender.watching import Resource, model_informers, stamp_handshakes
 from hamipy.kube.client import KubeApi
 from hamipy.kube.events import DropReason, EventRecorder
 from hamipy.kube.informer import Informer
+from hamipy.kube.leader import LeaderElector, LeaseSettings
 from hamipy.protocol.config import Config
 from hamipy.telemetry.http_limits import BoundedServer, HttpLimits, start_bounded_site
 from hamipy.telemetry.json_bodies import BadJson, ListOf, MapOf, Shape, decode_json, shape_problem
@@ -95,6 +99,7 @@ class Health:
 
 SCHEDULER: Final = web.AppKey("scheduler", Scheduler)
 HEALTH: Final = web.AppKey("health", Health)
+LEADERSHIP: Final = web.AppKey("leadership", Leadership)
 MAX_BODY: Final = web.AppKey("max_body_bytes", int)
 
 _CONTAINER: Final[Shape] = {"name": str, "resources": {"limits": dict, "requests": dict}}
@@ -162,9 +167,28 @@ def _refused(request: web.Request) -> web.Response | None:
     return web.json_response({"Error": error}, status=503)
 
 
+async def _to_leader(request: web.Request) -> web.Response | None:
+    """When another replica leads: its answer to this request (forwarded), else None (decide here).
+    A request already forwarded is never forwarded again (a stale view of who leads)."""
+    leadership = request.app[LEADERSHIP]
+    if leadership.deciding():
+        return None
+    if request.headers.get(FORWARDED_HEADER):
+        error = f"this extender ({leadership.identity}) is not the leader"
+        return web.json_response({"Error": error}, status=503)
+    try:
+        body = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        return _bad(request, BadRequest(f"request body larger than {request.app[MAX_BODY]} bytes"))
+    answer = await leadership.forward(request.path, body)
+    return web.Response(status=answer.status, body=answer.body, content_type=_JSON)
+
+
 async def _filter(request: web.Request) -> web.Response:
     if (refused := _refused(request)) is not None:
         return refused
+    if (forwarded := await _to_leader(request)) is not None:
+        return forwarded
     try:
         args = await _json_body(request, _ARGS)
         result = request.app[SCHEDULER].filter(args)
@@ -176,6 +200,8 @@ async def _filter(request: web.Request) -> web.Response:
 async def _prioritize(request: web.Request) -> web.Response:
     if (refused := _refused(request)) is not None:
         return refused
+    if (forwarded := await _to_leader(request)) is not None:
+        return forwarded
     try:
         args = await _json_body(request, _ARGS)
         result = request.app[SCHEDULER].prioritize(args)
@@ -187,6 +213,8 @@ async def _prioritize(request: web.Request) -> web.Response:
 async def _bind(request: web.Request) -> web.Response:
     if (refused := _refused(request)) is not None:
         return refused
+    if (forwarded := await _to_leader(request)) is not None:
+        return forwarded
     try:
         args = await _json_body(request, _BINDING_ARGS)
         result = await request.app[SCHEDULER].bind(args)
@@ -211,6 +239,21 @@ async def _metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
+def lease_settings(settings: ExtenderSettings) -> LeaseSettings:
+    """The Lease the replicas elect their leader by; ``ValueError`` when the times cannot fence (a
+    leader's last bind must land before another replica can lead)."""
+    identity = settings.identity or f"{socket.gethostname()}_{secrets.token_hex(4)}"
+    return LeaseSettings(
+        namespace=settings.lease_namespace,
+        name=settings.lease_name,
+        identity=identity,
+        lease_duration_s=settings.lease_duration_s,
+        renew_deadline_s=settings.renew_deadline_s,
+        retry_period_s=settings.retry_period_s,
+        api_timeout_s=settings.api_timeout_s,
+    )
+
+
 def http_limits(settings: ExtenderSettings) -> HttpLimits:
     """The server's limits from ``settings``; ``ValueError`` when one is out of range."""
     return HttpLimits(
@@ -221,12 +264,18 @@ def http_limits(settings: ExtenderSettings) -> HttpLimits:
     )
 
 
-def make_app(scheduler: Scheduler, *, max_body_bytes: int, health: Health) -> web.Application:
-    """The routes over one ``Scheduler`` (no background work: ``ExtenderServer`` adds that)."""
+def make_app(
+    scheduler: Scheduler, *, max_body_bytes: int, health: Health, leadership: Leadership | None = None
+) -> web.Application:
+    """The routes over one ``Scheduler`` (no background work: ``ExtenderServer`` adds that);
+    without ``leadership`` this is the only replica."""
     app = web.Application(client_max_size=max_body_bytes)
     app[SCHEDULER] = scheduler
     app[MAX_BODY] = max_body_bytes
     app[HEALTH] = health
+    if leadership is None:
+        leadership = Leadership(election=False, api=None, model=None, telemetry=scheduler.telemetry)
+    app[LEADERSHIP] = leadership
     app.router.add_post("/filter", _filter)
     app.router.add_post("/prioritize", _prioritize)
     app.router.add_post("/bind", _bind)
@@ -255,6 +304,7 @@ class ExtenderServer:
         ssl_context: ssl.SSLContext | None = None,
         metrics_port: int | None = None,
         shutdown_timeout_s: float = 5.0,
+        forward_ssl: ssl.SSLContext | None = None,
     ) -> None:
         self.config = config
         self.settings = settings
@@ -284,7 +334,26 @@ class ExtenderServer:
             self.informers = model_informers(
                 api, model=self.model, settings=settings, telemetry=telemetry, events=self.events
             )
-            binder = Binder(api=api, model=self.model, config=config, settings=settings, telemetry=telemetry)
+        self.leadership = Leadership(
+            election=settings.leader_election and api is not None,
+            api=api,
+            model=self.model,
+            telemetry=telemetry,
+            forward_ssl=forward_ssl,
+            forward_server_name=settings.peer_server_name or None,
+            forward_timeout_s=settings.bind_timeout_s + 2 * settings.api_timeout_s,
+            leader_wait_s=settings.leader_wait_s,
+            api_timeout_s=settings.api_timeout_s,
+        )
+        if api is not None:
+            binder = Binder(
+                api=api,
+                model=self.model,
+                config=config,
+                settings=settings,
+                telemetry=telemetry,
+                exclusive=self.leadership.exclusive,
+            )
         self.health = Health(model=self.model, supervisor=self.supervisor, informers=self.informers)
         self.scheduler = Scheduler(
             model=self.model,
@@ -296,6 +365,7 @@ class ExtenderServer:
         )
         self.port = 0
         self._server: BoundedServer | None = None
+        self._serving = asyncio.Event()
 
     def _event_dropped(self, reason: DropReason) -> None:
         self.telemetry.metrics.events_dropped.labels(reason=reason).inc()
@@ -304,6 +374,8 @@ class ExtenderServer:
         self.supervisor.start("extender-events", self.events.run())
         for resource, informer in self.informers.items():
             self.supervisor.start(f"extender-watch-{resource}", informer.run())
+        if self.leadership.election:
+            self.supervisor.start("extender-leadership", self._lead())
         if self.api is not None and self.settings.handshake_interval_s > 0:
             stamping = stamp_handshakes(
                 api=self.api, model=self.model, settings=self.settings, telemetry=self.telemetry
@@ -311,10 +383,32 @@ class ExtenderServer:
             self.supervisor.start("extender-handshake", stamping)
         yield
         await self.supervisor.stop()
+        if self.leadership.elector is not None:
+            await self.leadership.elector.release()  # another replica leads at once, not after the lease
+        await self.leadership.close()
         await asyncio.to_thread(self.telemetry.shutdown)
 
+    async def _lead(self) -> None:
+        """Join the leader election once serving (the URL published in the Lease needs the port),
+        then run it and follow this replica's leadership."""
+        await self._serving.wait()
+        assert self.api is not None  # election is only set with the API
+        elector = LeaderElector(
+            self.api,
+            lease_settings(self.settings),
+            logger=self.telemetry.logger,
+            annotations={LEADER_URL_ANNOTATION: self.settings.advertise_url or self.url},
+        )
+        self.leadership.elector = elector
+        await asyncio.gather(elector.run(), self.leadership.run())
+
     async def start(self) -> None:
-        app = make_app(self.scheduler, max_body_bytes=self.settings.max_body_bytes, health=self.health)
+        app = make_app(
+            self.scheduler,
+            max_body_bytes=self.settings.max_body_bytes,
+            health=self.health,
+            leadership=self.leadership,
+        )
         app.cleanup_ctx.append(self._background)
         self._server = await start_bounded_site(
             app,
@@ -325,6 +419,7 @@ class ExtenderServer:
             shutdown_timeout_s=self.shutdown_timeout_s,
         )
         self.port = self._server.port
+        self._serving.set()
         self.telemetry.metrics.connections.add("api", self._server)
         if self.requested_metrics_port is not None:
             self._probes = await start_probe_server(
@@ -345,6 +440,8 @@ class ExtenderServer:
             and self.ssl_context.verify_mode == ssl.CERT_REQUIRED,
             cooperative=self.settings.cooperative,
             release_lock_after_bind=self.settings.release_lock_after_bind,
+            leader_election=self.settings.leader_election,
+            identity=self.leadership.identity or None,
         )
 
     async def wait_synced(self, timeout_s: float = 30.0) -> None:

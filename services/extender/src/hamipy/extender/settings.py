@@ -37,6 +37,28 @@ class ExtenderSettings:
     """Server-side watch duration before a clean reconnect (``timeoutSeconds``)."""
     watch_inactivity_s: float = 330.0
     """A watch that sends nothing (not even a bookmark) this long is dropped and restarted."""
+    leader_election: bool = False
+    """False: this process is the only extender, and binds on nodes our device plugin serves decide
+    from its model. True: replicas elect a leader by a Lease; it decides, the others forward to it
+    (``hamipy.extender.leadership``). Never run several replicas without it."""
+    lease_namespace: str = "kube-system"
+    lease_name: str = "hami-py-extender"
+    identity: str = ""
+    """This replica's name in the Lease; unique per process (empty: host name and a random suffix)."""
+    advertise_url: str = ""
+    """Where the other replicas reach this one while it leads (``https://<pod IP>:<port>``)."""
+    peer_server_name: str = ""
+    """TLS name checked on the leader's certificate when forwarding (empty: the URL's host)."""
+    lease_duration_s: float = 20.0
+    """Longer than ``renew_deadline_s`` + ``api_timeout_s``: a leader's last bind has landed or timed
+    out before another replica can take the Lease (``hamipy.kube.leader.LeaseSettings`` checks)."""
+    renew_deadline_s: float = 8.0
+    retry_period_s: float = 2.0
+    leader_wait_s: float = 5.0
+    """How long a follower holds a request while no leader is known before answering 503."""
+    success_events: bool = False
+    """A ``FilteringSucceed`` Event per placed pod, as HAMi writes: one more API request a pod, and
+    kube-scheduler's own ``Scheduled`` Event already names the node. Failures always get one."""
     handshake_interval_s: float = 30.0
     """How often the ``Requesting_`` handshake is stamped on nodes that need it; 0 disables it."""
     max_body_bytes: int = 16 * 1024 * 1024

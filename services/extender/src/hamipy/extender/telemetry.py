@@ -10,7 +10,8 @@ share counters):
   ``hamipy_extender_decisions`` (verb, result, reason; ``unavailable``/``BackgroundTaskDied`` for
   a decision refused because a background task died), ``hamipy_extender_malformed_annotations``
   (kind, field), ``hamipy_extender_events_dropped``, ``hamipy_extender_watch_restarts`` (resource,
-  cause), ``hamipy_extender_lock_waits`` / ``..._lock_breaks`` (reason).
+  cause), ``hamipy_extender_lock_waits`` / ``..._lock_breaks`` (reason), ``..._bind_paths``
+  (path: model or locked), ``..._bind_races``, ``..._forwarded`` (verb, result), ``..._leader``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Final
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -142,6 +143,25 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.bind_paths = Counter(
+            "hamipy_extender_bind_paths",
+            "Binds by how they decided: model (this replica alone writes allocations and our device "
+            "plugin serves the node: no lock, no read) or locked (node lock and fresh API state).",
+            ["path"],
+            registry=r,
+        )
+        self.forwarded = Counter(
+            "hamipy_extender_forwarded",
+            "Decision requests this replica (not the leader) forwarded to the leader, by verb and "
+            "result (answered, failed).",
+            ["verb", "result"],
+            registry=r,
+        )
+        self.leader = Gauge(
+            "hamipy_extender_leader",
+            "1 while this replica decides (the only replica, or the Lease holder), else 0.",
+            registry=r,
+        )
         self.bind_races = Counter(
             "hamipy_extender_bind_races",
             "Binds whose pod another bind of it had written first (left as that bind wrote it).",
@@ -158,6 +178,11 @@ class Metrics:
             self.decisions.labels(verb="bind", result=result, reason=result)
         for verb in ("filter", "prioritize", "bind"):
             self.decisions.labels(verb=verb, result="unavailable", reason="BackgroundTaskDied")
+        for verb in ("filter", "prioritize", "bind"):
+            for result in ("answered", "failed"):
+                self.forwarded.labels(verb=verb, result=result)
+        for path in ("model", "locked"):
+            self.bind_paths.labels(path=path)
         for reason in ("queue-full", "api-error"):
             self.events_dropped.labels(reason=reason)
         for resource in ("nodes", "pods"):

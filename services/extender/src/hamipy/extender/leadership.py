@@ -1,0 +1,181 @@
+"""Which replica decides, when several run (docs/extender.md#replicas).
+
+One replica, the holder of a Lease (``hamipy.kube.leader``), answers every ``/filter``,
+``/prioritize`` and ``/bind``; the others forward them to it over HTTP(S) and answer what it
+answered. So every decision comes from one model: its filters' reservations and its binds in flight
+are seen by the next filter at once, whichever replica kube-scheduler's connection reached, and
+replicas never pick the same GPUs. A follower never decides or binds on its own: the leader binds
+without the node lock on nodes our device plugin serves, so a follower's bind could not be made safe
+beside it. With no leader known a follower waits for one (``leader_wait_s``), then answers 503.
+
+A new leader's model may lag what the previous one wrote (its watch is milliseconds to seconds
+behind). Until it has read every bound pod from the API after taking the Lease, its binds take the
+locked path (fresh API state under the node lock), which rests on nothing in the model; from then on
+its model holds every bind made before, and ``exclusive()`` lets binds decide from the model. What
+the previous leader sent before its fence (``LeaderElector.is_leader``) has landed or timed out
+before this replica's ``is_leader()`` became true, so that read covers it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl
+from typing import Final
+
+import aiohttp
+
+from hamipy.extender.model import ClusterModel
+from hamipy.extender.telemetry import Telemetry
+from hamipy.kube.client import KubeApi
+from hamipy.kube.errors import KubeError
+from hamipy.kube.leader import LeaderElector
+from hamipy.kube.resources import list_all, pod_path
+
+__all__ = ["FORWARDED_HEADER", "LEADER_URL_ANNOTATION", "Forwarded", "Leadership"]
+
+LEADER_URL_ANNOTATION: Final = "hami-py.io/extender-url"
+"""Lease annotation: where the leader serves (its ``--advertise-url``)."""
+FORWARDED_HEADER: Final = "X-Hamipy-Forwarded-By"
+"""Set on a forwarded request (the forwarding replica's identity): a replica that is not the leader
+refuses it instead of forwarding again, so a stale view never makes a loop."""
+_RETRY_S: Final = 1.0
+_BOUND: Final = (("fieldSelector", "spec.nodeName!="),)
+
+
+class Forwarded:
+    """A leader's answer to a forwarded request: its status and JSON body."""
+
+    def __init__(self, status: int, body: bytes) -> None:
+        self.status = status
+        self.body = body
+
+
+class Leadership:
+    """This replica's role. Without ``election`` it is the only replica: it decides, and binds
+    decide from the model. With it, the replica neither decides nor forwards until ``elector`` is
+    set (``ExtenderServer.start``, once its URL is known)."""
+
+    def __init__(
+        self,
+        *,
+        election: bool,
+        elector: LeaderElector | None = None,
+        api: KubeApi | None,
+        model: ClusterModel | None,
+        telemetry: Telemetry,
+        forward_ssl: ssl.SSLContext | None = None,
+        forward_server_name: str | None = None,
+        forward_timeout_s: float = 30.0,
+        leader_wait_s: float = 5.0,
+        api_timeout_s: float = 10.0,
+    ) -> None:
+        self.election = election
+        self.elector = elector
+        self.api = api
+        self.model = model
+        self.telemetry = telemetry
+        self.forward_ssl = forward_ssl
+        self.forward_server_name = forward_server_name
+        self.forward_timeout_s = forward_timeout_s
+        self.leader_wait_s = leader_wait_s
+        self.api_timeout_s = api_timeout_s
+        self._caught_up_term = -1
+        """The Lease's ``leaseTransitions`` when this replica's model last caught up as its leader."""
+        self._session: aiohttp.ClientSession | None = None
+        telemetry.metrics.leader.set_function(lambda: 1.0 if self.deciding() else 0.0)
+
+    @property
+    def identity(self) -> str:
+        return self.elector.settings.identity if self.elector is not None else ""
+
+    def deciding(self) -> bool:
+        """Whether this replica answers decisions itself (the only replica, or the leader now)."""
+        if not self.election:
+            return True
+        return self.elector is not None and self.elector.is_leader()
+
+    def exclusive(self) -> bool:
+        """Whether binds may decide from the model: this replica alone writes allocations now, and
+        its model caught up after the Lease last changed hands (``leaseTransitions``): no other
+        leader has written since."""
+        if not self.election:
+            return True
+        if self.elector is None:
+            return False
+        leader = self.elector.leader
+        return self.elector.is_leader() and leader is not None and leader.transitions == self._caught_up_term
+
+    async def run(self) -> None:
+        """Follow this replica's leadership: each time it takes the Lease, catch the model up before
+        binds decide from it. Runs until cancelled (a supervised task)."""
+        if self.elector is None:
+            return
+        while True:
+            changed = self.elector.wait_changed()
+            leader = self.elector.leader
+            if self.elector.is_leader() and leader is not None and leader.transitions != self._caught_up_term:
+                await self._catch_up(leader.transitions)
+            await changed
+
+    async def _catch_up(self, term: int) -> None:
+        """Take into the model every pod bound now, read from the API (a quorum read: it covers
+        every write the previous leader made before its fence). The watch may deliver older
+        versions of them later; a pod's older, unbound version changes no allocation."""
+        if self.api is None or self.model is None:
+            raise RuntimeError("leader election needs the API and the model")
+        while True:
+            try:
+                pods, version = await list_all(
+                    self.api, pod_path(), query=_BOUND, timeout_s=self.api_timeout_s
+                )
+                break
+            except KubeError as exc:
+                self.telemetry.logger.warning("leader catch-up list failed; retrying", error=str(exc))
+                await asyncio.sleep(_RETRY_S)
+        for pod in pods:
+            self.model.apply_pod("MODIFIED", pod)
+        self._caught_up_term = term
+        self.telemetry.logger.info(
+            "leading; binds decide from the model",
+            bound_pods=len(pods),
+            resource_version=version,
+            lease_transitions=term,
+        )
+
+    async def forward(self, path: str, body: bytes) -> Forwarded:
+        """Send a decision request to the leader; its answer, or a 503 saying why there is none."""
+        if self.elector is None:
+            return _unavailable("this extender has not joined the leader election yet")
+        leader = await self.elector.wait_leader(self.leader_wait_s)
+        if leader is None:
+            return _unavailable(f"no extender leader for {self.leader_wait_s:g}s")
+        url = leader.annotations.get(LEADER_URL_ANNOTATION)
+        if leader.identity == self.identity or not url:
+            return _unavailable(f"extender leader {leader.identity} publishes no URL")
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=self.forward_timeout_s),
+                connector=aiohttp.TCPConnector(ssl=self.forward_ssl or True),
+            )
+        try:
+            async with self._session.post(
+                url.rstrip("/") + path,
+                data=body,
+                headers={"Content-Type": "application/json", FORWARDED_HEADER: self.identity},
+                server_hostname=self.forward_server_name,
+            ) as resp:
+                self.telemetry.metrics.forwarded.labels(verb=path.strip("/"), result="answered").inc()
+                return Forwarded(resp.status, await resp.read())
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            self.telemetry.metrics.forwarded.labels(verb=path.strip("/"), result="failed").inc()
+            return _unavailable(f"extender leader {leader.identity} at {url} unreachable: {exc!r}")
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+def _unavailable(reason: str) -> Forwarded:
+    return Forwarded(503, json.dumps({"Error": reason}).encode())

@@ -1,0 +1,199 @@
+"""Binds on a node our device plugin serves, by the replica that alone writes allocations, decide
+from the model and make one write, the Binding carrying the allocation (issue 18, item 1): no read of
+the pod or the node, no node lock. Elsewhere (HAMi's plugin reported last, another replica may write,
+someone else holds the node's lock) the locked path runs as before."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from builders import gpu
+from extender_fakes import BIND_SETTINGS, REPORTED, BindRig, bind_rig, node, our_node, pod
+
+from hamipy.extender.errors import BindRefused
+from hamipy.extender.invariant import check_cluster
+from hamipy.extender.model import ClusterModel, PodUid
+from hamipy.protocol import decode_pod_devices, keys
+
+NOW = datetime(2026, 11, 24, 10, 0, tzinfo=UTC)
+
+
+def rig(*nodes: dict[str, Any]) -> BindRig:
+    return bind_rig(
+        BIND_SETTINGS, *(nodes or (our_node("n", [gpu("A", 0, count=2)]),)), wall_clock=lambda: NOW
+    )
+
+
+def requests(r: BindRig) -> list[tuple[str, str]]:
+    """Every request the binds made, the last path segment kept for bindings."""
+    return list(r.kube.calls)
+
+
+def bound_uuids(r: BindRig, name: str) -> list[str]:
+    stored = r.kube.pods[("ns", name)]
+    (slot,) = decode_pod_devices(stored["metadata"]["annotations"][keys.DEVICES_ALLOCATED])
+    return [d.uuid for d in slot]
+
+
+def path_count(r: BindRig, path: str) -> float:
+    value = r.telemetry.metrics.registry.get_sample_value("hamipy_extender_bind_paths_total", {"path": path})
+    return value or 0.0
+
+
+async def test_a_watched_pod_is_bound_with_one_binding_and_its_label() -> None:
+    r = rig()
+    r.add_watched_pod(pod("p"))
+    r.scheduler.filter({"Pod": pod("p"), "NodeNames": ["n"]})
+    await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+    assert requests(r) == [
+        ("POST", "/api/v1/namespaces/ns/pods/p/binding"),
+        ("PATCH", "/api/v1/namespaces/ns/pods/p"),  # the hami.io/vgpu-node label, best effort
+    ]
+    stored = r.kube.pods[("ns", "p")]
+    assert stored["spec"]["nodeName"] == "n"
+    assert stored["metadata"]["annotations"][keys.BIND_PHASE] == "allocating"
+    assert stored["metadata"]["labels"][keys.VGPU_NODE_LABEL] == "n"
+    assert bound_uuids(r, "p") == ["A"]
+    held = r.model.contributions[PodUid("uid-ns-p")]
+    assert (held.source, held.node) == ("allocated", "n")
+    assert r.lock() is None
+    assert path_count(r, "model") == 1
+    assert path_count(r, "locked") == 0
+
+
+async def test_a_pod_the_watch_has_not_delivered_is_read_once() -> None:
+    r = rig()
+    r.kube.add_pod(pod("p"))
+    await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+    assert [c[0] for c in requests(r)] == ["GET", "POST", "PATCH"]
+    assert r.kube.pods[("ns", "p")]["spec"]["nodeName"] == "n"
+
+
+async def test_concurrent_binds_count_each_other_in_flight() -> None:
+    """Two pods onto the last slot: the second decides while the first's Binding is in flight and is
+    refused; nothing is over-full."""
+    r = rig(our_node("n", [gpu("A", 0, count=1)]))
+    for name in ("p", "q"):
+        r.add_watched_pod(pod(name))
+    arrived, release = asyncio.Event(), asyncio.Event()
+
+    async def hold(method: str, path: str, body: Any) -> None:
+        if method == "POST" and path.endswith("/p/binding"):
+            arrived.set()
+            await release.wait()
+
+    r.kube.on_request = hold
+    first = asyncio.create_task(r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n"))
+    await asyncio.wait_for(arrived.wait(), 5)
+    with pytest.raises(BindRefused, match=r"no longer fits node n: .*CardTimeSlicingExhausted"):
+        await r.binder.bind(namespace="ns", name="q", uid="uid-ns-q", node="n")
+    release.set()
+    await first
+    assert r.kube.pods[("ns", "p")]["spec"]["nodeName"] == "n"
+    assert "nodeName" not in r.kube.pods[("ns", "q")]["spec"]
+    assert set(r.model.contributions) == {PodUid("uid-ns-p")}
+    report = await check_cluster(r.kube)
+    assert report.ok, report.violations
+
+
+async def test_a_stale_watched_version_is_read_again_and_written() -> None:
+    """The watch has not delivered the pod's last change: the Binding is a Conflict, the pod is read
+    and written again with its version, once."""
+    r = rig()
+    r.add_watched_pod(pod("p"))
+    r.kube._write(r.kube.pods[("ns", "p")], {"metadata": {"labels": {"team": "a"}}})
+    await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+    assert [c[0] for c in requests(r)] == ["POST", "GET", "POST", "PATCH"]
+    assert bound_uuids(r, "p") == ["A"]
+
+
+@pytest.mark.parametrize("where", ["n", "m"])
+async def test_a_pod_bound_by_another_bind_is_left_as_it_is(where: str) -> None:
+    """The watch still shows the pod pending, but another bind of it (an earlier leader) bound it:
+    on ``n`` (the node asked) the bind succeeds writing nothing, on ``m`` it is refused; either way
+    the model takes what the pod really holds."""
+    r = rig(our_node("n", [gpu("A", 0, count=2)]), our_node("m", [gpu("B", 0, count=2)]))
+    r.add_watched_pod(pod("p"))
+    twin = {
+        keys.VGPU_NODE: where,
+        keys.DEVICES_ALLOCATED: f"{'A' if where == 'n' else 'B'},NVIDIA,1000,0:;",
+        keys.BIND_PHASE: "allocating",
+    }
+    stored = r.kube.pods[("ns", "p")]
+    r.kube._write(stored, {"metadata": {"annotations": twin}})
+    stored["spec"]["nodeName"] = where
+    if where == "n":
+        await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+    else:
+        with pytest.raises(BindRefused, match="was bound to m by another bind meanwhile"):
+            await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+    assert [c[0] for c in requests(r)] == ["POST", "GET"]
+    assert (
+        r.kube.pods[("ns", "p")]["metadata"]["annotations"][keys.DEVICES_ALLOCATED]
+        == twin[keys.DEVICES_ALLOCATED]
+    )
+    held = r.model.contributions[PodUid("uid-ns-p")]
+    assert (held.node, held.raw) == (where, twin[keys.DEVICES_ALLOCATED])
+
+
+def ours(model: ClusterModel, name: str) -> bool:
+    return model.nodes[name].ours
+
+
+def test_the_node_is_ours_while_our_marker_matches_its_last_report() -> None:
+    model = ClusterModel()
+    registered = our_node("n", [gpu("A", 0)])
+    model.apply_node("ADDED", registered)
+    assert ours(model, "n")
+    # The extender's Requesting_ stamp: still ours (the plugin answers it).
+    requesting = {
+        **registered,
+        "metadata": {**registered["metadata"], "annotations": {**registered["metadata"]["annotations"]}},
+    }
+    requesting["metadata"]["annotations"][keys.NODE_HANDSHAKE] = "Requesting_2026-11-24 10:00:30"
+    model.apply_node("MODIFIED", requesting)
+    assert ours(model, "n")
+    # HAMi's plugin reports (and re-registers): it leaves our marker behind, which no longer matches.
+    hamis = node(
+        "n",
+        [gpu("A", 0, count=5)],
+        annotations={
+            keys.NODE_HANDSHAKE: "Reported_2026-11-24 10:01:00",
+            keys.DEVICE_PLUGIN_MARKER: REPORTED,
+        },
+    )
+    model.apply_node("MODIFIED", hamis)
+    assert not ours(model, "n")
+    model.apply_node("ADDED", node("x", [gpu("X", 0)]))
+    assert not ours(model, "x")  # no marker: HAMi's plugin or an older one of ours
+
+
+@pytest.mark.parametrize("why", ["hamis-plugin", "not-exclusive", "locked-by-another"])
+async def test_elsewhere_the_locked_path_runs(why: str) -> None:
+    n = node("n", [gpu("A", 0, count=2)]) if why == "hamis-plugin" else our_node("n", [gpu("A", 0, count=2)])
+    r = rig(n)
+    r.add_watched_pod(pod("p"))
+    if why == "not-exclusive":
+        r.binder.exclusive = lambda: False
+    if why == "locked-by-another":
+        # Another scheduler's lock, 2 s old, whose owner was served: the locked path breaks it.
+        r.add_watched_pod(pod("owner", annotations={keys.BIND_PHASE: "success"}))
+        r.locked_by("ns", "owner", NOW - timedelta(seconds=2))
+        r.model.apply_node("MODIFIED", r.kube.nodes["n"])
+    await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+    assert r.kube.pods[("ns", "p")]["spec"]["nodeName"] == "n"
+    assert path_count(r, "locked") == 1
+    assert path_count(r, "model") == 0
+    assert any(method == "PATCH" and "/nodes/n" in path for method, path in requests(r)), "the lock was taken"
+
+
+async def test_an_expired_lock_does_not_stop_the_model_path() -> None:
+    r = rig()
+    r.locked_by("ns", "gone", NOW - timedelta(minutes=6))
+    r.model.apply_node("MODIFIED", r.kube.nodes["n"])
+    r.add_watched_pod(pod("p"))
+    await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+    assert path_count(r, "model") == 1
