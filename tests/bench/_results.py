@@ -41,8 +41,9 @@ def time_calls(fn: Callable[[], object], *, iterations: int, warmup: int = 100) 
     return samples
 
 
-def record(name: str, figures: dict[str, Any]) -> Path:
-    """Print `figures` and write them, with the machine they ran on, to results/<name>.json."""
+def record(name: str, figures: dict[str, Any], *, echo: bool = True) -> Path:
+    """Print `figures` (unless not `echo`: the caller printed its own summary) and write them, with
+    the machine they ran on, to results/<name>.json."""
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     payload = {
         "benchmark": name,
@@ -53,7 +54,8 @@ def record(name: str, figures: dict[str, Any]) -> Path:
     path = RESULTS_DIR / f"{name}.json"
     path.write_text(json.dumps(payload, indent=2) + "\n")
     print(f"== {name}")
-    for key, value in figures.items():
-        print(f"  {key}: {value}")
+    if echo:
+        for key, value in figures.items():
+            print(f"  {key}: {value}")
     print(f"  (written to {path})")
     return path

@@ -1,0 +1,415 @@
+"""What ``bench_e2e`` needs besides the cluster: extender processes, API request counts, CPU times.
+
+- `start_extenders`: ``hamipy-extender serve`` as users run it, one process per replica (plain HTTP
+  on loopback, the node policy from a ``--config`` file, handshake stamping off), ready once its
+  ``/readyz`` answers; `ExtenderProcess.stop` sends SIGTERM and waits, SIGKILL only after a timeout.
+- `apiserver_requests`: ``apiserver_request_total`` from the kube-apiserver's ``/metrics``, summed
+  by (verb, resource, subresource) over codes, groups, versions, scopes and components.
+- `RequestCounter`: what this process itself sends through one ``ApiClient``, keyed the way the
+  apiserver keys ``apiserver_request_total``, so that it can be subtracted from the apiserver's counts;
+  `quiet_apiserver`: wait until the apiserver serves (nearly) nothing but this process, so that a
+  phase's counts and CPU are its own.
+- `cpu_seconds`: user + system CPU time of a process, from ``/proc/<pid>/stat``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import os
+import re
+import shutil
+import signal
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, BinaryIO
+from urllib.parse import urlsplit
+
+import aiohttp
+
+from hamipy.devcluster.processes import free_port, tail
+
+READY_TIMEOUT_S = 120.0
+"""An extender is ready once it has listed every Node and Pod: a few seconds at 1,000 nodes."""
+STOP_TIMEOUT_S = 15.0
+"""SIGTERM drains in-flight requests and stops the watches; SIGKILL after this."""
+
+RequestKey = tuple[str, str, str]
+"""(verb, resource, subresource) as ``apiserver_request_total`` labels them."""
+
+_SAMPLE = re.compile(r"^apiserver_request_total\{(?P<labels>.*)\} (?P<value>\S+)")
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+# Namespace subresources: /api/v1/namespaces/<name>/<these> is not a namespaced collection.
+_NAMESPACE_SUBRESOURCES = frozenset({"finalize", "status"})
+
+
+def extender_command() -> Path:
+    """The ``hamipy-extender`` console script of the Python running this benchmark."""
+    beside = Path(sys.executable).with_name("hamipy-extender")
+    if beside.is_file():
+        return beside
+    found = shutil.which("hamipy-extender")
+    if found is None:
+        raise FileNotFoundError(f"no hamipy-extender beside {sys.executable} or on PATH")
+    return Path(found)
+
+
+@dataclasses.dataclass
+class ExtenderProcess:
+    """One ``hamipy-extender serve`` child process on 127.0.0.1:``port`` (plain HTTP)."""
+
+    index: int
+    port: int
+    log_path: Path
+    process: asyncio.subprocess.Process
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def log_tail(self, lines: int = 30) -> str:
+        return tail(self.log_path, lines)
+
+    async def wait_ready(self, session: aiohttp.ClientSession, timeout_s: float = READY_TIMEOUT_S) -> None:
+        """Return once ``/readyz`` answers 200; ``RuntimeError`` with the log's tail when the process
+        exits first or is not ready after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self.process.returncode is not None:
+                raise RuntimeError(
+                    f"extender {self.index} exited with status {self.process.returncode} before it was "
+                    f"ready; its log ({self.log_path}) ends:\n{self.log_tail()}"
+                )
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                async with session.get(f"{self.url}/readyz", timeout=aiohttp.ClientTimeout(total=2)) as resp:
+                    if resp.status == 200:
+                        return
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"extender {self.index} not ready after {timeout_s:g}s; its log ends:\n{self.log_tail()}"
+                )
+            await asyncio.sleep(0.1)  # a readiness poll, as the kubelet's probe would
+
+    async def metrics(self, session: aiohttp.ClientSession) -> str:
+        """Its ``/metrics`` (Prometheus text)."""
+        async with session.get(f"{self.url}/metrics", timeout=aiohttp.ClientTimeout(total=30)) as resp:
+            resp.raise_for_status()
+            return await resp.text()
+
+    async def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> int:
+        """SIGTERM, wait up to ``timeout_s`` for it to exit, else SIGKILL its process group; its exit
+        status (0 after a clean stop; negative: killed by that signal)."""
+        proc = self.process
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(proc.wait(), timeout_s)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                await proc.wait()
+        assert proc.returncode is not None
+        return proc.returncode
+
+
+async def start_extenders(
+    n: int,
+    policy: str,
+    *,
+    kubeconfig: Path,
+    workdir: Path,
+    extra_args: Sequence[str] = (),
+    replica_args: Callable[[int, int], Sequence[str]] | None = None,
+) -> list[ExtenderProcess]:
+    """``n`` extender replicas with ``nodeSchedulerPolicy: policy``, each its own process on a port of
+    its own, all ready (``/readyz``) on return; those started are stopped again when one fails.
+
+    ``extra_args`` go to every replica, ``replica_args(index, port)`` to one (flags that differ per
+    replica, such as where the others reach it: ``--advertise-url http://127.0.0.1:<port>``)."""
+    config = await asyncio.to_thread(_write_config, workdir, policy)
+    command = extender_command()
+    # Flags come from the command line only: a HAMIPY_EXTENDER_* variable would change the setup.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HAMIPY_EXTENDER_")}
+    env.pop("HAMIPY_CONFIG", None)
+    # The kernel kills a replica if this process dies (as the devcluster does with its processes).
+    prefix = [setpriv, "--pdeathsig", "KILL", "--"] if (setpriv := shutil.which("setpriv")) else []
+    started: list[ExtenderProcess] = []
+    try:
+        for index in range(n):
+            port = free_port()
+            log_path = workdir / f"extender-{policy}-{index}-{port}.log"
+            argv = [
+                str(command),
+                "serve",
+                "--kubeconfig",
+                str(kubeconfig),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--config",
+                str(config),
+                "--handshake-interval",
+                "0",
+                *extra_args,
+                *(replica_args(index, port) if replica_args is not None else ()),
+            ]
+            with _open_log(log_path, argv) as log:
+                process = await asyncio.create_subprocess_exec(
+                    *prefix,
+                    *argv,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=asyncio.subprocess.STDOUT,
+                    env=env,
+                    start_new_session=True,
+                )
+            started.append(ExtenderProcess(index, port, log_path, process))
+        async with aiohttp.ClientSession() as session:
+            await asyncio.gather(*(e.wait_ready(session) for e in started))
+    except BaseException:
+        await stop_extenders(started)
+        raise
+    return started
+
+
+def _write_config(workdir: Path, policy: str) -> Path:
+    """The replicas' shared configuration file: the node policy, every other key its default."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    config = workdir / f"extender-{policy}.yaml"
+    config.write_text(f"nodeSchedulerPolicy: {policy}\n")
+    return config
+
+
+def _open_log(path: Path, argv: Sequence[str]) -> BinaryIO:
+    """A replica's log file (appended to), opening with its command line."""
+    log = path.open("ab")
+    log.write(f"$ {' '.join(argv)}\n".encode())
+    log.flush()
+    return log
+
+
+async def stop_extenders(extenders: Iterable[ExtenderProcess]) -> dict[int, int]:
+    """Stop every replica (at once); their exit statuses by index. A status other than 0 is
+    reported on stderr with the end of that replica's log."""
+    extenders = list(extenders)
+    codes = await asyncio.gather(*(e.stop() for e in extenders))
+    for extender, code in zip(extenders, codes, strict=True):
+        if code != 0:
+            print(
+                f"warning: extender {extender.index} exited with status {code}; its log ends:\n"
+                f"{extender.log_tail()}",
+                file=sys.stderr,
+            )
+    return {e.index: code for e, code in zip(extenders, codes, strict=True)}
+
+
+def histogram_mean_ms(texts: Iterable[str], name: str) -> float:
+    """Mean of histogram ``name`` in milliseconds over every label set of every text (replicas)."""
+    total = count = 0.0
+    for text in texts:
+        for line in text.splitlines():
+            if line.startswith(f"{name}_sum"):
+                total += float(line.rsplit(" ", 1)[1])
+            elif line.startswith(f"{name}_count"):
+                count += float(line.rsplit(" ", 1)[1])
+    return round(1000 * total / count, 2) if count else 0.0
+
+
+# -- the apiserver's request counts ------------------------------------------------------------
+
+
+async def apiserver_metrics(api: Any) -> str:
+    """The kube-apiserver's ``/metrics`` through the admin ``ApiClient`` (Prometheus text)."""
+    resp = await api.call_api(
+        "/metrics",
+        "GET",
+        header_params={"Accept": "text/plain"},
+        auth_settings=["BearerToken"],
+        _preload_content=False,
+        _request_timeout=60,
+    )
+    try:
+        if resp.status != 200:
+            raise RuntimeError(f"GET /metrics: HTTP {resp.status}: {(await resp.read())[:200]!r}")
+        return str(await resp.text())
+    finally:
+        resp.release()
+
+
+def parse_request_counts(text: str) -> Counter[RequestKey]:
+    """``apiserver_request_total`` summed by (verb, resource, subresource)."""
+    counts: Counter[RequestKey] = Counter()
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if match is None:
+            continue
+        labels = dict(_LABEL.findall(match["labels"]))
+        key = (labels.get("verb", ""), labels.get("resource", ""), labels.get("subresource", ""))
+        counts[key] += int(float(match["value"]))
+    return counts
+
+
+async def apiserver_requests(api: Any) -> Counter[RequestKey]:
+    return parse_request_counts(await apiserver_metrics(api))
+
+
+def request_key(method: str, url: str, query: Iterable[tuple[str, Any]] | None) -> RequestKey:
+    """How ``apiserver_request_total`` labels a request: verbs ``GET``/``LIST``/``WATCH``/``POST``/
+    ``PUT``/``PATCH``/``DELETE``/``DELETECOLLECTION``; a path outside ``/api`` and ``/apis`` (such
+    as ``/metrics``) has no resource and the path as its subresource."""
+    method = method.upper()
+    parts = [p for p in urlsplit(url).path.split("/") if p]
+    if parts[:1] == ["api"] and len(parts) >= 2:
+        rest = parts[2:]
+    elif parts[:1] == ["apis"] and len(parts) >= 3:
+        rest = parts[3:]
+    else:
+        return method, "", "/" + "/".join(parts)
+    if len(rest) >= 3 and rest[0] == "namespaces" and rest[2] not in _NAMESPACE_SUBRESOURCES:
+        rest = rest[2:]
+    resource = rest[0] if rest else ""
+    named = len(rest) >= 2
+    subresource = rest[2] if len(rest) >= 3 else ""
+    verb = method
+    if method == "GET":
+        watch = any(k == "watch" and str(v).lower() in ("true", "1") for k, v in (query or ()))
+        verb = "WATCH" if watch else ("GET" if named else "LIST")
+    elif method == "DELETE" and not named:
+        verb = "DELETECOLLECTION"
+    return verb, resource, subresource
+
+
+UNCOUNTED: frozenset[RequestKey] = frozenset({("GET", "", "/metrics")})
+"""Requests the kube-apiserver leaves out of ``apiserver_request_total``: its ``/metrics`` (a
+``/readyz`` is counted, a ``/metrics`` is not)."""
+
+
+class RequestCounter:
+    """Counts every request sent through one kubernetes_asyncio ``ApiClient`` (its REST client's
+    ``request``, under both the generated APIs and ``RawKube``), by `request_key`, when it is sent."""
+
+    def __init__(self, api: Any) -> None:
+        self.counts: Counter[RequestKey] = Counter()
+        rest = api.rest_client
+        send = rest.request
+
+        async def counted(method: str, url: str, query_params: Any = None, **kwargs: Any) -> Any:
+            key = request_key(method, url, query_params)
+            if key not in UNCOUNTED:
+                self.counts[key] += 1
+            return await send(method, url, query_params=query_params, **kwargs)
+
+        rest.request = counted
+
+    def reset(self) -> None:
+        self.counts.clear()
+
+    def snapshot(self) -> Counter[RequestKey]:
+        return Counter(self.counts)
+
+
+def key_name(key: RequestKey) -> str:
+    verb, resource, subresource = key
+    if not resource:
+        return f"{verb} {subresource or '(none)'}"
+    return f"{verb} {resource}/{subresource}" if subresource else f"{verb} {resource}"
+
+
+def others(
+    before: Counter[RequestKey], after: Counter[RequestKey], own: Mapping[RequestKey, int]
+) -> Counter[RequestKey]:
+    """What the apiserver served between two scrapes beyond ``own`` (this process's requests)."""
+    out: Counter[RequestKey] = Counter()
+    for key, value in after.items():
+        extra = value - before.get(key, 0) - own.get(key, 0)
+        if extra > 0:
+            out[key] = extra
+    return out
+
+
+async def quiet_apiserver(
+    api: Any,
+    counter: RequestCounter,
+    *,
+    interval_s: float = 1.0,
+    allowance: int = 3,
+    timeout_s: float = 300.0,
+) -> tuple[Counter[RequestKey], float]:
+    """Scrape ``apiserver_request_total`` every ``interval_s`` until an interval passes in which the
+    apiserver served at most ``allowance`` requests other than this process's own (its leases and
+    controllers' resyncs are a few in ten seconds; kube-controller-manager's TTL controller
+    annotating new nodes is 20 a second until it has been through them all); the last scrape, with
+    ``counter`` reset right after it, and the seconds waited. Gives up quietly after ``timeout_s``."""
+    started = time.monotonic()
+    previous = await apiserver_requests(api)
+    counter.reset()
+    while True:
+        await asyncio.sleep(interval_s)  # a sampling interval: a rate is what is being waited for
+        current = await apiserver_requests(api)
+        own = counter.snapshot()
+        counter.reset()
+        waited = time.monotonic() - started
+        if sum(others(previous, current, own).values()) <= allowance or waited > timeout_s:
+            return current, waited
+        previous = current
+
+
+def request_figures(
+    before: Counter[RequestKey],
+    after: Counter[RequestKey],
+    own: Mapping[RequestKey, int],
+    pods: int,
+    top: int = 10,
+) -> dict[str, Any]:
+    """API requests per placed pod over a phase: all, and without what this process sent itself."""
+    delta = others(before, after, {})
+    not_own = others(before, after, own)
+    # Requests the bench counted but the apiserver did not (yet): in flight at the scrape.
+    unseen = sum(max(0, n - delta.get(k, 0)) for k, n in own.items())
+
+    def per_pod(counts: Counter[RequestKey]) -> dict[str, float]:
+        return {key_name(k): round(v / pods, 3) for k, v in counts.most_common(top)}
+
+    return {
+        "total": sum(delta.values()),
+        "per_pod": round(sum(delta.values()) / pods, 2),
+        "bench_own": sum(own.values()),
+        "bench_own_unseen": unseen,
+        "per_pod_excluding_bench": round(sum(not_own.values()) / pods, 2),
+        "top_per_pod": per_pod(delta),
+        "top_per_pod_excluding_bench": per_pod(not_own),
+        "delta": {key_name(k): v for k, v in delta.most_common()},
+        "bench_own_by_key": {key_name(k): v for k, v in Counter(own).most_common()},
+    }
+
+
+# -- CPU ---------------------------------------------------------------------------------------
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int | None) -> float:
+    """User + system CPU seconds of process ``pid`` so far (0 when it is gone)."""
+    if pid is None:
+        return 0.0
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+def own_cpu_seconds() -> float:
+    times = os.times()
+    return times.user + times.system
