@@ -1,0 +1,81 @@
+"""A replica that does not lead never decides (docs/extender.md#replicas): it forwards to the leader,
+answers 503 with the reason while no leader is known, never forwards a forwarded request again (a
+stale view of who leads cannot loop), and its binds never decide from its model."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from extender_fakes import FakeKube, bind_args, pod
+
+from hamipy.extender.leadership import FORWARDED_HEADER, Leadership
+from hamipy.extender.server import ExtenderServer, make_app
+from hamipy.extender.settings import ExtenderSettings
+from hamipy.extender.telemetry import Telemetry
+from hamipy.protocol.config import Config
+
+
+@pytest.fixture
+async def follower() -> AsyncIterator[str]:
+    """The routes of a replica with leader election on that leads nothing and knows no leader (its
+    elector not joined yet); its URL."""
+    srv = ExtenderServer(
+        config=Config(),
+        settings=ExtenderSettings(),
+        telemetry=Telemetry.create(stream=io.StringIO()),
+        api=None,
+    )
+    leadership = Leadership(election=True, api=None, model=None, telemetry=srv.telemetry, leader_wait_s=0.1)
+    app = make_app(srv.scheduler, max_body_bytes=1 << 20, health=srv.health, leadership=leadership)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    await runner.cleanup()
+
+
+async def post(url: str, path: str, body: Any, headers: dict[str, str] | None = None) -> tuple[int, Any]:
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session,
+        session.post(url + path, json=body, headers=headers or {}) as resp,
+    ):
+        return resp.status, await resp.json()
+
+
+@pytest.mark.parametrize("path", ["/filter", "/prioritize", "/bind"])
+async def test_a_replica_that_does_not_lead_answers_503_with_why(follower: str, path: str) -> None:
+    body = bind_args(pod("p")) if path == "/bind" else {"Pod": pod("p"), "NodeNames": ["n"]}
+    status, answer = await post(follower, path, body)
+    assert status == 503
+    assert answer["Error"] == "this extender has not joined the leader election yet"
+    status, answer = await post(follower, path, body, {FORWARDED_HEADER: "replica-0"})
+    assert status == 503
+    assert answer["Error"].endswith("is not the leader")
+
+
+def test_without_election_a_replica_decides_and_binds_from_its_model() -> None:
+    srv = ExtenderServer(
+        config=Config(),
+        settings=ExtenderSettings(),
+        telemetry=Telemetry.create(stream=io.StringIO()),
+        api=FakeKube(),
+    )
+    assert srv.leadership.deciding()
+    assert srv.leadership.exclusive()
+
+
+def test_with_election_binds_never_decide_from_the_model_before_leading() -> None:
+    srv = ExtenderServer(
+        config=Config(),
+        settings=ExtenderSettings(leader_election=True),
+        telemetry=Telemetry.create(stream=io.StringIO()),
+        api=FakeKube(),
+    )
+    assert not srv.leadership.deciding()
+    assert not srv.leadership.exclusive()
