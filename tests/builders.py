@@ -20,7 +20,7 @@ from typing import Any
 from hamipy.protocol import keys
 from hamipy.protocol.devices import ContainerDevice, DeviceInfo
 from hamipy.protocol.node_devices import encode_node_devices
-from hamipy.protocol.node_handshake import Handshake, format_handshake
+from hamipy.protocol.node_handshake import plugin_report
 from hamipy.protocol.pod_devices import encode_pod_devices
 
 __all__ = ["GPU_TYPE", "IMAGE", "allocation", "container", "gpu", "node", "pod"]
@@ -178,11 +178,10 @@ def plugin_registration(devices: Sequence[DeviceInfo], *, ours: bool = True) -> 
     """The node annotations a device plugin writes when it registers ``devices``: the register and a
     ``Reported_`` handshake, and with ``ours`` our marker (the extender then binds there without the
     node lock); without, as HAMi's plugin writes them."""
-    handshake = format_handshake(Handshake("Reported", datetime.now(UTC)))
-    written = {keys.NODE_REGISTER: encode_node_devices(devices), keys.NODE_HANDSHAKE: handshake}
-    if ours:
-        written[keys.DEVICE_PLUGIN_MARKER] = handshake
-    return written
+    report = plugin_report(datetime.now(UTC))
+    if not ours:
+        del report[keys.DEVICE_PLUGIN_MARKER]
+    return {keys.NODE_REGISTER: encode_node_devices(devices), **report}
 
 
 def node(

@@ -97,7 +97,7 @@ from hamipy.kube.client import RawKube
 from hamipy.kube.errors import NotFound
 from hamipy.protocol import DeviceInfo, encode_node_devices, keys
 from hamipy.protocol.config import Config
-from hamipy.protocol.node_handshake import Handshake, format_handshake
+from hamipy.protocol.node_handshake import plugin_report
 
 ROOT = Path(__file__).resolve().parents[2]
 GPUS = 8
@@ -215,7 +215,7 @@ async def add_nodes(pool: NodePool, nodes: int) -> float:
     """Register ``nodes`` GPU nodes as our device plugin does (register, ``Reported_`` handshake and
     our marker: the extender binds there from its model); seconds it took."""
     started = time.perf_counter()
-    reported = format_handshake(Handshake("Reported", datetime.now(UTC)))
+    report = plugin_report(datetime.now(UTC))
     for i in range(nodes):
         devices = [
             DeviceInfo(
@@ -227,11 +227,7 @@ async def add_nodes(pool: NodePool, nodes: int) -> float:
             NodeSpec(
                 name=f"bench-{i:05d}",
                 labels={"bench": "rate"},
-                annotations={
-                    keys.NODE_REGISTER: encode_node_devices(devices),
-                    keys.NODE_HANDSHAKE: reported,
-                    keys.DEVICE_PLUGIN_MARKER: reported,
-                },
+                annotations={keys.NODE_REGISTER: encode_node_devices(devices), **report},
                 capacity={keys.RESOURCE_COUNT: str(GPUS * 10)},
             )
         )

@@ -9,23 +9,26 @@ import dataclasses
 import inspect
 import io
 import itertools
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import builders
 from builders import container, gpu
 
 from hamipy.extender.binding import Binder
+from hamipy.extender.leadership import LEADER_URL_ANNOTATION
 from hamipy.extender.model import ClusterModel
 from hamipy.extender.scheduler import Scheduler
 from hamipy.extender.settings import ExtenderSettings
 from hamipy.extender.telemetry import Telemetry
 from hamipy.kube.errors import Conflict, KubeError, NotFound
 from hamipy.kube.events import EventRecorder
+from hamipy.kube.leader import LeaderElector, LeaderInfo, LeaseSettings
 from hamipy.protocol import keys
 from hamipy.protocol.config import Config
 from hamipy.protocol.devices import DeviceInfo
+from hamipy.protocol.node_handshake import plugin_report
 from hamipy.protocol.node_lock import NodeLock, format_node_lock
 
 
@@ -38,15 +41,15 @@ def node(
     return builders.node(name, devices, uid=f"uid-{name}", resource_version="1", annotations=annotations)
 
 
-REPORTED: Final = "Reported_2026-11-24 10:00:00"
+REPORT: Final = plugin_report(datetime(2026, 11, 24, 10, 0, tzinfo=UTC))
+"""Our device plugin's report: the handshake and our marker."""
+REPORTED: Final = REPORT[keys.NODE_HANDSHAKE]
 """A ``Reported_`` handshake, as a device plugin answers."""
 
 
 def our_node(name: str, devices: Sequence[DeviceInfo] | None = None) -> dict[str, Any]:
     """``node`` as our device plugin registers it: its last report carries our marker."""
-    return node(
-        name, devices, annotations={keys.NODE_HANDSHAKE: REPORTED, keys.DEVICE_PLUGIN_MARKER: REPORTED}
-    )
+    return node(name, devices, annotations=dict(REPORT))
 
 
 def pod(
@@ -175,9 +178,12 @@ class FakeKube:
         if parts[:3] == ["api", "v1", "pods"]:
             q = dict(query)
             items = list(self.pods.values())
-            if "fieldSelector" in q:
-                want = q["fieldSelector"].split("=", 1)[1]
-                items = [p for p in items if p["spec"].get("nodeName") == want]
+            if "fieldSelector" in q:  # spec.nodeName=<node>, or spec.nodeName!= (bound pods)
+                field, want = q["fieldSelector"].split("=", 1)
+                if field.endswith("!"):
+                    items = [p for p in items if p["spec"].get("nodeName", "") != want]
+                else:
+                    items = [p for p in items if p["spec"].get("nodeName") == want]
             if "labelSelector" in q:
                 label, want = q["labelSelector"].split("=", 1)
                 items = [p for p in items if (p["metadata"].get("labels") or {}).get(label) == want]
@@ -321,3 +327,32 @@ def bind_args(p: dict[str, Any], node_name: str = "n") -> dict[str, str]:
         "PodUID": meta["uid"],
         "Node": node_name,
     }
+
+
+class _Elected:
+    """Stands in for a ``LeaderElector`` whose Lease names ``identity`` at ``transitions``."""
+
+    def __init__(self, identity: str, transitions: int, annotations: dict[str, str]) -> None:
+        self.info = LeaderInfo(identity=identity, annotations=annotations, transitions=transitions)
+        self.settings = LeaseSettings(namespace="ns", name="lease", identity="me_1")
+
+    def is_leader(self) -> bool:
+        return self.info.identity == self.settings.identity
+
+    @property
+    def leader(self) -> LeaderInfo:
+        return self.info
+
+    def wait_changed(self) -> Coroutine[Any, Any, bool]:
+        return asyncio.Event().wait()
+
+    async def wait_leader(self, timeout_s: float) -> LeaderInfo:
+        return self.info
+
+
+def elected(*, transitions: int = 1, leader_url: str | None = None) -> LeaderElector:
+    """An election this replica has won (``leader_url`` None) or another replica, serving at
+    ``leader_url``, has."""
+    if leader_url is None:
+        return cast(LeaderElector, _Elected("me_1", transitions, {}))
+    return cast(LeaderElector, _Elected("other_2", transitions, {LEADER_URL_ANNOTATION: leader_url}))

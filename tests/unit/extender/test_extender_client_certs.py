@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime
 import io
+import json
 import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -14,9 +15,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 from builders import container
-from extender_fakes import node, pod
+from extender_fakes import elected, node, pod
 
 import hamipy.extender.cli as cli
+from hamipy.extender.leadership import Leadership
 from hamipy.extender.server import ExtenderServer
 from hamipy.extender.settings import ExtenderSettings
 from hamipy.extender.telemetry import Telemetry
@@ -127,3 +129,51 @@ def test_tls_flags_that_do_not_go_together_are_refused(pki: Pki, capsys: pytest.
         cli.main(["serve", "--tls-client-ca-file", str(pki.ca)], env={})
     assert exited.value.code == 2
     assert "--tls-client-ca-file needs --tls-cert-file" in capsys.readouterr().err
+
+
+async def test_a_follower_forwards_to_the_leader_over_tls_with_its_own_certificate(
+    pki: Pki, tmp_path: Path
+) -> None:
+    """As the chart deploys replicas: each serves with a certificate of the one CA that is good for
+    server and client, names the Service; a follower checks the leader's as that name
+    (``--peer-server-name``) and presents its own, which the leader's client-CA check accepts."""
+    ca = make_ca("extender-ca", validity=DAY)
+    (tmp_path / "replicas-ca.crt").write_bytes(ca.cert_pem)
+    pair = issue_cert(
+        ca,
+        common_name="ext",
+        validity=DAY,
+        dns_names=["ext.hami.svc"],
+        ip_addresses=["127.0.0.1"],
+        server=True,
+        client=True,
+    )
+    cert, key = _write(tmp_path, "replica", pair)
+    replica_ca = tmp_path / "replicas-ca.crt"
+    leader = ExtenderServer(
+        config=Config(),
+        settings=ExtenderSettings(),
+        telemetry=Telemetry.create(stream=io.StringIO()),
+        api=None,
+        ssl_context=cli.server_tls(cert, key, replica_ca),
+    )
+    async with leader:
+        leader.model.replace_nodes([node("a")])
+        leader.model.replace_pods([])
+        settings = ExtenderSettings(leader_election=True, advertise_url="https://127.0.0.1:1")
+        follower = Leadership(
+            election=True,
+            elector=elected(leader_url=leader.url),
+            api=None,
+            model=None,
+            telemetry=Telemetry.create(stream=io.StringIO()),
+            forward_ssl=cli.peer_tls(settings, cert, key, replica_ca),
+            forward_server_name="ext.hami.svc",
+        )
+        try:
+            body = json.dumps({"Pod": pod("p", container(gpu=1, gpumem=1000)), "NodeNames": ["a"]})
+            answer = await follower.forward("/filter", body.encode())
+        finally:
+            await follower.close()
+    assert answer.status == 200, answer.body
+    assert json.loads(answer.body)["NodeNames"] == ["a"]

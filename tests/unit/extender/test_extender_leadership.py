@@ -4,6 +4,7 @@ stale view of who leads cannot loop), and its binds never decide from its model.
 
 from __future__ import annotations
 
+import asyncio
 import io
 from collections.abc import AsyncIterator
 from typing import Any
@@ -11,9 +12,12 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
-from extender_fakes import FakeKube, bind_args, pod
+from builders import allocation, gpu
+from extender_fakes import FakeKube, bind_args, elected, our_node, pod
 
+from hamipy.devcluster import wait_for
 from hamipy.extender.leadership import FORWARDED_HEADER, Leadership
+from hamipy.extender.model import ClusterModel, PodUid
 from hamipy.extender.server import ExtenderServer, make_app
 from hamipy.extender.settings import ExtenderSettings
 from hamipy.extender.telemetry import Telemetry
@@ -79,3 +83,33 @@ def test_with_election_binds_never_decide_from_the_model_before_leading() -> Non
     )
     assert not srv.leadership.deciding()
     assert not srv.leadership.exclusive()
+
+
+async def test_a_new_leader_takes_every_bound_pod_into_its_model_before_binds_decide_from_it() -> None:
+    """The watch has not delivered what the previous leader bound: until the catch-up read, binds
+    may not decide from the model; after it, the model holds that pod's allocation."""
+    kube = FakeKube()
+    kube.add_node(our_node("n", [gpu("A", 0, count=2)]))
+    kube.add_pod(
+        pod("earlier", node_name="n", annotations=allocation(allocated="A,NVIDIA,1000,0:;", node="n"))
+    )
+    kube.add_pod(pod("pending"))
+    model = ClusterModel()
+    model.replace_nodes(kube.nodes.values())
+    model.replace_pods([])
+    leadership = Leadership(
+        election=True,
+        elector=elected(transitions=4),
+        api=kube,
+        model=model,
+        telemetry=Telemetry.create(stream=io.StringIO()),
+    )
+    assert leadership.deciding()
+    assert not leadership.exclusive()
+    following = asyncio.create_task(leadership.run())
+    try:
+        await wait_for(leadership.exclusive, timeout=5, what="the catch-up")
+    finally:
+        following.cancel()
+    assert set(model.contributions) == {PodUid("uid-ns-earlier")}
+    assert ("GET", "/api/v1/pods") in kube.calls

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hamipy.protocol import node_handshake
+from hamipy.protocol import keys, node_handshake
 from hamipy.protocol.errors import ProtocolError
 from hamipy.protocol.node_handshake import (
     LAYOUT_DASH,
@@ -21,6 +21,8 @@ from hamipy.protocol.node_handshake import (
     needs_request,
     node_is_dead,
     parse_handshake,
+    plugin_report,
+    reported_by_us,
     requesting,
 )
 
@@ -41,6 +43,8 @@ def test_public_api_is_complete() -> None:
         "needs_request",
         "node_is_dead",
         "parse_handshake",
+        "plugin_report",
+        "reported_by_us",
         "requesting",
     }
 
@@ -229,3 +233,22 @@ def test_malformed_stamp_is_refused(value: str) -> None:
         parse_handshake(value)
     assert info.value.field == KEY
     assert KEY in str(info.value)
+
+
+def test_our_report_is_told_from_hamis_and_a_request_keeps_what_was_known() -> None:
+    ours = plugin_report(datetime(2026, 11, 24, 10, 0, tzinfo=UTC))
+    assert ours == {
+        keys.NODE_HANDSHAKE: "Reported_2026-11-24 10:00:00",
+        keys.DEVICE_PLUGIN_MARKER: "Reported_2026-11-24 10:00:00",
+    }
+    assert reported_by_us(ours) is True
+    # HAMi's plugin reports later and leaves our marker as it was.
+    assert reported_by_us({**ours, keys.NODE_HANDSHAKE: "Reported_2026-11-24 10:00:30"}) is False
+    assert reported_by_us({keys.NODE_HANDSHAKE: "Reported 2026-11-24 10:00:30 +0000 UTC"}) is False
+    # No report: a pending request, no handshake, an unreadable one.
+    for written in (
+        {**ours, keys.NODE_HANDSHAKE: "Requesting_2026-11-24 10:00:30"},
+        {keys.DEVICE_PLUGIN_MARKER: ours[keys.DEVICE_PLUGIN_MARKER]},
+        {**ours, keys.NODE_HANDSHAKE: "garbage"},
+    ):
+        assert reported_by_us(written) is None

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta, timezone, tzinfo
 from typing import Final, Literal, get_args
 
@@ -48,6 +49,8 @@ __all__ = [
     "needs_request",
     "node_is_dead",
     "parse_handshake",
+    "plugin_report",
+    "reported_by_us",
     "requesting",
 ]
 
@@ -133,6 +136,30 @@ def format_handshake(handshake: Handshake, *, tz: tzinfo = UTC, layout: Layout =
 def requesting(now: datetime, *, tz: tzinfo = UTC) -> str:
     """The ``Requesting_<now>`` stamp the scheduler writes."""
     return format_handshake(Handshake("Requesting", now), tz=tz)
+
+
+def plugin_report(now: datetime) -> dict[str, str]:
+    """The handshake our device plugin writes with its register: ``Reported_<now>`` and our marker
+    (``keys.DEVICE_PLUGIN_MARKER``) equal to it (docs/wire-format.md#other-node-annotations)."""
+    stamp = format_handshake(Handshake("Reported", now))
+    return {keys.NODE_HANDSHAKE: stamp, keys.DEVICE_PLUGIN_MARKER: stamp}
+
+
+def reported_by_us(annotations: Mapping[str, object]) -> bool | None:
+    """Whether our device plugin made the node's last report: True when the handshake is a
+    ``Reported_`` stamp our marker equals, False for any other report (HAMi's plugin rewrites the
+    handshake and leaves our marker behind), None when the handshake is no report (a pending
+    ``Requesting_`` stamp, nothing, or unreadable): then what was known before still holds."""
+    handshake = annotations.get(keys.NODE_HANDSHAKE)
+    if not isinstance(handshake, str):
+        return None
+    try:
+        kind = parse_handshake(handshake).kind
+    except ProtocolError:
+        return None
+    if kind != "Reported":
+        return None
+    return annotations.get(keys.DEVICE_PLUGIN_MARKER) == handshake
 
 
 def needs_request(handshake: Handshake | None) -> bool:

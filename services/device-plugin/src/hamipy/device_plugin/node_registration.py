@@ -16,7 +16,7 @@ from hamipy.device_plugin.settings import PluginSettings
 from hamipy.device_plugin.telemetry import Telemetry
 from hamipy.kube.errors import KubeError
 from hamipy.protocol import encode_node_devices, keys
-from hamipy.protocol.node_handshake import Handshake, format_handshake
+from hamipy.protocol.node_handshake import plugin_report
 
 __all__ = ["register_node_forever", "write_node_register"]
 
@@ -27,10 +27,7 @@ async def write_node_register(api: NodeKube, inventory: Inventory) -> str:
     """One write of the register, the handshake and our marker (equal to the handshake, so that a
     report by HAMi's plugin, which leaves the marker, is told apart); returns the register value."""
     value = encode_node_devices(inventory.register_devices())
-    handshake = format_handshake(Handshake("Reported", datetime.now(UTC)))
-    await api.patch_node_annotations(
-        {keys.NODE_REGISTER: value, keys.NODE_HANDSHAKE: handshake, keys.DEVICE_PLUGIN_MARKER: handshake}
-    )
+    await api.patch_node_annotations({keys.NODE_REGISTER: value, **plugin_report(datetime.now(UTC))})
     return value
 
 

@@ -2,33 +2,41 @@
 
 For one pod and the node kube-scheduler chose:
 
-1. read the pod and refuse it unless it is the one kube-scheduler means (the UID of the bind), asks
-   for our scheduler (``spec.schedulerName``) and names a GPU resource of ours: ``/bind`` binds
-   only pods the ``hami-scheduler`` profile hands to this extender. A pod already bound there is a
+1. take the pod as the watch last saw it pending (read it from the API only when the watch has not
+   delivered it) and refuse it unless it is the one kube-scheduler means (the UID of the bind), asks
+   for our scheduler (``spec.schedulerName``) and names a GPU resource of ours: ``/bind`` binds only
+   pods the ``hami-scheduler`` profile hands to this extender. A pod already bound there is a
    retried bind and succeeds;
-2. take the node lock ``hami.io/mutex.lock`` in HAMi's format with a resourceVersion-guarded patch.
+2. choose the path (docs/extender.md#two-bind-paths). **From the model** when this replica alone
+   writes allocations (``exclusive``: the only replica, or the leader caught up), our device plugin
+   serves the node (its last report carries our marker) and no one else holds the node's lock: the
+   filter's devices are re-checked against the model, with no read and no lock, and the decision and
+   the in-flight record run with no await between them, so this replica's binds count each other.
+   **Locked** otherwise (HAMi's discipline): steps 3 and 4;
+3. take the node lock ``hami.io/mutex.lock`` in HAMi's format with a resourceVersion-guarded patch.
    A lock held by another pod is waited for (bounded by ``bind_timeout_s``, below the scheduler's
    httpTimeout) instead of failing; one that is expired, malformed, or whose owner pod is gone,
    finished or already served (``bind-phase`` success/failed) is broken. Binds of one replica on
    one node also queue on an in-process mutex, so they do not poll each other;
-3. under the lock, rebuild the node's usage from *fresh* API state: the Node, and every pod bound to
-   it (``spec.nodeName``), so that binds by other replicas and pods the watch has not delivered yet
-   are counted; re-check the filter's devices there and re-plan on that node if they no longer fit.
-   As in the model, a pod that is not bound holds nothing (anyone may annotate their own pod): our
-   bind writes the allocation with the Binding itself, before it lets the lock go, so under the
-   lock no bind of ours is half-done. The one exception is a lock we broke whose holder patches
-   the pod before binding it (HAMi's scheduler does; the ``hami.io/vgpu-node`` label it writes
-   with the allocation finds that pod): it is counted as if bound;
-4. record the bind in flight in the model (``begin_bind``), so a filter meanwhile counts it; then
-   one write binds the pod and records its allocation: the Binding carries ``hami.io/vgpu-node``,
-   ``vgpu-time``, ``vgpu-devices-to-allocate``, ``vgpu-devices-allocated``,
+4. under the lock, rebuild the node's usage from *fresh* API state: the Node, and every pod bound to
+   it (``spec.nodeName``), so that binds by other schedulers and pods the watch has not delivered
+   yet are counted; re-check the filter's devices there and re-plan on that node if they no longer
+   fit. As in the model, a pod that is not bound holds nothing (anyone may annotate their own pod):
+   our bind writes the allocation with the Binding itself, before it lets the lock go, so under the
+   lock no bind of ours is half-done. The one exception is a lock we broke whose holder patches the
+   pod before binding it (HAMi's scheduler does; the ``hami.io/vgpu-node`` label it writes with the
+   allocation finds that pod): it is counted as if bound;
+5. on either path, record the bind in flight in the model (``begin_bind``), so a filter meanwhile
+   counts it; then one write binds the pod and records its allocation: the Binding carries
+   ``hami.io/vgpu-node``, ``vgpu-time``, ``vgpu-devices-to-allocate``, ``vgpu-devices-allocated``,
    ``bind-phase=allocating`` and ``bind-time`` as annotations, which the API server copies onto the
-   pod with ``spec.nodeName``, guarded by the pod's UID and the resourceVersion this bind read. A
-   Conflict means another bind of the same pod wrote first: the pod is left as it wrote it, the
-   model takes what it holds, and the bind succeeds if it is bound to this node (``_lost_race``).
-   The ``hami.io/vgpu-node`` label HAMi's monitor selects on follows, best effort;
-5. release the lock at once (``release_lock_after_bind``) or leave it for the device plugin
-   (HAMi-compatible).
+   pod with ``spec.nodeName``, guarded by the pod's UID and the resourceVersion the bind read. On a
+   Conflict the pod is read (``_after_conflict``): bound by another bind of it, it is left as that
+   bind wrote it, the model takes what it holds, and the bind succeeds if it is bound to this node;
+   still unbound and asking the same, it is written again with its new resourceVersion. The
+   ``hami.io/vgpu-node`` label HAMi's monitor selects on follows, best effort;
+6. on the locked path, release the lock at once (``release_lock_after_bind``) or leave it for the
+   device plugin (HAMi-compatible).
 
 A lock session (``release_lock_after_bind`` only): when more binds of this replica wait for the
 same node, the lock is not released but handed to the next one with the fresh state, updated with

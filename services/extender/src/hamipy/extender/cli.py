@@ -21,7 +21,6 @@ import dataclasses
 import json
 import logging
 import os
-import secrets
 import ssl
 import sys
 from collections.abc import Mapping, Sequence
@@ -232,18 +231,13 @@ def settings_from_args(args: argparse.Namespace) -> ExtenderSettings:
         leader_election=bool(args.leader_elect),
         lease_namespace=str(args.lease_namespace),
         lease_name=str(args.lease_name),
-        identity=_unique(str(args.identity)) if args.identity else "",
+        identity=str(args.identity),
         advertise_url=str(args.advertise_url),
         peer_server_name=str(args.peer_server_name),
         lease_duration_s=float(args.lease_duration),
         renew_deadline_s=float(args.renew_deadline),
         retry_period_s=float(args.retry_period),
     )
-
-
-def _unique(name: str) -> str:
-    """A Lease identity unique per process (a restarted pod keeps its name: client-go's advice)."""
-    return f"{name}_{secrets.token_hex(4)}"
 
 
 def peer_tls(

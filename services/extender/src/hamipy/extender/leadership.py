@@ -112,11 +112,15 @@ class Leadership:
         if self.elector is None:
             return
         while True:
-            changed = self.elector.wait_changed()
-            leader = self.elector.leader
-            if self.elector.is_leader() and leader is not None and leader.transitions != self._caught_up_term:
-                await self._catch_up(leader.transitions)
-            await changed
+            changed = self.elector.wait_changed()  # taken first: a change during catch-up wakes it
+            try:
+                leader = self.elector.leader
+                behind = leader is not None and leader.transitions != self._caught_up_term
+                if self.elector.is_leader() and leader is not None and behind:
+                    await self._catch_up(leader.transitions)
+                await changed
+            finally:
+                changed.close()  # not awaited when cancelled during catch-up
 
     async def _catch_up(self, term: int) -> None:
         """Take into the model every pod bound now, read from the API (a quorum read: it covers

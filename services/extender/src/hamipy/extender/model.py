@@ -51,7 +51,7 @@ from hamipy.protocol import keys
 from hamipy.protocol.devices import ContainerDevice, DeviceInfo, PodDevices
 from hamipy.protocol.errors import ProtocolError
 from hamipy.protocol.node_devices import decode_node_devices
-from hamipy.protocol.node_handshake import HANDSHAKE_TIMEOUT, parse_handshake
+from hamipy.protocol.node_handshake import HANDSHAKE_TIMEOUT, parse_handshake, reported_by_us
 from hamipy.protocol.pod_devices import decode_pod_devices
 from hamipy.protocol.quantities import parse_quantity
 
@@ -282,6 +282,9 @@ def _read_liveness(state: NodeState, node: Mapping[str, Any], count_resource: st
             state.allocatable_gpus = 0
     handshake = ann.get(keys.NODE_HANDSHAKE)
     state.handshake = handshake if isinstance(handshake, str) else None
+    ours = reported_by_us(ann)  # whoever reported last serves the node
+    if ours is not None:
+        state.ours = ours
     state.requesting_since = None
     if state.handshake:
         try:
@@ -291,9 +294,6 @@ def _read_liveness(state: NodeState, node: Mapping[str, Any], count_resource: st
             return
         if parsed.kind == "Requesting":
             state.requesting_since = parsed.time.timestamp()
-        elif parsed.kind == "Reported":
-            # Whoever reported last serves the node; HAMi's plugin leaves our marker as it was.
-            state.ours = ann.get(keys.DEVICE_PLUGIN_MARKER) == state.handshake
 
 
 def node_from_json(

@@ -241,8 +241,9 @@ async def _metrics(request: web.Request) -> web.Response:
 
 def lease_settings(settings: ExtenderSettings) -> LeaseSettings:
     """The Lease the replicas elect their leader by; ``ValueError`` when the times cannot fence (a
-    leader's last bind must land before another replica can lead)."""
-    identity = settings.identity or f"{socket.gethostname()}_{secrets.token_hex(4)}"
+    leader's last bind must land before another replica can lead). The identity gets a random
+    suffix: unique per process, as client-go advises (a restarted pod keeps its name)."""
+    identity = f"{settings.identity or socket.gethostname()}_{secrets.token_hex(4)}"
     return LeaseSettings(
         namespace=settings.lease_namespace,
         name=settings.lease_name,

@@ -44,7 +44,8 @@ class ExtenderSettings:
     lease_namespace: str = "kube-system"
     lease_name: str = "hami-py-extender"
     identity: str = ""
-    """This replica's name in the Lease; unique per process (empty: host name and a random suffix)."""
+    """This replica's name in the Lease (empty: the host name); a random suffix makes it unique per
+    process."""
     advertise_url: str = ""
     """Where the other replicas reach this one while it leads (``https://<pod IP>:<port>``)."""
     peer_server_name: str = ""
