@@ -43,19 +43,17 @@ def path_count(r: BindRig, path: str) -> float:
     return value or 0.0
 
 
-async def test_a_watched_pod_is_bound_with_one_binding_and_its_label() -> None:
+async def test_a_watched_pod_is_bound_with_one_binding_and_nothing_else() -> None:
     r = rig()
     r.add_watched_pod(pod("p"))
     r.scheduler.filter({"Pod": pod("p"), "NodeNames": ["n"]})
     await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
-    assert requests(r) == [
-        ("POST", "/api/v1/namespaces/ns/pods/p/binding"),
-        ("PATCH", "/api/v1/namespaces/ns/pods/p"),  # the hami.io/vgpu-node label, best effort
-    ]
+    # No hami.io/vgpu-node label patch: only HAMi's components read it, and they do not serve n.
+    assert requests(r) == [("POST", "/api/v1/namespaces/ns/pods/p/binding")]
     stored = r.kube.pods[("ns", "p")]
     assert stored["spec"]["nodeName"] == "n"
     assert stored["metadata"]["annotations"][keys.BIND_PHASE] == "allocating"
-    assert stored["metadata"]["labels"][keys.VGPU_NODE_LABEL] == "n"
+    assert keys.VGPU_NODE_LABEL not in (stored["metadata"].get("labels") or {})
     assert bound_uuids(r, "p") == ["A"]
     held = r.model.contributions[PodUid("uid-ns-p")]
     assert (held.source, held.node) == ("allocated", "n")
@@ -68,7 +66,7 @@ async def test_a_pod_the_watch_has_not_delivered_is_read_once() -> None:
     r = rig()
     r.kube.add_pod(pod("p"))
     await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
-    assert [c[0] for c in requests(r)] == ["GET", "POST", "PATCH"]
+    assert [c[0] for c in requests(r)] == ["GET", "POST"]
     assert r.kube.pods[("ns", "p")]["spec"]["nodeName"] == "n"
 
 
@@ -106,7 +104,7 @@ async def test_a_stale_watched_version_is_read_again_and_written() -> None:
     r.add_watched_pod(pod("p"))
     r.kube._write(r.kube.pods[("ns", "p")], {"metadata": {"labels": {"team": "a"}}})
     await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
-    assert [c[0] for c in requests(r)] == ["POST", "GET", "POST", "PATCH"]
+    assert [c[0] for c in requests(r)] == ["POST", "GET", "POST"]
     assert bound_uuids(r, "p") == ["A"]
 
 

@@ -33,8 +33,9 @@ For one pod and the node kube-scheduler chose:
    pod with ``spec.nodeName``, guarded by the pod's UID and the resourceVersion the bind read. On a
    Conflict the pod is read (``_after_conflict``): bound by another bind of it, it is left as that
    bind wrote it, the model takes what it holds, and the bind succeeds if it is bound to this node;
-   still unbound and asking the same, it is written again with its new resourceVersion. The
-   ``hami.io/vgpu-node`` label HAMi's monitor selects on follows, best effort;
+   still unbound and asking the same, it is written again with its new resourceVersion. On the
+   locked path (a node HAMi's device plugin serves) the ``hami.io/vgpu-node`` label HAMi's monitor
+   selects on follows, best effort; our own components never read it;
 6. on the locked path, release the lock at once (``release_lock_after_bind``) or leave it for the
    device plugin (HAMi-compatible).
 
@@ -239,8 +240,9 @@ class Binder:
             preferred = reservation.devices
         self.model.release(uid)  # its own reservation must not count against it
         devices = self._choose(state, ask, preferred)
-        if await self._write(target, pod, ask, devices, fresh=None, fenced=True):
-            await self._label(*target)
+        # No ``hami.io/vgpu-node`` label here: only HAMi's components read it, and they do not
+        # serve this node; a second write of every pod was a third of the API cost of a bind.
+        await self._write(target, pod, ask, devices, fresh=None, fenced=True)
 
     async def _bind_locked(self, target: _Target, pod: Mapping[str, Any], ask: PodAsk) -> None:
         """HAMi's discipline: take the node lock, rebuild the node from fresh API state, decide

@@ -1,0 +1,56 @@
+"""``api_client`` resolves the proxy for the API server once and never looks at the environment per
+request (aiohttp's ``trust_env`` read ``*_PROXY`` and ``~/.netrc`` in a thread on every call)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hamipy.kube.client import api_client
+
+KUBECONFIG = """apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://10.1.2.3:6443", insecure-skip-tls-verify: true}}]
+users: [{name: u, user: {token: abc}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+"""
+
+PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "NO_PROXY", "no_proxy", "HTTP_PROXY", "http_proxy")
+
+
+@pytest.fixture
+def kubeconfig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    for name in PROXY_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    path = tmp_path / "kubeconfig"
+    path.write_text(KUBECONFIG)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({}, None),
+        ({"HTTPS_PROXY": "http://proxy.example:3128"}, "http://proxy.example:3128"),
+        ({"https_proxy": "http://proxy.example:3128", "no_proxy": "10.1.2.3"}, None),
+        ({"HTTP_PROXY": "http://proxy.example:3128"}, None),  # the API server is https
+    ],
+)
+async def test_the_proxy_is_resolved_once_and_the_session_trusts_no_environment(
+    kubeconfig: str, monkeypatch: pytest.MonkeyPatch, env: dict[str, str], expected: str | None
+) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    api = await api_client(kubeconfig)
+    try:
+        assert api.rest_client.proxy == expected
+        session = api.rest_client.pool_manager
+        assert session.trust_env is False
+        assert not session.closed
+        assert session.connector is not None
+        assert not session.connector.closed
+    finally:
+        await api.close()
+    assert api.rest_client.pool_manager.connector is None  # closed with the client, not leaked
