@@ -77,7 +77,9 @@ class InformerSettings:
     """A watch with no event, bookmark or end for this long is dropped (bookmarks come every
     minute; the server's own end comes at ``watch_timeout_s``)."""
     first_backoff_s: float = 0.5
-    max_backoff_s: float = 30.0
+    max_backoff_s: float = 10.0
+    """Jittered to 0.5-1.5x: a watch is back at most 15 s after the API server answers again (a
+    handful of watches per process; client-go's reflector waits up to 30 s)."""
 
 
 def object_uid(obj: Mapping[str, Any]) -> str:

@@ -64,7 +64,16 @@ from typing import Any, Final, NamedTuple
 from hamipy.extender.errors import BindRefused, LockTimeout
 from hamipy.extender.filtering import build_ask
 from hamipy.extender.fitting import PodAsk, fit_pod
-from hamipy.extender.model import ClusterModel, NodeName, NodeState, PodUid, now_epoch, pod_leaving
+from hamipy.extender.lock_sweep import LockSweeper
+from hamipy.extender.model import (
+    ClusterModel,
+    NodeName,
+    NodeState,
+    PodUid,
+    lock_held_too_long,
+    now_epoch,
+    pod_leaving,
+)
 from hamipy.extender.settings import ExtenderSettings
 from hamipy.extender.telemetry import Telemetry
 from hamipy.kube.client import KubeApi
@@ -162,6 +171,21 @@ class Binder:
         self._mutexes: dict[str, asyncio.Lock] = {}
         self._waiting: collections.Counter[str] = collections.Counter()
         self._sessions: dict[str, _Session] = {}
+        self.sweeper = LockSweeper(
+            api=api,
+            model=model,
+            settings=settings,
+            telemetry=telemetry,
+            busy=self.busy,
+            breakable=self.breakable,
+            deciding=exclusive,
+        )
+        """Retries the lock releases that failed and frees stuck locks (its ``run`` is a task)."""
+
+    def busy(self, node: str) -> bool:
+        """Whether a bind of this replica holds or waits for ``node``'s lock now."""
+        mutex = self._mutexes.get(node)
+        return (mutex is not None and mutex.locked()) or self._waiting[node] > 0
 
     async def bind(self, *, namespace: str, name: str, uid: str, node: str) -> None:
         """Bind ``namespace/name`` to ``node``; raises ``BindRefused`` or ``KubeError``."""
@@ -486,8 +510,9 @@ class Binder:
             holder = value
             breaking: str | None = None
             if value:
-                breaking, holder = await self._breakable(value, namespace, name)
+                breaking, holder = await self.breakable(value, namespace, name)
                 if breaking == "mine":
+                    self.sweeper.forget(node)  # the lock is this bind's now, not one we owe
                     return obj, None
             if not value or breaking:
                 mine = format_node_lock(NodeLock(self.wall_clock().replace(microsecond=0), namespace, name))
@@ -501,11 +526,17 @@ class Binder:
                     )
                 except Conflict:
                     continue  # someone wrote the node first: look again
+                self.sweeper.forget(node)  # the lock is this bind's now, not one we owe
                 if breaking:
                     self.telemetry.metrics.lock_breaks.labels(reason=breaking).inc()
                     self.telemetry.logger.info("node lock broken", node=node, lock=value, reason=breaking)
                     return obj, _lock_owner(str(value))
                 return obj, None
+            stuck = self._stuck_since(str(value))
+            if stuck is not None:
+                # Held longer than any bind waits: waiting would end in the same timeout. The filter
+                # passes such a node over; the lock sweep frees it once its owner is done.
+                raise LockTimeout(f"node {node} has been locked by {holder} since {stuck}")
             if not waited:
                 waited = True
                 self.telemetry.metrics.lock_waits.inc()
@@ -516,7 +547,18 @@ class Binder:
             await asyncio.sleep(delay * (0.5 + random.random()))  # backoff, jittered across binders
             delay = min(delay * 2, _MAX_DELAY_S)
 
-    async def _breakable(self, value: str, namespace: str, name: str) -> tuple[str | None, str]:
+    def _stuck_since(self, value: str) -> str | None:
+        """The lock's time when it has been held longer than a bind waits (and not expired)."""
+        try:
+            lock = parse_node_lock(value)
+        except ProtocolError:
+            return None
+        after, expiry = self.settings.bind_timeout_s, self.settings.lock_expiry.total_seconds()
+        if lock_held_too_long(lock, self.wall_clock().timestamp(), after_s=after, expiry_s=expiry):
+            return lock.time.isoformat()
+        return None
+
+    async def breakable(self, value: str, namespace: str, name: str) -> tuple[str | None, str]:
         """(``"mine"`` | a break reason | None, who holds it) for a lock value."""
         try:
             lock = parse_node_lock(value)
@@ -546,12 +588,14 @@ class Binder:
                 self.api, node, namespace=namespace, name=name, timeout_s=self.settings.api_timeout_s
             )
         except KubeError as exc:
-            self.telemetry.logger.warning("node lock not released", node=node, error=str(exc))
+            self.telemetry.logger.warning("node lock not released; retrying", node=node, error=str(exc))
+            self.sweeper.owe(node, namespace, name)
             return
         if outcome == "contended":
             self.telemetry.logger.warning(
-                "node lock not released", node=node, error="every attempt lost a write race"
+                "node lock not released; retrying", node=node, error="every attempt lost a write race"
             )
+            self.sweeper.owe(node, namespace, name)
 
     # -- fresh state -----------------------------------------------------------------------------
 

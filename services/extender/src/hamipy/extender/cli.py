@@ -141,6 +141,12 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
         help="seconds after which any node lock is broken",
     )
     serve.add_argument(
+        "--lock-sweep-interval",
+        type=float,
+        default=flags.number("lock-sweep-interval", _DEFAULTS.lock_sweep_interval_s),
+        help="seconds between retries of failed lock releases and checks of stuck locks",
+    )
+    serve.add_argument(
         "--reservation-ttl",
         type=float,
         default=flags.number("reservation-ttl", _DEFAULTS.reservation_ttl_s),
@@ -219,6 +225,7 @@ def settings_from_args(args: argparse.Namespace) -> ExtenderSettings:
         release_lock_after_bind=bool(args.release_lock_after_bind),
         bind_timeout_s=float(args.bind_timeout),
         lock_expiry=timedelta(seconds=float(args.lock_expiry)),
+        lock_sweep_interval_s=float(args.lock_sweep_interval),
         reservation_ttl_s=float(args.reservation_ttl),
         handshake_interval_s=float(args.handshake_interval),
         api_timeout_s=float(args.api_timeout),

@@ -4,7 +4,9 @@ HAMi mode (``decide(..., all_feasible=False)``): nodes that pass a cheap summary
 enough GPUs with a free slot, enough memory on the freest GPU, a GPU type the pod accepts; each
 O(1) from ``NodeState``'s summary) are ranked by node policy and fitted best first; the first that
 fits is the choice. Nothing else is fitted on that path, which keeps a filter over thousands of
-nodes in the low milliseconds. Only when no node fits is every node explained: its reasons
+nodes in the low milliseconds. A node whose lock another pod has held for longer than a bind waits
+(``LockRule``) is passed over: a bind there would wait for it and time out
+(docs/extender.md#stuck-locks). Only when no node fits is every node explained: its reasons
 (``1/8 CardInsufficientMemory``) and whether it could never fit even empty (unresolvable).
 
 Cooperative mode (``all_feasible=True``): every node is fitted and all that fit are returned with
@@ -30,6 +32,7 @@ from hamipy.protocol.resources import pod_requests
 __all__ = [
     "NODE_ALLOCATION_UNKNOWN",
     "NODE_HANDSHAKE_TIMEOUT",
+    "NODE_LOCK_HELD",
     "NODE_REGISTER_MALFORMED",
     "NODE_UNREGISTERED",
     "Decision",
@@ -43,6 +46,20 @@ NODE_UNREGISTERED: Final = "NodeUnregistered"
 NODE_REGISTER_MALFORMED: Final = "NodeRegisterMalformed"
 NODE_ALLOCATION_UNKNOWN: Final = "NodeAllocationUnknown"
 NODE_HANDSHAKE_TIMEOUT: Final = "NodeHandshakeTimeout"
+NODE_LOCK_HELD: Final = "NodeLockHeld"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LockRule:
+    """Which node locks make a node unfit for ``pod``: held by another pod for longer than
+    ``after_s`` (the bind's wait for a lock) and younger than ``expiry_s`` (``NodeState.lock_blocks``)."""
+
+    pod: tuple[str, str]
+    after_s: float
+    expiry_s: float
+
+    def blocks(self, node: NodeState, now: float) -> bool:
+        return node.lock_blocks(now, after_s=self.after_s, expiry_s=self.expiry_s, pod=self.pod)
 
 
 @dataclasses.dataclass(slots=True)
@@ -98,8 +115,10 @@ def decide(
     *,
     now: float,
     all_feasible: bool = False,
+    locks: LockRule | None = None,
 ) -> Decision:
-    """Choose (or list) nodes among ``names`` for ``ask``; see the module docstring."""
+    """Choose (or list) nodes among ``names`` for ``ask``; see the module docstring. With ``locks``,
+    a node whose lock would keep the bind waiting until it times out is not chosen."""
     get = model.nodes.get
     cache: dict[tuple[str, ...], bool] = {}
     decision = Decision()
@@ -122,6 +141,7 @@ def decide(
             or node.bad_pods
             or (node.requesting_since is not None and node.dead(now))
             or (typed and not _types_ok(ask, node.type_key, cache))
+            or (node.lock is not None and locks is not None and locks.blocks(node, now))
         ):
             continue
         append((-node.score if binpack else node.score, name, node))
@@ -133,7 +153,7 @@ def decide(
                 decision.feasible.append((name, fit.devices, node.score))
         feasible = {name for name, _, _ in decision.feasible}
         if not feasible:
-            _explain(model, ask, names, now, decision)
+            _explain(model, ask, names, now, decision, locks)
         return decision
     heapq.heapify(candidates)
     while candidates:
@@ -143,11 +163,18 @@ def decide(
         if fit.devices is not None:
             decision.node, decision.devices = name, fit.devices
             return decision
-    _explain(model, ask, names, now, decision)
+    _explain(model, ask, names, now, decision, locks)
     return decision
 
 
-def _explain(model: ClusterModel, ask: PodAsk, names: Iterable[str], now: float, decision: Decision) -> None:
+def _explain(
+    model: ClusterModel,
+    ask: PodAsk,
+    names: Iterable[str],
+    now: float,
+    decision: Decision,
+    locks: LockRule | None,
+) -> None:
     # Whether a node could ever fit depends only on its GPUs' shape (not their UUIDs, unless the
     # pod names UUIDs): one empty fit per shape, not per node.
     by_uuid = bool(ask.prefs.use_uuids or ask.prefs.nouse_uuids)
@@ -162,6 +189,10 @@ def _explain(model: ClusterModel, ask: PodAsk, names: Iterable[str], now: float,
             decision.failed[name] = NodeReasons.of_node(NODE_ALLOCATION_UNKNOWN)
         elif node.dead(now):
             decision.failed[name] = NodeReasons.of_node(NODE_HANDSHAKE_TIMEOUT)
+        elif node.lock is not None and locks is not None and locks.blocks(node, now):
+            lock = node.lock
+            held = f"{lock.namespace}/{lock.name} since {lock.time.isoformat()}"
+            decision.failed[name] = NodeReasons.of_node(NODE_LOCK_HELD, f"node lock held by {held}")
         else:
             fit: Fit = fit_pod(node, ask)
             if fit.ok:

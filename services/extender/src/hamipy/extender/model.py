@@ -52,6 +52,7 @@ from hamipy.protocol.devices import ContainerDevice, DeviceInfo, PodDevices
 from hamipy.protocol.errors import ProtocolError
 from hamipy.protocol.node_devices import decode_node_devices
 from hamipy.protocol.node_handshake import HANDSHAKE_TIMEOUT, parse_handshake, reported_by_us
+from hamipy.protocol.node_lock import NodeLock, parse_node_lock
 from hamipy.protocol.pod_devices import decode_pod_devices
 from hamipy.protocol.quantities import parse_quantity
 
@@ -81,6 +82,7 @@ Usage = tuple[int, int, int]
 
 _FINISHED: Final = frozenset({"Succeeded", "Failed"})
 _DEAD_AFTER_S: Final = HANDSHAKE_TIMEOUT.total_seconds()
+_LOCK_RESOLUTION_S: Final = 1.0
 
 
 @dataclasses.dataclass(slots=True)
@@ -142,6 +144,8 @@ class NodeState:
     register_value: str | None = None
     cordon_value: str | None = None
     lock_value: str | None = None
+    lock: NodeLock | None = None
+    """``lock_value`` parsed; None when there is no lock or it is malformed (a bind breaks that)."""
     ours: bool = False
     """Served by our device plugin: its last ``Reported_`` handshake carries our marker
     (``keys.DEVICE_PLUGIN_MARKER``). Kept while the handshake is a ``Requesting_`` stamp."""
@@ -153,6 +157,15 @@ class NodeState:
     def usable(self, now: float) -> bool:
         """Registered, decodable, alive (handshake rule) and holding no malformed allocation."""
         return self.registered and self.problem is None and not self.bad_pods and not self.dead(now)
+
+    def lock_blocks(self, now: float, *, after_s: float, expiry_s: float, pod: tuple[str, str]) -> bool:
+        """Whether the node's lock keeps ``pod``'s bind waiting for nothing: another pod has held
+        it for more than ``after_s`` (a bind's whole wait) and it has not expired (a bind breaks an
+        expired lock). The extender's lock sweep frees such a lock once its owner is gone or served."""
+        lock = self.lock
+        if lock is None or (lock.namespace, lock.name) == pod:
+            return False
+        return lock_held_too_long(lock, now, after_s=after_s, expiry_s=expiry_s)
 
     def dead(self, now: float) -> bool:
         """Upstream's liveness rule: a Requesting_ stamp unanswered for 60 s, no GPU allocatable."""
@@ -261,6 +274,13 @@ def _annotations(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     return (obj.get("metadata") or {}).get("annotations") or {}
 
 
+def lock_held_too_long(lock: NodeLock, now: float, *, after_s: float, expiry_s: float) -> bool:
+    """Whether ``lock`` (at epoch ``now``) has been held longer than ``after_s`` and not expired.
+    A lock's time has whole seconds, so a second more is allowed before it counts."""
+    held = now - lock.time.timestamp()
+    return after_s + _LOCK_RESOLUTION_S < held <= expiry_s
+
+
 def _cordoned(value: str | None) -> frozenset[str]:
     # TODO(hamipy.protocol): no codec for hami.io/device-cordon yet; it is a plain comma list.
     if not value:
@@ -272,7 +292,13 @@ def _read_liveness(state: NodeState, node: Mapping[str, Any], count_resource: st
     """Lock, allocatable GPU count and handshake: the fields that change without the GPUs."""
     ann = _annotations(node)
     lock = ann.get(keys.NODE_LOCK)
-    state.lock_value = lock if isinstance(lock, str) else None
+    value = lock if isinstance(lock, str) else None
+    if value != state.lock_value:
+        state.lock_value = value
+        try:
+            state.lock = parse_node_lock(value) if value else None
+        except ProtocolError:
+            state.lock = None
     state.allocatable_gpus = 0
     alloc = ((node.get("status") or {}).get("allocatable") or {}).get(count_resource)
     if alloc is not None:

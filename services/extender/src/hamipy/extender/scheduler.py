@@ -21,7 +21,7 @@ from opentelemetry import trace
 
 from hamipy.extender.binding import Binder
 from hamipy.extender.errors import BindRefused
-from hamipy.extender.filtering import Decision, build_ask, decide, summarize
+from hamipy.extender.filtering import Decision, LockRule, build_ask, decide, summarize
 from hamipy.extender.fitting import NodeReasons
 from hamipy.extender.model import ClusterModel, NodeName, PendingPod, PodUid, now_epoch
 from hamipy.extender.scoring import prioritize_score
@@ -183,8 +183,13 @@ class Scheduler:
         if watched is not None:
             # Being (re)scheduled: its previous reservation is replaced by this decision.
             self.model.release(uid)
+        locks = LockRule(
+            pod=(str(meta.get("namespace", "")), str(meta.get("name", ""))),
+            after_s=self.settings.bind_timeout_s,
+            expiry_s=self.settings.lock_expiry.total_seconds(),
+        )
         decision: Decision = decide(
-            self.model, ask, names, now=now_epoch(), all_feasible=self.settings.cooperative
+            self.model, ask, names, now=now_epoch(), all_feasible=self.settings.cooperative, locks=locks
         )
         if self.settings.cooperative and decision.feasible:
             chosen = [name for name, _, _ in decision.feasible]

@@ -377,6 +377,8 @@ class ExtenderServer:
             self.supervisor.start(f"extender-watch-{resource}", informer.run())
         if self.leadership.election:
             self.supervisor.start("extender-leadership", self._lead())
+        if self.scheduler.binder is not None:
+            self.supervisor.start("extender-lock-sweep", self.scheduler.binder.sweeper.run())
         if self.api is not None and self.settings.handshake_interval_s > 0:
             stamping = stamp_handshakes(
                 api=self.api, model=self.model, settings=self.settings, telemetry=self.telemetry

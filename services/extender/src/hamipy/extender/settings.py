@@ -27,6 +27,9 @@ class ExtenderSettings:
     extender ``httpTimeout`` (HAMi deploys 30 s) so the answer, not a timeout, reaches it."""
     lock_expiry: timedelta = NODE_LOCK_TIMEOUT
     """Age past which a lock is broken whoever holds it (upstream: 5 minutes)."""
+    lock_sweep_interval_s: float = 2.0
+    """How often releases that failed are retried and stuck locks checked
+    (``hamipy.extender.lock_sweep``): a lock we owe is gone this long after the API answers again."""
     reservation_ttl_s: float = 60.0
     """How long a filter's reservation counts without a bind confirming it. Longer than a normal
     filter -> bind gap (milliseconds to the bind wait), short enough that a pod the scheduler gave

@@ -10,8 +10,9 @@ share counters):
   ``hamipy_extender_decisions`` (verb, result, reason; ``unavailable``/``BackgroundTaskDied`` for
   a decision refused because a background task died), ``hamipy_extender_malformed_annotations``
   (kind, field), ``hamipy_extender_events_dropped``, ``hamipy_extender_watch_restarts`` (resource,
-  cause), ``hamipy_extender_lock_waits`` / ``..._lock_breaks`` (reason), ``..._bind_paths``
-  (path: model or locked), ``..._bind_races``, ``..._forwarded`` (verb, result), ``..._leader``.
+  cause), ``hamipy_extender_lock_waits`` / ``..._lock_breaks`` (reason) / ``..._lock_releases_owed``,
+  ``..._bind_paths`` (path: model or locked), ``..._bind_races``, ``..._forwarded`` (verb, result),
+  ``..._leader``.
 """
 
 from __future__ import annotations
@@ -139,7 +140,8 @@ class Metrics:
         )
         self.lock_breaks = Counter(
             "hamipy_extender_lock_breaks",
-            "Node locks broken, by reason (expired, owner-gone, owner-done, malformed).",
+            "Node locks broken or freed late, by reason (expired, owner-gone, owner-done, malformed; "
+            "released-late: our own release, retried after the API failed it).",
             ["reason"],
             registry=r,
         )
@@ -160,6 +162,11 @@ class Metrics:
         self.leader = Gauge(
             "hamipy_extender_leader",
             "1 while this replica decides (the only replica, or the Lease holder), else 0.",
+            registry=r,
+        )
+        self.lock_releases_owed = Gauge(
+            "hamipy_extender_lock_releases_owed",
+            "Node locks of ours whose release failed and is being retried.",
             registry=r,
         )
         self.bind_races = Counter(
@@ -188,7 +195,7 @@ class Metrics:
         for resource in ("nodes", "pods"):
             for cause in ("gone", "error", "closed"):
                 self.watch_restarts.labels(resource=resource, cause=cause)
-        for reason in ("expired", "owner-gone", "owner-done", "malformed"):
+        for reason in ("expired", "owner-gone", "owner-done", "malformed", "released-late"):
             self.lock_breaks.labels(reason=reason)
         self.connections = HttpConnectionsCollector("hamipy_extender")
         """What the HTTP limits did on each port (``api``: filter/bind, ``probes``: the metrics port)."""

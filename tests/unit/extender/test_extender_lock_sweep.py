@@ -1,0 +1,201 @@
+"""Node locks nobody else frees (docs/extender.md#stuck-locks): a release the API failed is retried
+by the lock sweep until it lands; a lock held past a bind's wait by a pod that is gone or served is
+freed; meanwhile the filter passes such a node over, and a bind there is refused at once."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from builders import gpu
+from extender_fakes import BIND_SETTINGS, BindRig, bind_args, bind_rig, node, pod
+
+from hamipy.kube.errors import KubeError
+from hamipy.protocol import keys
+
+NODE_PATH = "/api/v1/nodes/n"
+
+
+def freed(r: BindRig, reason: str) -> float:
+    value: float = r.telemetry.metrics.lock_breaks.labels(reason=reason)._value.get()
+    return value
+
+
+def owed(r: BindRig) -> float:
+    value: float = r.telemetry.metrics.lock_releases_owed._value.get()
+    return value
+
+
+def removing_the_lock(method: str, path: str, body: Any) -> bool:
+    return bool(
+        method == "PATCH"
+        and path == NODE_PATH
+        and keys.NODE_LOCK in body["metadata"]["annotations"]
+        and body["metadata"]["annotations"][keys.NODE_LOCK] is None
+    )
+
+
+def api_down_for_releases(r: BindRig) -> dict[str, bool]:
+    """Every lock removal fails (the API server is away) until ``state["down"]`` is cleared."""
+    state = {"down": True}
+
+    def hook(method: str, path: str, body: Any) -> None:
+        if state["down"] and removing_the_lock(method, path, body):
+            raise KubeError("connection refused")
+
+    r.kube.on_request = hook
+    return state
+
+
+async def test_a_release_the_api_failed_is_retried_until_it_lands() -> None:
+    r = bind_rig()
+    r.kube.add_pod(pod("p"))
+    state = api_down_for_releases(r)
+    await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+    assert r.kube.pods[("ns", "p")]["spec"]["nodeName"] == "n", "the bind itself landed"
+    assert r.lock() is not None, "its release did not"
+    assert r.binder.sweeper.owed == {"n": ("ns", "p")}
+    assert owed(r) == 1
+    await r.binder.sweeper.sweep()
+    assert r.lock() is not None, "still down: still owed"
+    assert r.binder.sweeper.owed == {"n": ("ns", "p")}
+    state["down"] = False
+    await r.binder.sweeper.sweep()
+    assert r.lock() is None
+    assert r.binder.sweeper.owed == {}
+    assert owed(r) == 0
+    assert freed(r, "released-late") == 1
+
+
+async def test_an_owed_release_never_removes_a_lock_that_names_another_pod() -> None:
+    r = bind_rig()
+    r.kube.add_pod(pod("p"))
+    state = api_down_for_releases(r)
+    await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+    state["down"] = False
+    other = r.locked_by("ns", "other", datetime.now(UTC))
+    await r.binder.sweeper.sweep()
+    assert r.lock() == other
+    assert r.binder.sweeper.owed == {}, "nothing of ours is left to release"
+    assert freed(r, "released-late") == 0
+
+
+async def test_a_node_locked_again_by_a_bind_of_ours_is_no_longer_owed() -> None:
+    # HAMi's discipline (lock held until Allocate): the second bind of p leaves its lock for the
+    # device plugin; the sweep must not take it away.
+    settings = dataclasses.replace(BIND_SETTINGS, release_lock_after_bind=False)
+    r = bind_rig(settings, node("n", [gpu("A", 0, count=4)]))
+    r.kube.add_pod(pod("p"))
+    r.binder.sweeper.owe("n", "ns", "p")  # an earlier bind of p failed, and so did its release
+    r.locked_by("ns", "p", datetime.now(UTC))
+    await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+    assert r.binder.sweeper.owed == {}
+    await r.binder.sweeper.sweep()
+    assert r.lock() is not None, "the lock stays for the device plugin"
+
+
+async def test_a_node_this_replica_is_binding_on_is_skipped() -> None:
+    r = bind_rig()
+    r.locked_by("ns", "p", datetime.now(UTC))
+    r.binder.sweeper.owe("n", "ns", "p")
+    await r.binder._mutexes.setdefault("n", asyncio.Lock()).acquire()
+    await r.binder.sweeper.sweep()
+    assert r.lock() is not None
+    r.binder._mutexes["n"].release()
+    await r.binder.sweeper.sweep()
+    assert r.lock() is None
+
+
+def stuck_rig(owner_phase: str | None, *, deciding: bool = True) -> BindRig:
+    """Node ``n`` locked 30 s ago (a bind waits 1 s) by ``ns/holder``; the holder pod absent
+    (``owner_phase`` None), pending, or served (a ``bind-phase``)."""
+    r = bind_rig()
+    r.binder.sweeper.deciding = lambda: deciding
+    if owner_phase is not None:
+        holder = pod("holder", phase="Pending")
+        if owner_phase != "pending":
+            holder["metadata"].setdefault("annotations", {})[keys.BIND_PHASE] = owner_phase
+        r.kube.add_pod(holder)
+    r.locked_by("ns", "holder", datetime.now(UTC) - timedelta(seconds=30))
+    r.model.apply_node("MODIFIED", r.kube.nodes["n"])
+    return r
+
+
+async def test_a_stuck_lock_whose_owner_is_gone_or_served_is_freed() -> None:
+    for phase, reason in ((None, "owner-gone"), ("success", "owner-done"), ("failed", "owner-done")):
+        r = stuck_rig(phase)
+        await r.binder.sweeper.sweep()
+        assert r.lock() is None, phase
+        assert freed(r, reason) == 1, phase
+
+
+async def test_a_stuck_lock_whose_owner_is_still_being_bound_is_left() -> None:
+    r = stuck_rig("pending")
+    await r.binder.sweeper.sweep()
+    assert r.lock() is not None
+
+
+async def test_only_the_deciding_replica_sweeps_stuck_locks() -> None:
+    r = stuck_rig(None, deciding=False)
+    await r.binder.sweeper.sweep()
+    assert r.lock() is not None
+    assert ("GET", "/api/v1/namespaces/ns/pods/holder") not in r.kube.calls
+
+
+async def test_a_young_lock_is_not_checked() -> None:
+    r = bind_rig()
+    r.locked_by("ns", "holder", datetime.now(UTC))
+    r.model.apply_node("MODIFIED", r.kube.nodes["n"])
+    await r.binder.sweeper.sweep()
+    assert r.lock() is not None
+    assert r.kube.calls == []
+
+
+# -- the filter and the bind do not wait for a stuck lock ----------------------------------------------
+
+
+def two_nodes_one_stuck() -> BindRig:
+    r = bind_rig(BIND_SETTINGS, node("n", [gpu("A", 0, count=4)]), node("m", [gpu("B", 0, count=4)]))
+    r.kube.add_pod(pod("holder", phase="Pending"))
+    r.locked_by("ns", "holder", datetime.now(UTC) - timedelta(seconds=30))
+    r.model.apply_node("MODIFIED", r.kube.nodes["n"])
+    return r
+
+
+async def test_the_filter_passes_over_a_node_whose_lock_is_stuck() -> None:
+    r = two_nodes_one_stuck()
+    r.add_watched_pod(pod("p"))
+    result = r.scheduler.filter({"Pod": r.kube.pods[("ns", "p")], "NodeNames": ["n", "m"]})
+    assert result["NodeNames"] == ["m"]
+    # With m gone too, the reason names the lock.
+    result = r.scheduler.filter({"Pod": r.kube.pods[("ns", "p")], "NodeNames": ["n"]})
+    assert result["NodeNames"] == []
+    assert "NodeLockHeld: node lock held by ns/holder since" in result["FailedNodes"]["n"]
+
+
+async def test_the_lock_owner_itself_may_still_be_placed_on_its_node() -> None:
+    r = two_nodes_one_stuck()
+    holder = r.kube.pods[("ns", "holder")]
+    r.model.apply_pod("ADDED", holder)
+    result = r.scheduler.filter({"Pod": holder, "NodeNames": ["n"]})
+    assert result["NodeNames"] == ["n"]
+
+
+async def test_a_young_lock_does_not_keep_the_filter_away() -> None:
+    r = bind_rig()
+    r.kube.add_pod(pod("holder", phase="Pending"))
+    r.locked_by("ns", "holder", datetime.now(UTC))
+    r.model.apply_node("MODIFIED", r.kube.nodes["n"])
+    r.add_watched_pod(pod("p"))
+    result = r.scheduler.filter({"Pod": r.kube.pods[("ns", "p")], "NodeNames": ["n"]})
+    assert result["NodeNames"] == ["n"]
+
+
+async def test_a_bind_to_a_node_whose_lock_is_stuck_is_refused_at_once() -> None:
+    r = two_nodes_one_stuck()
+    r.kube.add_pod(pod("p"))
+    answer = await r.scheduler.bind(bind_args(r.kube.pods[("ns", "p")]))
+    assert "node n has been locked by ns/holder since" in answer["Error"]
+    assert r.telemetry.metrics.lock_waits._value.get() == 0, "it did not wait"
