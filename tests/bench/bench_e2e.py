@@ -7,8 +7,8 @@ Run as a script: ``.venv/bin/python tests/bench/bench_e2e.py [--nodes 1000] [--p
 
 Part 1, placement rate: a devcluster and ``--nodes`` simulated nodes, registered once, each with 8
 GPUs (the register annotation and ``nvidia.com/gpu`` capacity 80, as the device plugin writes them).
-Then, ``--rounds`` times, three phases one after the other on the same nodes, so that the machine's
-noise falls on all three alike:
+Then, ``--rounds`` times, four phases one after the other on the same nodes, so that the machine's
+noise falls on all alike:
 
 - ``bare``: the ``hami-scheduler`` kube-scheduler with no extender (the ceiling), ``--pods`` pods
   asking only ``nvidia.com/gpu: 1``, which kube-scheduler fits against the nodes' capacity itself;
@@ -17,7 +17,10 @@ noise falls on all three alike:
   and 5 % cores; the extender runs as users run it, ``hamipy-extender serve`` in a process of its
   own (plain HTTP on loopback, ``nodeSchedulerPolicy`` from a ``--config`` file, handshake stamping
   off), a fresh one per phase, since it keeps its model from watches (`start_extenders` can start
-  several replicas; the scheduler calls replica 0).
+  several replicas; the scheduler calls replica 0);
+- ``binpack3``: as ``binpack`` with 3 replicas electing a leader (``--leader-elect``) and
+  kube-scheduler pinned to a follower, as kube-proxy pins a kept-alive connection: every request is
+  forwarded to the leader, the worst case of a Service (all replicas share this machine's cores).
 
 Each phase starts from empty nodes in a namespace of its own and, once the kube-apiserver has a
 second with at most 3 requests that are not the benchmark's (after the nodes are registered,
@@ -45,6 +48,7 @@ import argparse
 import asyncio
 import dataclasses
 import io
+import re
 import statistics
 import sys
 import tempfile
@@ -105,8 +109,11 @@ SETTLE_S = 1.0
 """After the last pod is bound, before the closing scrape: kube-scheduler sends its events late."""
 EXTENDER_REPLICAS = 1
 MANAGED = tuple(ManagedResource(r) for r in (keys.RESOURCE_COUNT, keys.RESOURCE_MEMORY, keys.RESOURCE_CORES))
-PHASES = ("bare", "binpack", "spread")
-OURS = ("binpack", "spread")
+PHASES = ("bare", "binpack", "spread", "binpack3")
+OURS = ("binpack", "spread", "binpack3")
+ELECTED_REPLICAS = 3
+"""``binpack3``: this many replicas electing a leader, kube-scheduler pinned to a follower (as
+kube-proxy pins a kept-alive connection): every request is forwarded, the worst case of a Service."""
 # Processes whose CPU time a phase reports (the devcluster's names; the extenders are added).
 CPU_PROCESSES = {
     "apiserver": "kube-apiserver",
@@ -207,6 +214,37 @@ async def start_extender(cluster: DevCluster, api: Any, config: Config) -> Exten
     return server
 
 
+def elected_args(lease: str) -> Callable[[int, int], list[str]]:
+    """Flags of replica ``index`` on ``port`` electing a leader by the Lease ``default/<lease>``."""
+
+    def args(index: int, port: int) -> list[str]:
+        return [
+            "--leader-elect",
+            "--lease-namespace",
+            "default",
+            "--lease-name",
+            lease,
+            "--identity",
+            f"bench-{index}",
+            "--advertise-url",
+            f"http://127.0.0.1:{port}",
+        ]
+
+    return args
+
+
+async def wait_leader(extenders: list[ExtenderProcess]) -> ExtenderProcess:
+    """The replica whose ``hamipy_extender_leader`` is 1, once one is."""
+    deadline = time.monotonic() + 60
+    async with aiohttp.ClientSession() as session:
+        while time.monotonic() < deadline:
+            for e in extenders:
+                if re.search(r"^hamipy_extender_leader 1(\.0)?$", await e.metrics(session), re.M):
+                    return e
+            await asyncio.sleep(0.2)  # a benchmark's poll, not test synchronisation
+    raise TimeoutError("no extender replica became the leader within 60s")
+
+
 def scheduler_config(extender_url: str | None) -> SchedulerConfig:
     """The ``hami-scheduler`` profile, calling the extender at ``extender_url`` (None: no extender)."""
     if extender_url is None:
@@ -291,14 +329,26 @@ async def placement_phase(bench: Bench, round_no: int, phase: str) -> dict[str, 
     exit_codes: dict[int, int] = {}
     limits = BARE_LIMITS if phase == "bare" else OUR_LIMITS
     try:
-        if phase != "bare":
+        target = None
+        if phase.endswith("3"):
+            extenders = await start_extenders(
+                ELECTED_REPLICAS,
+                phase.removesuffix("3"),
+                kubeconfig=Path(cluster.access.kubeconfig),
+                workdir=bench.workdir / f"round-{round_no}",
+                replica_args=elected_args(f"bench-{round_no}"),
+            )
+            leader = await wait_leader(extenders)
+            target = next(e for e in extenders if e is not leader).url
+        elif phase != "bare":
             extenders = await start_extenders(
                 bench.replicas,
                 phase,
                 kubeconfig=Path(cluster.access.kubeconfig),
                 workdir=bench.workdir / f"round-{round_no}",
             )
-        config = scheduler_config(extenders[0].url if extenders else None)
+            target = extenders[0].url
+        config = scheduler_config(target)
         await asyncio.to_thread(cluster.start_scheduler, config, name="hami")
         bodies = [
             gpu_pod(f"rate-{i:05d}", selector={"bench": "rate"}, limits=limits) for i in range(bench.pods)
@@ -369,6 +419,8 @@ def summarize(phases: list[dict[str, Any]], rounds: int) -> dict[str, Any]:
         bare = by[(r, "bare")]["pods_per_s"]
         row: dict[str, Any] = {"round": r, **{f"{ph}_pods_per_s": by[(r, ph)]["pods_per_s"] for ph in PHASES}}
         row.update({f"{ph}_vs_bare": round(by[(r, ph)]["pods_per_s"] / bare, 3) for ph in OURS})
+        one, three = by[(r, "binpack")]["pods_per_s"], by[(r, "binpack3")]["pods_per_s"]
+        row["binpack3_vs_binpack"] = round(three / one, 3)
         per_round.append(row)
     median: dict[str, Any] = {
         f"{ph}_pods_per_s": round(statistics.median(r[f"{ph}_pods_per_s"] for r in per_round), 1)
@@ -377,6 +429,7 @@ def summarize(phases: list[dict[str, Any]], rounds: int) -> dict[str, Any]:
     median.update(
         {f"{ph}_vs_bare": round(statistics.median(r[f"{ph}_vs_bare"] for r in per_round), 3) for ph in OURS}
     )
+    median["binpack3_vs_binpack"] = round(statistics.median(r["binpack3_vs_binpack"] for r in per_round), 3)
     for ph in PHASES:
         mine = [p["api_requests"] for p in phases if p["phase"] == ph]
         median[f"{ph}_api_requests_per_pod"] = round(statistics.median(a["per_pod"] for a in mine), 2)
@@ -426,6 +479,7 @@ def table(phases: list[dict[str, Any]], summary: dict[str, Any]) -> str:
         + ", ".join(f"{ph} {m[f'{ph}_pods_per_s']:.1f} pods/s" for ph in PHASES)
         + "; ours / bare: "
         + ", ".join(f"{ph} {m[f'{ph}_vs_bare']:.2f}" for ph in OURS)
+        + f"; {ELECTED_REPLICAS} replicas / 1: {m['binpack3_vs_binpack']:.2f}"
     )
     lines.append(
         "API requests per placed pod (all rounds pooled; '-bench': without this process's own"
