@@ -169,7 +169,7 @@ async def test_backoff_sleeps_are_jittered_between_half_and_one_and_a_half_delay
     assert virtual_time.sleeps[:3] == pytest.approx([d * factor for d in DELAYS[:3]])
 
 
-async def test_a_legacy_lock_without_owner_is_waited_for_until_it_expires(virtual_time: VirtualTime) -> None:
+async def test_a_legacy_lock_without_owner_holds_the_node_until_it_expires(virtual_time: VirtualTime) -> None:
     r = bind_rig(BIND_SETTINGS, wall_clock=lambda: NOW)
     value = r.locked_by("ns", None, NOW - timedelta(minutes=1))
     r.kube.add_pod(pod("p"))

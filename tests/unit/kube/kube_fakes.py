@@ -1,13 +1,14 @@
 """Fake API servers for the kube tests: ``ScriptedKube`` answers lists page by page from ``pages``
 and replays watches from ``streams`` (an exception in a stream is raised there); ``EventStore``
 keeps Events; ``Leases`` keeps Leases with resourceVersion preconditions, one ``LeaseClient`` per
-replica."""
+replica. ``running_task`` runs a background coroutine for the length of a block."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from typing import Any
 
 from hamipy.kube.errors import Conflict, KubeError, NotFound
@@ -206,3 +207,15 @@ class LeaseClient:
         self, path: str, *, query: Sequence[tuple[str, str]], inactivity_s: float
     ) -> AsyncIterator[dict[str, Any]]:
         raise NotImplementedError
+
+
+@contextlib.asynccontextmanager
+async def running_task(coro: Coroutine[Any, Any, None], name: str) -> AsyncIterator[asyncio.Task[None]]:
+    """``coro`` as a task while the block runs; cancelled and awaited after it."""
+    task = asyncio.create_task(coro, name=name)
+    try:
+        yield task
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

@@ -3,13 +3,12 @@ time rise, written at most once per interval, under a name that replicas and res
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import io
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from kube_fakes import EventStore
+from kube_fakes import EventStore, running_task
 
 from hamipy.devcluster import wait_for
 from hamipy.kube.errors import KubeError
@@ -21,13 +20,8 @@ POD = {"kind": "Pod", "name": "train", "namespace": "ml", "uid": "uid-1"}
 
 @contextlib.asynccontextmanager
 async def running(sink: EventRecorder) -> AsyncIterator[EventRecorder]:
-    task = asyncio.create_task(sink.run(), name="events")
-    try:
+    async with running_task(sink.run(), "events"):
         yield sink
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 def make_sink(api: EventStore | None, *, interval: float = 0.2, **kwargs: Any) -> EventRecorder:

@@ -6,11 +6,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from kube_fakes import ScriptedKube, bookmark, event, gone, obj
+from kube_fakes import ScriptedKube, bookmark, event, gone, obj, running_task
 
 from hamipy.devcluster import wait_for
 from hamipy.kube.errors import KubeError
@@ -49,15 +48,8 @@ def informer(api: ScriptedKube, **kwargs: Any) -> tuple[Informer, Recorder, list
     return inf, recorder, restarts
 
 
-@contextlib.asynccontextmanager
-async def running(inf: Informer) -> AsyncIterator[asyncio.Task[None]]:
-    task = asyncio.create_task(inf.run(), name="informer")
-    try:
-        yield task
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+def running(inf: Informer) -> contextlib.AbstractAsyncContextManager[asyncio.Task[None]]:
+    return running_task(inf.run(), "informer")
 
 
 async def until(condition: Any, what: str) -> None:

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from kube_fakes import LeaseClient, Leases
+from kube_fakes import LeaseClient, Leases, running_task
 
 from hamipy.kube.errors import KubeError
 from hamipy.kube.leader import LeaderElector, LeaderInfo, LeaseSettings
@@ -430,15 +429,8 @@ FAST = LeaseSettings(
 )
 
 
-@contextlib.asynccontextmanager
-async def running(e: LeaderElector) -> AsyncIterator[asyncio.Task[None]]:
-    task = asyncio.create_task(e.run(), name=f"leader-election:{e.settings.identity}")
-    try:
-        yield task
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+def running(e: LeaderElector) -> contextlib.AbstractAsyncContextManager[asyncio.Task[None]]:
+    return running_task(e.run(), f"leader-election:{e.settings.identity}")
 
 
 async def test_run_survives_api_errors_and_acquires() -> None:

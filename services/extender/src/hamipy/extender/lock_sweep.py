@@ -87,15 +87,15 @@ class LockSweeper:
         now = now_epoch()
         after, expiry = self.settings.bind_timeout_s, self.settings.lock_expiry.total_seconds()
         for state in list(self.model.nodes.values()):
-            lock = state.lock
-            if lock is None or lock.namespace is None or lock.name is None or state.lock_value is None:
-                continue
+            lock, value = state.lock, state.lock_value
+            if lock is None or value is None or lock.namespace is None or lock.name is None:
+                continue  # no lock, or a legacy one naming no owner: it holds until it expires
             if state.name in self.owed or self.busy(state.name):
                 continue
             if not state.lock_blocks(now, after_s=after, expiry_s=expiry, pod=("", "")):
                 continue
             try:
-                reason, _ = await self.breakable(state.lock_value, "", "")
+                reason, _ = await self.breakable(value, "", "")
             except KubeError as exc:
                 self.telemetry.logger.warning("node lock not checked", node=state.name, error=str(exc))
                 continue
