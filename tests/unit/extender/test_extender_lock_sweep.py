@@ -12,6 +12,7 @@ from typing import Any
 from builders import gpu
 from extender_fakes import BIND_SETTINGS, BindRig, bind_args, bind_rig, node, pod
 
+from hamipy.extender.settings import ExtenderSettings
 from hamipy.kube.errors import KubeError
 from hamipy.protocol import keys
 
@@ -135,6 +136,31 @@ async def test_a_stuck_lock_whose_owner_is_still_being_bound_is_left() -> None:
     r = stuck_rig("pending")
     await r.binder.sweeper.sweep()
     assert r.lock() is not None
+
+
+def bound_owner_rig(settings: ExtenderSettings) -> BindRig:
+    """Node ``n`` locked 30 s ago by ``ns/holder``, bound to ``n`` but not yet served (``allocating``):
+    its binder died between its Binding and its release."""
+    r = bind_rig(settings)
+    holder = pod("holder", node_name="n", annotations={keys.BIND_PHASE: "allocating"})
+    r.kube.add_pod(holder)
+    r.locked_by("ns", "holder", datetime.now(UTC) - timedelta(seconds=30))
+    r.model.apply_node("MODIFIED", r.kube.nodes["n"])
+    return r
+
+
+async def test_a_stuck_lock_whose_owner_is_bound_is_freed_when_locks_last_only_for_the_bind() -> None:
+    r = bound_owner_rig(BIND_SETTINGS)
+    await r.binder.sweeper.sweep()
+    assert r.lock() is None
+    assert freed(r, "owner-bound") == 1
+
+
+async def test_a_bound_owners_lock_is_left_for_the_device_plugin_when_held_until_allocate() -> None:
+    r = bound_owner_rig(dataclasses.replace(BIND_SETTINGS, release_lock_after_bind=False))
+    await r.binder.sweeper.sweep()
+    assert r.lock() is not None
+    assert freed(r, "owner-bound") == 0
 
 
 async def test_only_the_deciding_replica_sweeps_stuck_locks() -> None:

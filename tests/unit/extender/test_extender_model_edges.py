@@ -4,15 +4,18 @@ goes before its pods, and what ``apply_pod`` returns."""
 
 from __future__ import annotations
 
+import io
 import time
 from datetime import UTC, datetime
+from typing import Any
 
 import builders
 import pytest
 from builders import allocation, gpu
 from extender_fakes import pod
 
-from hamipy.extender.model import ClusterModel, PodUid, now_epoch
+from hamipy.extender.model import ClusterModel, NodeName, PodUid, now_epoch
+from hamipy.extender.telemetry import Telemetry
 from hamipy.protocol import keys
 from hamipy.protocol.devices import ContainerDevice
 from hamipy.protocol.node_handshake import requesting
@@ -74,6 +77,38 @@ def test_every_change_moves_the_generation_forward() -> None:
     model.apply_pod("DELETED", pod("p", node_name="n"))
     seen.append(model.generation)
     assert seen == sorted(set(seen)), seen
+
+
+def test_held_counts_each_pod_once_under_its_current_source_and_the_gauge_reads_it() -> None:
+    model = model_with(builders.node("n", TWO_GPUS))
+    telemetry = Telemetry.create(stream=io.StringIO())
+    telemetry.metrics.attach(model)
+    devices = [[ContainerDevice("A", keys.DEVICE_VENDOR_NVIDIA, 100, 10)]]
+    raw = allocation(allocated=devices)[keys.DEVICES_ALLOCATED]
+    who: dict[str, Any] = {"uid": PodUid("uid-ns-p"), "namespace": "ns", "name": "p", "node": NodeName("n")}
+    steps = []
+    model.reserve(**who, devices=devices, n_init=0, expires_at=NOW)
+    steps.append(dict(model.held))
+    model.begin_bind(**who, devices=devices, n_init=0, raw=raw)
+    steps.append(dict(model.held))
+    model.allocate(**who, devices=devices, n_init=0, raw=raw)
+    model.reserve(**{**who, "uid": PodUid("q")}, devices=devices, n_init=0, expires_at=NOW)
+    steps.append(dict(model.held))
+
+    def gauge(source: str) -> float | None:
+        return telemetry.metrics.registry.get_sample_value("hamipy_extender_pods_held", {"source": source})
+
+    assert [gauge(s) for s in ("allocated", "reserved", "binding")] == [1.0, 1.0, 0.0]
+    assert model.expire(NOW) == 1
+    model.apply_pod("DELETED", pod("p", node_name="n"))
+    steps.append(dict(model.held))
+    assert steps == [
+        {"allocated": 0, "binding": 0, "reserved": 1},
+        {"allocated": 0, "binding": 1, "reserved": 0},
+        {"allocated": 1, "binding": 0, "reserved": 1},
+        {"allocated": 0, "binding": 0, "reserved": 0},
+    ]
+    assert gauge("allocated") == 0.0
 
 
 def test_a_node_deleted_before_its_malformed_pod_is_whole_when_it_returns() -> None:

@@ -553,10 +553,12 @@ class Binder:
             lock = parse_node_lock(value)
         except ProtocolError:
             return None
+        return lock.time.isoformat() if self._held_too_long(lock) else None
+
+    def _held_too_long(self, lock: NodeLock) -> bool:
+        """Held longer than a bind waits for it, and not expired (``lock_held_too_long``)."""
         after, expiry = self.settings.bind_timeout_s, self.settings.lock_expiry.total_seconds()
-        if lock_held_too_long(lock, self.wall_clock().timestamp(), after_s=after, expiry_s=expiry):
-            return lock.time.isoformat()
-        return None
+        return lock_held_too_long(lock, self.wall_clock().timestamp(), after_s=after, expiry_s=expiry)
 
     async def breakable(self, value: str, namespace: str, name: str) -> tuple[str | None, str]:
         """(``"mine"`` | a break reason | None, who holds it) for a lock value."""
@@ -579,7 +581,19 @@ class Binder:
             return "owner-gone", holder
         if (_meta(owner).get("annotations") or {}).get(keys.BIND_PHASE) in _DONE_PHASES:
             return "owner-done", holder
+        if self._bound_and_left(lock, owner):
+            return "owner-bound", holder
         return None, holder
+
+    def _bound_and_left(self, lock: NodeLock, owner: Mapping[str, Any]) -> bool:
+        """Whether the lock outlived its bind: the owner is bound, locks last only for the bind
+        (``release_lock_after_bind``), and it has been held longer than a bind waits. A binder
+        killed between its Binding and its release leaves this; a lock session re-stamps the lock
+        for each pod, so a live one never looks so old. Under the hold-until-Allocate mode the
+        device plugin frees it instead."""
+        if not self.settings.release_lock_after_bind or not (owner.get("spec") or {}).get("nodeName"):
+            return False
+        return self._held_too_long(lock)
 
     async def _release(self, node: str, namespace: str, name: str) -> None:
         """Remove our lock, if it is still ours; best effort (an expired lock is broken anyway)."""

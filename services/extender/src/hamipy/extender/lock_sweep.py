@@ -8,7 +8,8 @@ Two kinds of lock outlive their use after an API fault or a crash:
   again instead of at its 5-minute expiry. A node this replica is binding on is skipped that round,
   and a node this replica locks again is forgotten (the new lock is the bind's own);
 - **anyone's, stuck**: a lock held longer than a bind waits (``bind_timeout_s``) whose owner pod is
-  gone, finished or already served (the rule a bind breaks it by). Only the replica that decides
+  gone, finished or already served, or, when locks last only for the bind, already bound (its
+  binder died before releasing it): the rule a bind breaks it by. Only the replica that decides
   sweeps these. Meanwhile the filter passes such a node over (``LockRule``), so no pod waits for it.
 
 Every removal is the resourceVersion-guarded ``release_node_lock``: a lock that names another pod by
@@ -30,7 +31,7 @@ from hamipy.kube.node_lock import release_node_lock
 
 __all__ = ["LockSweeper"]
 
-_STUCK_REASONS: Final = ("owner-gone", "owner-done")
+_STUCK_REASONS: Final = ("owner-gone", "owner-done", "owner-bound")
 
 Owner = tuple[str, str]
 BreakReason = Callable[[str, str, str], Awaitable[tuple[str | None, str]]]

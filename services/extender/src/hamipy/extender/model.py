@@ -66,6 +66,7 @@ __all__ = [
     "PendingPod",
     "PodUid",
     "Problem",
+    "Source",
     "Usage",
     "node_from_json",
     "pod_finished",
@@ -421,6 +422,9 @@ class ClusterModel:
         self.count_resource = count_resource
         self.nodes: dict[str, NodeState] = {}
         self.contributions: dict[PodUid, Contribution] = {}
+        self.held: dict[Source, int] = {"allocated": 0, "binding": 0, "reserved": 0}
+        """How many pods hold GPUs here, by ``Contribution.source`` (a metric: a reservation or a
+        bind that never ends shows as a count that does not return to 0)."""
         self._by_node: dict[str, set[PodUid]] = {}
         self._expiry: list[tuple[float, str]] = []
         # Pods seen with a malformed allocation: uid -> node, so the node recovers when they go.
@@ -498,6 +502,7 @@ class ClusterModel:
     def _set(self, contribution: Contribution | None, uid: PodUid) -> None:
         old = self.contributions.pop(uid, None)
         if old is not None:
+            self.held[old.source] -= 1
             self._by_node[old.node].discard(uid)
             state = self.nodes.get(old.node)
             if state is not None:
@@ -506,6 +511,7 @@ class ClusterModel:
                     state.refresh_summary()
         if contribution is not None:
             self.contributions[uid] = contribution
+            self.held[contribution.source] += 1
             self._by_node.setdefault(contribution.node, set()).add(uid)
             state = self.nodes.get(contribution.node)
             if state is not None:

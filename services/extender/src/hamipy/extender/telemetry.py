@@ -12,11 +12,12 @@ share counters):
   (kind, field), ``hamipy_extender_events_dropped``, ``hamipy_extender_watch_restarts`` (resource,
   cause), ``hamipy_extender_lock_waits`` / ``..._lock_breaks`` (reason) / ``..._lock_releases_owed``,
   ``..._bind_paths`` (path: model or locked), ``..._bind_races``, ``..._forwarded`` (verb, result),
-  ``..._leader``.
+  ``..._leader``, ``..._pods_held`` (source).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from typing import Final
 
@@ -24,7 +25,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from hamipy.extender.model import ClusterModel
+from hamipy.extender.model import ClusterModel, Source
 from hamipy.telemetry.http_metrics import HttpConnectionsCollector
 from hamipy.telemetry.service import ServiceTelemetry
 
@@ -140,8 +141,8 @@ class Metrics:
         )
         self.lock_breaks = Counter(
             "hamipy_extender_lock_breaks",
-            "Node locks broken or freed late, by reason (expired, owner-gone, owner-done, malformed; "
-            "released-late: our own release, retried after the API failed it).",
+            "Node locks broken or freed late, by reason (expired, owner-gone, owner-done, owner-bound, "
+            "malformed; released-late: our own release, retried after the API failed it).",
             ["reason"],
             registry=r,
         )
@@ -157,6 +158,13 @@ class Metrics:
             "Decision requests this replica (not the leader) forwarded to the leader, by verb and "
             "result (answered, failed).",
             ["verb", "result"],
+            registry=r,
+        )
+        self.pods_held = Gauge(
+            "hamipy_extender_pods_held",
+            "Pods holding GPUs in this replica's model, by source: allocated (bound, annotated), "
+            "binding (a bind of this replica in flight), reserved (a filter's choice awaiting its bind).",
+            ["source"],
             registry=r,
         )
         self.leader = Gauge(
@@ -195,7 +203,7 @@ class Metrics:
         for resource in ("nodes", "pods"):
             for cause in ("gone", "error", "closed"):
                 self.watch_restarts.labels(resource=resource, cause=cause)
-        for reason in ("expired", "owner-gone", "owner-done", "malformed", "released-late"):
+        for reason in ("expired", "owner-gone", "owner-done", "owner-bound", "malformed", "released-late"):
             self.lock_breaks.labels(reason=reason)
         self.connections = HttpConnectionsCollector("hamipy_extender")
         """What the HTTP limits did on each port (``api``: filter/bind, ``probes``: the metrics port)."""
@@ -206,9 +214,15 @@ class Metrics:
         if self._collector is None:
             self._collector = GpuCollector(model)
             self.registry.register(self._collector)
+            for source in model.held:
+                self.pods_held.labels(source=source).set_function(functools.partial(_held, model, source))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _held(model: ClusterModel, source: Source) -> float:
+    return float(model.held[source])
 
 
 class Telemetry(ServiceTelemetry[Metrics]):
