@@ -18,6 +18,7 @@ from hamipy.devcluster import (
     ManagedResource,
     NodeSpec,
     SchedulerConfig,
+    SchedulerLeaderElection,
     WaitTimeout,
     wait_for,
 )
@@ -78,6 +79,33 @@ class TestSchedulerConfig:
         assert not {"bindVerb", "prioritizeVerb", "preemptVerb", "weight", "tlsConfig"} & set(ext)
         assert ext["enableHTTPS"] is False
         assert "percentageOfNodesToScore" not in doc
+
+    def test_leader_election_renders_the_lease_and_its_times(self) -> None:
+        election = SchedulerLeaderElection(
+            "ns", "hami", lease_duration_s=6, renew_deadline_s=4, retry_period_s=0.5
+        )
+        doc = render_scheduler_config(
+            SchedulerConfig.hami(EXTENDER, leader_election=election), kubeconfig="/k"
+        )
+        assert doc["leaderElection"] == {
+            "leaderElect": True,
+            "resourceLock": "leases",
+            "resourceNamespace": "ns",
+            "resourceName": "hami",
+            "leaseDuration": "6s",
+            "renewDeadline": "4s",
+            "retryPeriod": "0.5s",
+        }
+
+    @pytest.mark.parametrize(("lease", "renew", "retry"), [(4, 4, 1), (6, 4, 3.5), (6, 4, 0)])
+    def test_leader_election_refuses_times_kube_scheduler_would_refuse(
+        self, lease: float, renew: float, retry: float
+    ) -> None:
+        election = SchedulerLeaderElection(
+            "ns", lease_duration_s=lease, renew_deadline_s=renew, retry_period_s=retry
+        )
+        with pytest.raises(ValueError, match="lease_duration_s > renew_deadline_s"):
+            render_scheduler_config(SchedulerConfig.hami(EXTENDER, leader_election=election), kubeconfig="/k")
 
     def test_default_profile_has_no_extenders(self) -> None:
         doc = render_scheduler_config(SchedulerConfig(), kubeconfig="/k")

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
         ExtenderTLS,
         ManagedResource,
         SchedulerConfig,
+        SchedulerLeaderElection,
     )
     from hamipy.devcluster.errors import (
         BinaryBuildError,
@@ -83,6 +84,7 @@ _EXPORTS: dict[str, str] = {
     "PluginDevice": "hamipy.devcluster.kubelet_admission",
     "ResourceAllocation": "hamipy.devcluster.kubelet_standin",
     "SchedulerConfig": "hamipy.devcluster.config",
+    "SchedulerLeaderElection": "hamipy.devcluster.config",
     "SimulatedNode": "hamipy.devcluster.nodes",
     "StandInSettings": "hamipy.devcluster.kubelet_standin",
     "StartupError": "hamipy.devcluster.errors",
@@ -122,6 +124,7 @@ __all__ = [
     "PluginDevice",
     "ResourceAllocation",
     "SchedulerConfig",
+    "SchedulerLeaderElection",
     "SimulatedNode",
     "StandInSettings",
     "StartupError",

@@ -67,6 +67,36 @@ class ExtenderConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class SchedulerLeaderElection:
+    """kube-scheduler's own leader election by a Lease ``namespace/name``: several processes with the
+    same profile, one scheduling at a time (as a highly available control plane runs it). Times in
+    seconds; kube-scheduler requires lease > renew deadline > 1.2 x retry period. The name is the
+    one the ``system:kube-scheduler`` ClusterRole may get and update; any namespace keeps tests apart."""
+
+    namespace: str
+    name: str = "kube-scheduler"
+    lease_duration_s: float = 15.0
+    renew_deadline_s: float = 10.0
+    retry_period_s: float = 2.0
+
+    def render(self) -> dict[str, Any]:
+        if not self.lease_duration_s > self.renew_deadline_s > 1.2 * self.retry_period_s > 0:
+            raise ValueError(
+                "SchedulerLeaderElection: need lease_duration_s > renew_deadline_s > 1.2 x retry_period_s "
+                f"> 0 (got {self.lease_duration_s:g}, {self.renew_deadline_s:g}, {self.retry_period_s:g})"
+            )
+        return {
+            "leaderElect": True,
+            "resourceLock": "leases",
+            "resourceNamespace": self.namespace,
+            "resourceName": self.name,
+            "leaseDuration": _duration(self.lease_duration_s),
+            "renewDeadline": _duration(self.renew_deadline_s),
+            "retryPeriod": _duration(self.retry_period_s),
+        }
+
+
+@dataclasses.dataclass(frozen=True)
 class SchedulerConfig:
     """What one kube-scheduler process runs: its profiles (by schedulerName) and its extenders.
 
@@ -79,16 +109,23 @@ class SchedulerConfig:
     extenders: tuple[ExtenderConfig, ...] = ()
     # None: kube-scheduler's adaptive default. 100 makes small test clusters fully deterministic.
     percentage_of_nodes_to_score: int | None = None
+    # None: this process schedules alone (no election).
+    leader_election: SchedulerLeaderElection | None = None
 
     @classmethod
     def hami(
-        cls, extender: ExtenderConfig, *, percentage_of_nodes_to_score: int | None = None
+        cls,
+        extender: ExtenderConfig,
+        *,
+        percentage_of_nodes_to_score: int | None = None,
+        leader_election: SchedulerLeaderElection | None = None,
     ) -> SchedulerConfig:
         """The `hami-scheduler` profile with one extender, as HAMi deploys it."""
         return cls(
             profiles=(HAMI_SCHEDULER_NAME,),
             extenders=(extender,),
             percentage_of_nodes_to_score=percentage_of_nodes_to_score,
+            leader_election=leader_election,
         )
 
 
@@ -133,7 +170,8 @@ def render_extender(ext: ExtenderConfig) -> dict[str, Any]:
 
 
 def render_scheduler_config(config: SchedulerConfig, *, kubeconfig: str) -> dict[str, Any]:
-    """A KubeSchedulerConfiguration (v1) for one kube-scheduler process; leader election off."""
+    """A KubeSchedulerConfiguration (v1) for one kube-scheduler process; leader election off unless
+    ``config.leader_election`` says otherwise."""
     if not config.profiles:
         raise ValueError("SchedulerConfig.profiles: at least one schedulerName is needed")
     if len(set(config.profiles)) != len(config.profiles):
@@ -145,7 +183,9 @@ def render_scheduler_config(config: SchedulerConfig, *, kubeconfig: str) -> dict
         "apiVersion": "kubescheduler.config.k8s.io/v1",
         "kind": "KubeSchedulerConfiguration",
         "clientConnection": {"kubeconfig": kubeconfig, "qps": 500, "burst": 1000},
-        "leaderElection": {"leaderElect": False},
+        "leaderElection": (
+            config.leader_election.render() if config.leader_election else {"leaderElect": False}
+        ),
         "profiles": [{"schedulerName": name} for name in config.profiles],
     }
     if pct is not None:
