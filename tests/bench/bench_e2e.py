@@ -16,8 +16,8 @@ noise falls on all alike:
   adaptive ``percentageOfNodesToScore`` as for ``bare``), ``--pods`` pods asking 1 GPU, 2,000 MiB
   and 5 % cores; the extender runs as users run it, ``hamipy-extender serve`` in a process of its
   own (plain HTTP on loopback, ``nodeSchedulerPolicy`` from a ``--config`` file, handshake stamping
-  off), a fresh one per phase, since it keeps its model from watches (`start_extenders` can start
-  several replicas; the scheduler calls replica 0);
+  off), a fresh one per phase, since it keeps its model from watches (`start_extender_processes` can
+  start several replicas; the scheduler calls replica 0);
 - ``binpack3``: as ``binpack`` with 3 replicas electing a leader (``--leader-elect``) and
   kube-scheduler pinned to a follower, as kube-proxy pins a kept-alive connection: every request is
   forwarded to the leader, the worst case of a Service (all replicas share this machine's cores).
@@ -64,11 +64,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).parents[1]))  # tests/: extender_processes
 sys.path.insert(0, str(Path(__file__).parent))
 
 import aiohttp
 from _e2e_support import (
-    ExtenderProcess,
     RequestCounter,
     apiserver_requests,
     cpu_seconds,
@@ -76,10 +76,9 @@ from _e2e_support import (
     own_cpu_seconds,
     quiet_apiserver,
     request_figures,
-    start_extenders,
-    stop_extenders,
 )
 from _results import percentiles_us, record
+from extender_processes import ExtenderProcess, start_extender_processes, stop_extenders
 
 from hamipy.devcluster import (
     HAMI_SCHEDULER_NAME,
@@ -365,7 +364,7 @@ async def placement_phase(bench: Bench, round_no: int, phase: str) -> dict[str, 
     try:
         target = None
         if phase.endswith("3"):
-            extenders = await start_extenders(
+            extenders = await start_extender_processes(
                 ELECTED_REPLICAS,
                 phase.removesuffix("3"),
                 kubeconfig=Path(cluster.access.kubeconfig),
@@ -375,7 +374,7 @@ async def placement_phase(bench: Bench, round_no: int, phase: str) -> dict[str, 
             leader = await wait_leader(extenders)
             target = next(e for e in extenders if e is not leader).url
         elif phase != "bare":
-            extenders = await start_extenders(
+            extenders = await start_extender_processes(
                 bench.replicas,
                 phase,
                 kubeconfig=Path(cluster.access.kubeconfig),

@@ -9,121 +9,32 @@ these tests) and ``nvidia.com/gpu`` capacity. Every test ends with the invariant
 from __future__ import annotations
 
 import asyncio
-import itertools
 from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-import aiohttp
 import builders
 import pytest
-from aiohttp import web
 from builders import container, gpu
-from kubernetes_asyncio.client import CoreV1Api
+from extender_cluster import Cluster, pod_body, round_robin_proxy
 from stack_support import EXTENDER_SETTINGS, elected, start_extenders, use_extender
 
 from hamipy.devcluster import (
     API_TIMEOUT_S,
     NodePool,
-    NodeSpec,
     wait_for,
-    wait_pod_bound,
 )
 from hamipy.devcluster.kubeobjects import create_namespace, delete_namespace
-from hamipy.extender.invariant import check_cluster
 from hamipy.extender.server import ExtenderServer
-from hamipy.kube.client import RawKube
 from hamipy.protocol import keys
-from hamipy.protocol.devices import ContainerDevice, DeviceInfo
+from hamipy.protocol.devices import ContainerDevice
 from hamipy.protocol.node_devices import encode_node_devices
 from hamipy.protocol.node_lock import NodeLock, format_node_lock
-from hamipy.protocol.pod_devices import decode_pod_devices, encode_pod_devices
+from hamipy.protocol.pod_devices import encode_pod_devices
 
 pytestmark = pytest.mark.integration
 
 SETTINGS = EXTENDER_SETTINGS
-
-
-def pod_body(
-    name: str,
-    *containers: dict[str, Any],
-    selector: str,
-    init: Sequence[dict[str, Any]] = (),
-    annotations: dict[str, str] | None = None,
-) -> dict[str, Any]:
-    """``builders.pod`` for the hami-scheduler, on the nodes labelled ``extender-test=<selector>``,
-    deleted at once; with one container asking for a GPU and 1000 MiB unless ``containers`` are given."""
-    return builders.pod(
-        name,
-        *(containers or [container(gpu=1, gpumem=1000)]),
-        init=init,
-        annotations=annotations,
-        scheduler_name="hami-scheduler",
-        nodeSelector={"extender-test": selector},
-        terminationGracePeriodSeconds=0,
-    )
-
-
-class Cluster:
-    """What a test works with: the API, its namespace, node pool and the extender URL."""
-
-    def __init__(self, api: Any, namespace: str, pool: NodePool) -> None:
-        self.api = api
-        self.core = CoreV1Api(api)
-        self.namespace = namespace
-        self.pool = pool
-
-    async def add_node(self, suffix: str, devices: Sequence[DeviceInfo], *, ours: bool = True) -> str:
-        """A node registered as our device plugin registers it (``ours``), else as HAMi's does."""
-        name = f"{self.namespace}-{suffix}"
-        await self.pool.add(
-            NodeSpec(
-                name=name,
-                labels={"extender-test": self.namespace},
-                annotations=builders.plugin_registration(devices, ours=ours),
-                capacity={keys.RESOURCE_COUNT: str(sum(d.count for d in devices))},
-            )
-        )
-        return name
-
-    async def create(self, body: dict[str, Any]) -> None:
-        core: Any = self.core  # its hint asks for a V1Pod; the client sends a JSON body as it is
-        await core.create_namespaced_pod(self.namespace, body, _request_timeout=API_TIMEOUT_S)
-
-    async def bound(self, name: str, timeout: float = 30) -> tuple[str, list[list[str]]]:  # noqa: ASYNC109
-        node = await wait_pod_bound(self.api, self.namespace, name, timeout=timeout)
-        pod = await self.core.read_namespaced_pod(name, self.namespace, _request_timeout=API_TIMEOUT_S)
-        value = (pod.metadata.annotations or {})[keys.DEVICES_ALLOCATED]
-        slots = decode_pod_devices(value)
-        return node, [[d.uuid for d in slot] for slot in slots]
-
-    async def assert_invariant(self) -> None:
-        report = await check_cluster(RawKube(self.api))
-        assert report.ok, report.violations
-
-
-async def round_robin_proxy(targets: Sequence[str]) -> tuple[web.AppRunner, str]:
-    """Three replicas behind one URL: each request goes to the next replica."""
-    turn = itertools.cycle(targets)
-    session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
-
-    async def forward(request: web.Request) -> web.Response:
-        body = await request.read()
-        async with session.post(next(turn) + request.path, data=body) as resp:
-            return web.Response(status=resp.status, body=await resp.read(), content_type="application/json")
-
-    async def close(app: web.Application) -> AsyncIterator[None]:
-        yield
-        await session.close()
-
-    app = web.Application(client_max_size=64 * 1024 * 1024)
-    app.router.add_post("/{verb}", forward)
-    app.cleanup_ctx.append(close)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    return runner, f"http://127.0.0.1:{runner.addresses[-1][1]}"
 
 
 @pytest.fixture

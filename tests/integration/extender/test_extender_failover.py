@@ -1,0 +1,250 @@
+"""Failover with kills (issue 18, item 4), on the real control plane.
+
+Two kube-schedulers with the ``hami-scheduler`` profile elect their leader by a Lease, as a highly
+available control plane runs them; three extender replicas, each ``hamipy-extender serve`` in its
+own process, elect theirs by another Lease and sit behind one URL balanced per request. Mid-burst the
+leading kube-scheduler and the leading extender are killed with SIGKILL at once: nothing is
+released, the binds in flight die with them. Within ``SETTLE_S`` of the kills every pod that fits is
+bound with its allocation, the rest are pending with kube-scheduler's reason, no GPU is over-full,
+and no node lock or reservation is left behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import signal
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from builders import container, gpu
+from extender_cluster import Cluster, pod_body, round_robin_proxy
+from extender_processes import ExtenderProcess, start_extender_processes, stop_extenders
+from kubernetes_asyncio.client import CoordinationV1Api
+from prometheus_client.parser import text_string_to_metric_families
+from stack_support import extender_config
+
+from hamipy.devcluster import (
+    API_TIMEOUT_S,
+    DevCluster,
+    NodePool,
+    SchedulerConfig,
+    SchedulerLeaderElection,
+    WaitTimeout,
+    wait_for,
+)
+from hamipy.protocol import keys
+
+pytestmark = pytest.mark.integration
+
+GPUS = 4
+SLOTS = 10
+OUR_NODES = 3
+FITTABLE = (OUR_NODES + 1) * GPUS * SLOTS  # 160: three nodes our device plugin serves, one HAMi's
+EXTRA = 10
+KILL_AFTER = 40
+"""Bound pods before the kills: the burst is well under way, most of it still to place."""
+
+LEASE_S = 8.0
+"""Both Leases: how long a killed leader's Lease stands before a standby takes it."""
+BIND_TIMEOUT_S = 5.0
+SETTLE_S = 45.0
+"""From the kills to every pod placed or refused: the Lease running out (8 s), the new extender
+leader catching its model up, and kube-scheduler's backoff for the pods whose calls failed
+(at most 10 s) twice over, with room for this 2-core machine."""
+
+SCHEDULERS = ("hami-a", "hami-b")
+EXTENDER_LEASE = "hami-py-extender"
+
+
+def elected_flags(namespace: str) -> list[str]:
+    """The replicas' flags: leader election in ``namespace`` with the test's times (lease > renew
+    deadline + API timeout, so a killed leader's last bind has landed or failed before anyone
+    else leads)."""
+    return [
+        "--leader-elect",
+        "--lease-namespace",
+        namespace,
+        "--lease-name",
+        EXTENDER_LEASE,
+        "--lease-duration",
+        f"{LEASE_S:g}",
+        "--renew-deadline",
+        "4",
+        "--retry-period",
+        "0.5",
+        "--api-timeout",
+        "3",
+        "--bind-timeout",
+        f"{BIND_TIMEOUT_S:g}",
+    ]
+
+
+def replica_flags(index: int, port: int) -> list[str]:
+    return ["--identity", f"replica-{index}", "--advertise-url", f"http://127.0.0.1:{port}"]
+
+
+def scheduler_log(devcluster: DevCluster, name: str) -> str:
+    return devcluster.log_path(f"kube-scheduler-{name}").read_text(errors="replace")
+
+
+def leads(devcluster: DevCluster, name: str) -> bool:
+    """The kube-scheduler ``name`` has taken its Lease (klog: "successfully acquired lease")."""
+    return "successfully acquired lease" in scheduler_log(devcluster, name)
+
+
+async def lease_holder(api: Any, namespace: str, name: str) -> str:
+    lease = await CoordinationV1Api(api).read_namespaced_lease(
+        name, namespace, _request_timeout=API_TIMEOUT_S
+    )
+    return str(lease.spec.holder_identity or "")
+
+
+async def held(extender: ExtenderProcess, source: str) -> float:
+    """The replica's ``hamipy_extender_pods_held{source}``."""
+    async with aiohttp.ClientSession() as session:
+        text = await extender.metrics(session)
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "hamipy_extender_pods_held" and s.labels.get("source") == source
+    )
+
+
+async def placement(cluster: Cluster) -> tuple[list[Any], list[Any]]:
+    """The namespace's pods: (bound, pending)."""
+    pods = await cluster.core.list_namespaced_pod(cluster.namespace, _request_timeout=API_TIMEOUT_S)
+    bound = [p for p in pods.items if p.spec.node_name]
+    return bound, [p for p in pods.items if not p.spec.node_name]
+
+
+def unschedulable_reason(pod: Any) -> str:
+    """kube-scheduler's message on the pod's ``PodScheduled=False`` condition ("" if none)."""
+    for condition in pod.status.conditions or ():
+        if condition.type == "PodScheduled" and condition.status == "False":
+            return str(condition.message or condition.reason or "")
+    return ""
+
+
+@pytest.mark.timeout(300)
+async def test_killing_the_leading_scheduler_and_extender_mid_burst_loses_nothing(
+    devcluster: DevCluster, kube_client: Any, namespace: str, node_pool: NodePool, tmp_path: Path
+) -> None:
+    cluster = Cluster(kube_client, namespace, node_pool)
+    ns = namespace
+    for n in range(OUR_NODES):
+        await cluster.add_node(f"n{n}", [gpu(f"GPU-{ns}-{n}-{i}", i, count=SLOTS) for i in range(GPUS)])
+    hamis = await cluster.add_node(
+        "h0", [gpu(f"GPU-{ns}-h-{i}", i, count=SLOTS) for i in range(GPUS)], ours=False
+    )
+
+    extenders = await start_extender_processes(
+        3,
+        "binpack",
+        kubeconfig=Path(devcluster.access.kubeconfig),
+        workdir=tmp_path,
+        extra_args=elected_flags(ns),
+        replica_args=replica_flags,
+    )
+    runner = None
+    try:
+        runner, url = await round_robin_proxy([e.url for e in extenders])
+        election = SchedulerLeaderElection(ns, lease_duration_s=LEASE_S, renew_deadline_s=4, retry_period_s=1)
+        config = SchedulerConfig.hami(
+            extender_config(url), percentage_of_nodes_to_score=100, leader_election=election
+        )
+        # The first scheduler leads before the second starts: which one to kill is then known.
+        await asyncio.to_thread(devcluster.start_scheduler, config, name=SCHEDULERS[0])
+        await wait_for(lambda: leads(devcluster, SCHEDULERS[0]), timeout=30, what="hami-a to lead")
+        await asyncio.to_thread(devcluster.start_scheduler, config, name=SCHEDULERS[1])
+        holder = await wait_for(
+            lambda: lease_holder(kube_client, ns, EXTENDER_LEASE), timeout=30, what="an extender leader"
+        )
+        (leader,) = [e for e in extenders if holder.startswith(f"replica-{e.index}")]
+
+        gate = asyncio.Semaphore(16)
+
+        async def create(i: int) -> None:
+            async with gate:
+                await cluster.create(pod_body(f"p{i}", container(gpu=1, gpumem=3000), selector=ns))
+
+        async def create_all() -> None:
+            await asyncio.gather(*(create(i) for i in range(FITTABLE + EXTRA)))
+
+        creating = asyncio.create_task(create_all())
+        try:
+            await wait_for(
+                lambda: _bound_at_least(cluster, KILL_AFTER), timeout=120, interval=0.2, what="the burst"
+            )
+            scheduler = devcluster.processes[f"kube-scheduler-{SCHEDULERS[0]}"]
+            assert scheduler.pid is not None
+            os.kill(scheduler.pid, signal.SIGKILL)
+            await leader.kill()
+            killed_at = time.monotonic()
+            bound_at_kill = len((await placement(cluster))[0])
+        finally:
+            await creating
+        assert bound_at_kill < FITTABLE, "the burst ended before the kills: nothing was tested"
+
+        story: list[str] = []
+
+        async def settled() -> bool:
+            bound, pending = await placement(cluster)
+            story[:] = [f"{len(bound)} bound"] + [
+                f"{p.metadata.name}: {unschedulable_reason(p) or 'no reason'}" for p in pending
+            ]
+            return len(bound) == FITTABLE and all(unschedulable_reason(p) for p in pending)
+
+        try:
+            await wait_for(settled, timeout=SETTLE_S + 30, interval=0.5, what="every pod placed or refused")
+        except WaitTimeout as exc:
+            raise AssertionError(f"{exc}\n" + "\n".join(story[:30])) from None
+        settle_s = time.monotonic() - killed_at
+        print(f"\nfailover: killed at {bound_at_kill} bound; all {FITTABLE} placed {settle_s:.1f} s after")
+        assert settle_s <= SETTLE_S, f"placing the rest took {settle_s:.1f} s after the kills"
+        assert leads(devcluster, SCHEDULERS[1]), "the standby kube-scheduler never took over"
+
+        bound, pending = await placement(cluster)
+        assert len(pending) == EXTRA
+        unallocated = [
+            p.metadata.name for p in bound if keys.DEVICES_ALLOCATED not in (p.metadata.annotations or {})
+        ]
+        assert unallocated == [], f"bound without an allocation: {unallocated}"
+        await cluster.assert_invariant()
+        # Nothing left behind: no lock on HAMi's node (the sweep frees what a dead bind held), and
+        # no reservation or bind in flight in the surviving replicas' models.
+        await wait_for(
+            lambda: _unlocked(cluster, hamis), timeout=BIND_TIMEOUT_S + 15, what=f"no lock left on {hamis}"
+        )
+        survivors = [e for e in extenders if e is not leader]
+        for source in ("reserved", "binding"):
+            await wait_for(
+                functools.partial(_none_held, survivors, source), timeout=30, what=f"no pod {source}"
+            )
+        for survivor in survivors:  # each model holds every placed pod, once
+            assert await held(survivor, "allocated") == FITTABLE
+    finally:
+        for name in SCHEDULERS:
+            await asyncio.to_thread(devcluster.stop_scheduler, name)
+        if runner is not None:
+            await runner.cleanup()
+        await stop_extenders(extenders)
+
+
+async def _bound_at_least(cluster: Cluster, n: int) -> bool:
+    return len((await placement(cluster))[0]) >= n
+
+
+async def _unlocked(cluster: Cluster, node: str) -> bool:
+    found = await cluster.core.read_node(node, _request_timeout=API_TIMEOUT_S)
+    return keys.NODE_LOCK not in (found.metadata.annotations or {})
+
+
+async def _none_held(extenders: Sequence[ExtenderProcess], source: str) -> bool:
+    return all([await held(e, source) == 0 for e in extenders])
