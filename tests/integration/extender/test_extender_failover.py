@@ -1,22 +1,31 @@
-"""Failover with kills (issue 18, item 4), on the real control plane.
+"""Failover with kills and API stalls (issue 18, items 4 and 5), on the real control plane.
 
-Two kube-schedulers with the ``hami-scheduler`` profile elect their leader by a Lease, as a highly
-available control plane runs them; three extender replicas, each ``hamipy-extender serve`` in its
-own process, elect theirs by another Lease and sit behind one URL balanced per request. Mid-burst the
-leading kube-scheduler and the leading extender are killed with SIGKILL at once: nothing is
-released, the binds in flight die with them. Within ``SETTLE_S`` of the kills every pod that fits is
-bound with its allocation, the rest are pending with kube-scheduler's reason, no GPU is over-full,
-and no node lock or reservation is left behind.
+Three extender replicas, each ``hamipy-extender serve`` in its own process, elect their leader by a
+Lease and sit behind one URL balanced per request; three nodes are served by our device plugin and
+one by HAMi's (binds there take the node lock). Mid-burst:
+
+- **kills**: two kube-schedulers with the ``hami-scheduler`` profile elect theirs by another Lease,
+  as a highly available control plane runs them; the leading kube-scheduler and the leading
+  extender are killed with SIGKILL at once. Nothing is released, the binds in flight die with them.
+  Within ``SETTLE_S`` of the kills:
+- **stall**: kube-apiserver is frozen (SIGSTOP) for ``STALL_S``, longer than the extenders' renew
+  deadline and Lease, as an etcd or apiserver stall does it; the leader steps down, binds in flight
+  fail, lock releases are owed. Within ``RECOVER_S`` of the API answering again:
+
+every pod that fits is bound with its allocation, the rest are pending with kube-scheduler's reason,
+no GPU is over-full, and no node lock or reservation is left behind.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import functools
 import os
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,16 +56,19 @@ SLOTS = 10
 OUR_NODES = 3
 FITTABLE = (OUR_NODES + 1) * GPUS * SLOTS  # 160: three nodes our device plugin serves, one HAMi's
 EXTRA = 10
-KILL_AFTER = 40
-"""Bound pods before the kills: the burst is well under way, most of it still to place."""
+FAULT_AFTER = 40
+"""Bound pods before the fault: the burst is well under way, most of it still to place."""
 
 LEASE_S = 8.0
-"""Both Leases: how long a killed leader's Lease stands before a standby takes it."""
+"""Every Lease: how long a dead leader's Lease stands before a standby takes it."""
 BIND_TIMEOUT_S = 5.0
 SETTLE_S = 45.0
 """From the kills to every pod placed or refused: the Lease running out (8 s), the new extender
 leader catching its model up, and kube-scheduler's backoff for the pods whose calls failed
 (at most 10 s) twice over, with room for this 2-core machine."""
+STALL_S = 25.0
+RECOVER_S = 30.0
+"""From the API answering again to every pod placed or refused (issue 18's bound)."""
 
 SCHEDULERS = ("hami-a", "hami-b")
 EXTENDER_LEASE = "hami-py-extender"
@@ -82,11 +94,64 @@ def elected_flags(namespace: str) -> list[str]:
         "3",
         "--bind-timeout",
         f"{BIND_TIMEOUT_S:g}",
+        "--lock-sweep-interval",
+        "1",
     ]
 
 
 def replica_flags(index: int, port: int) -> list[str]:
     return ["--identity", f"replica-{index}", "--advertise-url", f"http://127.0.0.1:{port}"]
+
+
+@dataclasses.dataclass
+class Replicated:
+    """The test's nodes and extender replicas behind one URL."""
+
+    cluster: Cluster
+    extenders: list[ExtenderProcess]
+    url: str
+    hamis: str
+    """HAMi's node, where binds take the node lock."""
+
+
+@contextlib.asynccontextmanager
+async def replicated(
+    devcluster: DevCluster, api: Any, namespace: str, pool: NodePool, workdir: Path
+) -> AsyncIterator[Replicated]:
+    cluster = Cluster(api, namespace, pool)
+    ns = namespace
+    for n in range(OUR_NODES):
+        await cluster.add_node(f"n{n}", [gpu(f"GPU-{ns}-{n}-{i}", i, count=SLOTS) for i in range(GPUS)])
+    hamis = await cluster.add_node(
+        "h0", [gpu(f"GPU-{ns}-h-{i}", i, count=SLOTS) for i in range(GPUS)], ours=False
+    )
+    extenders = await start_extender_processes(
+        3,
+        "binpack",
+        kubeconfig=Path(devcluster.access.kubeconfig),
+        workdir=workdir,
+        extra_args=elected_flags(ns),
+        replica_args=replica_flags,
+    )
+    runner = None
+    try:
+        runner, url = await round_robin_proxy([e.url for e in extenders])
+        yield Replicated(cluster, extenders, url, hamis)
+    finally:
+        if runner is not None:
+            await runner.cleanup()
+        await stop_extenders(extenders)
+
+
+async def burst(cluster: Cluster) -> None:
+    """Every pod of the burst created, 16 at a time: ``FITTABLE`` fit, ``EXTRA`` more do not."""
+    gate = asyncio.Semaphore(16)
+
+    async def create(i: int) -> None:
+        async with gate:
+            await cluster.create(pod_body(f"p{i}", container(gpu=1, gpumem=3000), selector=cluster.namespace))
+
+    await asyncio.gather(*(create(i) for i in range(FITTABLE + EXTRA)))
 
 
 def scheduler_log(devcluster: DevCluster, name: str) -> str:
@@ -103,6 +168,14 @@ async def lease_holder(api: Any, namespace: str, name: str) -> str:
         name, namespace, _request_timeout=API_TIMEOUT_S
     )
     return str(lease.spec.holder_identity or "")
+
+
+async def extender_leader(api: Any, namespace: str, extenders: Sequence[ExtenderProcess]) -> ExtenderProcess:
+    holder = await wait_for(
+        lambda: lease_holder(api, namespace, EXTENDER_LEASE), timeout=30, what="an extender leader"
+    )
+    (leader,) = [e for e in extenders if holder.startswith(f"replica-{e.index}")]
+    return leader
 
 
 async def held(extender: ExtenderProcess, source: str) -> float:
@@ -124,6 +197,16 @@ async def placement(cluster: Cluster) -> tuple[list[Any], list[Any]]:
     return bound, [p for p in pods.items if not p.spec.node_name]
 
 
+async def wait_bound(cluster: Cluster, n: int) -> int:
+    """Wait for at least ``n`` of the burst bound; how many are."""
+
+    async def count() -> int:
+        bound = len((await placement(cluster))[0])
+        return bound if bound >= n else 0  # 0: not yet
+
+    return await wait_for(count, timeout=120, interval=0.2, what=f"{n} pods bound")
+
+
 def unschedulable_reason(pod: Any) -> str:
     """kube-scheduler's message on the pod's ``PodScheduled=False`` condition ("" if none)."""
     for condition in pod.status.conditions or ():
@@ -132,113 +215,113 @@ def unschedulable_reason(pod: Any) -> str:
     return ""
 
 
+async def settle(cluster: Cluster, since: float, *, bound_s: float) -> float:
+    """Wait until every pod that fits is bound and the rest are refused with a reason; the seconds
+    from ``since`` that took, asserted within ``bound_s``. A timeout names what each pending pod waits for."""
+    story: list[str] = []
+
+    async def settled() -> bool:
+        bound, pending = await placement(cluster)
+        story[:] = [f"{len(bound)} bound"] + [
+            f"{p.metadata.name}: {unschedulable_reason(p) or 'no reason'}" for p in pending
+        ]
+        return len(bound) == FITTABLE and all(unschedulable_reason(p) for p in pending)
+
+    try:
+        await wait_for(settled, timeout=bound_s + 30, interval=0.5, what="every pod placed or refused")
+    except WaitTimeout as exc:
+        raise AssertionError(f"{exc}\n" + "\n".join(story[:30])) from None
+    took = time.monotonic() - since
+    assert took <= bound_s, f"placing the rest took {took:.1f} s, more than {bound_s:g} s"
+    return took
+
+
+async def assert_nothing_lost_or_left(rig: Replicated, replicas: Sequence[ExtenderProcess]) -> None:
+    """Each bound pod carries its allocation, no GPU is over-full, no lock is left on HAMi's node
+    (the sweep frees what a dead or failed bind held), and ``replicas``' models hold every placed
+    pod once, with no reservation or bind in flight."""
+    bound, pending = await placement(rig.cluster)
+    assert len(pending) == EXTRA
+    unallocated = [
+        p.metadata.name for p in bound if keys.DEVICES_ALLOCATED not in (p.metadata.annotations or {})
+    ]
+    assert unallocated == [], f"bound without an allocation: {unallocated}"
+    await rig.cluster.assert_invariant()
+    unlocked = functools.partial(_unlocked, rig.cluster, rig.hamis)
+    await wait_for(unlocked, timeout=BIND_TIMEOUT_S + 15, what=f"no lock left on {rig.hamis}")
+    for source in ("reserved", "binding"):
+        none_held = functools.partial(_none_held, replicas, source)
+        await wait_for(none_held, timeout=30, what=f"no pod {source}")
+    for replica in replicas:
+        assert await held(replica, "allocated") == FITTABLE
+
+
 @pytest.mark.timeout(300)
 async def test_killing_the_leading_scheduler_and_extender_mid_burst_loses_nothing(
     devcluster: DevCluster, kube_client: Any, namespace: str, node_pool: NodePool, tmp_path: Path
 ) -> None:
-    cluster = Cluster(kube_client, namespace, node_pool)
-    ns = namespace
-    for n in range(OUR_NODES):
-        await cluster.add_node(f"n{n}", [gpu(f"GPU-{ns}-{n}-{i}", i, count=SLOTS) for i in range(GPUS)])
-    hamis = await cluster.add_node(
-        "h0", [gpu(f"GPU-{ns}-h-{i}", i, count=SLOTS) for i in range(GPUS)], ours=False
-    )
-
-    extenders = await start_extender_processes(
-        3,
-        "binpack",
-        kubeconfig=Path(devcluster.access.kubeconfig),
-        workdir=tmp_path,
-        extra_args=elected_flags(ns),
-        replica_args=replica_flags,
-    )
-    runner = None
-    try:
-        runner, url = await round_robin_proxy([e.url for e in extenders])
-        election = SchedulerLeaderElection(ns, lease_duration_s=LEASE_S, renew_deadline_s=4, retry_period_s=1)
+    async with replicated(devcluster, kube_client, namespace, node_pool, tmp_path) as rig:
+        election = SchedulerLeaderElection(
+            namespace, lease_duration_s=LEASE_S, renew_deadline_s=4, retry_period_s=1
+        )
         config = SchedulerConfig.hami(
-            extender_config(url), percentage_of_nodes_to_score=100, leader_election=election
+            extender_config(rig.url), percentage_of_nodes_to_score=100, leader_election=election
         )
-        # The first scheduler leads before the second starts: which one to kill is then known.
-        await asyncio.to_thread(devcluster.start_scheduler, config, name=SCHEDULERS[0])
-        await wait_for(lambda: leads(devcluster, SCHEDULERS[0]), timeout=30, what="hami-a to lead")
-        await asyncio.to_thread(devcluster.start_scheduler, config, name=SCHEDULERS[1])
-        holder = await wait_for(
-            lambda: lease_holder(kube_client, ns, EXTENDER_LEASE), timeout=30, what="an extender leader"
-        )
-        (leader,) = [e for e in extenders if holder.startswith(f"replica-{e.index}")]
-
-        gate = asyncio.Semaphore(16)
-
-        async def create(i: int) -> None:
-            async with gate:
-                await cluster.create(pod_body(f"p{i}", container(gpu=1, gpumem=3000), selector=ns))
-
-        async def create_all() -> None:
-            await asyncio.gather(*(create(i) for i in range(FITTABLE + EXTRA)))
-
-        creating = asyncio.create_task(create_all())
         try:
-            await wait_for(
-                lambda: _bound_at_least(cluster, KILL_AFTER), timeout=120, interval=0.2, what="the burst"
-            )
-            scheduler = devcluster.processes[f"kube-scheduler-{SCHEDULERS[0]}"]
-            assert scheduler.pid is not None
-            os.kill(scheduler.pid, signal.SIGKILL)
-            await leader.kill()
-            killed_at = time.monotonic()
-            bound_at_kill = len((await placement(cluster))[0])
+            # The first scheduler leads before the second starts: which one to kill is then known.
+            await asyncio.to_thread(devcluster.start_scheduler, config, name=SCHEDULERS[0])
+            await wait_for(lambda: leads(devcluster, SCHEDULERS[0]), timeout=30, what="hami-a to lead")
+            await asyncio.to_thread(devcluster.start_scheduler, config, name=SCHEDULERS[1])
+            leader = await extender_leader(kube_client, namespace, rig.extenders)
+
+            creating = asyncio.create_task(burst(rig.cluster))
+            try:
+                bound_at_kill = await wait_bound(rig.cluster, FAULT_AFTER)
+                scheduler = devcluster.processes[f"kube-scheduler-{SCHEDULERS[0]}"]
+                assert scheduler.pid is not None
+                os.kill(scheduler.pid, signal.SIGKILL)
+                await leader.kill()
+                killed_at = time.monotonic()
+            finally:
+                await creating
+            assert bound_at_kill < FITTABLE, "the burst ended before the kills: nothing was tested"
+
+            took = await settle(rig.cluster, killed_at, bound_s=SETTLE_S)
+            print(f"\nfailover: killed at {bound_at_kill} bound; all {FITTABLE} placed {took:.1f} s after")
+            assert leads(devcluster, SCHEDULERS[1]), "the standby kube-scheduler never took over"
+            await assert_nothing_lost_or_left(rig, [e for e in rig.extenders if e is not leader])
         finally:
-            await creating
-        assert bound_at_kill < FITTABLE, "the burst ended before the kills: nothing was tested"
+            for name in SCHEDULERS:
+                await asyncio.to_thread(devcluster.stop_scheduler, name)
 
-        story: list[str] = []
 
-        async def settled() -> bool:
-            bound, pending = await placement(cluster)
-            story[:] = [f"{len(bound)} bound"] + [
-                f"{p.metadata.name}: {unschedulable_reason(p) or 'no reason'}" for p in pending
-            ]
-            return len(bound) == FITTABLE and all(unschedulable_reason(p) for p in pending)
-
+@pytest.mark.timeout(300)
+async def test_an_api_stall_mid_burst_recovers_within_30s_and_leaves_nothing_behind(
+    devcluster: DevCluster,
+    kube_client: Any,
+    namespace: str,
+    node_pool: NodePool,
+    tmp_path: Path,
+    hami_scheduler: Any,
+) -> None:
+    async with replicated(devcluster, kube_client, namespace, node_pool, tmp_path) as rig:
+        hami_scheduler(extender_config(rig.url))
+        await extender_leader(kube_client, namespace, rig.extenders)
+        await burst(rig.cluster)
+        bound_at_stall = await wait_bound(rig.cluster, FAULT_AFTER)
+        apiserver = devcluster.processes["kube-apiserver"]
+        assert apiserver.pid is not None
+        os.kill(apiserver.pid, signal.SIGSTOP)
         try:
-            await wait_for(settled, timeout=SETTLE_S + 30, interval=0.5, what="every pod placed or refused")
-        except WaitTimeout as exc:
-            raise AssertionError(f"{exc}\n" + "\n".join(story[:30])) from None
-        settle_s = time.monotonic() - killed_at
-        print(f"\nfailover: killed at {bound_at_kill} bound; all {FITTABLE} placed {settle_s:.1f} s after")
-        assert settle_s <= SETTLE_S, f"placing the rest took {settle_s:.1f} s after the kills"
-        assert leads(devcluster, SCHEDULERS[1]), "the standby kube-scheduler never took over"
+            await asyncio.sleep(STALL_S)  # the fault's length, not a wait for anything
+        finally:
+            os.kill(apiserver.pid, signal.SIGCONT)
+        resumed_at = time.monotonic()
+        assert bound_at_stall < FITTABLE, "the burst ended before the stall: nothing was tested"
 
-        bound, pending = await placement(cluster)
-        assert len(pending) == EXTRA
-        unallocated = [
-            p.metadata.name for p in bound if keys.DEVICES_ALLOCATED not in (p.metadata.annotations or {})
-        ]
-        assert unallocated == [], f"bound without an allocation: {unallocated}"
-        await cluster.assert_invariant()
-        # Nothing left behind: no lock on HAMi's node (the sweep frees what a dead bind held), and
-        # no reservation or bind in flight in the surviving replicas' models.
-        await wait_for(
-            lambda: _unlocked(cluster, hamis), timeout=BIND_TIMEOUT_S + 15, what=f"no lock left on {hamis}"
-        )
-        survivors = [e for e in extenders if e is not leader]
-        for source in ("reserved", "binding"):
-            await wait_for(
-                functools.partial(_none_held, survivors, source), timeout=30, what=f"no pod {source}"
-            )
-        for survivor in survivors:  # each model holds every placed pod, once
-            assert await held(survivor, "allocated") == FITTABLE
-    finally:
-        for name in SCHEDULERS:
-            await asyncio.to_thread(devcluster.stop_scheduler, name)
-        if runner is not None:
-            await runner.cleanup()
-        await stop_extenders(extenders)
-
-
-async def _bound_at_least(cluster: Cluster, n: int) -> bool:
-    return len((await placement(cluster))[0]) >= n
+        took = await settle(rig.cluster, resumed_at, bound_s=RECOVER_S)
+        print(f"\napi stall: frozen at {bound_at_stall} bound; all {FITTABLE} placed {took:.1f} s after")
+        await assert_nothing_lost_or_left(rig, rig.extenders)
 
 
 async def _unlocked(cluster: Cluster, node: str) -> bool:
