@@ -139,23 +139,24 @@ async def test_two_gpus_in_one_container_and_init_containers(
     await cluster.assert_invariant()
 
 
+async def unschedulable(cluster: Cluster, name: str, cause: str) -> str:
+    """Wait for the pod's ``PodScheduled=False`` message to name ``cause``; the message."""
+
+    async def reason() -> str:
+        pod = await cluster.core.read_namespaced_pod(name, cluster.namespace, _request_timeout=API_TIMEOUT_S)
+        for cond in (pod.status.conditions or []) if pod.status else []:
+            if cond.type == "PodScheduled" and cond.status == "False" and cause in (cond.message or ""):
+                return str(cond.message)
+        return ""
+
+    return await wait_for(reason, timeout=30, what=f"FailedScheduling naming {cause}")
+
+
 async def test_unfittable_pod_stays_pending_with_reason(cluster: Cluster, extender: ExtenderServer) -> None:
     ns = cluster.namespace
     await cluster.add_node("n", [gpu(f"GPU-{ns}-0", mem=8000)])
     await cluster.create(pod_body("huge", container(gpu=1, gpumem=16000), selector=ns))
-
-    async def reason() -> str:
-        pod = await cluster.core.read_namespaced_pod("huge", ns, _request_timeout=API_TIMEOUT_S)
-        for cond in (pod.status.conditions or []) if pod.status else []:
-            if (
-                cond.type == "PodScheduled"
-                and cond.status == "False"
-                and "CardInsufficientMemory" in (cond.message or "")
-            ):
-                return str(cond.message)
-        return ""
-
-    message = await wait_for(reason, timeout=30, what="FailedScheduling naming CardInsufficientMemory")
+    message = await unschedulable(cluster, "huge", "CardInsufficientMemory")
     assert "1/1 CardInsufficientMemory" in message
 
     async def event() -> bool:
@@ -165,6 +166,23 @@ async def test_unfittable_pod_stays_pending_with_reason(cluster: Cluster, extend
         )
 
     await wait_for(event, timeout=15, what="a FilteringFailed event")
+
+
+async def test_a_native_sidecar_and_its_app_never_overfill_one_gpu(
+    cluster: Cluster, extender: ExtenderServer
+) -> None:
+    # Issue 19: a sidecar (an init container restarted Always) runs beside the app for the pod's
+    # whole life; 40000 + 40000 MiB was placed on one 60000 MiB GPU.
+    ns = cluster.namespace
+    await cluster.add_node("one", [gpu(f"GPU-{ns}-one", mem=60000)])
+    sidecar = container("proxy", gpu=1, gpumem=40000, restartPolicy="Always")
+    await cluster.create(pod_body("p", container("app", gpu=1, gpumem=40000), init=[sidecar], selector=ns))
+    assert "1/1 CardInsufficientMemory" in await unschedulable(cluster, "p", "CardInsufficientMemory")
+    await cluster.add_node("two", [gpu(f"GPU-{ns}-two-{i}", i, mem=60000) for i in range(2)])
+    node, slots = await cluster.bound("p")
+    assert node == f"{ns}-two"
+    assert sorted(slots[0] + slots[1]) == [f"GPU-{ns}-two-0", f"GPU-{ns}-two-1"]
+    await cluster.assert_invariant()
 
 
 async def test_pod_placed_after_register_annotation_changes(

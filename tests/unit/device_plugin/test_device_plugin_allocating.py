@@ -104,6 +104,20 @@ def test_init_container_slot_first_then_app_containers() -> None:
     assert second.container_env == [{"name": "X", "value": "1"}]
 
 
+def test_a_native_sidecar_is_served_in_its_slot_between_the_init_containers() -> None:
+    # The kubelet admits a pod's containers in spec order, sidecars among the init containers: each
+    # Allocate gets the next slot, and the sidecar's GPU stays its own (it is not reused later).
+    p = pod("side", f"{DEV_A};{DEV_B};{DEV_A};", init=("setup", "proxy"), containers=("app",))
+    p["spec"]["initContainers"][1]["restartPolicy"] = "Always"
+    served = []
+    for _ in range(3):
+        got = choose([p], node=NODE, device_count=1).served
+        assert got is not None
+        served.append((got.container, got.slot, [d.uuid for d in got.devices]))
+        p["metadata"]["annotations"][keys.DEVICES_TO_ALLOCATE] = got.to_allocate
+    assert served == [("setup", 0, ["GPU-A"]), ("proxy", 1, ["GPU-B"]), ("app", 2, ["GPU-A"])]
+
+
 def test_served_finished_other_node_and_deleting_pods_are_skipped() -> None:
     deleting = pod("deleting", f"{DEV_A};")
     deleting["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"

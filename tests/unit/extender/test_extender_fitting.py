@@ -191,6 +191,30 @@ def test_containers_add_up_and_init_containers_count_by_peak() -> None:
     assert model.nodes["n"].gpus[0].used_mem == 10000
 
 
+def test_a_native_sidecar_is_fitted_as_running_beside_the_apps() -> None:
+    # Issue 19: a 40000 MiB sidecar and a 40000 MiB app were both placed on one 60000 MiB GPU.
+    sidecar = container("proxy", gpu=1, gpumem=40000, restartPolicy="Always")
+    p = pod("p", container("app", gpu=1, gpumem=40000), init=[sidecar])
+    one = model_with(node("n", [gpu("A", 0, mem=60000)]))
+    assert fit(one, "n", p).why().text() == "1/1 CardInsufficientMemory"
+    two = model_with(node("n", [gpu("A", 0, mem=60000), gpu("B", 1, mem=60000)]))
+    placed = fit(two, "n", p)
+    assert sorted(u for slot in uuids(placed.devices) for u in slot) == ["A", "B"]
+    two.apply_pod("ADDED", allocated("q", "n", encode_pod_devices(placed.devices), init=[sidecar]))
+    assert [g.used_mem for g in two.nodes["n"].gpus] == [40000, 40000]
+    # The same pod with a run-to-completion init container fits one GPU (they never run together).
+    plain = pod("p", container("app", gpu=1, gpumem=40000), init=[container("setup", gpu=1, gpumem=40000)])
+    assert uuids(fit(one, "n", plain).devices) == [["A"], ["A"]]
+
+
+def test_an_init_container_after_a_sidecar_is_fitted_with_the_sidecar_taken() -> None:
+    model = model_with(node("n", [gpu("A", 0, mem=10000)]))
+    init = [container("side", gpu=1, gpumem=4000, restartPolicy="Always"), container("i", gpu=1, gpumem=7000)]
+    assert "CardInsufficientMemory" in fit(model, "n", pod("p", container(), init=init)).why().text()
+    before = [init[1], init[0]]  # the init container runs before the sidecar starts: alone
+    assert fit(model, "n", pod("p", container(), init=before)).ok
+
+
 # -- policies ---------------------------------------------------------------------------------------
 
 

@@ -3,6 +3,7 @@ registers, and an unreadable annotation is a violation rather than a pass."""
 
 from __future__ import annotations
 
+import builders
 from builders import gpu
 from extender_fakes import FakeKube, node, pod
 
@@ -42,3 +43,17 @@ def test_an_unreadable_allocation_is_a_violation() -> None:
     report = check_objects([node("n")], [running("a", "not a device list")])
     assert not report.ok
     assert "unreadable allocation of ns/a" in str(report.violations[0])
+
+
+def test_a_native_sidecar_counts_as_running_beside_the_app() -> None:
+    def bound(*, sidecar: bool) -> dict[str, object]:
+        policy = {"restartPolicy": "Always"} if sidecar else {}
+        init = [{**builders.container("proxy", gpu=1, gpumem=400), **policy}]
+        both = {keys.DEVICES_ALLOCATED: "A,NVIDIA,400,0:;A,NVIDIA,400,0:;"}
+        return pod("p", node_name="n", annotations=both, phase="Running", init=init)
+
+    gpus = [node("n", [gpu("A", 0, count=2, mem=600)])]
+    report = check_objects(gpus, [bound(sidecar=True)])
+    assert [(v.what, v.allocated, v.capacity) for v in report.violations] == [("memory", 800, 600)]
+    # A run-to-completion init container counts by its peak against the app, not with it.
+    assert check_objects(gpus, [bound(sidecar=False)]).ok

@@ -297,21 +297,34 @@ USAGE_DEVICES = st.lists(
 )
 
 
-def _reference_usage(devices: Sequence[Sequence[ContainerDevice]], n_init: int) -> dict[str, Dims]:
-    """Per GPU and per dimension: the larger of the biggest init container and the regular sum."""
+def _reference_usage(
+    devices: Sequence[Sequence[ContainerDevice]], n_init: int, sidecars: frozenset[int] = frozenset()
+) -> dict[str, Dims]:
+    """Kubernetes' effective request (KEP-753) per GPU and per dimension: the largest of, for each
+    regular init container, it with the sidecars declared before it; and the regular containers
+    with every sidecar. Without sidecars: the biggest init container against the regular sum."""
 
     def of(slot: Sequence[ContainerDevice], uuid: str) -> Dims:
         mine = [d for d in slot if d.uuid == uuid]
         return (len(mine), sum(d.usedmem for d in mine), sum(d.usedcores for d in mine))
 
+    def total(slots: Sequence[Sequence[ContainerDevice]], uuid: str, k: int) -> int:
+        return sum(of(slot, uuid)[k] for slot in slots)
+
     out: dict[str, Dims] = {}
     for uuid in {d.uuid for slot in devices for d in slot}:
-        inits = [of(slot, uuid) for slot in devices[:n_init]] or [(0, 0, 0)]
-        apps = [of(slot, uuid) for slot in devices[n_init:]]
+        inits = devices[:n_init]
+        side = [slot for i, slot in enumerate(inits) if i in sidecars]
+        phases = [
+            [slot, *(s for j, s in enumerate(inits[:i]) if j in sidecars)]
+            for i, slot in enumerate(inits)
+            if i not in sidecars
+        ]
+        phases.append([*devices[n_init:], *side])
         out[uuid] = (
-            max(max(i[0] for i in inits), sum(a[0] for a in apps)),
-            max(max(i[1] for i in inits), sum(a[1] for a in apps)),
-            max(max(i[2] for i in inits), sum(a[2] for a in apps)),
+            max(total(phase, uuid, 0) for phase in phases),
+            max(total(phase, uuid, 1) for phase in phases),
+            max(total(phase, uuid, 2) for phase in phases),
         )
     return out
 
@@ -322,6 +335,28 @@ def test_pod_usage_law_peak_of_init_against_sum_of_regular(
     devices: list[list[ContainerDevice]], n_init: int
 ) -> None:
     assert pod_usage(devices, n_init) == _reference_usage(devices, n_init)
+
+
+@settings(max_examples=200, deadline=None)
+@given(USAGE_DEVICES, st.integers(min_value=0, max_value=5), st.frozensets(st.integers(0, 4)))
+def test_pod_usage_law_with_sidecars_is_kubernetes_effective_request(
+    devices: list[list[ContainerDevice]], n_init: int, sidecars: frozenset[int]
+) -> None:
+    sidecars = frozenset(i for i in sidecars if i < n_init)
+    assert pod_usage(devices, n_init, sidecars) == _reference_usage(devices, n_init, sidecars)
+
+
+def test_a_sidecar_is_held_with_the_apps_and_the_init_containers_after_it() -> None:
+    devices = [
+        [dev("A", 30000, 10)],  # init before the sidecar: alone
+        [dev("A", 10000, 20)],  # sidecar: runs to the end
+        [dev("A", 25000, 30)],  # init after the sidecar: with it
+        [dev("A", 5000, 5)],  # app: with the sidecar
+    ]
+    assert pod_usage(devices, 3, frozenset({1})) == {"A": (2, 35000, 50)}
+    assert pod_usage(devices, 3) == {"A": (1, 30000, 30)}  # as HAMi counts it: under by 5000 MiB
+    sidecar_and_app = [[dev("A", 40000, 0)], [dev("A", 40000, 0)]]
+    assert pod_usage(sidecar_and_app, 1, frozenset({0})) == {"A": (2, 80000, 0)}
 
 
 @pytest.mark.parametrize(

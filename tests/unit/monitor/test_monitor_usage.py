@@ -117,6 +117,19 @@ def test_terminated_containers_and_finished_pods_have_no_rows() -> None:
     assert [(r.pod, r.container) for r in report.devices] == [("p", "main")]
 
 
+def test_a_native_sidecar_has_rows_beside_the_app_once_the_init_container_before_it_is_done() -> None:
+    raw = pod_json(
+        "p", init=["setup", "proxy"], containers=["main"], slots=[[slice_()], [slice_()], [slice_()]]
+    )
+    raw["spec"]["initContainers"][1]["restartPolicy"] = "Always"
+    raw["status"]["initContainerStatuses"] = [
+        {"name": "setup", "state": {"terminated": {"exitCode": 0}}},
+        {"name": "proxy", "state": {"running": {}}},
+    ]
+    report = usage_report(pods(raw), [], now_s=NOW)
+    assert [(r.pod, r.container) for r in report.devices] == [("p", "proxy"), ("p", "main")]
+
+
 def test_regions_of_pods_or_containers_not_on_the_node_are_orphans() -> None:
     report = usage_report(
         pods(pod_json("p", slots=[[slice_()]])),

@@ -23,6 +23,7 @@ from hamipy.protocol.resources import (
     memory_for_device,
     pod_requests,
     requests_any_gpu,
+    sidecar_positions,
     validate_webhook_container,
     webhook_container_defaults,
     zero_core_conflict,
@@ -217,6 +218,23 @@ def test_pod_requests_align_init_and_regular_containers() -> None:
     )
     assert got.slots == got.init + got.containers
     assert got.any
+
+
+def test_native_sidecars_are_the_init_containers_restarted_always() -> None:
+    p = pod(
+        ctr("main", limits={GPU: "1"}),
+        init=(
+            ctr("setup", limits={GPU: "1"}),
+            {**ctr("proxy", limits={GPU: "1"}), "restartPolicy": "Always"},
+            {**ctr("other", limits={"cpu": "1"}), "restartPolicy": "OnFailure"},  # not valid, not a sidecar
+            {**ctr("log"), "restartPolicy": "Always"},
+        ),
+    )
+    assert sidecar_positions(p) == frozenset({1, 3})
+    assert pod_requests(p).sidecars == frozenset({1, 3})
+    assert sidecar_positions(pod(ctr("main"))) == frozenset()
+    with pytest.raises(ProtocolError, match=r"spec\.initContainers"):
+        sidecar_positions({"spec": {"initContainers": "proxy"}})
 
 
 def test_pod_without_gpu() -> None:
@@ -580,6 +598,7 @@ def test_public_api_is_complete() -> None:
             "memory_for_device",
             "pod_requests",
             "requests_any_gpu",
+            "sidecar_positions",
             "validate_webhook_container",
             "webhook_container_defaults",
             "zero_core_conflict",

@@ -49,6 +49,7 @@ __all__ = [
     "memory_for_device",
     "pod_requests",
     "requests_any_gpu",
+    "sidecar_positions",
     "validate_webhook_container",
     "webhook_container_defaults",
     "zero_core_conflict",
@@ -120,6 +121,8 @@ class PodRequests:
 
     init: tuple[ContainerRequest | None, ...]
     containers: tuple[ContainerRequest | None, ...]
+    sidecars: frozenset[int] = frozenset()
+    """Positions in ``init`` of native sidecars (``sidecar_positions``)."""
 
     @property
     def slots(self) -> tuple[ContainerRequest | None, ...]:
@@ -254,7 +257,19 @@ def pod_requests(
             for i, c in enumerate(_containers(pod, kind))
         )
 
-    return PodRequests(init=asks("initContainers"), containers=asks("containers"))
+    return PodRequests(
+        init=asks("initContainers"), containers=asks("containers"), sidecars=sidecar_positions(pod)
+    )
+
+
+def sidecar_positions(pod: Mapping[str, Any]) -> frozenset[int]:
+    """Positions in ``spec.initContainers`` of native sidecars (``restartPolicy: Always``, stable
+    since Kubernetes 1.33): each starts in its turn among the init containers and then runs beside
+    every later init container and the app containers for the pod's whole life, so what it holds is
+    held with theirs (Kubernetes' effective requests, KEP-753), not only while it runs alone."""
+    return frozenset(
+        i for i, c in enumerate(_containers(pod, "initContainers")) if c.get("restartPolicy") == "Always"
+    )
 
 
 def requests_any_gpu(pod: Mapping[str, Any], names: ResourceNames = ResourceNames()) -> bool:

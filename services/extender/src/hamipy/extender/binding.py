@@ -375,6 +375,7 @@ class Binder:
                 devices=devices,
                 n_init=ask.n_init,
                 raw=encoded,
+                sidecars=ask.sidecars,
             )
 
         # In flight: counted by filters meanwhile, whatever the pod's watch events say.

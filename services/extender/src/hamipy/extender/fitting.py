@@ -21,6 +21,10 @@ The checks are those of docs/wire-format.md#resources and #user-annotations, in 
 A pod's init containers are each fitted alone on the node as it is (they run one after the other),
 its regular containers one after the other on the node with the previous ones' devices taken, as
 HAMi's ``scoreNode`` does; the device list has one slot per container, init containers first.
+Native sidecars (init containers with ``restartPolicy: Always``) keep running once started: each is
+fitted with the sidecars before it taken, and what they take stays taken for the init containers
+after them and for the regular containers (Kubernetes' effective requests; HAMi counts them as
+run-to-completion init containers and over-allocates).
 """
 
 from __future__ import annotations
@@ -93,6 +97,10 @@ class PodAsk:
     @property
     def n_init(self) -> int:
         return len(self.requests.init)
+
+    @property
+    def sidecars(self) -> frozenset[int]:
+        return self.requests.sidecars
 
     @property
     def max_count(self) -> int:
@@ -254,13 +262,13 @@ def fit_pod(
     base = [[0, 0, 0] if empty else [g.used_slots, g.used_mem, g.used_cores] for g in gpus]
     reasons: Counter[str] = Counter()
     devices: PodDevices = []
-    app_used = [list(u) for u in base]
+    running = [list(u) for u in base]  # with the sidecars started so far, then the app containers
     for slot, req in enumerate(ask.slots):
         if req is None:
             devices.append([])
             continue
-        initial = slot < ask.n_init
-        used = [list(u) for u in base] if initial else app_used
+        alone = slot < ask.n_init and slot not in ask.sidecars
+        used = [list(u) for u in running] if alone else running
         wanted = [d.uuid for d in preferred[slot]] if preferred and slot < len(preferred) else []
         chosen = _fit_container(gpus, used, req, ask, wanted, reasons)
         if chosen is None:

@@ -3,7 +3,8 @@ allocated than it has (docs/design.md#5-bind-enforces-correctness).
 
 Reads every node's ``hami.io/node-nvidia-register`` and every bound, not-finished pod's
 ``hami.io/vgpu-devices-allocated`` from the API (not from any extender's model) and adds the pods'
-usage per GPU by the same peak rule the device plugin serves by (``model.pod_usage``). A pod that is
+usage per GPU by the same peak rule the device plugin serves by (``model.pod_usage``: native
+sidecars count as running beside the app containers). A pod that is
 not bound holds nothing, as in the model: anyone may annotate their own pending pod, and only bound
 pods are served GPUs. Used by tests and by ``hamipy-extender check``.
 """
@@ -14,7 +15,7 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from hamipy.extender.model import pod_finished, pod_usage
+from hamipy.extender.model import pod_finished, pod_sidecars, pod_usage
 from hamipy.kube.client import KubeApi
 from hamipy.kube.resources import list_all, node_path, pod_path
 from hamipy.protocol import keys
@@ -104,7 +105,7 @@ def check_objects(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str
             continue
         pod_count += 1
         n_init = len((pod.get("spec") or {}).get("initContainers") or [])
-        for uuid, (slots, mem, cores) in pod_usage(devices, n_init).items():
+        for uuid, (slots, mem, cores) in pod_usage(devices, n_init, pod_sidecars(pod)).items():
             acc = used.setdefault((node, uuid), [0, 0, 0])
             acc[0] += slots
             acc[1] += mem

@@ -55,6 +55,7 @@ from hamipy.protocol.node_handshake import HANDSHAKE_TIMEOUT, parse_handshake, r
 from hamipy.protocol.node_lock import NodeLock, parse_node_lock
 from hamipy.protocol.pod_devices import decode_pod_devices
 from hamipy.protocol.quantities import parse_quantity
+from hamipy.protocol.resources import sidecar_positions
 
 __all__ = [
     "ClusterModel",
@@ -71,6 +72,7 @@ __all__ = [
     "node_from_json",
     "pod_finished",
     "pod_leaving",
+    "pod_sidecars",
     "pod_usage",
 ]
 
@@ -213,6 +215,8 @@ class Contribution:
     expires_at: float | None = None
     raw: str | None = None
     """The annotation an allocation was decoded from (to skip unchanged pods)."""
+    sidecars: frozenset[int] = frozenset()
+    """Init slots that are native sidecars (``pod_usage``)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -227,34 +231,47 @@ class Problem:
     reason: str
 
 
-def pod_usage(devices: Sequence[Sequence[ContainerDevice]], n_init: int) -> dict[str, Usage]:
-    """Per-GPU usage of a device list: init containers by their peak, regular ones summed, and the
-    larger of the two per dimension (as HAMi's ``applyPeakUsage``)."""
-    init_peak: dict[str, list[int]] = {}
-    apps: dict[str, list[int]] = {}
+def pod_usage(
+    devices: Sequence[Sequence[ContainerDevice]], n_init: int, sidecars: frozenset[int] = frozenset()
+) -> dict[str, Usage]:
+    """Per-GPU usage of a device list, as Kubernetes counts a pod's effective requests (KEP-753),
+    per dimension: the larger of what the app containers hold together with every native sidecar
+    (``sidecars``: positions among the ``n_init`` init containers), and the peak of each regular init
+    container together with the sidecars started before it. Without sidecars this is HAMi's
+    ``applyPeakUsage``: init containers by their peak, regular ones summed."""
+    running: dict[str, list[int]] = {}  # the sidecars started so far
+    peak: dict[str, list[int]] = {}
     for i, slot in enumerate(devices):
-        if i < n_init:
-            per: dict[str, list[int]] = {}
-            for dev in slot:
-                acc = per.setdefault(dev.uuid, [0, 0, 0])
-                acc[0] += 1
-                acc[1] += dev.usedmem
-                acc[2] += dev.usedcores
-            for uuid, (s, m, c) in per.items():
-                peak = init_peak.setdefault(uuid, [0, 0, 0])
-                peak[0], peak[1], peak[2] = max(peak[0], s), max(peak[1], m), max(peak[2], c)
-        else:
-            for dev in slot:
-                acc = apps.setdefault(dev.uuid, [0, 0, 0])
-                acc[0] += 1
-                acc[1] += dev.usedmem
-                acc[2] += dev.usedcores
+        if i < n_init and i not in sidecars:
+            for uuid, own in _summed(slot).items():
+                base = running.get(uuid, _ZERO)
+                top = peak.setdefault(uuid, [0, 0, 0])
+                for k in range(3):
+                    top[k] = max(top[k], base[k] + own[k])
+            continue
+        for uuid, own in _summed(slot).items():  # a sidecar or an app container: held to the end
+            acc = running.setdefault(uuid, [0, 0, 0])
+            for k in range(3):
+                acc[k] += own[k]
     usage: dict[str, Usage] = {}
-    for uuid in init_peak.keys() | apps.keys():
-        a = init_peak.get(uuid, [0, 0, 0])
-        b = apps.get(uuid, [0, 0, 0])
+    for uuid in peak.keys() | running.keys():
+        a, b = peak.get(uuid, _ZERO), running.get(uuid, _ZERO)
         usage[uuid] = (max(a[0], b[0]), max(a[1], b[1]), max(a[2], b[2]))
     return usage
+
+
+_ZERO: Final = (0, 0, 0)
+
+
+def _summed(slot: Sequence[ContainerDevice]) -> dict[str, list[int]]:
+    """One container's (slots, MiB, cores) per GPU."""
+    per: dict[str, list[int]] = {}
+    for dev in slot:
+        acc = per.setdefault(dev.uuid, [0, 0, 0])
+        acc[0] += 1
+        acc[1] += dev.usedmem
+        acc[2] += dev.usedcores
+    return per
 
 
 def pod_finished(pod: Mapping[str, Any]) -> bool:
@@ -377,6 +394,7 @@ class _PodInfo:
     """``spec.nodeName``: None while the pod is not bound."""
     allocated: str | None
     n_init: int
+    sidecars: frozenset[int]
     finished: bool
 
 
@@ -393,8 +411,17 @@ def _pod_info(pod: Mapping[str, Any]) -> _PodInfo:
         node=NodeName(str(node)) if node else None,
         allocated=allocated if isinstance(allocated, str) and allocated else None,
         n_init=len(spec.get("initContainers") or []),
+        sidecars=pod_sidecars(pod),
         finished=pod_finished(pod),
     )
+
+
+def pod_sidecars(pod: Mapping[str, Any]) -> frozenset[int]:
+    """``sidecar_positions`` of a pod the API server stored (its spec is well formed)."""
+    try:
+        return sidecar_positions(pod)
+    except ProtocolError:  # a spec the API server would not have stored: no sidecars counted
+        return frozenset()
 
 
 _KEPT_META: Final = ("name", "namespace", "uid", "resourceVersion", "annotations")
@@ -581,10 +608,11 @@ class ClusterModel:
                 node=info.node,
                 devices=devices,
                 n_init=info.n_init,
-                usage=pod_usage(devices, info.n_init),
+                usage=pod_usage(devices, info.n_init, info.sidecars),
                 source="allocated",
                 expires_at=None,
                 raw=info.allocated,
+                sidecars=info.sidecars,
             ),
             uid,
         )
@@ -618,6 +646,7 @@ class ClusterModel:
         devices: PodDevices,
         n_init: int,
         expires_at: float,
+        sidecars: frozenset[int] = frozenset(),
     ) -> None:
         """Record a decision at once, so the next filter sees it; replaces the pod's previous one."""
         self._set(
@@ -628,9 +657,10 @@ class ClusterModel:
                 node=node,
                 devices=devices,
                 n_init=n_init,
-                usage=pod_usage(devices, n_init),
+                usage=pod_usage(devices, n_init, sidecars),
                 source="reserved",
                 expires_at=expires_at,
+                sidecars=sidecars,
             ),
             uid,
         )
@@ -645,10 +675,11 @@ class ClusterModel:
         devices: PodDevices,
         n_init: int,
         raw: str,
+        sidecars: frozenset[int] = frozenset(),
     ) -> None:
         """Record a bind of ours about to write ``raw`` (source ``binding``): it counts while the pod
         is annotated but not bound, until ``allocate`` or ``release``."""
-        self._record(uid, namespace, name, node, devices, n_init, raw, "binding")
+        self._record(uid, namespace, name, node, devices, n_init, raw, "binding", sidecars)
 
     def allocate(
         self,
@@ -660,10 +691,11 @@ class ClusterModel:
         devices: PodDevices,
         n_init: int,
         raw: str,
+        sidecars: frozenset[int] = frozenset(),
     ) -> None:
         """Record an allocation written and bound by our bind before its watch event arrives (the
         event, carrying the same ``raw`` annotation, is then a no-op)."""
-        self._record(uid, namespace, name, node, devices, n_init, raw, "allocated")
+        self._record(uid, namespace, name, node, devices, n_init, raw, "allocated", sidecars)
 
     def _record(
         self,
@@ -675,6 +707,7 @@ class ClusterModel:
         n_init: int,
         raw: str,
         source: Source,
+        sidecars: frozenset[int],
     ) -> None:
         self._set(
             Contribution(
@@ -684,9 +717,10 @@ class ClusterModel:
                 node=node,
                 devices=devices,
                 n_init=n_init,
-                usage=pod_usage(devices, n_init),
+                usage=pod_usage(devices, n_init, sidecars),
                 source=source,
                 raw=raw,
+                sidecars=sidecars,
             ),
             uid,
         )

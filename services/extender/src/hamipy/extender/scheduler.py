@@ -208,6 +208,7 @@ class Scheduler:
                     devices=decision.devices,
                     n_init=ask.n_init,
                     expires_at=now_mono + self.settings.reservation_ttl_s,
+                    sidecars=ask.sidecars,
                 )
             chose = f"chose node {decision.node} among {len(names)} ({decision.fitted} fitted)"
             if self.settings.success_events:
