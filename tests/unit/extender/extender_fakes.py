@@ -295,10 +295,13 @@ def bind_rig(
     *nodes: dict[str, Any],
     wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     config: Config | None = None,
+    exclusive: bool = True,
 ) -> BindRig:
     """A ``Binder`` (and the ``Scheduler`` around it) over a ``FakeKube`` holding ``nodes`` (none:
-    node ``n`` with one GPU ``A`` split 2 ways), whose model has seen the nodes and no pods;
-    ``config`` the shared configuration (default: ``Config()``)."""
+    node ``n`` with one GPU ``A`` split 2 ways, registered by HAMi's device plugin: binds there take
+    the locked path and leave the lock for its Allocate), whose model has seen the nodes and no pods;
+    ``config`` the shared configuration (default: ``Config()``); ``exclusive`` whether this replica
+    alone writes allocations."""
     config = config if config is not None else Config()
     kube = FakeKube()
     for n in nodes or (node("n", [gpu("A", 0, count=2)]),):
@@ -309,13 +312,29 @@ def bind_rig(
     log = io.StringIO()
     telemetry = Telemetry.create(stream=log)
     binder = Binder(
-        api=kube, model=model, config=config, settings=settings, telemetry=telemetry, wall_clock=wall_clock
+        api=kube,
+        model=model,
+        config=config,
+        settings=settings,
+        telemetry=telemetry,
+        wall_clock=wall_clock,
+        exclusive=lambda: exclusive,
     )
     events = EventRecorder(None, component="hamipy-extender", logger=telemetry.logger)
     scheduler = Scheduler(
         model=model, config=config, settings=settings, telemetry=telemetry, events=events, binder=binder
     )
     return BindRig(kube, model, binder, scheduler, telemetry, log)
+
+
+def shared_rig(settings: ExtenderSettings = BIND_SETTINGS, *nodes: dict[str, Any], **kw: Any) -> BindRig:
+    """``bind_rig`` for a replica that does not decide alone (a leader catching up, replicas without
+    leader election), on nodes our device plugin serves (``nodes`` get our marker): binds take the
+    locked path, and the lock lasts only for the bind (lock sessions, release at once)."""
+    ours = [node("n", [gpu("A", 0, count=2)])] if not nodes else list(nodes)
+    for n in ours:
+        n["metadata"].setdefault("annotations", {}).update(REPORT)
+    return bind_rig(settings, *ours, exclusive=False, **kw)
 
 
 def bind_args(p: dict[str, Any], node_name: str = "n") -> dict[str, str]:

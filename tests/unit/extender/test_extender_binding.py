@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from builders import container, gpu
-from extender_fakes import BIND_SETTINGS, BindRig, bind_args, bind_rig, node, pod
+from extender_fakes import BIND_SETTINGS, BindRig, bind_args, bind_rig, node, pod, shared_rig
 
 from hamipy.devcluster.waiting import wait_for
 from hamipy.extender.errors import BindRefused, LockTimeout
@@ -23,7 +23,9 @@ from hamipy.protocol.node_lock import NodeLock, format_node_lock, parse_node_loc
 SETTINGS = BIND_SETTINGS
 
 
-async def test_bind_writes_annotations_label_binding_and_releases_lock() -> None:
+async def test_a_bind_on_hamis_node_writes_the_label_and_leaves_the_lock_for_its_plugin() -> None:
+    # HAMi's device plugin serves the pod its node lock names: released at bind, the next bind
+    # would re-lock the node and this pod's containers be handed the next pod's GPUs (issue 19).
     r = bind_rig()
     p = pod("p", container(gpu=1, gpumem=1000, gpucores=20))
     r.kube.add_pod(p)
@@ -38,12 +40,24 @@ async def test_bind_writes_annotations_label_binding_and_releases_lock() -> None
     assert ann[keys.VGPU_TIME] == ann[keys.BIND_TIME]
     assert stored["metadata"]["labels"][keys.VGPU_NODE_LABEL] == "n"
     assert stored["spec"]["nodeName"] == "n"
-    assert keys.NODE_LOCK not in r.kube.nodes["n"]["metadata"]["annotations"]
+    lock = parse_node_lock(r.kube.nodes["n"]["metadata"]["annotations"][keys.NODE_LOCK])
+    assert (lock.namespace, lock.name) == ("ns", "p")
     assert r.model.contributions[PodUid("uid-ns-p")].source == "allocated"
 
 
-async def test_hami_compatible_mode_leaves_the_lock_for_the_device_plugin() -> None:
-    r = bind_rig(dataclasses.replace(SETTINGS, release_lock_after_bind=False))
+async def test_a_locked_bind_on_our_node_releases_the_lock_and_writes_no_label() -> None:
+    r = shared_rig()
+    p = pod("p")
+    r.kube.add_pod(p)
+    await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+    stored = r.kube.pods[("ns", "p")]
+    assert stored["spec"]["nodeName"] == "n"
+    assert keys.VGPU_NODE_LABEL not in (stored["metadata"].get("labels") or {})
+    assert r.lock() is None
+
+
+async def test_hami_compatible_mode_leaves_the_lock_for_the_device_plugin_on_our_nodes_too() -> None:
+    r = shared_rig(dataclasses.replace(SETTINGS, release_lock_after_bind=False))
     p = pod("p")
     r.kube.add_pod(p)
     await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
@@ -150,7 +164,7 @@ async def test_waiting_bind_proceeds_once_the_lock_is_released() -> None:
 
 
 async def test_concurrent_binds_never_overcommit() -> None:
-    r = bind_rig(SETTINGS, node("n", [gpu("A", 0, count=3)]))
+    r = shared_rig(SETTINGS, node("n", [gpu("A", 0, count=3)]))
     pods = [pod(f"p{i}") for i in range(6)]
     for p in pods:
         r.kube.add_pod(p)
@@ -203,7 +217,7 @@ def _record_lock_owner_at_binds(r: BindRig) -> list[tuple[str, str | None]]:
 
 
 async def test_queued_binds_on_one_node_share_one_lock_session() -> None:
-    r = bind_rig(SETTINGS, node("n", [gpu("A", 0, count=10)]))
+    r = shared_rig(SETTINGS, node("n", [gpu("A", 0, count=10)]))
     pods = [pod(f"p{i}") for i in range(5)]
     for p in pods:
         r.kube.add_pod(p)
@@ -220,7 +234,7 @@ async def test_queued_binds_on_one_node_share_one_lock_session() -> None:
 
 
 async def test_session_rereads_fresh_state_when_the_node_changed() -> None:
-    r = bind_rig(SETTINGS, node("n", [gpu("A", 0, count=10)]))
+    r = shared_rig(SETTINGS, node("n", [gpu("A", 0, count=10)]))
     pods = [pod(f"p{i}") for i in range(3)]
     for p in pods:
         r.kube.add_pod(p)
@@ -243,7 +257,7 @@ async def test_session_rereads_fresh_state_when_the_node_changed() -> None:
 
 
 async def test_session_whose_lock_was_broken_takes_the_full_path() -> None:
-    r = bind_rig(SETTINGS, node("n", [gpu("A", 0, count=10)]))
+    r = shared_rig(SETTINGS, node("n", [gpu("A", 0, count=10)]))
     pods = [pod(f"p{i}") for i in range(2)]
     for p in pods:
         r.kube.add_pod(p)

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from builders import gpu
-from extender_fakes import BIND_SETTINGS, BindRig, bind_args, bind_rig, node, pod
+from extender_fakes import BIND_SETTINGS, BindRig, bind_args, bind_rig, node, pod, shared_rig
 
 from hamipy.devcluster.waiting import wait_for
 from hamipy.extender import binding
@@ -185,7 +185,7 @@ async def test_a_legacy_lock_without_owner_holds_the_node_until_it_expires(virtu
 
 
 async def test_a_lost_race_for_the_lock_looks_again() -> None:
-    r = bind_rig()
+    r = shared_rig()
     r.kube.add_pod(pod("p"))
     attempts: list[str] = []
 
@@ -205,7 +205,7 @@ async def test_a_lost_race_for_the_lock_looks_again() -> None:
 
 async def test_a_lock_this_pod_already_holds_is_kept_not_broken() -> None:
     # A retried bind whose first attempt took the lock (HAMi-compatible mode leaves it).
-    r = bind_rig()
+    r = shared_rig()
     r.locked_by("ns", "p", datetime.now(UTC))
     r.kube.add_pod(pod("p"))
     await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
@@ -255,7 +255,7 @@ async def test_a_bind_that_never_took_the_lock_leaves_the_lock_alone() -> None:
 
 
 async def test_a_bind_releases_its_lock_without_a_warning() -> None:
-    r = bind_rig()
+    r = shared_rig()
     r.kube.add_pod(pod("p"))
     removals = lock_removals(r)
     await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
@@ -265,7 +265,7 @@ async def test_a_bind_releases_its_lock_without_a_warning() -> None:
 
 
 async def test_a_release_that_loses_every_race_is_logged_and_left_to_expire() -> None:
-    r = bind_rig()
+    r = shared_rig()
     r.kube.add_pod(pod("p"))
 
     def heartbeat_before_every_release(method: str, path: str, body: Any) -> None:
@@ -289,7 +289,7 @@ async def test_a_release_that_loses_every_race_is_logged_and_left_to_expire() ->
 
 
 async def test_a_bind_queued_behind_this_replicas_binds_gives_up_at_its_deadline() -> None:
-    r = bind_rig(dataclasses.replace(BIND_SETTINGS, bind_timeout_s=0.2), node("n", [gpu("A", 0, count=10)]))
+    r = shared_rig(dataclasses.replace(BIND_SETTINGS, bind_timeout_s=0.2), node("n", [gpu("A", 0, count=10)]))
     for name in ("a", "b", "c", "d"):
         r.kube.add_pod(pod(name))
     gate = asyncio.Event()
@@ -341,7 +341,7 @@ def fail_hand_overs(r: BindRig, conflicts: int) -> list[int]:
 
 
 async def test_a_session_survives_four_lost_hand_overs() -> None:
-    r = bind_rig(BIND_SETTINGS, node("n", [gpu("A", 0, count=10)]))
+    r = shared_rig(BIND_SETTINGS, node("n", [gpu("A", 0, count=10)]))
     pods = [pod("p0"), pod("p1")]
     for p in pods:
         r.kube.add_pod(p)
@@ -354,7 +354,7 @@ async def test_a_session_survives_four_lost_hand_overs() -> None:
 
 async def test_after_five_lost_hand_overs_the_lock_is_freed_and_the_bind_takes_it_anew() -> None:
     # The lock still names p0, bound but not served: the full path must not wait for it.
-    r = bind_rig(BIND_SETTINGS, node("n", [gpu("A", 0, count=10)]))
+    r = shared_rig(BIND_SETTINGS, node("n", [gpu("A", 0, count=10)]))
     pods = [pod("p0"), pod("p1")]
     for p in pods:
         r.kube.add_pod(p)
@@ -368,7 +368,7 @@ async def test_after_five_lost_hand_overs_the_lock_is_freed_and_the_bind_takes_i
 
 
 async def test_a_session_bind_that_no_longer_fits_releases_the_lock() -> None:
-    r = bind_rig(BIND_SETTINGS, node("n", [gpu("A", 0, count=1)]))
+    r = shared_rig(BIND_SETTINGS, node("n", [gpu("A", 0, count=1)]))
     pods = [pod("p0"), pod("p1")]
     for p in pods:
         r.kube.add_pod(p)
@@ -384,7 +384,7 @@ async def test_a_session_bind_that_no_longer_fits_releases_the_lock() -> None:
 async def test_a_session_hand_over_that_fails_frees_the_lock(failing: str) -> None:
     # hand-over: the write that would name p1 fails, the lock still names p0.
     # re-read: p1 took the lock after a lost race, then reading the node's pods failed.
-    r = bind_rig(BIND_SETTINGS, node("n", [gpu("A", 0, count=10)]))
+    r = shared_rig(BIND_SETTINGS, node("n", [gpu("A", 0, count=10)]))
     pods = [pod("p0"), pod("p1")]
     for p in pods:
         r.kube.add_pod(p)

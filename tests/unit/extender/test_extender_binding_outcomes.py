@@ -224,7 +224,9 @@ async def test_a_pod_replaced_during_its_bind_is_never_touched(
             await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
         assert "uid-ns-p" not in r.model.contributions
     assert r.kube.pods[("ns", "p")] == stored[0]
-    assert r.lock() is None
+    # Bound on HAMi's node, the lock is left for its device plugin's Allocate; refused, freed.
+    lock = r.lock()
+    assert (lock or "").endswith(",ns,p") if bound else lock is None
 
 
 async def test_a_failed_bind_frees_an_allocation_the_watch_already_counted() -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from builders import gpu
-from extender_fakes import BIND_SETTINGS, BindRig, bind_rig, node, pod
+from extender_fakes import BIND_SETTINGS, BindRig, bind_rig, node, pod, shared_rig
 
 from hamipy.extender.binding import Binder
 from hamipy.extender.errors import BindRefused
@@ -56,7 +56,7 @@ def races(telemetry: Telemetry) -> float:
 
 
 async def test_two_binds_of_one_pod_on_one_node_bind_it_once_and_both_succeed() -> None:
-    r = bind_rig(BIND_SETTINGS, node("n", [gpu("A", 0, count=4)]))
+    r = shared_rig(BIND_SETTINGS, node("n", [gpu("A", 0, count=4)]))
     r.kube.add_pod(pod("p"))
     other, other_model, other_telemetry = replica(r)
     writes: list[dict[str, Any]] = []
@@ -85,7 +85,7 @@ async def test_two_binds_of_one_pod_on_one_node_bind_it_once_and_both_succeed() 
 
 
 async def test_two_binds_of_one_pod_on_two_nodes_bind_it_once_and_the_loser_leaves_it() -> None:
-    r = bind_rig(BIND_SETTINGS, node("n", [gpu("A", 0, count=4)]), node("m", [gpu("B", 0, count=4)]))
+    r = shared_rig(BIND_SETTINGS, node("n", [gpu("A", 0, count=4)]), node("m", [gpu("B", 0, count=4)]))
     r.kube.add_pod(pod("p"))
     other, other_model, other_telemetry = replica(r)
     both_read_before_either_binds(r)
@@ -138,7 +138,7 @@ async def test_a_pod_deleted_under_a_bind_is_refused_and_nothing_is_left() -> No
 async def test_a_pod_changed_otherwise_under_a_bind_is_read_again_and_bound() -> None:
     """A label written between the read and the Binding makes the Binding a Conflict; the pod is
     still the same unbound pod asking the same, so it is written again with its new version."""
-    r = bind_rig()
+    r = shared_rig()
     r.kube.add_pod(pod("p"))
     meddle_once(r, lambda: r.kube._write(r.kube.pods[("ns", "p")], {"metadata": {"labels": {"team": "a"}}}))
     await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")

@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from builders import gpu
-from extender_fakes import BIND_SETTINGS, BindRig, bind_args, bind_rig, node, pod
+from extender_fakes import BIND_SETTINGS, REPORT, BindRig, bind_args, bind_rig, node, pod, shared_rig
 
 from hamipy.extender.settings import ExtenderSettings
 from hamipy.kube.errors import KubeError
@@ -51,7 +51,7 @@ def api_down_for_releases(r: BindRig) -> dict[str, bool]:
 
 
 async def test_a_release_the_api_failed_is_retried_until_it_lands() -> None:
-    r = bind_rig()
+    r = shared_rig()
     r.kube.add_pod(pod("p"))
     state = api_down_for_releases(r)
     await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
@@ -138,11 +138,13 @@ async def test_a_stuck_lock_whose_owner_is_still_being_bound_is_left() -> None:
     assert r.lock() is not None
 
 
-def bound_owner_rig(settings: ExtenderSettings) -> BindRig:
-    """Node ``n`` locked 30 s ago by ``ns/holder``, bound to ``n`` but not yet served (``allocating``):
-    its binder died between its Binding and its release."""
-    r = bind_rig(settings)
-    holder = pod("holder", node_name="n", annotations={keys.BIND_PHASE: "allocating"})
+def bound_owner_rig(settings: ExtenderSettings, *, ours: bool = True, bound_to: str = "n") -> BindRig:
+    """Node ``n`` (registered by our device plugin, or by HAMi's) locked 30 s ago by ``ns/holder``,
+    bound to ``bound_to`` but not yet served (``allocating``): its binder died between its Binding
+    and its release."""
+    n = node("n", [gpu("A", 0, count=2)], annotations=dict(REPORT) if ours else None)
+    r = bind_rig(settings, n)
+    holder = pod("holder", node_name=bound_to, annotations={keys.BIND_PHASE: "allocating"})
     r.kube.add_pod(holder)
     r.locked_by("ns", "holder", datetime.now(UTC) - timedelta(seconds=30))
     r.model.apply_node("MODIFIED", r.kube.nodes["n"])
@@ -157,10 +159,18 @@ async def test_a_stuck_lock_whose_owner_is_bound_is_freed_when_locks_last_only_f
 
 
 async def test_a_bound_owners_lock_is_left_for_the_device_plugin_when_held_until_allocate() -> None:
-    r = bound_owner_rig(dataclasses.replace(BIND_SETTINGS, release_lock_after_bind=False))
+    held_everywhere = dataclasses.replace(BIND_SETTINGS, release_lock_after_bind=False)
+    for r in (bound_owner_rig(held_everywhere), bound_owner_rig(BIND_SETTINGS, ours=False)):
+        await r.binder.sweeper.sweep()
+        assert r.lock() is not None
+        assert freed(r, "owner-bound") == 0
+
+
+async def test_a_lock_whose_owner_is_bound_to_another_node_is_freed_whoever_serves_it() -> None:
+    r = bound_owner_rig(BIND_SETTINGS, ours=False, bound_to="m")
     await r.binder.sweeper.sweep()
-    assert r.lock() is not None
-    assert freed(r, "owner-bound") == 0
+    assert r.lock() is None
+    assert freed(r, "owner-bound") == 1
 
 
 async def test_only_the_deciding_replica_sweeps_stuck_locks() -> None:

@@ -10,7 +10,7 @@ import copy
 from typing import Any
 
 from builders import allocation, container, gpu
-from extender_fakes import BIND_SETTINGS, BindRig, bind_args, bind_rig, node, pod
+from extender_fakes import BIND_SETTINGS, BindRig, bind_args, bind_rig, node, pod, shared_rig
 
 from hamipy.extender.invariant import check_cluster, check_objects
 from hamipy.extender.model import ClusterModel, PodUid
@@ -171,7 +171,7 @@ async def test_the_bind_re_check_ignores_a_pending_pod_labelled_and_annotated_fo
 
 async def test_binds_queued_in_one_lock_session_count_each_other() -> None:
     # One slot per GPU, three pods: the session's fresh state must count what it just bound.
-    r = rig()
+    r = shared_rig(BIND_SETTINGS, node("n", GPUS))
     pods = [pod(f"p{i}") for i in range(3)]
     for p in pods:
         r.add_watched_pod(p)

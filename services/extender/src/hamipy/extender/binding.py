@@ -36,10 +36,13 @@ For one pod and the node kube-scheduler chose:
    still unbound and asking the same, it is written again with its new resourceVersion. On the
    locked path (a node HAMi's device plugin serves) the ``hami.io/vgpu-node`` label HAMi's monitor
    selects on follows, best effort; our own components never read it;
-6. on the locked path, release the lock at once (``release_lock_after_bind``) or leave it for the
-   device plugin (HAMi-compatible).
+6. on the locked path, release the lock at once where our device plugin serves the node
+   (``releases_after_bind``: ``release_lock_after_bind``, the default), or leave it for the device
+   plugin to release after Allocate: always on a node HAMi's device plugin serves, which hands the
+   devices of the pod its lock names (HAMi's discipline), and everywhere with
+   ``--no-release-lock-after-bind``.
 
-A lock session (``release_lock_after_bind`` only): when more binds of this replica wait for the
+A lock session (where locks last only for the bind): when more binds of this replica wait for the
 same node, the lock is not released but handed to the next one with the fresh state, updated with
 what was just written. The next bind re-stamps the lock with its own pod (a resourceVersion-guarded
 patch against the node as last written, so the lock is always named after the pod being bound and
@@ -233,6 +236,15 @@ class Binder:
             return None
         return pending.pod
 
+    def releases_after_bind(self, node: str) -> bool:
+        """Whether a lock of ours on ``node`` lasts only for the bind: ``release_lock_after_bind``
+        and our device plugin serves the node (its last report carries our marker). HAMi's device
+        plugin serves the pod its node lock names, so where it serves, the lock is held until its
+        Allocate releases it: a lock released at bind lets the next bind re-lock the node, and a
+        container of the first pod is then handed the second pod's GPUs."""
+        state = self.model.nodes.get(node)
+        return self.settings.release_lock_after_bind and state is not None and state.ours
+
     def _fast(self, node: str) -> bool:
         """Whether this bind may decide from the model alone: this replica is the only one writing
         allocations (``exclusive``), our device plugin serves the node (it needs no lock), and no
@@ -302,7 +314,7 @@ class Binder:
             preferred = reservation.devices if reservation is not None and reservation.node == node else None
             devices = self._choose(fresh.nodes[node], ask, preferred)
             written = await self._write(target, pod, ask, devices, fresh=fresh)
-            if self.settings.release_lock_after_bind:
+            if self.releases_after_bind(node):
                 # Decided before the mutex is released, so the next bind finds the session.
                 if self._waiting[node] > 0:
                     self._sessions[node] = _Session(node_obj, fresh, (namespace, name))
@@ -511,7 +523,7 @@ class Binder:
             holder = value
             breaking: str | None = None
             if value:
-                breaking, holder = await self.breakable(value, namespace, name)
+                breaking, holder = await self.breakable(value, namespace, name, node)
                 if breaking == "mine":
                     self.sweeper.forget(node)  # the lock is this bind's now, not one we owe
                     return obj, None
@@ -561,8 +573,8 @@ class Binder:
         after, expiry = self.settings.bind_timeout_s, self.settings.lock_expiry.total_seconds()
         return lock_held_too_long(lock, self.wall_clock().timestamp(), after_s=after, expiry_s=expiry)
 
-    async def breakable(self, value: str, namespace: str, name: str) -> tuple[str | None, str]:
-        """(``"mine"`` | a break reason | None, who holds it) for a lock value."""
+    async def breakable(self, value: str, namespace: str, name: str, node: str) -> tuple[str | None, str]:
+        """(``"mine"`` | a break reason | None, who holds it) for the lock value on ``node``."""
         try:
             lock = parse_node_lock(value)
         except ProtocolError:
@@ -582,17 +594,19 @@ class Binder:
             return "owner-gone", holder
         if (_meta(owner).get("annotations") or {}).get(keys.BIND_PHASE) in _DONE_PHASES:
             return "owner-done", holder
-        if self._bound_and_left(lock, owner):
+        if self._bound_and_left(lock, owner, node):
             return "owner-bound", holder
         return None, holder
 
-    def _bound_and_left(self, lock: NodeLock, owner: Mapping[str, Any]) -> bool:
-        """Whether the lock outlived its bind: the owner is bound, locks last only for the bind
-        (``release_lock_after_bind``), and it has been held longer than a bind waits. A binder
-        killed between its Binding and its release leaves this; a lock session re-stamps the lock
-        for each pod, so a live one never looks so old. Under the hold-until-Allocate mode the
-        device plugin frees it instead."""
-        if not self.settings.release_lock_after_bind or not (owner.get("spec") or {}).get("nodeName"):
+    def _bound_and_left(self, lock: NodeLock, owner: Mapping[str, Any], node: str) -> bool:
+        """Whether the lock outlived its bind, held longer than a bind waits: its owner is bound
+        and locks on ``node`` last only for the bind (``releases_after_bind``: a binder killed
+        between its Binding and its release leaves this; a lock session re-stamps the lock for
+        each pod, so a live one never looks so old), or its owner is bound to another node (no
+        device plugin here will serve it). An owner bound here on a node HAMi's device plugin
+        serves keeps the lock until that plugin's Allocate releases it."""
+        bound = (owner.get("spec") or {}).get("nodeName")
+        if not bound or (bound == node and not self.releases_after_bind(node)):
             return False
         return self._held_too_long(lock)
 
@@ -698,8 +712,10 @@ class Binder:
 
     async def _label(self, namespace: str, name: str, uid: str, node: str) -> None:
         """The ``hami.io/vgpu-node`` label HAMi's monitor selects on (a Binding sets annotations
-        only). Best effort, after the bind: nothing here depends on it."""
-        if len(node) > _LABEL_MAX:
+        only), where HAMi's components serve the node. Best effort, after the bind: nothing here
+        depends on it."""
+        state = self.model.nodes.get(node)
+        if len(node) > _LABEL_MAX or (state is not None and state.ours):
             return
         body = {"metadata": {"uid": uid, "labels": {keys.VGPU_NODE_LABEL: node}}}
         try:

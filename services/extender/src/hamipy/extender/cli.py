@@ -125,8 +125,9 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
         "--release-lock-after-bind",
         action=argparse.BooleanOptionalAction,
         default=flags.boolean("release-lock-after-bind", _DEFAULTS.release_lock_after_bind),
-        help="hold the node lock only while binding (default); --no-... leaves it for the device plugin "
-        "to release after Allocate (HAMi-compatible)",
+        help="on nodes our device plugin serves, hold the node lock only while binding (default); "
+        "--no-... leaves it for the device plugin to release after Allocate there too (as always on "
+        "nodes HAMi's device plugin serves)",
     )
     serve.add_argument(
         "--bind-timeout",

@@ -8,8 +8,9 @@ Two kinds of lock outlive their use after an API fault or a crash:
   again instead of at its 5-minute expiry. A node this replica is binding on is skipped that round,
   and a node this replica locks again is forgotten (the new lock is the bind's own);
 - **anyone's, stuck**: a lock held longer than a bind waits (``bind_timeout_s``) whose owner pod is
-  gone, finished or already served, or, when locks last only for the bind, already bound (its
-  binder died before releasing it): the rule a bind breaks it by. Only the replica that decides
+  gone, finished or already served, or bound where no device plugin of this node will serve it
+  (on a node our device plugin serves, where locks last only for the bind, its binder died before
+  releasing it; or it is bound to another node): the rule a bind breaks it by. Only the replica that decides
   sweeps these. Meanwhile the filter passes such a node over (``LockRule``), so no pod waits for it.
 
 Every removal is the resourceVersion-guarded ``release_node_lock``: a lock that names another pod by
@@ -34,8 +35,9 @@ __all__ = ["LockSweeper"]
 _STUCK_REASONS: Final = ("owner-gone", "owner-done", "owner-bound")
 
 Owner = tuple[str, str]
-BreakReason = Callable[[str, str, str], Awaitable[tuple[str | None, str]]]
-"""``Binder.breakable``: (a break reason or None, who holds it) for (lock value, namespace, name)."""
+BreakReason = Callable[[str, str, str, str], Awaitable[tuple[str | None, str]]]
+"""``Binder.breakable``: (a break reason or None, who holds it) for (lock value, namespace, name,
+node)."""
 
 
 class LockSweeper:
@@ -96,7 +98,7 @@ class LockSweeper:
             if not state.lock_blocks(now, after_s=after, expiry_s=expiry, pod=("", "")):
                 continue
             try:
-                reason, _ = await self.breakable(value, "", "")
+                reason, _ = await self.breakable(value, "", "", state.name)
             except KubeError as exc:
                 self.telemetry.logger.warning("node lock not checked", node=state.name, error=str(exc))
                 continue

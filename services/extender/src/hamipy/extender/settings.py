@@ -19,9 +19,10 @@ class ExtenderSettings:
     /filter returns every feasible node, /prioritize scores them and GPUs are chosen at bind, so
     kube-scheduler's own scoring (preferred affinity, topology spread) still counts."""
     release_lock_after_bind: bool = True
-    """True: hold ``hami.io/mutex.lock`` only for the bind critical section (re-check, annotate,
-    Binding), so binds on one node follow each other in milliseconds. False (HAMi-compatible):
-    leave it for the device plugin to release after Allocate, as HAMi's device plugin expects."""
+    """True: on nodes our device plugin serves, hold ``hami.io/mutex.lock`` only for the bind
+    critical section (re-check, annotate, Binding), so binds on one node follow each other in
+    milliseconds. False: leave it for the device plugin to release after Allocate there too. On
+    nodes HAMi's device plugin serves the lock is always left for it (``Binder.releases_after_bind``)."""
     bind_timeout_s: float = 20.0
     """How long a bind may wait for a node lock held by another pod. Keep it below the scheduler's
     extender ``httpTimeout`` (HAMi deploys 30 s) so the answer, not a timeout, reaches it."""
