@@ -34,6 +34,7 @@ import pytest
 from builders import container, gpu
 from extender_cluster import Cluster, pod_body, round_robin_proxy
 from extender_processes import ExtenderProcess, start_extender_processes, stop_extenders
+from hami_device_plugin import add_hami_node
 from kubernetes_asyncio.client import CoordinationV1Api
 from prometheus_client.parser import text_string_to_metric_families
 from stack_support import extender_config
@@ -47,6 +48,7 @@ from hamipy.devcluster import (
     WaitTimeout,
     wait_for,
 )
+from hamipy.kube.client import RawKube
 from hamipy.protocol import keys
 
 pytestmark = pytest.mark.integration
@@ -69,6 +71,10 @@ leader catching its model up, and kube-scheduler's backoff for the pods whose ca
 STALL_S = 25.0
 RECOVER_S = 30.0
 """From the API answering again to every pod placed or refused (issue 18's bound)."""
+
+LOCK_EXPIRY_S = 20.0
+"""HAMi's node: a binder killed between taking the lock and its Binding leaves the lock to expiry
+(HAMi's discipline: nothing else knows the bind is dead); 5 minutes by default, short here."""
 
 SCHEDULERS = ("hami-a", "hami-b")
 EXTENDER_LEASE = "hami-py-extender"
@@ -96,6 +102,8 @@ def elected_flags(namespace: str) -> list[str]:
         f"{BIND_TIMEOUT_S:g}",
         "--lock-sweep-interval",
         "1",
+        "--lock-expiry",
+        f"{LOCK_EXPIRY_S:g}",
     ]
 
 
@@ -116,14 +124,20 @@ class Replicated:
 
 @contextlib.asynccontextmanager
 async def replicated(
-    devcluster: DevCluster, api: Any, namespace: str, pool: NodePool, workdir: Path
+    devcluster: DevCluster, api: Any, namespace: str, pool: NodePool, workdir: Path, plugin_dir: Path
 ) -> AsyncIterator[Replicated]:
     cluster = Cluster(api, namespace, pool)
     ns = namespace
     for n in range(OUR_NODES):
         await cluster.add_node(f"n{n}", [gpu(f"GPU-{ns}-{n}-{i}", i, count=SLOTS) for i in range(GPUS)])
-    hamis = await cluster.add_node(
-        "h0", [gpu(f"GPU-{ns}-h-{i}", i, count=SLOTS) for i in range(GPUS)], ours=False
+    hamis = f"{ns}-h0"
+    await add_hami_node(
+        pool,
+        RawKube(api),
+        hamis,
+        [gpu(f"GPU-{ns}-h-{i}", i, count=SLOTS) for i in range(GPUS)],
+        labels={"extender-test": ns},
+        plugin_dir=plugin_dir,
     )
     extenders = await start_extender_processes(
         3,
@@ -258,9 +272,14 @@ async def assert_nothing_lost_or_left(rig: Replicated, replicas: Sequence[Extend
 
 @pytest.mark.timeout(300)
 async def test_killing_the_leading_scheduler_and_extender_mid_burst_loses_nothing(
-    devcluster: DevCluster, kube_client: Any, namespace: str, node_pool: NodePool, tmp_path: Path
+    devcluster: DevCluster,
+    kube_client: Any,
+    namespace: str,
+    node_pool: NodePool,
+    tmp_path: Path,
+    plugin_dir: Path,
 ) -> None:
-    async with replicated(devcluster, kube_client, namespace, node_pool, tmp_path) as rig:
+    async with replicated(devcluster, kube_client, namespace, node_pool, tmp_path, plugin_dir) as rig:
         election = SchedulerLeaderElection(
             namespace, lease_duration_s=LEASE_S, renew_deadline_s=4, retry_period_s=1
         )
@@ -302,9 +321,10 @@ async def test_an_api_stall_mid_burst_recovers_within_30s_and_leaves_nothing_beh
     namespace: str,
     node_pool: NodePool,
     tmp_path: Path,
+    plugin_dir: Path,
     hami_scheduler: Any,
 ) -> None:
-    async with replicated(devcluster, kube_client, namespace, node_pool, tmp_path) as rig:
+    async with replicated(devcluster, kube_client, namespace, node_pool, tmp_path, plugin_dir) as rig:
         hami_scheduler(extender_config(rig.url))
         await extender_leader(kube_client, namespace, rig.extenders)
         await burst(rig.cluster)
