@@ -231,3 +231,11 @@ def cpu_seconds(pid: int | None) -> float:
 def own_cpu_seconds() -> float:
     times = os.times()
     return times.user + times.system
+
+
+def rss_mib(pid: int) -> float:
+    """Resident set size of process ``pid`` in MiB (``VmRSS``)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    raise RuntimeError(f"process {pid} reports no VmRSS (gone, or a kernel thread)")
