@@ -19,7 +19,6 @@ no GPU is over-full, and no node lock or reservation is left behind.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import functools
 import os
@@ -122,18 +121,24 @@ class Replicated:
     """HAMi's node, where binds take the node lock."""
 
 
-@contextlib.asynccontextmanager
-async def replicated(
-    devcluster: DevCluster, api: Any, namespace: str, pool: NodePool, workdir: Path, plugin_dir: Path
+@pytest.fixture
+async def rig(
+    devcluster: DevCluster,
+    kube_client: Any,
+    namespace: str,
+    node_pool: NodePool,
+    tmp_path: Path,
+    plugin_dir: Path,
 ) -> AsyncIterator[Replicated]:
-    cluster = Cluster(api, namespace, pool)
+    """The nodes and the three extender replicas behind one URL; stopped after the test."""
+    cluster = Cluster(kube_client, namespace, node_pool)
     ns = namespace
     for n in range(OUR_NODES):
         await cluster.add_node(f"n{n}", [gpu(f"GPU-{ns}-{n}-{i}", i, count=SLOTS) for i in range(GPUS)])
     hamis = f"{ns}-h0"
     await add_hami_node(
-        pool,
-        RawKube(api),
+        node_pool,
+        RawKube(kube_client),
         hamis,
         [gpu(f"GPU-{ns}-h-{i}", i, count=SLOTS) for i in range(GPUS)],
         labels={"extender-test": ns},
@@ -143,7 +148,7 @@ async def replicated(
         3,
         "binpack",
         kubeconfig=Path(devcluster.access.kubeconfig),
-        workdir=workdir,
+        workdir=tmp_path,
         extra_args=elected_flags(ns),
         replica_args=replica_flags,
     )
@@ -272,76 +277,63 @@ async def assert_nothing_lost_or_left(rig: Replicated, replicas: Sequence[Extend
 
 @pytest.mark.timeout(300)
 async def test_killing_the_leading_scheduler_and_extender_mid_burst_loses_nothing(
-    devcluster: DevCluster,
-    kube_client: Any,
-    namespace: str,
-    node_pool: NodePool,
-    tmp_path: Path,
-    plugin_dir: Path,
+    devcluster: DevCluster, kube_client: Any, namespace: str, rig: Replicated
 ) -> None:
-    async with replicated(devcluster, kube_client, namespace, node_pool, tmp_path, plugin_dir) as rig:
-        election = SchedulerLeaderElection(
-            namespace, lease_duration_s=LEASE_S, renew_deadline_s=4, retry_period_s=1
-        )
-        config = SchedulerConfig.hami(
-            extender_config(rig.url), percentage_of_nodes_to_score=100, leader_election=election
-        )
+    election = SchedulerLeaderElection(
+        namespace, lease_duration_s=LEASE_S, renew_deadline_s=4, retry_period_s=1
+    )
+    config = SchedulerConfig.hami(
+        extender_config(rig.url), percentage_of_nodes_to_score=100, leader_election=election
+    )
+    try:
+        # The first scheduler leads before the second starts: which one to kill is then known.
+        await asyncio.to_thread(devcluster.start_scheduler, config, name=SCHEDULERS[0])
+        await wait_for(lambda: leads(devcluster, SCHEDULERS[0]), timeout=30, what="hami-a to lead")
+        await asyncio.to_thread(devcluster.start_scheduler, config, name=SCHEDULERS[1])
+        leader = await extender_leader(kube_client, namespace, rig.extenders)
+
+        creating = asyncio.create_task(burst(rig.cluster))
         try:
-            # The first scheduler leads before the second starts: which one to kill is then known.
-            await asyncio.to_thread(devcluster.start_scheduler, config, name=SCHEDULERS[0])
-            await wait_for(lambda: leads(devcluster, SCHEDULERS[0]), timeout=30, what="hami-a to lead")
-            await asyncio.to_thread(devcluster.start_scheduler, config, name=SCHEDULERS[1])
-            leader = await extender_leader(kube_client, namespace, rig.extenders)
-
-            creating = asyncio.create_task(burst(rig.cluster))
-            try:
-                bound_at_kill = await wait_bound(rig.cluster, FAULT_AFTER)
-                scheduler = devcluster.processes[f"kube-scheduler-{SCHEDULERS[0]}"]
-                assert scheduler.pid is not None
-                os.kill(scheduler.pid, signal.SIGKILL)
-                await leader.kill()
-                killed_at = time.monotonic()
-            finally:
-                await creating
-            assert bound_at_kill < FITTABLE, "the burst ended before the kills: nothing was tested"
-
-            took = await settle(rig.cluster, killed_at, bound_s=SETTLE_S)
-            print(f"\nfailover: killed at {bound_at_kill} bound; all {FITTABLE} placed {took:.1f} s after")
-            assert leads(devcluster, SCHEDULERS[1]), "the standby kube-scheduler never took over"
-            await assert_nothing_lost_or_left(rig, [e for e in rig.extenders if e is not leader])
+            bound_at_kill = await wait_bound(rig.cluster, FAULT_AFTER)
+            scheduler = devcluster.processes[f"kube-scheduler-{SCHEDULERS[0]}"]
+            assert scheduler.pid is not None
+            os.kill(scheduler.pid, signal.SIGKILL)
+            await leader.kill()
+            killed_at = time.monotonic()
         finally:
-            for name in SCHEDULERS:
-                await asyncio.to_thread(devcluster.stop_scheduler, name)
+            await creating
+        assert bound_at_kill < FITTABLE, "the burst ended before the kills: nothing was tested"
+
+        took = await settle(rig.cluster, killed_at, bound_s=SETTLE_S)
+        print(f"\nfailover: killed at {bound_at_kill} bound; all {FITTABLE} placed {took:.1f} s after")
+        assert leads(devcluster, SCHEDULERS[1]), "the standby kube-scheduler never took over"
+        await assert_nothing_lost_or_left(rig, [e for e in rig.extenders if e is not leader])
+    finally:
+        for name in SCHEDULERS:
+            await asyncio.to_thread(devcluster.stop_scheduler, name)
 
 
 @pytest.mark.timeout(300)
 async def test_an_api_stall_mid_burst_recovers_within_30s_and_leaves_nothing_behind(
-    devcluster: DevCluster,
-    kube_client: Any,
-    namespace: str,
-    node_pool: NodePool,
-    tmp_path: Path,
-    plugin_dir: Path,
-    hami_scheduler: Any,
+    devcluster: DevCluster, kube_client: Any, namespace: str, rig: Replicated, hami_scheduler: Any
 ) -> None:
-    async with replicated(devcluster, kube_client, namespace, node_pool, tmp_path, plugin_dir) as rig:
-        hami_scheduler(extender_config(rig.url))
-        await extender_leader(kube_client, namespace, rig.extenders)
-        await burst(rig.cluster)
-        bound_at_stall = await wait_bound(rig.cluster, FAULT_AFTER)
-        apiserver = devcluster.processes["kube-apiserver"]
-        assert apiserver.pid is not None
-        os.kill(apiserver.pid, signal.SIGSTOP)
-        try:
-            await asyncio.sleep(STALL_S)  # the fault's length, not a wait for anything
-        finally:
-            os.kill(apiserver.pid, signal.SIGCONT)
-        resumed_at = time.monotonic()
-        assert bound_at_stall < FITTABLE, "the burst ended before the stall: nothing was tested"
+    hami_scheduler(extender_config(rig.url))
+    await extender_leader(kube_client, namespace, rig.extenders)
+    await burst(rig.cluster)
+    bound_at_stall = await wait_bound(rig.cluster, FAULT_AFTER)
+    apiserver = devcluster.processes["kube-apiserver"]
+    assert apiserver.pid is not None
+    os.kill(apiserver.pid, signal.SIGSTOP)
+    try:
+        await asyncio.sleep(STALL_S)  # the fault's length, not a wait for anything
+    finally:
+        os.kill(apiserver.pid, signal.SIGCONT)
+    resumed_at = time.monotonic()
+    assert bound_at_stall < FITTABLE, "the burst ended before the stall: nothing was tested"
 
-        took = await settle(rig.cluster, resumed_at, bound_s=RECOVER_S)
-        print(f"\napi stall: frozen at {bound_at_stall} bound; all {FITTABLE} placed {took:.1f} s after")
-        await assert_nothing_lost_or_left(rig, rig.extenders)
+    took = await settle(rig.cluster, resumed_at, bound_s=RECOVER_S)
+    print(f"\napi stall: frozen at {bound_at_stall} bound; all {FITTABLE} placed {took:.1f} s after")
+    await assert_nothing_lost_or_left(rig, rig.extenders)
 
 
 async def _unlocked(cluster: Cluster, node: str) -> bool:
