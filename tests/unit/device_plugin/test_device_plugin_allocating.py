@@ -118,6 +118,29 @@ def test_a_native_sidecar_is_served_in_its_slot_between_the_init_containers() ->
     assert served == [("setup", 0, ["GPU-A"]), ("proxy", 1, ["GPU-B"]), ("app", 2, ["GPU-A"])]
 
 
+def test_a_list_without_the_empty_slot_of_an_init_container_serves_the_gpu_container() -> None:
+    # HAMi's scheduler writes init(no GPU) + main(GPU) as one slot: it is main's, with main's env.
+    p = builders.pod(
+        "hami",
+        builders.container("main", gpu=1, env={"X": "1"}),
+        init=[builders.container("setup", env={"CUDA_DISABLE_CONTROL": "true"})],
+        namespace="ns",
+        uid="uid-hami",
+        annotations=builders.allocation(
+            allocated=f"{DEV_A};", to_allocate=f"{DEV_A};", node=NODE, phase="allocating", bind_time=100
+        ),
+        node_name=NODE,
+        scheduler_name="hami-scheduler",
+    )
+    served = choose([p], node=NODE, device_count=1).served
+    assert served is not None
+    assert (served.container, served.container_env, served.done) == (
+        "main",
+        [{"name": "X", "value": "1"}],
+        True,
+    )
+
+
 def test_served_finished_other_node_and_deleting_pods_are_skipped() -> None:
     deleting = pod("deleting", f"{DEV_A};")
     deleting["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
@@ -149,14 +172,15 @@ def test_missing_annotation_and_slot_past_the_containers_are_broken() -> None:
     assert choice.served is None
     reasons = {p["metadata"]["name"]: why for p, why in choice.broken}
     assert "missing" in reasons["missing"]
-    assert "slot 2" in reasons["short"]
+    assert "3 slots (1 with devices) for 1 containers" in reasons["short"]
 
 
 def test_a_slot_just_past_the_last_container_is_broken() -> None:
     choice = choose([pod("short", f";{DEV_A};", containers=("only",))], node=NODE, device_count=1)
     assert choice.served is None
     assert [why for _, why in choice.broken] == [
-        f"{keys.DEVICES_TO_ALLOCATE}: slot 1 but the pod has 1 containers (got ';{DEV_A};')"
+        f"{keys.DEVICES_TO_ALLOCATE}: 2 slots (1 with devices) for 1 containers, 0 of them asking for GPUs"
+        f" (got ';{DEV_A};')"
     ]
 
 

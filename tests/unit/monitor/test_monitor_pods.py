@@ -63,3 +63,13 @@ def test_terminated_containers_and_finished_pods_are_recognised() -> None:
     assert record.terminated == frozenset({"b"})
     assert record.terminal
     assert not pod_record(pod_json("running")).terminal
+
+
+def test_a_list_without_the_empty_slot_of_an_init_container_belongs_to_the_gpu_container() -> None:
+    raw = pod_json("p", init=["setup"], containers=["main"], annotation="GPU-A,NVIDIA,1000,0:;")
+    raw["spec"]["containers"][0]["resources"] = {"limits": {keys.RESOURCE_COUNT: "1"}}
+    record = pod_record(raw)
+    assert record.allocation_error is None
+    assert {name: [d.uuid for d in devices] for name, devices in record.allocations.items()} == {
+        "main": ["GPU-A"]
+    }

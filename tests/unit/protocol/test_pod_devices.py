@@ -16,6 +16,7 @@ from hamipy.protocol.pod_devices import (
     decode_pod_devices,
     encode_container_devices,
     encode_pod_devices,
+    slot_owners,
 )
 
 ALLOCATED = keys.DEVICES_ALLOCATED
@@ -48,6 +49,7 @@ def test_public_api_is_complete() -> None:
         "decode_pod_devices",
         "encode_container_devices",
         "encode_pod_devices",
+        "slot_owners",
     ]
 
 
@@ -298,3 +300,30 @@ def test_encode_refuses_what_decode_would_refuse(device: ContainerDevice, field:
     with pytest.raises(ProtocolError) as info:
         encode_pod_devices([[device]], field=ALLOCATED)
     assert info.value.field == ALLOCATED + field
+
+
+def test_slot_owners_one_slot_per_container_is_positional() -> None:
+    assert slot_owners(INIT_THEN_TWO_DEVICES, [False, True, True]) == [0, 1, 2]
+
+
+def test_slot_owners_match_hamis_list_without_empty_slots_to_the_containers_asking() -> None:
+    # HAMi's scheduler: init (no GPU) + main (GPU) written as one slot; older HAMi: regular only.
+    one = [[ContainerDevice("GPU-A", "NVIDIA", 1000, 0)]]
+    assert slot_owners(one, [False, True]) == [1]
+    two = [[ContainerDevice("GPU-A", "NVIDIA", 1000, 0)], [], [ContainerDevice("GPU-B", "NVIDIA", 1, 0)]]
+    assert slot_owners(two, [False, True, False, True]) == [1, None, 3]
+
+
+@pytest.mark.parametrize(
+    ("slots", "asking"),
+    [
+        pytest.param(INIT_THEN_TWO_DEVICES, [True, True], id="more-slots-than-containers"),
+        pytest.param(
+            [[ContainerDevice("GPU-A", "NVIDIA", 1, 0)]], [False, False, True, True], id="fewer-filled"
+        ),
+        pytest.param([[], [ContainerDevice("GPU-A", "NVIDIA", 1, 0)]], [False, False, False], id="none-asks"),
+    ],
+)
+def test_slot_owners_refuse_a_list_that_matches_no_reading(slots: PodDevices, asking: list[bool]) -> None:
+    with pytest.raises(ProtocolError, match=f"{ALLOCATED}: .* slots .* containers"):
+        slot_owners(slots, asking, field=ALLOCATED)

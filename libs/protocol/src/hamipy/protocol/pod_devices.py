@@ -48,6 +48,7 @@ __all__ = [
     "decode_pod_devices",
     "encode_container_devices",
     "encode_pod_devices",
+    "slot_owners",
 ]
 
 # Callers pass the annotation key (keys.DEVICES_ALLOCATED or keys.DEVICES_TO_ALLOCATE) so errors name it.
@@ -115,6 +116,36 @@ def clear_container_slot(
             f"{field}[{index!r}]", index, f"no such container slot; the list has {len(devices)} slots"
         )
     return [[] if i == index else list(slot) for i, slot in enumerate(devices)]
+
+
+def slot_owners(
+    slots: Sequence[Sequence[ContainerDevice]], asking: Sequence[bool], *, field: str = DEFAULT_FIELD
+) -> list[int | None]:
+    """For each slot of a pod's device list, the container it belongs to: its index among the pod's
+    containers in slot order (init containers first), ``asking[i]`` whether container ``i`` asks
+    for a GPU; None for an empty slot that belongs to no container.
+
+    A list with one slot per container is positional (ours, HAMi >= 2.9 as specified). HAMi's
+    scheduler drops the empty slots of containers without GPUs ahead of a GPU container (an init
+    container without GPU and a GPU ``main`` become one slot), and older HAMi wrote the regular
+    containers only: a shorter list is read by matching its non-empty slots, in order, to the
+    containers that ask for GPUs. Anything else does not match the pod: ``ProtocolError``.
+    Match ``-to-allocate`` (whose served slots are emptied) by the owners of ``-allocated``."""
+    if len(slots) == len(asking):
+        return list(range(len(slots)))
+    wanted = [i for i, asks in enumerate(asking) if asks]
+    filled = [j for j, devices in enumerate(slots) if devices]
+    if len(slots) > len(asking) or len(filled) != len(wanted):
+        raise ProtocolError(
+            field,
+            encode_pod_devices(slots, field=field),
+            f"{len(slots)} slots ({len(filled)} with devices) for {len(asking)} containers, "
+            f"{len(wanted)} of them asking for GPUs",
+        )
+    owners: list[int | None] = [None] * len(slots)
+    for j, i in zip(filled, wanted, strict=True):
+        owners[j] = i
+    return owners
 
 
 def _decode_slot(slot: str, field: str, i: int | None, ascii_only: bool) -> list[ContainerDevice]:

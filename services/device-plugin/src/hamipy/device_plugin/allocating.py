@@ -5,7 +5,9 @@ pod annotations (docs/wire-format.md#pod-annotations). The pod in line for a req
 is, among the pods bound to this node with ``hami.io/bind-phase=allocating``, in the order they were
 bound (the kubelet admits pods in the order it sees them bound), the first whose next unserved
 container (first non-empty slot of ``vgpu-devices-to-allocate``; slots are init containers first,
-then regular ones) asks for n of the GPU resource. Serving empties that slot; a pod whose slots are
+then regular ones, one per container as we write them, or without the empty slots ahead of a GPU
+container as HAMi's scheduler writes them, matched to the containers that ask for GPUs by
+``slot_owners``) asks for n of the GPU resource. Serving empties that slot; a pod whose slots are
 all empty is fully served.
 
 Anyone who may create pods can bind one to a node (``spec.nodeName``) and write these annotations,
@@ -20,8 +22,8 @@ Bind order comes from the caller (the order the plugin's watch saw the pods boun
 kubelet's); without it, ``hami.io/bind-time`` (whole seconds) then name. HAMi's plugin serves the
 node lock's owner first: right when the scheduler holds the lock until Allocate (one pod in flight
 per node, so it is also the first bound), wrong when the lock is released at bind, as our extender
-does by default: the owner is then often a pod bound after the one the kubelet is admitting, and
-serving it would give a container another pod's GPUs. So the lock is not consulted.
+does on the nodes our device plugin serves: the owner is then often a pod bound after the one the
+kubelet is admitting, and serving it would give a container another pod's GPUs. So the lock is not consulted.
 
 A pod whose annotations are malformed is never guessed at: it is returned in ``broken`` so the
 caller marks it failed (HAMi silently skips it, #2958).
@@ -34,7 +36,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 from hamipy.protocol import ContainerDevice, ProtocolError, keys
-from hamipy.protocol.pod_devices import clear_container_slot, decode_pod_devices, encode_pod_devices
+from hamipy.protocol.pod_devices import (
+    clear_container_slot,
+    decode_pod_devices,
+    encode_pod_devices,
+    slot_owners,
+)
 from hamipy.protocol.resources import FULL_PERCENT, ResourceNames, container_label, container_request
 
 __all__ = [
@@ -143,20 +150,32 @@ def _containers(pod: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
     ]
 
 
-def _slots(pod: Mapping[str, Any]) -> list[list[ContainerDevice]]:
-    """The pod's unserved slots; raises ``ProtocolError`` when missing, malformed, or naming a
-    container the pod does not have."""
+def _slots(
+    pod: Mapping[str, Any], names: ResourceNames
+) -> tuple[list[list[ContainerDevice]], list[int | None]]:
+    """The pod's unserved slots, and the container each belongs to (``slot_owners``: one slot per
+    container, or HAMi's list without the empty slots ahead of a GPU container, matched through
+    ``vgpu-devices-allocated``, which keeps every slot); raises ``ProtocolError`` when missing,
+    malformed, or not matching the pod's containers."""
     value = _annotations(pod).get(keys.DEVICES_TO_ALLOCATE)
     if value is None:
         raise ProtocolError(keys.DEVICES_TO_ALLOCATE, None, "missing on a pod in bind-phase allocating")
     slots = decode_pod_devices(value, field=keys.DEVICES_TO_ALLOCATE)
-    last = max((i for i, devices in enumerate(slots) if devices), default=-1)
-    count = len(_containers(pod))
-    if last >= count:
+    asking = [_asked_count(label, c, names) > 0 for label, c in _containers(pod)]
+    allocated = _annotations(pod).get(keys.DEVICES_ALLOCATED)
+    whole = slots if allocated is None else decode_pod_devices(allocated, field=keys.DEVICES_ALLOCATED)
+    if len(whole) != len(slots):
         raise ProtocolError(
-            keys.DEVICES_TO_ALLOCATE, value, f"slot {last} but the pod has {count} containers"
+            keys.DEVICES_TO_ALLOCATE,
+            value,
+            f"{len(slots)} slots but {len(whole)} in {keys.DEVICES_ALLOCATED}",
         )
-    return slots
+    field = keys.DEVICES_TO_ALLOCATE if allocated is None else keys.DEVICES_ALLOCATED
+    owners = slot_owners(whole, asking, field=field)
+    unowned = [j for j, devices in enumerate(slots) if devices and owners[j] is None]
+    if unowned:
+        raise ProtocolError(keys.DEVICES_TO_ALLOCATE, value, f"slot {unowned[0]} belongs to no container")
+    return slots, owners
 
 
 def _asks(container: Mapping[str, Any], name: str) -> bool:
@@ -210,16 +229,18 @@ def problems(pod: Mapping[str, Any], rules: ServeRules = ServeRules()) -> list[s
     if scheduler != rules.scheduler_name:
         found.append(f"schedulerName is {scheduler!r}, not {rules.scheduler_name!r}")
     containers = _containers(pod)
-    for i, devices in enumerate(_slots(pod)):
-        if devices:
-            label, container = containers[i]
+    slots, owners = _slots(pod, rules.names)
+    for j, devices in enumerate(slots):
+        owner = owners[j]
+        if devices and owner is not None:
+            label, container = containers[owner]
             found.extend(_slot_problems(label, container, devices, rules))
     return found
 
 
-def _served(pod: Mapping[str, Any], slots: list[list[ContainerDevice]], slot: int) -> Served:
+def _served(pod: Mapping[str, Any], slots: list[list[ContainerDevice]], slot: int, owner: int) -> Served:
     remaining = clear_container_slot(slots, slot, field=keys.DEVICES_TO_ALLOCATE)
-    _, container = _containers(pod)[slot]
+    _, container = _containers(pod)[owner]
     meta = _meta(pod)
     return Served(
         namespace=str(meta.get("namespace", "")),
@@ -247,11 +268,13 @@ def choose(
     skipped: list[tuple[Mapping[str, Any], str]] = []
     for pod in pending_pods(pods, node, bind_order):
         try:
-            slots = _slots(pod)
+            slots, owners = _slots(pod, rules.names)
             slot = next((i for i, devices in enumerate(slots) if devices), None)
             if slot is None:
                 continue
-            label, container = _containers(pod)[slot]
+            owner = owners[slot]
+            assert owner is not None  # _slots refuses a non-empty slot without a container
+            label, container = _containers(pod)[owner]
             asked = _asked_count(label, container, rules.names)
             why = "; ".join(problems(pod, rules))
         except ProtocolError as exc:
@@ -263,5 +286,5 @@ def choose(
             continue
         if why:
             return Choice(served=None, broken=broken, skipped=skipped, refused=(pod, why))
-        return Choice(served=_served(pod, slots, slot), broken=broken, skipped=skipped)
+        return Choice(served=_served(pod, slots, slot, owner), broken=broken, skipped=skipped)
     return Choice(served=None, broken=broken, skipped=skipped)

@@ -3,9 +3,12 @@
 A pod's ``hami.io/vgpu-devices-allocated`` annotation (decoded by ``hamipy.protocol``) is the
 record of what each of its containers may use, whether or not the container has started CUDA yet:
 that is how the monitor reports the limits of slices that have no region file (HAMi #1794). Its
-slots are positional, one per container, init containers first (HAMi >= 2.9). A list with exactly
-one slot per regular container is the layout of older HAMi versions and is read that way; any other
-count does not match the pod, and the pod's annotation is reported as malformed rather than guessed.
+slots are positional, one per container, init containers first (HAMi >= 2.9, and ours). HAMi's
+scheduler drops the empty slots of containers without GPUs ahead of a GPU container: a shorter list
+is matched by its non-empty slots to the containers that ask for GPUs (``slot_owners``). A list
+with exactly one slot per regular container that matches no such reading is the layout of older
+HAMi versions and is read that way; anything else does not match the pod, and the pod's annotation
+is reported as malformed rather than guessed.
 
 Raw pod JSON is reduced to a ``PodRecord`` once per watch event, so a scrape reads small frozen
 records and never decodes an annotation.
@@ -20,7 +23,8 @@ from typing import Any, Final
 from hamipy.protocol import keys
 from hamipy.protocol.devices import ContainerDevice
 from hamipy.protocol.errors import ProtocolError
-from hamipy.protocol.pod_devices import decode_pod_devices
+from hamipy.protocol.pod_devices import decode_pod_devices, slot_owners
+from hamipy.protocol.resources import container_request
 
 __all__ = ["TERMINAL_PHASES", "PodRecord", "pod_record"]
 
@@ -67,20 +71,37 @@ def _terminated(status: Mapping[str, Any]) -> frozenset[str]:
     return frozenset(stopped)
 
 
-def _allocations(value: str, init: list[str], regular: list[str]) -> dict[str, tuple[ContainerDevice, ...]]:
+def _allocations(value: str, spec: Mapping[str, Any]) -> dict[str, tuple[ContainerDevice, ...]]:
     """Container name -> devices from the annotation value; raises ``ProtocolError``."""
+    init, regular = _names(spec, "initContainers"), _names(spec, "containers")
+    names = init + regular
     slots = decode_pod_devices(value, field=keys.DEVICES_ALLOCATED)
-    if len(slots) == len(init) + len(regular):
-        names = init + regular
-    elif len(slots) == len(regular):  # HAMi < 2.9: regular containers only
-        names = regular
-    else:
-        raise ProtocolError(
-            keys.DEVICES_ALLOCATED,
-            value,
-            f"{len(slots)} container slots for {len(init)} init and {len(regular)} regular containers",
-        )
-    return {name: tuple(devices) for name, devices in zip(names, slots, strict=True) if devices}
+    try:
+        owners = slot_owners(slots, _asking(spec), field=keys.DEVICES_ALLOCATED)
+    except ProtocolError:
+        if len(slots) != len(regular):
+            raise ProtocolError(
+                keys.DEVICES_ALLOCATED,
+                value,
+                f"{len(slots)} container slots for {len(init)} init and {len(regular)} regular containers",
+            ) from None
+        owners = [len(init) + j for j in range(len(slots))]  # HAMi < 2.9: regular containers only
+    return {names[i]: tuple(slots[j]) for j, i in enumerate(owners) if i is not None and slots[j]}
+
+
+def _asking(spec: Mapping[str, Any]) -> list[bool]:
+    """Per container in slot order, whether it asks for a GPU (the default resource names: the
+    monitor is not told others); a quantity it cannot read counts as asking."""
+    out = []
+    for kind in ("initContainers", "containers"):
+        for c in spec.get(kind) or ():
+            if not isinstance(c, Mapping):
+                continue
+            try:
+                out.append(container_request(c) is not None)
+            except ProtocolError:
+                out.append(True)
+    return out
 
 
 def pod_record(pod: Mapping[str, Any]) -> PodRecord:
@@ -94,7 +115,7 @@ def pod_record(pod: Mapping[str, Any]) -> PodRecord:
     error: ProtocolError | None = None
     if annotation is not None:
         try:
-            allocations = _allocations(str(annotation), init, regular)
+            allocations = _allocations(str(annotation), spec)
         except ProtocolError as exc:
             error = exc
     return PodRecord(
