@@ -104,8 +104,11 @@ class NvidiaConfig(_Model):
     """Containers that may share one GPU (fake devices advertised per GPU). 10 is HAMi's default:
     enough sharing for inference pods without a GPU's context overhead dominating its memory."""
     device_memory_scaling: Scaling = 1.0
-    """Factor on each GPU's registered memory (``devmem``). Above 1 oversubscribes memory (spilled to
-    host memory by the interposer, with ``CUDA_OVERSUBSCRIBE``); 1 promises only what exists."""
+    """Factor on each GPU's registered memory (``devmem``). Above 1 oversubscribes memory: slices
+    placed on a GPU may together ask for more than it has. Nothing spills to host memory (neither
+    our interposer nor HAMi-core does; ``CUDA_OVERSUBSCRIBE`` is set for HAMi and read by neither):
+    once the card is full, an allocation within a container's own limit fails with out-of-memory.
+    1 promises only what exists."""
     device_core_scaling: Scaling = 1.0
     """Factor on each GPU's registered cores (``devcore`` = 100 x scaling). 1 promises exactly one
     GPU's SMs; above 1 lets core asks add up to more than 100 %."""
