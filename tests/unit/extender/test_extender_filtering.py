@@ -9,7 +9,7 @@ from typing import Any
 import builders
 import pytest
 from builders import allocation, container, gpu
-from extender_fakes import node, pod
+from extender_fakes import BIND_SETTINGS, bind_rig, node, pod
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -20,6 +20,7 @@ from hamipy.extender.scoring import node_rank_key
 from hamipy.protocol import keys
 from hamipy.protocol.config import Config
 from hamipy.protocol.devices import ContainerDevice, DeviceInfo
+from hamipy.protocol.errors import ProtocolError
 from hamipy.protocol.node_handshake import requesting
 
 CONFIG = Config()
@@ -317,20 +318,48 @@ def test_malformed_nodes_are_explained_by_what_is_wrong() -> None:
 @pytest.mark.parametrize(
     ("annotation", "configured", "policy"),
     [
-        pytest.param("topology-aware,binpack", ("spread",), "binpack", id="first-ranking-policy-in-chain"),
-        pytest.param("numa,spread", ("binpack",), "spread", id="spread-after-numa"),
+        pytest.param("binpack,spread", ("spread",), "binpack", id="first-in-chain"),
         pytest.param("spread", ("binpack",), "spread", id="annotation-over-config"),
-        pytest.param("mutex", ("topology-aware", "binpack"), "binpack", id="config-when-chain-has-none"),
-        pytest.param(None, ("numa",), "spread", id="spread-when-neither-says"),
+        pytest.param("spread", ("numa",), "spread", id="annotation-over-an-unbuilt-config"),
         pytest.param(None, ("binpack",), "binpack", id="config-default"),
     ],
 )
-def test_gpu_policy_is_the_first_binpack_or_spread_in_the_chain(
+def test_gpu_policy_is_the_first_of_the_pods_chain_else_the_configured_one(
     annotation: str | None, configured: tuple[str, ...], policy: str
 ) -> None:
     annotations = {keys.GPU_SCHEDULER_POLICY: annotation} if annotation else {}
     config = Config.model_validate({"gpu_scheduler_policy": ",".join(configured)})
     assert build_ask(pod("p", annotations=annotations), config).gpu_policy == policy
+
+
+@pytest.mark.parametrize(
+    ("annotation", "configured", "named"),
+    [
+        pytest.param("topology-aware,binpack", ("spread",), "topology-aware", id="topology-aware"),
+        pytest.param("binpack,numa", ("spread",), "numa", id="numa-after-binpack"),
+        pytest.param("mutex", ("binpack",), "mutex", id="mutex"),
+        pytest.param(None, ("numa", "spread"), "numa", id="configured"),
+    ],
+)
+def test_a_gpu_policy_not_built_yet_refuses_the_pod_instead_of_ignoring_it(
+    annotation: str | None, configured: tuple[str, ...], named: str
+) -> None:
+    # Issue 19: a topology-aware 2-GPU pod was placed as plain spread.
+    annotations = {keys.GPU_SCHEDULER_POLICY: annotation} if annotation else {}
+    config = Config.model_validate({"gpu_scheduler_policy": ",".join(configured)})
+    with pytest.raises(ProtocolError, match=f"GPU policy '{named}' is not supported by hami-py yet"):
+        build_ask(pod("p", container(gpu=2, gpumem=10), annotations=annotations), config)
+
+
+def test_the_filter_answers_an_unbuilt_policy_with_an_unresolvable_reason_on_every_node() -> None:
+    r = bind_rig(BIND_SETTINGS, node("n", [gpu("A", 0), gpu("B", 1)]))
+    p = pod("p", container(gpu=2, gpumem=10), annotations={keys.GPU_SCHEDULER_POLICY: "topology-aware"})
+    r.add_watched_pod(p)
+    result = r.scheduler.filter({"Pod": p, "NodeNames": ["n"]})
+    assert result["NodeNames"] == []
+    why = result["FailedAndUnresolvableNodes"]["n"]  # no retry helps: the pod must change
+    assert why.startswith("InvalidRequest: ")
+    assert "GPU policy 'topology-aware' is not supported by hami-py yet" in why
 
 
 # -- across nodes ----------------------------------------------------------------------------------------

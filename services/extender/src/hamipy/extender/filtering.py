@@ -24,8 +24,10 @@ from typing import Any, Final
 from hamipy.extender.fitting import Fit, NodeReasons, PodAsk, fit_pod
 from hamipy.extender.model import ClusterModel, NodeState
 from hamipy.extender.scoring import Policy
+from hamipy.protocol import keys
 from hamipy.protocol.config import Config
 from hamipy.protocol.devices import PodDevices
+from hamipy.protocol.errors import ProtocolError
 from hamipy.protocol.pod_preferences import ScoringWeights, preferences_of, type_allowed
 from hamipy.protocol.resources import pod_requests
 
@@ -35,6 +37,7 @@ __all__ = [
     "NODE_LOCK_HELD",
     "NODE_REGISTER_MALFORMED",
     "NODE_UNREGISTERED",
+    "UNBUILT_GPU_POLICIES",
     "Decision",
     "FailureSummary",
     "build_ask",
@@ -87,10 +90,25 @@ def _policy(chain: Iterable[str], default: Policy) -> Policy:
     return default
 
 
+UNBUILT_GPU_POLICIES: Final = ("topology-aware", "mutex", "numa")
+"""GPU policies HAMi documents that we parse but do not build yet: a pod whose chain names one is
+refused (``InvalidRequest``) rather than placed as plain binpack or spread."""
+
+
 def build_ask(pod: Mapping[str, Any], config: Config) -> PodAsk:
-    """The pod's asks and preferences; raises ``ProtocolError`` on a malformed pod."""
+    """The pod's asks and preferences; raises ``ProtocolError`` on a malformed pod, or one whose GPU
+    policy chain (its annotation's, else the configured one) names a policy not built yet."""
     nv = config.nvidia
     prefs = preferences_of(pod)
+    chain = prefs.gpu_policy or config.gpu_scheduler_policy
+    unbuilt = [p for p in chain if p in UNBUILT_GPU_POLICIES]
+    if unbuilt:
+        raise ProtocolError(
+            keys.GPU_SCHEDULER_POLICY,
+            ",".join(chain),
+            f"GPU policy {unbuilt[0]!r} is not supported by hami-py yet (only binpack and spread "
+            "rank GPUs); the pod is not placed rather than placed without it",
+        )
     return PodAsk(
         requests=pod_requests(pod, names=nv.resource_names, defaults=nv.request_defaults),
         prefs=prefs,
