@@ -96,6 +96,35 @@ async def test_two_containers_are_served_in_order_then_the_pod_succeeds(tmp_path
     assert api.lists == 0, "served from the cache"
 
 
+async def test_hamis_list_without_the_init_containers_empty_slot_serves_main_as_itself(
+    tmp_path: Path,
+) -> None:
+    # Issue 19: HAMi's scheduler writes init(no GPU) + main(GPU) as one slot. Served as slot 0 it
+    # was the init container's: its region directory, its CUDA_DISABLE_CONTROL (no preload mount).
+    one_slot = "GPU-A,NVIDIA,1000,10:;"
+    hami = builders.pod(
+        "p",
+        builders.container("main", gpu=1),
+        init=[builders.container("setup", env={"CUDA_DISABLE_CONTROL": "true"})],
+        namespace="ns",
+        uid="uid-p",
+        resource_version="5",
+        annotations=builders.allocation(
+            allocated=one_slot, to_allocate=one_slot, phase="allocating", bind_time=1
+        ),
+        node_name=NODE,
+        scheduler_name="hami-scheduler",
+    )
+    api = fake_api([hami], lock_owner="p")
+    allocator, _ = await make(api, tmp_path)
+    (served,) = await allocator.allocate([["GPU-A-0"]])
+    assert served.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-A"
+    assert (tmp_path / "vgpu" / "containers" / "uid-p_main").is_dir()
+    assert not (tmp_path / "vgpu" / "containers" / "uid-p_setup").exists()
+    assert "/etc/ld.so.preload" in [m.container_path for m in served.mounts], "main keeps control"
+    assert annotations_of(api, "p")[keys.BIND_PHASE] == "success"
+
+
 async def test_another_pods_lock_is_left_alone(tmp_path: Path) -> None:
     api = fake_api([pod("p", "GPU-A,NVIDIA,1000,10:;;")], lock_owner="someone-else")
     allocator, _ = await make(api, tmp_path)
