@@ -53,7 +53,8 @@ def waiting_pod(
     bind_time: int = 1,
 ) -> dict[str, Any]:
     """A pod bound to NODE in ``bind-phase=allocating`` whose allocation (and what is left of it)
-    is ``slots``, one per container, init containers first. ``scheduler`` None: no
+    is ``slots``, one per container, init containers first (or fewer, as HAMi's scheduler writes
+    them). ``scheduler`` None: no
     ``schedulerName`` (as a fake API server stores a body that names none)."""
     return builders.pod(
         name,

@@ -9,6 +9,7 @@ from typing import Any
 
 import builders
 import pytest
+from allocator_support import dev, waiting_pod
 from plugin_fakes import NODE, FakeKube
 
 from hamipy.device_plugin.allocator import Allocator
@@ -101,19 +102,11 @@ async def test_hamis_list_without_the_init_containers_empty_slot_serves_main_as_
 ) -> None:
     # Issue 19: HAMi's scheduler writes init(no GPU) + main(GPU) as one slot. Served as slot 0 it
     # was the init container's: its region directory, its CUDA_DISABLE_CONTROL (no preload mount).
-    one_slot = "GPU-A,NVIDIA,1000,10:;"
-    hami = builders.pod(
+    hami = waiting_pod(
         "p",
         builders.container("main", gpu=1),
         init=[builders.container("setup", env={"CUDA_DISABLE_CONTROL": "true"})],
-        namespace="ns",
-        uid="uid-p",
-        resource_version="5",
-        annotations=builders.allocation(
-            allocated=one_slot, to_allocate=one_slot, phase="allocating", bind_time=1
-        ),
-        node_name=NODE,
-        scheduler_name="hami-scheduler",
+        slots=[[dev("GPU-A", 1000, 10)]],
     )
     api = fake_api([hami], lock_owner="p")
     allocator, _ = await make(api, tmp_path)

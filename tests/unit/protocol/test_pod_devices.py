@@ -303,15 +303,18 @@ def test_encode_refuses_what_decode_would_refuse(device: ContainerDevice, field:
 
 
 def test_slot_owners_one_slot_per_container_is_positional() -> None:
-    assert slot_owners(INIT_THEN_TWO_DEVICES, [False, True, True]) == [0, 1, 2]
+    def unread() -> list[bool]:
+        raise AssertionError("a list of one slot per container needs no container's asks")
+
+    assert slot_owners(INIT_THEN_TWO_DEVICES, 3, unread) == [0, 1, 2]
 
 
 def test_slot_owners_match_hamis_list_without_empty_slots_to_the_containers_asking() -> None:
     # HAMi's scheduler: init (no GPU) + main (GPU) written as one slot; older HAMi: regular only.
     one = [[ContainerDevice("GPU-A", "NVIDIA", 1000, 0)]]
-    assert slot_owners(one, [False, True]) == [1]
+    assert slot_owners(one, 2, lambda: [False, True]) == [1]
     two = [[ContainerDevice("GPU-A", "NVIDIA", 1000, 0)], [], [ContainerDevice("GPU-B", "NVIDIA", 1, 0)]]
-    assert slot_owners(two, [False, True, False, True]) == [1, None, 3]
+    assert slot_owners(two, 4, lambda: [False, True, False, True]) == [1, None, 3]
 
 
 @pytest.mark.parametrize(
@@ -326,4 +329,4 @@ def test_slot_owners_match_hamis_list_without_empty_slots_to_the_containers_aski
 )
 def test_slot_owners_refuse_a_list_that_matches_no_reading(slots: PodDevices, asking: list[bool]) -> None:
     with pytest.raises(ProtocolError, match=f"{ALLOCATED}: .* slots .* containers"):
-        slot_owners(slots, asking, field=ALLOCATED)
+        slot_owners(slots, len(asking), lambda: asking, field=ALLOCATED)

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Final, NoReturn
 
 from hamipy.protocol.devices import ContainerDevice, PodDevices
@@ -119,11 +119,17 @@ def clear_container_slot(
 
 
 def slot_owners(
-    slots: Sequence[Sequence[ContainerDevice]], asking: Sequence[bool], *, field: str = DEFAULT_FIELD
+    slots: Sequence[Sequence[ContainerDevice]],
+    containers: int,
+    asking: Callable[[], Sequence[bool]],
+    *,
+    field: str = DEFAULT_FIELD,
 ) -> list[int | None]:
     """For each slot of a pod's device list, the container it belongs to: its index among the pod's
-    containers in slot order (init containers first), ``asking[i]`` whether container ``i`` asks
-    for a GPU; None for an empty slot that belongs to no container.
+    ``containers`` in slot order (init containers first); None for an empty slot that belongs to no
+    container. ``asking()`` says, per container, whether it asks for a GPU; it is called only for
+    a list shorter than the pod (reading every container's quantities is not free, and a list of
+    ours never needs it).
 
     A list with one slot per container is positional (ours, HAMi >= 2.9 as specified). HAMi's
     scheduler drops the empty slots of containers without GPUs ahead of a GPU container (an init
@@ -131,15 +137,15 @@ def slot_owners(
     containers only: a shorter list is read by matching its non-empty slots, in order, to the
     containers that ask for GPUs. Anything else does not match the pod: ``ProtocolError``.
     Match ``-to-allocate`` (whose served slots are emptied) by the owners of ``-allocated``."""
-    if len(slots) == len(asking):
-        return list(range(len(slots)))
-    wanted = [i for i, asks in enumerate(asking) if asks]
+    if len(slots) == containers:
+        return list(range(containers))
     filled = [j for j, devices in enumerate(slots) if devices]
-    if len(slots) > len(asking) or len(filled) != len(wanted):
+    wanted = [i for i, asks in enumerate(asking()) if asks] if len(slots) < containers else []
+    if len(slots) > containers or len(filled) != len(wanted):
         raise ProtocolError(
             field,
             encode_pod_devices(slots, field=field),
-            f"{len(slots)} slots ({len(filled)} with devices) for {len(asking)} containers, "
+            f"{len(slots)} slots ({len(filled)} with devices) for {containers} containers, "
             f"{len(wanted)} of them asking for GPUs",
         )
     owners: list[int | None] = [None] * len(slots)

@@ -161,7 +161,7 @@ def _slots(
     if value is None:
         raise ProtocolError(keys.DEVICES_TO_ALLOCATE, None, "missing on a pod in bind-phase allocating")
     slots = decode_pod_devices(value, field=keys.DEVICES_TO_ALLOCATE)
-    asking = [_asked_count(label, c, names) > 0 for label, c in _containers(pod)]
+    containers = _containers(pod)
     allocated = _annotations(pod).get(keys.DEVICES_ALLOCATED)
     whole = slots if allocated is None else decode_pod_devices(allocated, field=keys.DEVICES_ALLOCATED)
     if len(whole) != len(slots):
@@ -171,7 +171,12 @@ def _slots(
             f"{len(slots)} slots but {len(whole)} in {keys.DEVICES_ALLOCATED}",
         )
     field = keys.DEVICES_TO_ALLOCATE if allocated is None else keys.DEVICES_ALLOCATED
-    owners = slot_owners(whole, asking, field=field)
+    owners = slot_owners(
+        whole,
+        len(containers),
+        lambda: [_asked_count(label, c, names) > 0 for label, c in containers],
+        field=field,
+    )
     unowned = [j for j, devices in enumerate(slots) if devices and owners[j] is None]
     if unowned:
         raise ProtocolError(keys.DEVICES_TO_ALLOCATE, value, f"slot {unowned[0]} belongs to no container")

@@ -77,7 +77,7 @@ def _allocations(value: str, spec: Mapping[str, Any]) -> dict[str, tuple[Contain
     names = init + regular
     slots = decode_pod_devices(value, field=keys.DEVICES_ALLOCATED)
     try:
-        owners = slot_owners(slots, _asking(spec), field=keys.DEVICES_ALLOCATED)
+        owners = slot_owners(slots, len(names), lambda: _asking(spec), field=keys.DEVICES_ALLOCATED)
     except ProtocolError:
         if len(slots) != len(regular):
             raise ProtocolError(
