@@ -54,3 +54,16 @@ async def test_the_proxy_is_resolved_once_and_the_session_trusts_no_environment(
     finally:
         await api.close()
     assert api.rest_client.pool_manager.connector is None  # closed with the client, not leaked
+
+
+@pytest.mark.parametrize(("kwargs", "limit"), [({}, 24), ({"max_connections": 4}, 4)])
+async def test_connections_to_the_api_server_are_capped(
+    kubeconfig: str, kwargs: dict[str, int], limit: int
+) -> None:
+    """kubernetes-asyncio's pool of 100 let bursts open connections whose TLS buffers stayed (the
+    extender's RSS crept up under churn); the pool is capped, and a request waits for a slot."""
+    api = await api_client(kubeconfig, **kwargs)
+    try:
+        assert api.rest_client.pool_manager.connector.limit == limit
+    finally:
+        await api.close()

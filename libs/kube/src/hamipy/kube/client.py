@@ -39,6 +39,11 @@ JSON: Final = "application/json"
 MERGE_PATCH: Final = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH: Final = "application/strategic-merge-patch+json"
 JSON_PATCH: Final = "application/json-patch+json"
+MAX_CONNECTIONS: Final = 24
+"""Connections kept to the API server per client: a few watches plus the requests in flight (a
+busy extender has under ten). kubernetes-asyncio's default of 100 lets a burst open dozens more,
+each keeping ~128 KiB of TLS buffers that the allocator never hands back; beyond the cap a request
+waits for a connection, inside its own timeout."""
 CONNECT_TIMEOUT_S: Final = 30.0
 """A watch's connection timeout (its reads time out after the caller's inactivity limit)."""
 _LINE_LIMIT: Final = 32 * 1024 * 1024
@@ -69,14 +74,15 @@ class KubeApi(Protocol):
         ...
 
 
-async def api_client(kubeconfig: str | None = None) -> Any:
+async def api_client(kubeconfig: str | None = None, *, max_connections: int = MAX_CONNECTIONS) -> Any:
     """A kubernetes-asyncio ``ApiClient`` (the caller closes it): from ``kubeconfig`` when given,
     else the pod's service account (in cluster), else ``~/.kube/config``; ``KubeError`` when there
     is none to be read. Each client gets its own configuration, so two in one process never share
-    credentials."""
+    credentials. At most ``max_connections`` are open to the server at once."""
     from kubernetes_asyncio import client, config
 
     configuration = client.Configuration()
+    configuration.connection_pool_maxsize = max_connections
     try:
         if kubeconfig:
             await config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
