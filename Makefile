@@ -14,7 +14,7 @@ RUN := $(UV) run --frozen --no-sync
 TYPED_PACKAGES := hamipy.protocol hamipy.kube hamipy.devcluster hamipy.telemetry hamipy.kubelet_api hamipy.webhook hamipy.extender hamipy.device_plugin hamipy.monitor
 PYTEST_ARGS ?=
 
-.PHONY: help sync lint typecheck native proto kube-binaries test unit mutate bench up down gpus trace clean
+.PHONY: help sync lint typecheck native proto kube-binaries test unit mutate bench gpu-test gpu-wheels up down gpus trace clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -59,6 +59,19 @@ mutate: sync ## mutation score of the decision code, not part of test (MODULES=a
 
 bench: sync native ## run the benchmarks; figures go to tests/bench/results/
 	@for b in tests/bench/bench_*.py; do echo ">> $$b"; $(RUN) python $$b; done
+
+gpu-test: ## isolation on a real GPU (tests/gpu/run.sh: the machine's python3, no sync needed)
+	tests/gpu/run.sh
+
+GPU_WHEELS := .hamipy/gpu-wheels
+gpu-wheels: ## the device plugin's and monitor's wheels for an offline GPU machine (python3.12, x86_64)
+	rm -rf $(GPU_WHEELS) && mkdir -p $(GPU_WHEELS)
+	$(UV) export --frozen --no-hashes --no-dev --no-emit-workspace --package hamipy-device-plugin \
+		--package hamipy-monitor -q -o $(GPU_WHEELS)/requirements.txt
+	$(UV) tool run --from pip==25.3 pip download -q --only-binary=:all: --python-version 3.12 \
+		--implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+		--platform manylinux2014_x86_64 --platform any -r $(GPU_WHEELS)/requirements.txt -d $(GPU_WHEELS)
+	@du -sh $(GPU_WHEELS)
 
 up: sync native kube-binaries ## run the whole system locally (stays up until `make down`)
 	$(RUN) hamipy-devcluster up

@@ -23,7 +23,9 @@
  * timestamps in microseconds), taken when it is called. Kernels take no time by default.
  * Launches into a stream being captured (cuStreamBeginCapture_v2) take no time either; modules
  * (cuModuleLoadData) accept any image and hold one dummy function; cuGraphLaunch accepts any
- * non-NULL exec handle. fakecuda_executed_ns(dev) is this process's executed GPU time.
+ * non-NULL exec handle, and cuGraphInstantiateWithFlags turns any captured graph into one.
+ * cuDeviceGetAttribute answers the multiprocessor count (108) and cooperative launch (1) only.
+ * fakecuda_executed_ns(dev) is this process's executed GPU time.
  *
  * One `gpu` line per GPU, in NVML index order; every key is optional. healthy=false makes NVML
  * deliver one XID critical-error event (eventData = xid, default 79) per event set that watches

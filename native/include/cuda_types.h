@@ -237,6 +237,8 @@ CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gridDimX, uns
                                         unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream stream,
                                         void **kernelParams);
 CUresult cuGraphLaunch(CUgraphExec graphExec, CUstream stream);
+CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags);
+CUresult cuDeviceGetAttribute(int *pi, int attrib, CUdevice dev);
 CUresult cuGraphLaunch_ptsz(CUgraphExec graphExec, CUstream stream);
 CUresult cuModuleLoadData(CUmodule *module, const void *image);
 CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name);
