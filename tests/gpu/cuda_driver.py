@@ -3,7 +3,7 @@
 Loaded by name (``libcuda.so.1``), so under ``LD_PRELOAD=libvgpu.so`` every hooked function
 resolves to the interposer's wrapper by its ``dlsym`` path, as it does for any Python framework.
 The same module runs over the real driver (tests/gpu) and over native/'s fake driver
-(tests/native/test_gpu_probe_on_fake.py, which keeps this harness honest in CI).
+(tests/native/test_gpu_harness.py, which keeps this harness honest in CI).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Helpers for tests/gpu: find the real GPU, run probe processes as a container's processes under
 ``LD_PRELOAD=libvgpu.so``, and turn the work-loop samples into shares of the GPU.
 
-Imported by the tests and by tests/native/test_gpu_probe_on_fake.py (which runs the same probes
+Imported by the tests and by tests/native/test_gpu_harness.py (which runs the same probes
 over the fake driver in CI), so nothing here needs a GPU to import.
 """
 

@@ -59,6 +59,7 @@ GENERATED: Final = (
     "native/build",
     "native/build-asan",
     "tests/bench/results",
+    "tests/gpu/results",
     "tests/mutation/results",
     ".hamipy",
     ".venv",
