@@ -103,7 +103,7 @@ sets the ``asyncio.Event``."""
 
 
 class FakeKube:
-    """Enough of an API server for binds and informers: nodes, pods, bindings, events;
+    """Enough of an API server for binds and informers: nodes, pods, bindings, events, quotas;
     resourceVersions and UID preconditions enforced (patches and bindings). Lists answer what
     ``nodes`` and ``pods`` hold now; each watch of a path replays the next script in
     ``streams[path]`` and, with none left, stays open and quiet. ``fail`` fails every request to
@@ -112,6 +112,7 @@ class FakeKube:
     def __init__(self) -> None:
         self.nodes: dict[str, dict[str, Any]] = {}
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
+        self.quotas: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []
         self.calls: list[tuple[str, str]] = []
         self.fail: dict[tuple[str, str], KubeError] = {}
@@ -175,6 +176,8 @@ class FakeKube:
             return copy.deepcopy(obj) if method == "GET" else self._write(obj, body)
         if parts[:3] == ["api", "v1", "nodes"]:
             return {"items": copy.deepcopy(list(self.nodes.values())), "metadata": {"resourceVersion": "1"}}
+        if parts[:3] == ["api", "v1", "resourcequotas"]:
+            return {"items": copy.deepcopy(self.quotas), "metadata": {"resourceVersion": "1"}}
         if parts[:3] == ["api", "v1", "pods"]:
             q = dict(query)
             items = list(self.pods.values())

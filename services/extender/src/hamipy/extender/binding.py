@@ -65,7 +65,7 @@ from datetime import UTC, datetime
 from typing import Any, Final, NamedTuple
 
 from hamipy.extender.errors import BindRefused, LockTimeout
-from hamipy.extender.filtering import build_ask
+from hamipy.extender.filtering import build_ask, quota_check
 from hamipy.extender.fitting import PodAsk, fit_pod
 from hamipy.extender.lock_sweep import LockSweeper
 from hamipy.extender.model import (
@@ -77,6 +77,7 @@ from hamipy.extender.model import (
     now_epoch,
     pod_leaving,
 )
+from hamipy.extender.quota import QUOTA_EXCEEDED
 from hamipy.extender.settings import ExtenderSettings
 from hamipy.extender.telemetry import Telemetry
 from hamipy.kube.client import KubeApi
@@ -276,6 +277,7 @@ class Binder:
             preferred = reservation.devices
         self.model.release(uid)  # its own reservation must not count against it
         devices = self._choose(state, ask, preferred)
+        self._within_quota(target, ask, devices)
         # No ``hami.io/vgpu-node`` label here: only HAMi's components read it, and they do not
         # serve this node; a second write of every pod was a third of the API cost of a bind.
         await self._write(target, pod, ask, devices, fresh=None, fenced=True)
@@ -313,6 +315,7 @@ class Binder:
             reservation = self.model.contributions.get(PodUid(uid))
             preferred = reservation.devices if reservation is not None and reservation.node == node else None
             devices = self._choose(fresh.nodes[node], ask, preferred)
+            self._within_quota(target, ask, devices)
             written = await self._write(target, pod, ask, devices, fresh=fresh)
             if self.releases_after_bind(node):
                 # Decided before the mutex is released, so the next bind finds the session.
@@ -333,6 +336,15 @@ class Binder:
             await self._release(node, namespace, name)
         if written:
             await self._label(namespace, name, uid, node)
+
+    def _within_quota(self, target: _Target, ask: PodAsk, devices: PodDevices) -> None:
+        """``BindRefused`` when the namespace's GPU quota no longer admits these devices. Checked
+        against this replica's model with no await before ``_write`` records the bind, so binds
+        of one namespace count each other (only the leader binds: docs/extender.md#replicas)."""
+        check = quota_check(self.model, target.namespace, ask, PodUid(target.uid))
+        why = check(devices) if check is not None else None
+        if why is not None:
+            raise BindRefused(f"{QUOTA_EXCEEDED}: {why}")
 
     def _choose(self, state: NodeState, ask: PodAsk, preferred: PodDevices | None) -> PodDevices:
         """The pod's devices on ``state`` (the filter's when they still fit); ``BindRefused`` when

@@ -18,11 +18,12 @@ from __future__ import annotations
 import dataclasses
 import heapq
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
 from hamipy.extender.fitting import Fit, NodeReasons, PodAsk, fit_pod
-from hamipy.extender.model import ClusterModel, NodeState
+from hamipy.extender.model import ClusterModel, NodeState, PodUid, charge_of, pod_usage
+from hamipy.extender.quota import QUOTA_EXCEEDED
 from hamipy.extender.scoring import Policy
 from hamipy.protocol import keys
 from hamipy.protocol.config import Config
@@ -40,8 +41,10 @@ __all__ = [
     "UNBUILT_GPU_POLICIES",
     "Decision",
     "FailureSummary",
+    "QuotaCheck",
     "build_ask",
     "decide",
+    "quota_check",
     "summarize",
 ]
 
@@ -79,6 +82,8 @@ class Decision:
     """Nodes that could not fit the pod even empty."""
     fitted: int = 0
     """How many nodes got a full fit (the rest were ranked out or skipped by the summary check)."""
+    quota: str | None = None
+    """Why the namespace's quota refused a fit (then every node failed with it), or None."""
 
 
 def _policy(chain: Iterable[str], default: Policy) -> Policy:
@@ -118,6 +123,34 @@ def build_ask(pod: Mapping[str, Any], config: Config) -> PodAsk:
     )
 
 
+QuotaCheck = Callable[[PodDevices], str | None]
+"""Why the pod's namespace quota refuses these devices (``Quotas.refusal``), or None."""
+
+
+def _refused(quota: QuotaCheck | None, devices: PodDevices, decision: Decision) -> bool:
+    if quota is None:
+        return False
+    why = quota(devices)
+    if why is not None:
+        decision.quota = why
+    return why is not None
+
+
+def quota_check(model: ClusterModel, namespace: str, ask: PodAsk, uid: PodUid) -> QuotaCheck | None:
+    """The check of ``namespace``'s GPU quotas for this pod's devices, against what its other pods
+    hold (reserved and in flight included, ``uid``'s own left out); None when no quota limits it."""
+    quotas = model.quotas
+    if not quotas.limits(namespace):
+        return None
+    used = model.used_by(namespace, exclude=uid)
+
+    def check(devices: PodDevices) -> str | None:
+        asked = charge_of(pod_usage(devices, ask.n_init, ask.sidecars))
+        return quotas.refusal(namespace, used=used, asked=asked)
+
+    return check
+
+
 def _types_ok(ask: PodAsk, type_key: tuple[str, ...], cache: dict[tuple[str, ...], bool]) -> bool:
     ok = cache.get(type_key)
     if ok is None:
@@ -134,9 +167,12 @@ def decide(
     now: float,
     all_feasible: bool = False,
     locks: LockRule | None = None,
+    quota: QuotaCheck | None = None,
 ) -> Decision:
     """Choose (or list) nodes among ``names`` for ``ask``; see the module docstring. With ``locks``,
-    a node whose lock would keep the bind waiting until it times out is not chosen."""
+    a node whose lock would keep the bind waiting until it times out is not chosen; with ``quota``,
+    a fit the namespace's quota refuses is not either (when the pod's charge is the same on every
+    node, the first refusal ends the search)."""
     get = model.nodes.get
     cache: dict[tuple[str, ...], bool] = {}
     decision = Decision()
@@ -167,10 +203,11 @@ def decide(
         for _, name, node in candidates:
             fit = fit_pod(node, ask)
             decision.fitted += 1
-            if fit.devices is not None:
+            if fit.devices is not None and not _refused(quota, fit.devices, decision):
                 decision.feasible.append((name, fit.devices, node.score))
-        feasible = {name for name, _, _ in decision.feasible}
-        if not feasible:
+            if decision.quota is not None and ask.fixed_charge:
+                break
+        if not decision.feasible:
             _explain(model, ask, names, now, decision, locks)
         return decision
     heapq.heapify(candidates)
@@ -179,8 +216,11 @@ def decide(
         fit = fit_pod(node, ask)
         decision.fitted += 1
         if fit.devices is not None:
-            decision.node, decision.devices = name, fit.devices
-            return decision
+            if not _refused(quota, fit.devices, decision):
+                decision.node, decision.devices = name, fit.devices
+                return decision
+            if ask.fixed_charge:
+                break
     _explain(model, ask, names, now, decision, locks)
     return decision
 
@@ -193,6 +233,11 @@ def _explain(
     decision: Decision,
     locks: LockRule | None,
 ) -> None:
+    if decision.quota is not None:
+        # A fit its quota refused: the quota is what keeps the pod out, whatever else each node lacks.
+        refused = NodeReasons.of_node(QUOTA_EXCEEDED, decision.quota)
+        decision.failed.update(dict.fromkeys(names, refused))
+        return
     # Whether a node could ever fit depends only on its GPUs' shape (not their UUIDs, unless the
     # pod names UUIDs): one empty fit per shape, not per node.
     by_uuid = bool(ask.prefs.use_uuids or ask.prefs.nouse_uuids)

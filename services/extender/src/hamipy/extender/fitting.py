@@ -108,6 +108,12 @@ class PodAsk:
         return max((r.count for r in self.slots if r is not None), default=0)
 
     @property
+    def fixed_charge(self) -> bool:
+        """Whether every container asks fixed MiB, so the pod's quota charge is the same on every
+        node (a percentage is resolved against the GPU chosen)."""
+        return all(r.memory_mib is not None for r in self.slots if r is not None)
+
+    @property
     def max_memory_mib(self) -> int:
         """The most fixed MiB one container asks per GPU (0 when all ask percentages)."""
         return max((r.memory_mib or 0 for r in self.slots if r is not None), default=0)

@@ -47,6 +47,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final, Literal, NewType
 
+from hamipy.extender.quota import Quotas
 from hamipy.protocol import keys
 from hamipy.protocol.devices import ContainerDevice, DeviceInfo, PodDevices
 from hamipy.protocol.errors import ProtocolError
@@ -55,7 +56,7 @@ from hamipy.protocol.node_handshake import HANDSHAKE_TIMEOUT, parse_handshake, r
 from hamipy.protocol.node_lock import NodeLock, parse_node_lock
 from hamipy.protocol.pod_devices import decode_pod_devices
 from hamipy.protocol.quantities import parse_quantity
-from hamipy.protocol.resources import sidecar_positions
+from hamipy.protocol.resources import ResourceNames, sidecar_positions
 
 __all__ = [
     "ClusterModel",
@@ -69,6 +70,7 @@ __all__ = [
     "Problem",
     "Source",
     "Usage",
+    "charge_of",
     "node_from_json",
     "pod_finished",
     "pod_leaving",
@@ -263,6 +265,16 @@ def pod_usage(
 _ZERO: Final = (0, 0, 0)
 
 
+def charge_of(usage: Mapping[str, Usage]) -> tuple[int, int]:
+    """What a pod's usage counts against its namespace's quota: (MiB, cores) summed over its GPUs,
+    so a container with two GPUs of 4096 MiB is charged 8192 MiB (``hamipy.extender.quota``)."""
+    mem = cores = 0
+    for _, m, c in usage.values():
+        mem += m
+        cores += c
+    return mem, cores
+
+
 def _summed(slot: Sequence[ContainerDevice]) -> dict[str, list[int]]:
     """One container's (slots, MiB, cores) per GPU."""
     per: dict[str, list[int]] = {}
@@ -445,10 +457,17 @@ def _pending(info: _PodInfo, pod: Mapping[str, Any]) -> PendingPod:
 class ClusterModel:
     """Nodes and contributions, updated incrementally; see the module docstring."""
 
-    def __init__(self, *, count_resource: str = keys.RESOURCE_COUNT) -> None:
+    def __init__(
+        self, *, count_resource: str = keys.RESOURCE_COUNT, names: ResourceNames | None = None
+    ) -> None:
         self.count_resource = count_resource
+        self.quotas = Quotas(names or ResourceNames(count=count_resource))
+        """The namespaces' GPU quotas (from the ResourceQuota watch), charged ``namespace_usage``."""
         self.nodes: dict[str, NodeState] = {}
         self.contributions: dict[PodUid, Contribution] = {}
+        self.namespace_usage: dict[str, list[int]] = {}
+        """Per namespace, [MiB, cores] summed over its pods' contributions (reserved, binding and
+        allocated alike): what its ResourceQuotas are charged (``hamipy.extender.quota``)."""
         self.held: dict[Source, int] = {"allocated": 0, "binding": 0, "reserved": 0}
         """How many pods hold GPUs here, by ``Contribution.source`` (a metric: a reservation or a
         bind that never ends shows as a count that does not return to 0)."""
@@ -529,6 +548,7 @@ class ClusterModel:
     def _set(self, contribution: Contribution | None, uid: PodUid) -> None:
         old = self.contributions.pop(uid, None)
         if old is not None:
+            self._charge(old, -1)
             self.held[old.source] -= 1
             self._by_node[old.node].discard(uid)
             state = self.nodes.get(old.node)
@@ -538,6 +558,7 @@ class ClusterModel:
                     state.refresh_summary()
         if contribution is not None:
             self.contributions[uid] = contribution
+            self._charge(contribution, 1)
             self.held[contribution.source] += 1
             self._by_node.setdefault(contribution.node, set()).add(uid)
             state = self.nodes.get(contribution.node)
@@ -547,6 +568,23 @@ class ClusterModel:
             if contribution.expires_at is not None:
                 heapq.heappush(self._expiry, (contribution.expires_at, uid))
         self.generation += 1
+
+    def _charge(self, contribution: Contribution, sign: int) -> None:
+        mem, cores = charge_of(contribution.usage)
+        acc = self.namespace_usage.setdefault(contribution.namespace, [0, 0])
+        acc[0] += sign * mem
+        acc[1] += sign * cores
+        if acc == [0, 0] and sign < 0:
+            del self.namespace_usage[contribution.namespace]
+
+    def used_by(self, namespace: str, *, exclude: PodUid | None = None) -> tuple[int, int]:
+        """(MiB, cores) the namespace's pods hold or are reserved, less ``exclude``'s own."""
+        mem, cores = self.namespace_usage.get(namespace, (0, 0))
+        own = self.contributions.get(exclude) if exclude is not None else None
+        if own is not None and own.namespace == namespace:
+            own_mem, own_cores = charge_of(own.usage)
+            mem, cores = mem - own_mem, cores - own_cores
+        return mem, cores
 
     def _set_bad(self, uid: PodUid, node: NodeName | None) -> None:
         old = self._bad.pop(uid, None)

@@ -21,7 +21,7 @@ from opentelemetry import trace
 
 from hamipy.extender.binding import Binder
 from hamipy.extender.errors import BindRefused
-from hamipy.extender.filtering import Decision, LockRule, build_ask, decide, summarize
+from hamipy.extender.filtering import Decision, LockRule, build_ask, decide, quota_check, summarize
 from hamipy.extender.fitting import NodeReasons
 from hamipy.extender.model import ClusterModel, NodeName, PendingPod, PodUid, now_epoch
 from hamipy.extender.scoring import prioritize_score
@@ -189,7 +189,13 @@ class Scheduler:
             expiry_s=self.settings.lock_expiry.total_seconds(),
         )
         decision: Decision = decide(
-            self.model, ask, names, now=now_epoch(), all_feasible=self.settings.cooperative, locks=locks
+            self.model,
+            ask,
+            names,
+            now=now_epoch(),
+            all_feasible=self.settings.cooperative,
+            locks=locks,
+            quota=quota_check(self.model, str(meta.get("namespace", "")), ask, uid),
         )
         if self.settings.cooperative and decision.feasible:
             chosen = [name for name, _, _ in decision.feasible]

@@ -318,7 +318,9 @@ class ExtenderServer:
         self.metrics_port: int | None = None
         self._probes: ProbeServer | None = None
         self.shutdown_timeout_s = shutdown_timeout_s
-        self.model = ClusterModel(count_resource=config.nvidia.resource_count_name)
+        self.model = ClusterModel(
+            count_resource=config.nvidia.resource_count_name, names=config.nvidia.resource_names
+        )
         telemetry.metrics.attach(self.model)
         self.supervisor = Supervisor(telemetry.logger)
         self.events = EventRecorder(
