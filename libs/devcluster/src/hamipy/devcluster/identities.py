@@ -44,6 +44,7 @@ SERVICE_RULES: Final[dict[str, tuple[dict[str, Any], ...]]] = {
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "patch"]},
         {"apiGroups": [""], "resources": ["pods/binding"], "verbs": ["create"]},
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
+        {"apiGroups": [""], "resources": ["resourcequotas"], "verbs": ["list", "watch"]},
     ),
     "device-plugin": (
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},

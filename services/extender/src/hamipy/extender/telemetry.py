@@ -5,7 +5,8 @@ Metrics live on a per-instance ``CollectorRegistry`` (several extenders in one t
 share counters):
 
 - HAMi's scheduler metrics (docs/wire-format.md#metrics, same names and labels), computed from the model
-  at scrape time by ``GpuCollector``: nothing is updated on the filter path.
+  at scrape time by ``GpuCollector``: nothing is updated on the filter path. Its quota gauges
+  (``hami_resource_quota_used``, ``hami_resource_quota_limit``) come from the same model.
 - ``hamipy_extender_filter_duration_seconds`` / ``..._bind_duration_seconds`` (by result),
   ``hamipy_extender_decisions`` (verb, result, reason; ``unavailable``/``BackgroundTaskDied`` for
   a decision refused because a background task died), ``hamipy_extender_malformed_annotations``
@@ -90,6 +91,32 @@ class GpuCollector(Collector):
                     vmem.add_metric(labels, dev.usedmem * _MIB)
                     vcore.add_metric(labels, dev.usedcores)
         yield from (mem_limit, core_limit, mem_alloc, shared, core_alloc, overview, mem_ratio, vmem, vcore)
+        yield from self._quotas()
+
+    def _quotas(self) -> Iterator[GaugeMetricFamily]:
+        """HAMi's quota gauges: per namespace and limited resource (``quota_name`` without the
+        ``limits.`` prefix), what its pods hold (MiB, or percent of one GPU summed) and the limit
+        (the lowest of its ResourceQuotas', all of which must hold)."""
+        used = GaugeMetricFamily(
+            "hami_resource_quota_used",
+            "GPU resource a namespace's pods hold against its quota",
+            labels=["namespace", "quota_name", "limit"],
+        )
+        limit = GaugeMetricFamily(
+            "hami_resource_quota_limit",
+            "GPU resource quota limit of a namespace",
+            labels=["namespace", "quota_name"],
+        )
+        lowest: dict[tuple[str, str], int] = {}
+        for q in self.model.quotas.all_limits():
+            lowest[q.namespace, q.key] = min(q.limit, lowest.get((q.namespace, q.key), q.limit))
+        memory_key = self.model.quotas.memory_key
+        for (namespace, resource), value in sorted(lowest.items()):
+            held = self.model.namespace_usage.get(namespace, (0, 0))[0 if resource == memory_key else 1]
+            name = resource.removeprefix("limits.")
+            used.add_metric([namespace, name, str(value)], held)
+            limit.add_metric([namespace, name], value)
+        yield from (used, limit)
 
 
 class Metrics:

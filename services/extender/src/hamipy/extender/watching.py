@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from typing import Any, Final, Literal
 
 from hamipy.extender.model import ClusterModel, Problem
+from hamipy.extender.quota import QuotaProblem
 from hamipy.extender.settings import ExtenderSettings
 from hamipy.extender.telemetry import Telemetry
 from hamipy.kube.client import KubeApi
@@ -44,9 +45,13 @@ __all__ = [
     "stamp_once",
 ]
 
-Resource = Literal["nodes", "pods"]
-RESOURCES: Final[tuple[Resource, ...]] = ("nodes", "pods")
-_PATHS: Final[dict[Resource, str]] = {"nodes": node_path(), "pods": pod_path()}
+Resource = Literal["nodes", "pods", "resourcequotas"]
+RESOURCES: Final[tuple[Resource, ...]] = ("nodes", "pods", "resourcequotas")
+_PATHS: Final[dict[Resource, str]] = {
+    "nodes": node_path(),
+    "pods": pod_path(),
+    "resourcequotas": "/api/v1/resourcequotas",
+}
 
 
 def report_problems(problems: list[Problem], telemetry: Telemetry, events: EventRecorder) -> None:
@@ -88,6 +93,10 @@ class ModelFeed:
         self.on_change = on_change
 
     def listed(self, objects: list[dict[str, Any]]) -> None:
+        if self.resource == "resourcequotas":
+            self._quota_problems(self.model.quotas.replace(objects))
+            self._changed()
+            return
         if self.resource == "nodes":
             problems = self.model.replace_nodes(objects)
         else:
@@ -97,17 +106,37 @@ class ModelFeed:
         # walking it on every full collection, which otherwise shows as 100 ms filter pauses.
         gc.collect()
         gc.freeze()
-        if self.on_change is not None:
-            self.on_change()
+        self._changed()
 
     def changed(self, kind: ChangeKind, obj: dict[str, Any]) -> None:
+        if self.resource == "resourcequotas":
+            self._quota_problems(self.model.quotas.apply(kind, obj))
+            self._changed()
+            return
         if self.resource == "nodes":
             problems = self.model.apply_node(kind, obj)
         else:
             problems = self.model.apply_pod(kind, obj)
         report_problems(problems, self.telemetry, self.events)
+        self._changed()
+
+    def _changed(self) -> None:
         if self.on_change is not None:
             self.on_change()
+
+    def _quota_problems(self, problems: list[QuotaProblem]) -> None:
+        """A GPU limit that cannot be read: logged, counted, and an Event on its ResourceQuota."""
+        self.model.generation += 1
+        for p in problems:
+            self.telemetry.metrics.malformed.labels(kind="ResourceQuota", field="spec.hard").inc()
+            self.telemetry.logger.error(
+                "malformed GPU quota; that limit is not enforced",
+                namespace=p.namespace,
+                name=p.name,
+                error=p.reason,
+            )
+            involved = {"kind": "ResourceQuota", "namespace": p.namespace, "name": p.name, "uid": p.uid}
+            self.events.emit(involved, "MalformedQuota", p.reason, warning=True)
 
 
 def informer_settings(settings: ExtenderSettings) -> InformerSettings:
