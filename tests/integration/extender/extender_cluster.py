@@ -14,7 +14,7 @@ from aiohttp import web
 from builders import container
 from kubernetes_asyncio.client import CoreV1Api
 
-from hamipy.devcluster import API_TIMEOUT_S, NodePool, NodeSpec, wait_pod_bound
+from hamipy.devcluster import API_TIMEOUT_S, NodePool, NodeSpec, wait_for, wait_pod_bound
 from hamipy.extender.invariant import check_cluster
 from hamipy.kube.client import RawKube
 from hamipy.protocol import keys
@@ -74,6 +74,18 @@ class Cluster:
         value = (pod.metadata.annotations or {})[keys.DEVICES_ALLOCATED]
         slots = decode_pod_devices(value)
         return node, [[d.uuid for d in slot] for slot in slots]
+
+    async def unschedulable(self, name: str, cause: str) -> str:
+        """Wait for the pod's ``PodScheduled=False`` message to name ``cause``; the message."""
+
+        async def reason() -> str:
+            pod = await self.core.read_namespaced_pod(name, self.namespace, _request_timeout=API_TIMEOUT_S)
+            for cond in (pod.status.conditions or []) if pod.status else []:
+                if cond.type == "PodScheduled" and cond.status == "False" and cause in (cond.message or ""):
+                    return str(cond.message)
+            return ""
+
+        return await wait_for(reason, timeout=30, what=f"FailedScheduling naming {cause}")
 
     async def assert_invariant(self) -> None:
         report = await check_cluster(RawKube(self.api))

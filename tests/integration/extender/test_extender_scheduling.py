@@ -9,7 +9,7 @@ these tests) and ``nvidia.com/gpu`` capacity. Every test ends with the invariant
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -21,7 +21,6 @@ from stack_support import EXTENDER_SETTINGS, elected, start_extenders, use_exten
 
 from hamipy.devcluster import (
     API_TIMEOUT_S,
-    NodePool,
     wait_for,
 )
 from hamipy.devcluster.kubeobjects import create_namespace, delete_namespace
@@ -35,19 +34,6 @@ from hamipy.protocol.pod_devices import encode_pod_devices
 pytestmark = pytest.mark.integration
 
 SETTINGS = EXTENDER_SETTINGS
-
-
-@pytest.fixture
-async def cluster(kube_client: Any, namespace: str, node_pool: NodePool) -> Cluster:
-    return Cluster(kube_client, namespace, node_pool)
-
-
-@pytest.fixture
-async def extender(kube_client: Any, hami_scheduler: Callable[..., Any]) -> AsyncIterator[ExtenderServer]:
-    (server,) = await start_extenders(kube_client)
-    await use_extender(hami_scheduler, server.url)
-    yield server
-    await server.stop()
 
 
 # -- policies ----------------------------------------------------------------------------------------
@@ -139,24 +125,11 @@ async def test_two_gpus_in_one_container_and_init_containers(
     await cluster.assert_invariant()
 
 
-async def unschedulable(cluster: Cluster, name: str, cause: str) -> str:
-    """Wait for the pod's ``PodScheduled=False`` message to name ``cause``; the message."""
-
-    async def reason() -> str:
-        pod = await cluster.core.read_namespaced_pod(name, cluster.namespace, _request_timeout=API_TIMEOUT_S)
-        for cond in (pod.status.conditions or []) if pod.status else []:
-            if cond.type == "PodScheduled" and cond.status == "False" and cause in (cond.message or ""):
-                return str(cond.message)
-        return ""
-
-    return await wait_for(reason, timeout=30, what=f"FailedScheduling naming {cause}")
-
-
 async def test_unfittable_pod_stays_pending_with_reason(cluster: Cluster, extender: ExtenderServer) -> None:
     ns = cluster.namespace
     await cluster.add_node("n", [gpu(f"GPU-{ns}-0", mem=8000)])
     await cluster.create(pod_body("huge", container(gpu=1, gpumem=16000), selector=ns))
-    message = await unschedulable(cluster, "huge", "CardInsufficientMemory")
+    message = await cluster.unschedulable("huge", "CardInsufficientMemory")
     assert "1/1 CardInsufficientMemory" in message
 
     async def event() -> bool:
@@ -177,7 +150,7 @@ async def test_a_native_sidecar_and_its_app_never_overfill_one_gpu(
     await cluster.add_node("one", [gpu(f"GPU-{ns}-one", mem=60000)])
     sidecar = container("proxy", gpu=1, gpumem=40000, restartPolicy="Always")
     await cluster.create(pod_body("p", container("app", gpu=1, gpumem=40000), init=[sidecar], selector=ns))
-    assert "1/1 CardInsufficientMemory" in await unschedulable(cluster, "p", "CardInsufficientMemory")
+    assert "1/1 CardInsufficientMemory" in await cluster.unschedulable("p", "CardInsufficientMemory")
     await cluster.add_node("two", [gpu(f"GPU-{ns}-two-{i}", i, mem=60000) for i in range(2)])
     node, slots = await cluster.bound("p")
     assert node == f"{ns}-two"
