@@ -32,6 +32,7 @@ from hamipy.webhook.admission_policy import (
     POD_POLICY_NAME,
     admission_policies,
 )
+from hamipy.webhook.quota_policy import QUOTA_POLICY_NAME
 
 pytestmark = pytest.mark.integration
 
@@ -58,7 +59,12 @@ class Policies:
         self, admin: RawKube, namespace: str, node_label: str, *, schedulers: list[str], plugins: list[str]
     ) -> None:
         self.admin, self.namespace, self.node_label = admin, namespace, node_label
-        self.docs = admission_policies(schedulers=schedulers, device_plugins=plugins)
+        # The quota policy has its own test (test_quota_policy.py): it binds to ResourceQuotas.
+        self.docs = [
+            d
+            for d in admission_policies(schedulers=schedulers, device_plugins=plugins)
+            if not d["metadata"]["name"].endswith(QUOTA_POLICY_NAME)
+        ]
         self.suffix = secrets.token_hex(3)
 
     def _named(self, doc: dict[str, Any]) -> dict[str, Any]:

@@ -23,7 +23,7 @@ def test_the_chart_ships_the_policies_the_code_builds() -> None:
 
 
 def test_every_allocation_key_is_guarded_and_the_plugin_writes_only_its_own() -> None:
-    pod_policy, binding, node_policy, node_binding = admission_policies(
+    pod_policy, binding, node_policy, node_binding, *_quota = admission_policies(
         schedulers=["system:serviceaccount:hami-system:x"],
         device_plugins=["system:serviceaccount:hami-system:y"],
     )

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from hamipy.protocol import keys
+from hamipy.webhook.quota_policy import quota_policy
 
 __all__ = [
     "DEFAULT_PREFIX",
@@ -102,7 +103,8 @@ def _policy(name: str, resource: str, operations: list[str], spec: dict[str, Any
 def admission_policies(
     *, schedulers: Sequence[str], device_plugins: Sequence[str], prefix: str = DEFAULT_PREFIX
 ) -> list[dict[str, Any]]:
-    """The two policies and their bindings (``admissionregistration.k8s.io/v1``), JSON-ready.
+    """The three policies and their bindings (``admissionregistration.k8s.io/v1``), JSON-ready: the
+    two below and ``gpu-quota`` (``hamipy.webhook.quota_policy``).
 
     ``schedulers``: the user names that may write all allocation state (our extender's service
     account; add HAMi's scheduler when it runs beside ours). ``device_plugins``: those that may
@@ -190,7 +192,13 @@ def admission_policies(
             ],
         },
     )
-    return [pod_policy, _binding(prefix + POD_POLICY_NAME), node_policy, _binding(prefix + NODE_POLICY_NAME)]
+    return [
+        pod_policy,
+        _binding(prefix + POD_POLICY_NAME),
+        node_policy,
+        _binding(prefix + NODE_POLICY_NAME),
+        *quota_policy(prefix),
+    ]
 
 
 PREFIX_PLACEHOLDER: Final = "@PREFIX@"
