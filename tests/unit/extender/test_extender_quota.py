@@ -172,6 +172,22 @@ async def test_a_bind_past_the_quota_is_refused() -> None:
     assert keys.DEVICES_ALLOCATED not in r.kube.pods[("ns", "b")]["metadata"]["annotations"]
 
 
+async def test_a_leader_still_catching_up_binds_no_pod_of_a_namespace_with_a_quota() -> None:
+    """A quota spans nodes: the locked path's fresh node state cannot show what the namespace holds
+    elsewhere, so until the model counts every bound pod such binds are refused (and retried)."""
+    r = bind_rig(BIND_SETTINGS, our_node("n", [gpu("G0", 0, mem=32768)]), exclusive=False)
+    r.model.quotas.replace([quota("team", mem="65536")])
+    filter_(r, gpu_pod("a"))
+    waits = f"{QUOTA_EXCEEDED}: namespace ns has a GPU quota .* pods \\(a new leader\\)"
+    with pytest.raises(BindRefused, match=waits):
+        await r.binder.bind(namespace="ns", name="a", uid="uid-ns-a", node="n")
+    assert not r.kube.pods[("ns", "a")]["spec"].get("nodeName")
+    # A namespace without a quota binds on the locked path as before.
+    r.model.quotas.replace([])
+    await r.binder.bind(namespace="ns", name="a", uid="uid-ns-a", node="n")
+    assert r.kube.pods[("ns", "a")]["spec"]["nodeName"] == "n"
+
+
 # ---- metrics
 
 

@@ -340,8 +340,15 @@ class Binder:
     def _within_quota(self, target: _Target, ask: PodAsk, devices: PodDevices) -> None:
         """``BindRefused`` when the namespace's GPU quota no longer admits these devices. Checked
         against this replica's model with no await before ``_write`` records the bind, so binds
-        of one namespace count each other (only the leader binds: docs/extender.md#replicas)."""
+        of one namespace count each other (only the leader binds: docs/extender.md#replicas).
+        A quota spans nodes, so no node's fresh state can stand in for the model: until a new
+        leader's model has every bound pod, a namespace with a quota waits."""
         check = quota_check(self.model, target.namespace, ask, PodUid(target.uid))
+        if check is not None and not self.exclusive():
+            raise BindRefused(
+                f"{QUOTA_EXCEEDED}: namespace {target.namespace} has a GPU quota and this extender "
+                "is still counting the cluster's bound pods (a new leader); kube-scheduler retries"
+            )
         why = check(devices) if check is not None else None
         if why is not None:
             raise BindRefused(f"{QUOTA_EXCEEDED}: {why}")
