@@ -8,7 +8,8 @@ memory and launching a kernel (through the interposer over the fake driver), one
 is junk for a moment (a region error), containers that never start CUDA. Then:
 
 - every service's ``/metrics`` passes ``promtool check metrics``;
-- every query of every panel of every dashboard in deploy/grafana, and every template variable
+- every query of every panel of every dashboard in deploy/grafana (a ResourceQuota gives the quota
+  panels theirs), and every template variable
   (``label_values``), evaluates without error and returns data;
 - every alert expression evaluates without error, the rules API shows each rule healthy, and no
   alert is pending or firing;
@@ -241,6 +242,17 @@ async def test_prometheus_scrapes_the_system_dashboards_and_alerts_work(
     # set at most every 5 s): a container that holds GPU memory and launches a kernel, and one
     # whose region file is junk until the monitor has counted it (the "Region errors" panel), then
     # gone again (so no alert is left pending).
+    # A namespace GPU quota with room for the workload (the "GPU quotas per namespace" panels).
+    quota = {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": "gpu"},
+        "spec": {"hard": {"limits.nvidia.com/gpumem": "65536", "limits.nvidia.com/gpucores": "400"}},
+    }
+    await s.core.create_namespaced_resource_quota(s.namespace, quota, _request_timeout=30)
+    await wait_for(
+        lambda: bool(s.extender.model.quotas.limits(s.namespace)), timeout=30, what="the quota seen"
+    )
     await s.create("busy", [container("main", gpu=1, gpumem=3000, gpucores=30)])
     await s.create("broken", [container("main", gpu=1, gpumem=1000)])
     await s.served("busy")
