@@ -156,6 +156,14 @@ def _check_examples(table: str) -> None:
     cannot_fit = _row(table, "hami-examples/cannot-fit")
     assert cannot_fit[1] == "Pending"
     assert "CardInsufficientMemory" in " ".join(cannot_fit)
+    # The quota admits one of the two 6 GiB pods; the other waits, naming the quota.
+    first, second = _row(table, "hami-team-a/quota-first"), _row(table, "hami-team-a/quota-second")
+    assert first[1] == "Running"
+    assert second[1] == "Pending"
+    assert (
+        "ResourceQuotaNotFit: quota hami-team-a/gpu: limits.nvidia.com/gpumem is 8192, 6144 used"
+        in " ".join(second)
+    )
 
 
 def _check_gpu_nodes(table: str) -> None:

@@ -320,7 +320,7 @@ async def _serve_nodes(
             await stack.start(models=models)
             names += stack.gpu_nodes
             stack.endpoints["traces (OTLP/HTTP receiver)"] = f"{receiver.url}/v1/traces"
-            applied = await apply_examples(api, examples)
+            applied = await apply_examples(api, examples, quota_enforced=stack.quota_enforced)
         State(
             daemon_pid=os.getpid(),
             server=cluster.access.server,

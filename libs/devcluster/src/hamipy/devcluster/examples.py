@@ -1,16 +1,19 @@
 """``make up``'s example workloads and the tables it prints: where each example pod landed, and
 the allocation of every GPU (``hamipy-devcluster gpus``).
 
-The examples are plain manifests in ``deploy/examples/`` (a Namespace and Pods), applied in file
-name order. Everything shown is read from the cluster: the pods' ``hami.io/vgpu-devices-allocated``
-and the nodes' ``hami.io/node-nvidia-register`` annotations, decoded by ``hamipy.protocol``.
+The examples are plain manifests in ``deploy/examples/`` (Namespaces, ResourceQuotas and Pods),
+applied in file name order; a ResourceQuota is in force (``quota_enforced``) before the next
+document goes in, so the pods after it are counted against it. Everything shown is read from the
+cluster: the pods' ``hami.io/vgpu-devices-allocated`` and the nodes' ``hami.io/node-nvidia-register``
+annotations, decoded by ``hamipy.protocol``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Iterable, Sequence
+import functools
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -27,6 +30,8 @@ from hamipy.protocol import ProtocolError, decode_node_devices, decode_pod_devic
 __all__ = ["apply_examples", "format_table", "gpu_rows", "pod_rows", "wait_settled"]
 
 SETTLE_TIMEOUT_S: Final = 90.0
+QUOTA_TIMEOUT_S: Final = 30.0
+_KINDS: Final = ("Namespace", "ResourceQuota", "Pod")
 
 
 def _load(directory: Path) -> list[dict[str, Any]]:
@@ -36,29 +41,43 @@ def _load(directory: Path) -> list[dict[str, Any]]:
     for path in sorted(directory.glob("*.yaml")):
         for doc in yaml.safe_load_all(path.read_text()):
             if doc:
-                if doc.get("kind") not in ("Namespace", "Pod"):
-                    raise DevClusterError(f"{path}: example kind {doc.get('kind')!r} is not Namespace or Pod")
+                if doc.get("kind") not in _KINDS:
+                    raise DevClusterError(
+                        f"{path}: example kind {doc.get('kind')!r} is not one of {', '.join(_KINDS)}"
+                    )
                 docs.append(doc)
     return docs
 
 
-async def apply_examples(api: Any, directory: Path) -> list[tuple[str, str]]:
-    """Create the example Namespaces and Pods (existing ones are kept); their (namespace, name).
-    A directory that does not exist has no examples."""
+async def apply_examples(
+    api: Any, directory: Path, *, quota_enforced: Callable[[str], Awaitable[bool]] | None = None
+) -> list[tuple[str, str]]:
+    """Create the example Namespaces, ResourceQuotas and Pods (existing ones are kept); the Pods'
+    (namespace, name). After a ResourceQuota, wait until ``quota_enforced(namespace)`` (the
+    extender counts it). A directory that does not exist has no examples."""
     kube = RawKube(api)
     pods = []
     for doc in await asyncio.to_thread(_load, directory):
+        namespace = doc["metadata"].get("namespace", "default")
         try:
             if doc["kind"] == "Namespace":
                 await kube.request("POST", "/api/v1/namespaces", body=doc)
+            elif doc["kind"] == "ResourceQuota":
+                await kube.request("POST", f"/api/v1/namespaces/{namespace}/resourcequotas", body=doc)
             else:
-                namespace = doc["metadata"].get("namespace", "default")
                 await wait_for_default_service_account(api, namespace)
                 await kube.request("POST", pod_path(namespace), body=doc)
         except Conflict:
             pass  # there already
         except KubeError as exc:
             raise DevClusterError(f"example {doc['kind']} {doc['metadata']['name']}: {exc}") from exc
+        if doc["kind"] == "ResourceQuota" and quota_enforced is not None:
+            await wait_for(
+                functools.partial(quota_enforced, namespace),
+                timeout=QUOTA_TIMEOUT_S,
+                interval=0.2,
+                what=f"the extender enforcing example quota {namespace}/{doc['metadata']['name']}",
+            )
         if doc["kind"] == "Pod":
             pods.append((doc["metadata"].get("namespace", "default"), doc["metadata"]["name"]))
     return pods

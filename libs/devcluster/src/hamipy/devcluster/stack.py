@@ -365,6 +365,13 @@ class LocalStack:
         self.endpoints[f"device plugin {name} /metrics"] = f"http://127.0.0.1:{plugin.metrics_port}/metrics"
         self.endpoints[f"monitor {name} /metrics"] = f"{monitor.url}/metrics"
 
+    async def quota_enforced(self, namespace: str) -> bool:
+        """Whether the extender counts ``namespace``'s GPU quota: its ``hami_resource_quota_limit``
+        gauge has the namespace."""
+        text = f'hami_resource_quota_limit{{namespace="{namespace}"'
+        probe = http_ok(self.endpoints["extender /metrics"], expect=text.encode())
+        return await asyncio.to_thread(probe)
+
     def kubelet_pids(self) -> dict[str, int]:
         """The GPU nodes' kubelet and runtime processes by name, for `down` to find any left over."""
         return {name: pid for node in self.kubelet_nodes for name, pid in node.kubelet.pids().items()}
