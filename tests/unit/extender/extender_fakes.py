@@ -17,6 +17,7 @@ import builders
 from builders import container, gpu
 
 from hamipy.extender.binding import Binder
+from hamipy.extender.eviction import Evictor
 from hamipy.extender.leadership import LEADER_URL_ANNOTATION
 from hamipy.extender.model import ClusterModel
 from hamipy.extender.scheduler import Scheduler
@@ -103,7 +104,8 @@ sets the ``asyncio.Event``."""
 
 
 class FakeKube:
-    """Enough of an API server for binds and informers: nodes, pods, bindings, events, quotas;
+    """Enough of an API server for binds and informers: nodes, pods (their status and deletion),
+    bindings, events, quotas, PodDisruptionBudgets;
     resourceVersions and UID preconditions enforced (patches and bindings). Lists answer what
     ``nodes`` and ``pods`` hold now; each watch of a path replays the next script in
     ``streams[path]`` and, with none left, stays open and quiet. ``fail`` fails every request to
@@ -113,6 +115,8 @@ class FakeKube:
         self.nodes: dict[str, dict[str, Any]] = {}
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.quotas: list[dict[str, Any]] = []
+        self.pdbs: list[dict[str, Any]] = []
+        self.deleted: list[tuple[str, str]] = []
         self.events: list[dict[str, Any]] = []
         self.calls: list[tuple[str, str]] = []
         self.fail: dict[tuple[str, str], KubeError] = {}
@@ -178,6 +182,8 @@ class FakeKube:
             return {"items": copy.deepcopy(list(self.nodes.values())), "metadata": {"resourceVersion": "1"}}
         if parts[:3] == ["api", "v1", "resourcequotas"]:
             return {"items": copy.deepcopy(self.quotas), "metadata": {"resourceVersion": "1"}}
+        if parts[:3] == ["apis", "policy", "v1"]:
+            return {"items": copy.deepcopy(self.pdbs), "metadata": {"resourceVersion": "1"}}
         if parts[:3] == ["api", "v1", "pods"]:
             q = dict(query)
             items = list(self.pods.values())
@@ -198,6 +204,13 @@ class FakeKube:
             obj = self.pods.get(key)
             if obj is None:
                 raise NotFound(path, status=404)
+            if method == "DELETE":
+                uid = ((body or {}).get("preconditions") or {}).get("uid")
+                if uid and uid != obj["metadata"].get("uid"):
+                    raise Conflict("uid precondition failed", status=409)
+                del self.pods[key]
+                self.deleted.append(key)
+                return {"kind": "Status", "status": "Success"}
             if len(parts) == 7 and parts[6] == "binding":
                 if obj["spec"].get("nodeName"):
                     raise Conflict("already bound", status=409)
@@ -273,6 +286,8 @@ class BindRig:
     telemetry: Telemetry
     log: io.StringIO
     """The extender's log lines (JSON), as written."""
+    events: EventRecorder
+    evictor: Evictor | None
 
     def add_watched_pod(self, obj: dict[str, Any]) -> None:
         """Store ``obj`` and let the model see it, as the pod watch delivers a new pod."""
@@ -324,10 +339,26 @@ def bind_rig(
         exclusive=lambda: exclusive,
     )
     events = EventRecorder(None, component="hamipy-extender", logger=telemetry.logger)
+    evictor = None
+    if settings.preemption:
+        evictor = Evictor(
+            api=kube,
+            model=model,
+            events=events,
+            telemetry=telemetry,
+            scheduler_name=config.scheduler_name,
+            timeout_s=settings.api_timeout_s,
+        )
     scheduler = Scheduler(
-        model=model, config=config, settings=settings, telemetry=telemetry, events=events, binder=binder
+        model=model,
+        config=config,
+        settings=settings,
+        telemetry=telemetry,
+        events=events,
+        binder=binder,
+        evictor=evictor,
     )
-    return BindRig(kube, model, binder, scheduler, telemetry, log)
+    return BindRig(kube, model, binder, scheduler, telemetry, log, events, evictor)
 
 
 def shared_rig(settings: ExtenderSettings = BIND_SETTINGS, *nodes: dict[str, Any], **kw: Any) -> BindRig:

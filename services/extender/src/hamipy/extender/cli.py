@@ -172,6 +172,18 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
         help="a FilteringSucceed Event per placed pod, as HAMi writes (one more API request a pod)",
     )
     serve.add_argument(
+        "--preemption",
+        action=argparse.BooleanOptionalAction,
+        default=flags.boolean("preemption", _DEFAULTS.preemption),
+        help="preempt lower-priority GPU pods for a pod that fits nowhere (docs/extender.md#preemption)",
+    )
+    serve.add_argument(
+        "--preemption-wait",
+        type=float,
+        default=flags.number("preemption-wait", _DEFAULTS.preemption_wait_s),
+        help="seconds beyond the victims' grace period a preemptor's GPUs stay held for it",
+    )
+    serve.add_argument(
         "--leader-elect",
         action=argparse.BooleanOptionalAction,
         default=flags.boolean("leader-elect", _DEFAULTS.leader_election),
@@ -236,6 +248,8 @@ def settings_from_args(args: argparse.Namespace) -> ExtenderSettings:
         keepalive_timeout_s=float(args.keepalive_timeout),
         max_connections=int(args.max_connections),
         success_events=bool(args.success_events),
+        preemption=bool(args.preemption),
+        preemption_wait_s=args.preemption_wait,
         leader_election=bool(args.leader_elect),
         lease_namespace=str(args.lease_namespace),
         lease_name=str(args.lease_name),

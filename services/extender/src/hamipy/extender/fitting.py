@@ -260,12 +260,18 @@ def fit_pod(
     *,
     empty: bool = False,
     preferred: PodDevices | None = None,
+    held: Sequence[Sequence[int]] | None = None,
 ) -> Fit:
     """Fit every container of the pod on ``node``'s GPUs as they are used now (``empty``: as if
-    nothing were allocated, to tell "never fits" from "not now"). ``preferred`` (an earlier
-    decision) is tried first, GPU by GPU, so a re-check keeps it where it still fits."""
+    nothing were allocated, to tell "never fits" from "not now"; ``held``: as if each GPU, in
+    ``node.gpus`` order, held these (slots, MiB, cores), to ask "what if these pods were gone").
+    ``preferred`` (an earlier decision) is tried first, GPU by GPU, so a re-check keeps it where it
+    still fits."""
     gpus = node.gpus
-    base = [[0, 0, 0] if empty else [g.used_slots, g.used_mem, g.used_cores] for g in gpus]
+    if held is not None:
+        base = [list(u) for u in held]
+    else:
+        base = [[0, 0, 0] if empty else [g.used_slots, g.used_mem, g.used_cores] for g in gpus]
     reasons: Counter[str] = Counter()
     devices: PodDevices = []
     running = [list(u) for u in base]  # with the sidecars started so far, then the app containers

@@ -33,6 +33,10 @@ pod is gone (``NodeState.bad_pods``), since what it holds is unknown. A malforme
 unbound pod holds nothing and blocks nothing. Each is returned as a ``Problem`` for the caller to
 log, count and report as an Event.
 
+For preemption (``hamipy.extender.preemption``) it keeps, per bound pod, what choosing victims
+reads (``PodFacts``: priority, labels, whether it is leaving already), and the preemptions under
+way (``nominations``: the pod, its node and GPUs, the victims it waits for).
+
 The model also keeps the pods that are not bound yet (``pending``: identity, ``schedulerName`` and
 the fields a filter reads), so that a filter reserves only for a pod that exists and reads its asks
 from the watched object rather than from the caller's copy, and a bind decides without reading the
@@ -47,6 +51,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final, Literal, NewType
 
+from hamipy.extender.disruption_budgets import DisruptionBudgets
 from hamipy.extender.quota import Quotas
 from hamipy.protocol import keys
 from hamipy.protocol.devices import ContainerDevice, DeviceInfo, PodDevices
@@ -65,7 +70,9 @@ __all__ = [
     "Gpu",
     "NodeName",
     "NodeState",
+    "Nomination",
     "PendingPod",
+    "PodFacts",
     "PodUid",
     "Problem",
     "Source",
@@ -219,6 +226,29 @@ class Contribution:
     """The annotation an allocation was decoded from (to skip unchanged pods)."""
     sidecars: frozenset[int] = frozenset()
     """Init slots that are native sidecars (``pod_usage``)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PodFacts:
+    """What choosing preemption victims reads of a bound pod."""
+
+    priority: int
+    labels: Mapping[str, str]
+    leaving: bool
+    """Being deleted or finished: it frees its GPUs by itself, and is never chosen again."""
+    grace_s: int
+    """``terminationGracePeriodSeconds`` (30 when unset): how long its containers may run on."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Nomination:
+    """A preemption under way: the preemptor's GPUs on ``node`` are held (a reservation) until it is
+    bound, deleted, or ``expires_at`` (monotonic) passes; ``victims`` are the pods it waits for."""
+
+    node: NodeName
+    devices: PodDevices
+    victims: tuple[PodUid, ...]
+    expires_at: float
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -408,6 +438,7 @@ class _PodInfo:
     n_init: int
     sidecars: frozenset[int]
     finished: bool
+    facts: PodFacts
 
 
 def _pod_info(pod: Mapping[str, Any]) -> _PodInfo:
@@ -425,7 +456,18 @@ def _pod_info(pod: Mapping[str, Any]) -> _PodInfo:
         n_init=len(spec.get("initContainers") or []),
         sidecars=pod_sidecars(pod),
         finished=pod_finished(pod),
+        facts=PodFacts(
+            priority=_int(spec.get("priority"), 0),
+            labels=meta.get("labels") or {},
+            leaving=pod_leaving(pod),
+            grace_s=_int(spec.get("terminationGracePeriodSeconds"), 30),
+        ),
     )
+
+
+def _int(value: Any, default: int) -> int:
+    """An integer field of a stored object (bools are not integers here)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
 
 
 def pod_sidecars(pod: Mapping[str, Any]) -> frozenset[int]:
@@ -437,6 +479,7 @@ def pod_sidecars(pod: Mapping[str, Any]) -> frozenset[int]:
 
 
 _KEPT_META: Final = ("name", "namespace", "uid", "resourceVersion", "annotations")
+_KEPT_SPEC: Final = ("schedulerName", "initContainers", "containers", "priority", "preemptionPolicy")
 
 
 def _pending(info: _PodInfo, pod: Mapping[str, Any]) -> PendingPod:
@@ -444,7 +487,7 @@ def _pending(info: _PodInfo, pod: Mapping[str, Any]) -> PendingPod:
     # a pending pod (status, managedFields) is not kept alive.
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
-    kept_spec = {k: spec[k] for k in ("schedulerName", "initContainers", "containers") if k in spec}
+    kept_spec = {k: spec[k] for k in _KEPT_SPEC if k in spec}
     kept_meta = {k: meta[k] for k in _KEPT_META if k in meta}
     return PendingPod(
         namespace=info.namespace,
@@ -477,6 +520,12 @@ class ClusterModel:
         self._bad: dict[PodUid, NodeName] = {}
         self.pending: dict[PodUid, PendingPod] = {}
         """Pods seen not bound and not finished (``PendingPod``)."""
+        self.facts: dict[PodUid, PodFacts] = {}
+        """Bound pods not finished: what choosing preemption victims reads of them."""
+        self.budgets = DisruptionBudgets()
+        """The PodDisruptionBudgets (from their watch), which preemption respects."""
+        self.nominations: dict[PodUid, Nomination] = {}
+        """Preemptions under way, by preemptor (``Nomination``)."""
         self.nodes_synced = False
         self.pods_synced = False
         self.generation = 0
@@ -604,6 +653,8 @@ class ClusterModel:
         uid = info.uid
         if event == "DELETED" or info.finished:
             self.pending.pop(uid, None)
+            self.facts.pop(uid, None)
+            self.nominations.pop(uid, None)
             self._set_bad(uid, None)
             if uid in self.contributions:
                 self._set(None, uid)
@@ -618,6 +669,8 @@ class ClusterModel:
                     return [Problem("Pod", info.name, info.namespace, uid, exc.field, str(exc))]
             return []
         self.pending.pop(uid, None)
+        self.nominations.pop(uid, None)  # a preemptor bound: its preemption is over
+        self.facts[uid] = info.facts
         current = self.contributions.get(uid)
         if info.allocated is None:
             self._set_bad(uid, None)
@@ -662,6 +715,7 @@ class ClusterModel:
         problems: list[Problem] = []
         seen: set[str] = set()
         self.pending.clear()
+        self.facts.clear()
         for pod in pods:
             seen.add(str((pod.get("metadata") or {}).get("uid", "")))
             problems += self.apply_pod("MODIFIED", pod)

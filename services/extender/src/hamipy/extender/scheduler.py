@@ -14,16 +14,18 @@ node under the lock, so that costs at worst a bind refused and retried, never an
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 from opentelemetry import trace
 
 from hamipy.extender.binding import Binder
 from hamipy.extender.errors import BindRefused
+from hamipy.extender.eviction import Evictor
 from hamipy.extender.filtering import Decision, LockRule, build_ask, decide, quota_check, summarize
-from hamipy.extender.fitting import NodeReasons
-from hamipy.extender.model import ClusterModel, NodeName, PendingPod, PodUid, now_epoch
+from hamipy.extender.fitting import NodeReasons, PodAsk
+from hamipy.extender.model import ClusterModel, NodeName, Nomination, PendingPod, PodUid, now_epoch
+from hamipy.extender.preemption import PREEMPTING, Plan, choose_plan, plan_node, preemptor_of
 from hamipy.extender.scoring import prioritize_score
 from hamipy.extender.settings import ExtenderSettings
 from hamipy.extender.telemetry import Telemetry
@@ -31,6 +33,7 @@ from hamipy.kube.errors import KubeError
 from hamipy.kube.events import EventRecorder, involved_pod
 from hamipy.protocol import keys
 from hamipy.protocol.config import Config
+from hamipy.protocol.devices import PodDevices
 from hamipy.protocol.errors import ProtocolError
 from hamipy.telemetry import pod_trace_context
 
@@ -76,6 +79,10 @@ def _pod(args: Any) -> dict[str, Any]:
     return pod
 
 
+def _meta_victims(uids: Sequence[str], violations: int) -> dict[str, Any]:
+    return {"Pods": [{"UID": u} for u in uids], "NumPDBViolations": violations}
+
+
 class Scheduler:
     """One extender's decisions: ``filter``, ``prioritize``, ``bind``."""
 
@@ -88,6 +95,7 @@ class Scheduler:
         telemetry: Telemetry,
         events: EventRecorder,
         binder: Binder | None,
+        evictor: Evictor | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.model = model
@@ -96,6 +104,8 @@ class Scheduler:
         self.telemetry = telemetry
         self.events = events
         self.binder = binder
+        self.evictor = evictor
+        """Carries out preemptions (None: this extender preempts nothing)."""
         self.clock = clock
         self._traceparents: dict[str, str] = {}
         # Per pending pod: its last failure's detail and how many identical ones followed it.
@@ -216,6 +226,7 @@ class Scheduler:
                     expires_at=now_mono + self.settings.reservation_ttl_s,
                     sidecars=ask.sidecars,
                 )
+            self.model.nominations.pop(uid, None)  # fits now: a preemption for it is over
             chose = f"chose node {decision.node} among {len(names)} ({decision.fitted} fitted)"
             if self.settings.success_events:
                 self.events.emit(involved, FILTERING_SUCCEED, chose)
@@ -225,11 +236,74 @@ class Scheduler:
                 reason,
                 chose,
             )
-        summary = summarize(decision.failed, decision.unresolvable)
+        failed = dict(decision.failed)
+        preempting = self._preempt(watched, uid, ask, names, now_mono) if watched is not None else None
+        if preempting is not None:
+            failed[preempting[0]] = NodeReasons.of_node(PREEMPTING, preempting[1])
+        summary = summarize(failed, decision.unresolvable)
         message = f"no node fits the pod's GPU request: {summary.text()}"
         self.events.emit(involved, FILTERING_FAILED, message, warning=True)
-        result = self._result(names, items, [], decision.failed, decision.unresolvable)
-        return result, "failed", summary.top_cause(), message
+        result = self._result(names, items, [], failed, decision.unresolvable)
+        return result, "failed", PREEMPTING if preempting else summary.top_cause(), message
+
+    def _preempt(
+        self, watched: PendingPod, uid: PodUid, ask: PodAsk, names: list[str], now_mono: float
+    ) -> tuple[str, str] | None:
+        """For a pod that fits nowhere: hold on to a preemption under way for it, or plan one and
+        start it (docs/extender.md#preemption). The node and the reason text to show there; None
+        when there is none."""
+        if self.evictor is None:
+            return None
+        nomination = self.model.nominations.get(uid)
+        if nomination is not None and nomination.expires_at > now_mono:
+            # Its victims are still stopping: keep its GPUs held, as planned.
+            self._hold(watched, uid, ask, nomination.node, nomination.devices, nomination.expires_at)
+            left = [v for v in nomination.victims if v in self.model.contributions]
+            return nomination.node, f"waiting for {len(left)} preempted pod(s) to stop"
+        self.model.nominations.pop(uid, None)
+        preemptor = preemptor_of(uid, watched.pod, ask)
+        if preemptor is None:
+            return None
+        now = now_epoch()
+        plans: list[Plan] = []
+        for name in names:
+            state = self.model.nodes.get(name)
+            if state is not None and state.usable(now):
+                plan = plan_node(self.model, state, preemptor)
+                if plan is not None:
+                    plans.append(plan)
+        plan = choose_plan(plans)
+        if plan is None or not plan.victims:
+            return None  # nowhere, or pods already stopping make room: it waits for them
+        grace = max(self.model.facts[v.uid].grace_s for v in plan.victims)
+        expires_at = now_mono + grace + self.settings.preemption_wait_s
+        self._hold(watched, uid, ask, plan.node, plan.devices, expires_at)
+        self.model.nominations[uid] = Nomination(
+            plan.node, plan.devices, tuple(v.uid for v in plan.victims), expires_at
+        )
+        self.evictor.start(preemptor, plan)
+        victims = ", ".join(f"{v.namespace}/{v.name}" for v in plan.victims)
+        return plan.node, f"preempting {victims} (lower priority) to free its GPUs for this pod"
+
+    def _hold(
+        self,
+        watched: PendingPod,
+        uid: PodUid,
+        ask: PodAsk,
+        node: NodeName,
+        devices: PodDevices,
+        expires_at: float,
+    ) -> None:
+        self.model.reserve(
+            uid=uid,
+            namespace=watched.namespace,
+            name=watched.name,
+            node=node,
+            devices=devices,
+            n_init=ask.n_init,
+            expires_at=expires_at,
+            sidecars=ask.sidecars,
+        )
 
     def _watched(self, uid: PodUid) -> PendingPod | None:
         """The pod of this UID as the watch has it, when it is pending for our scheduler: the only
@@ -283,6 +357,68 @@ class Scheduler:
         self.telemetry.metrics.filter_seconds.labels(result="prioritize").observe(
             time.perf_counter() - started
         )
+        return out
+
+    # -- preempt ---------------------------------------------------------------------------------
+
+    def preempt(self, args: Any) -> dict[str, Any]:
+        """ExtenderPreemptionArgs -> ExtenderPreemptionResult (kube-scheduler's ``preemptVerb``).
+
+        kube-scheduler proposes victims per node for its own resources; for a GPU pod of ours each
+        node's set becomes those plus the fewest lower-priority GPU pods whose removal lets the pod
+        fit a GPU (``plan_node``); a node where it cannot is dropped. Answered by UID
+        (``MetaVictims``), as to a ``nodeCacheCapable`` extender. A pod the filter is preempting
+        for already gets no nodes: its victims are being evicted."""
+        pod = _pod(args)
+        uid = PodUid(str(pod["metadata"].get("uid", "")))
+        proposed = self._proposed_victims(args)
+        watched = self._watched(uid)
+        try:
+            ask = build_ask(dict(watched.pod) if watched is not None else pod, self.config)
+        except ProtocolError as exc:
+            raise BadRequest(f"the pod's GPU request is malformed: {exc}") from None
+        preemptor = preemptor_of(uid, watched.pod, ask) if watched is not None else None
+        out: dict[str, Any] = {}
+        if not ask.requests.any:  # not a GPU pod: kube-scheduler's choice stands
+            out = {node: _meta_victims(uids, n) for node, (uids, n) in proposed.items()}
+        elif preemptor is not None and uid not in self.model.nominations:
+            now = now_epoch()
+            for node, (uids, violations) in proposed.items():
+                state = self.model.nodes.get(node)
+                if state is None or not state.usable(now):
+                    continue
+                plan = plan_node(self.model, state, preemptor, required=[PodUid(u) for u in uids])
+                if plan is not None:
+                    chosen = [*(v.uid for v in plan.victims), *plan.others]
+                    out[node] = _meta_victims(chosen, violations + plan.pdb_violations)
+        result = "candidates" if out else "none"
+        decisions = self.telemetry.metrics.decisions
+        decisions.labels(verb="preempt", result=result, reason="ProcessPreemption").inc()
+        return {"NodeNameToMetaVictims": out}
+
+    @staticmethod
+    def _proposed_victims(args: Mapping[str, Any]) -> dict[str, tuple[list[str], int]]:
+        """kube-scheduler's victims per node (UIDs, PDB violations), from ``NodeNameToMetaVictims``
+        or, for an extender that is not node-cache capable, ``NodeNameToVictims``."""
+        meta = args.get("NodeNameToMetaVictims")
+        full = args.get("NodeNameToVictims")
+        source = meta if isinstance(meta, dict) else full if isinstance(full, dict) else {}
+        out: dict[str, tuple[list[str], int]] = {}
+        for node, victims in source.items():
+            if not isinstance(victims, dict) or not isinstance(victims.get("Pods") or [], list):
+                raise BadRequest(f"victims of node {node!r} must be an object with a Pods list")
+            uids = []
+            for p in victims.get("Pods") or []:
+                uid = None
+                if isinstance(p, dict):
+                    uid = p.get("UID") if source is meta else (p.get("metadata") or {}).get("uid")
+                if not isinstance(uid, str):
+                    raise BadRequest(f"a victim of node {node!r} has no UID")
+                uids.append(uid)
+            violations = victims.get("NumPDBViolations") or 0
+            if not isinstance(violations, int):
+                raise BadRequest("NumPDBViolations must be an integer")
+            out[str(node)] = (uids, violations)
         return out
 
     # -- bind ------------------------------------------------------------------------------------

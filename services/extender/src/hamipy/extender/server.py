@@ -1,6 +1,6 @@
 """The HTTP server kube-scheduler calls, and the background work that keeps the model current.
 
-Routes: ``POST /filter``, ``/prioritize``, ``/bind`` (extender JSON, Go field names);
+Routes: ``POST /filter``, ``/prioritize``, ``/bind``, ``/preempt`` (extender JSON, Go field names);
 ``GET /healthz`` (the process serves), ``/readyz`` (both Nodes and Pods listed, so decisions see
 the whole cluster, and no background task dead), ``/metrics`` (Prometheus). A body that is not
 JSON, nested deeper than ``json_bodies.MAX_DEPTH``, not the expected argument (a field the
@@ -31,7 +31,7 @@ import json
 import secrets
 import socket
 import ssl
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from types import TracebackType
 from typing import Any, Final, Self
 
@@ -40,6 +40,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from hamipy.extender.binding import Binder
 from hamipy.extender.errors import ExtenderError
+from hamipy.extender.eviction import Evictor
 from hamipy.extender.leadership import FORWARDED_HEADER, LEADER_URL_ANNOTATION, Leadership
 from hamipy.extender.model import ClusterModel
 from hamipy.extender.scheduler import BadRequest, Scheduler
@@ -184,30 +185,30 @@ async def _to_leader(request: web.Request) -> web.Response | None:
     return web.Response(status=answer.status, body=answer.body, content_type=_JSON)
 
 
-async def _filter(request: web.Request) -> web.Response:
+async def _decide(request: web.Request, verb: Callable[[Scheduler, Any], Any]) -> web.Response:
+    """A verb answered from the model alone (filter, prioritize, preempt), on the leader."""
     if (refused := _refused(request)) is not None:
         return refused
     if (forwarded := await _to_leader(request)) is not None:
         return forwarded
     try:
         args = await _json_body(request, _ARGS)
-        result = request.app[SCHEDULER].filter(args)
+        result = verb(request.app[SCHEDULER], args)
     except BadRequest as exc:
         return _bad(request, exc)
     return web.Response(body=json.dumps(result, separators=(",", ":")), content_type=_JSON)
+
+
+async def _filter(request: web.Request) -> web.Response:
+    return await _decide(request, Scheduler.filter)
 
 
 async def _prioritize(request: web.Request) -> web.Response:
-    if (refused := _refused(request)) is not None:
-        return refused
-    if (forwarded := await _to_leader(request)) is not None:
-        return forwarded
-    try:
-        args = await _json_body(request, _ARGS)
-        result = request.app[SCHEDULER].prioritize(args)
-    except BadRequest as exc:
-        return _bad(request, exc)
-    return web.Response(body=json.dumps(result, separators=(",", ":")), content_type=_JSON)
+    return await _decide(request, Scheduler.prioritize)
+
+
+async def _preempt(request: web.Request) -> web.Response:
+    return await _decide(request, Scheduler.preempt)
 
 
 async def _bind(request: web.Request) -> web.Response:
@@ -280,6 +281,7 @@ def make_app(
     app.router.add_post("/filter", _filter)
     app.router.add_post("/prioritize", _prioritize)
     app.router.add_post("/bind", _bind)
+    app.router.add_post("/preempt", _preempt)
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
     app.router.add_get("/metrics", _metrics)
@@ -358,6 +360,16 @@ class ExtenderServer:
                 exclusive=self.leadership.exclusive,
             )
         self.health = Health(model=self.model, supervisor=self.supervisor, informers=self.informers)
+        evictor = None
+        if api is not None and settings.preemption:
+            evictor = Evictor(
+                api=api,
+                model=self.model,
+                events=self.events,
+                telemetry=telemetry,
+                scheduler_name=config.scheduler_name,
+                timeout_s=settings.api_timeout_s,
+            )
         self.scheduler = Scheduler(
             model=self.model,
             config=config,
@@ -365,6 +377,7 @@ class ExtenderServer:
             telemetry=telemetry,
             events=self.events,
             binder=binder,
+            evictor=evictor,
         )
         self.port = 0
         self._server: BoundedServer | None = None
@@ -387,6 +400,8 @@ class ExtenderServer:
             )
             self.supervisor.start("extender-handshake", stamping)
         yield
+        if self.scheduler.evictor is not None:
+            await self.scheduler.evictor.close()
         await self.supervisor.stop()
         if self.leadership.elector is not None:
             await self.leadership.elector.release()  # another replica leads at once, not after the lease

@@ -35,6 +35,12 @@ class ExtenderSettings:
     """How long a filter's reservation counts without a bind confirming it. Longer than a normal
     filter -> bind gap (milliseconds to the bind wait), short enough that a pod the scheduler gave
     up on frees its GPUs soon."""
+    preemption: bool = True
+    """Preempt lower-priority GPU pods for a pod that fits nowhere (``hamipy.extender.preemption``):
+    kube-scheduler cannot, as it does not see GPU memory and cores."""
+    preemption_wait_s: float = 60.0
+    """How long, beyond the victims' longest grace period, a preemptor's GPUs stay held for it
+    while the victims stop; then its next filter plans again."""
     api_timeout_s: float = 10.0
     """Per Kubernetes API call (not watches)."""
     watch_timeout_s: float = 300.0

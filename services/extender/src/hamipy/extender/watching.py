@@ -8,6 +8,10 @@ model: a list replaces the model's view of that resource (so what was deleted wh
 open is forgotten) and each change applies one object. The informers keep no cache of their own
 (``keep=False``): the model is the cache.
 
+ResourceQuotas feed the namespaces' GPU limits (``hamipy.extender.quota``) and
+PodDisruptionBudgets what preemption respects (``hamipy.extender.disruption_budgets``; not watched
+with ``--no-preemption``).
+
 Pods are watched in all namespaces: any bound pod may hold GPUs (bound by HAMi, by another replica,
 or before a restart), and the allocation annotation is the only record of it; and the pods not bound
 yet are the ones a filter may reserve for (``ClusterModel.pending``).
@@ -45,12 +49,13 @@ __all__ = [
     "stamp_once",
 ]
 
-Resource = Literal["nodes", "pods", "resourcequotas"]
-RESOURCES: Final[tuple[Resource, ...]] = ("nodes", "pods", "resourcequotas")
+Resource = Literal["nodes", "pods", "resourcequotas", "poddisruptionbudgets"]
+RESOURCES: Final[tuple[Resource, ...]] = ("nodes", "pods", "resourcequotas", "poddisruptionbudgets")
 _PATHS: Final[dict[Resource, str]] = {
     "nodes": node_path(),
     "pods": pod_path(),
     "resourcequotas": "/api/v1/resourcequotas",
+    "poddisruptionbudgets": "/apis/policy/v1/poddisruptionbudgets",
 }
 
 
@@ -93,6 +98,9 @@ class ModelFeed:
         self.on_change = on_change
 
     def listed(self, objects: list[dict[str, Any]]) -> None:
+        if self.resource == "poddisruptionbudgets":
+            self.model.budgets.replace(objects)
+            return
         if self.resource == "resourcequotas":
             self._quota_problems(self.model.quotas.replace(objects))
             self._changed()
@@ -109,6 +117,9 @@ class ModelFeed:
         self._changed()
 
     def changed(self, kind: ChangeKind, obj: dict[str, Any]) -> None:
+        if self.resource == "poddisruptionbudgets":
+            self.model.budgets.apply(kind, obj)
+            return
         if self.resource == "resourcequotas":
             self._quota_problems(self.model.quotas.apply(kind, obj))
             self._changed()
@@ -161,6 +172,8 @@ def model_informers(
     ``hamipy_extender_watch_restarts_total{resource,cause}``; not started (``run`` them)."""
     out: dict[Resource, Informer] = {}
     for resource in RESOURCES:
+        if resource == "poddisruptionbudgets" and not settings.preemption:
+            continue  # only preemption reads them
 
         def restarted(cause: RestartCause, resource: Resource = resource) -> None:
             telemetry.metrics.watch_restarts.labels(resource=resource, cause=cause).inc()
