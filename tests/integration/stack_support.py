@@ -199,6 +199,7 @@ def extender_config(url: str, *, cooperative: bool = False) -> ExtenderConfig:
         url_prefix=url,
         filter_verb="filter",
         bind_verb="bind",
+        preempt_verb="preempt",
         prioritize_verb="prioritize" if cooperative else "",
         node_cache_capable=True,
         managed_resources=MANAGED,

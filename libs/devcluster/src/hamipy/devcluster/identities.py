@@ -41,10 +41,12 @@ SYSTEM_NAMESPACE: Final = "hami-system"
 SERVICE_RULES: Final[dict[str, tuple[dict[str, Any], ...]]] = {
     "extender": (
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "patch"]},
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "patch"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "patch", "delete"]},
         {"apiGroups": [""], "resources": ["pods/binding"], "verbs": ["create"]},
+        {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]},
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
         {"apiGroups": [""], "resources": ["resourcequotas"], "verbs": ["list", "watch"]},
+        {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": ["list", "watch"]},
     ),
     "device-plugin": (
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},

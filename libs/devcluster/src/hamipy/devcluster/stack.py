@@ -247,6 +247,7 @@ class LocalStack:
             url_prefix=self.extender_url,
             filter_verb="filter",
             bind_verb="bind",
+            preempt_verb="preempt",
             node_cache_capable=True,
             managed_resources=tuple(ManagedResource(name) for name in MANAGED_RESOURCES),
             http_timeout_s=30,
