@@ -156,6 +156,14 @@ def _check_examples(table: str) -> None:
     cannot_fit = _row(table, "hami-examples/cannot-fit")
     assert cannot_fit[1] == "Pending"
     assert "CardInsufficientMemory" in " ".join(cannot_fit)
+    # The training pod preempted exactly one batch pod, and runs on the A100 it freed.
+    batch = [_row(table, f"hami-examples/batch-{i}") for i in range(4)]
+    preempted = [row for row in batch if row[1] == "Preempted"]
+    assert len(preempted) == 1, table
+    assert "Preempted by pod hami-examples/training (priority 1000)" in " ".join(preempted[0])
+    training = _row(table, "hami-examples/training")
+    assert training[1] == "Running", table
+    assert "A100" in " ".join(training)
     # The quota admits one of the two 6 GiB pods; the other waits, naming the quota.
     first, second = _row(table, "hami-team-a/quota-first"), _row(table, "hami-team-a/quota-second")
     assert first[1] == "Running"

@@ -1,11 +1,15 @@
 """``make up``'s example workloads and the tables it prints: where each example pod landed, and
 the allocation of every GPU (``hamipy-devcluster gpus``).
 
-The examples are plain manifests in ``deploy/examples/`` (Namespaces, ResourceQuotas and Pods),
-applied in file name order; a ResourceQuota is in force (``quota_enforced``) before the next
-document goes in, so the pods after it are counted against it. Everything shown is read from the
-cluster: the pods' ``hami.io/vgpu-devices-allocated`` and the nodes' ``hami.io/node-nvidia-register``
-annotations, decoded by ``hamipy.protocol``.
+The examples are plain manifests in ``deploy/examples/`` (Namespaces, PriorityClasses,
+ResourceQuotas and Pods), applied in file name order, one file after the other: a file's pods have
+settled (placed, or Pending with a reason) before the next file goes in, so an example can build on
+those before it (the preemption example fills GPUs, then asks for one); a ResourceQuota is in force
+(``quota_enforced``) before the next document goes in, so the pods after it are counted against
+it. A pod preempted meanwhile shows as ``Preempted``, with the Event that says by whom.
+
+Everything shown is read from the cluster: the pods' ``hami.io/vgpu-devices-allocated`` and the
+nodes' ``hami.io/node-nvidia-register`` annotations, decoded by ``hamipy.protocol``.
 """
 
 from __future__ import annotations
@@ -31,14 +35,18 @@ __all__ = ["apply_examples", "format_table", "gpu_rows", "pod_rows", "wait_settl
 
 SETTLE_TIMEOUT_S: Final = 90.0
 QUOTA_TIMEOUT_S: Final = 30.0
-_KINDS: Final = ("Namespace", "ResourceQuota", "Pod")
+_KINDS: Final = ("Namespace", "PriorityClass", "ResourceQuota", "Pod")
+_PREEMPTING: Final = "Preempting"
+"""The extender's reason on a pod a preemption is making room for (it will be placed)."""
 
 
-def _load(directory: Path) -> list[dict[str, Any]]:
-    docs: list[dict[str, Any]] = []
+def _load(directory: Path) -> list[list[dict[str, Any]]]:
+    """The documents of each file, files in name order."""
+    files: list[list[dict[str, Any]]] = []
     if not directory.is_dir():
-        return docs
+        return files
     for path in sorted(directory.glob("*.yaml")):
+        docs = []
         for doc in yaml.safe_load_all(path.read_text()):
             if doc:
                 if doc.get("kind") not in _KINDS:
@@ -46,40 +54,50 @@ def _load(directory: Path) -> list[dict[str, Any]]:
                         f"{path}: example kind {doc.get('kind')!r} is not one of {', '.join(_KINDS)}"
                     )
                 docs.append(doc)
-    return docs
+        files.append(docs)
+    return files
+
+
+def _collection(doc: dict[str, Any]) -> str:
+    namespace = doc["metadata"].get("namespace", "default")
+    return {
+        "Namespace": "/api/v1/namespaces",
+        "PriorityClass": "/apis/scheduling.k8s.io/v1/priorityclasses",
+        "ResourceQuota": f"/api/v1/namespaces/{namespace}/resourcequotas",
+    }.get(doc["kind"], pod_path(namespace))
 
 
 async def apply_examples(
     api: Any, directory: Path, *, quota_enforced: Callable[[str], Awaitable[bool]] | None = None
 ) -> list[tuple[str, str]]:
-    """Create the example Namespaces, ResourceQuotas and Pods (existing ones are kept); the Pods'
-    (namespace, name). After a ResourceQuota, wait until ``quota_enforced(namespace)`` (the
-    extender counts it). A directory that does not exist has no examples."""
+    """Create the example Namespaces, PriorityClasses, ResourceQuotas and Pods (existing ones are
+    kept), file by file (the module docstring); the Pods' (namespace, name). After a ResourceQuota,
+    wait until ``quota_enforced(namespace)`` (the extender counts it). A directory that does not
+    exist has no examples."""
     kube = RawKube(api)
-    pods = []
-    for doc in await asyncio.to_thread(_load, directory):
-        namespace = doc["metadata"].get("namespace", "default")
-        try:
-            if doc["kind"] == "Namespace":
-                await kube.request("POST", "/api/v1/namespaces", body=doc)
-            elif doc["kind"] == "ResourceQuota":
-                await kube.request("POST", f"/api/v1/namespaces/{namespace}/resourcequotas", body=doc)
-            else:
-                await wait_for_default_service_account(api, namespace)
-                await kube.request("POST", pod_path(namespace), body=doc)
-        except Conflict:
-            pass  # there already
-        except KubeError as exc:
-            raise DevClusterError(f"example {doc['kind']} {doc['metadata']['name']}: {exc}") from exc
-        if doc["kind"] == "ResourceQuota" and quota_enforced is not None:
-            await wait_for(
-                functools.partial(quota_enforced, namespace),
-                timeout=QUOTA_TIMEOUT_S,
-                interval=0.2,
-                what=f"the extender enforcing example quota {namespace}/{doc['metadata']['name']}",
-            )
-        if doc["kind"] == "Pod":
-            pods.append((doc["metadata"].get("namespace", "default"), doc["metadata"]["name"]))
+    pods: list[tuple[str, str]] = []
+    for docs in await asyncio.to_thread(_load, directory):
+        if pods:
+            await wait_settled(api, pods)
+        for doc in docs:
+            namespace = doc["metadata"].get("namespace", "default")
+            try:
+                if doc["kind"] == "Pod":
+                    await wait_for_default_service_account(api, namespace)
+                await kube.request("POST", _collection(doc), body=doc)
+            except Conflict:
+                pass  # there already
+            except KubeError as exc:
+                raise DevClusterError(f"example {doc['kind']} {doc['metadata']['name']}: {exc}") from exc
+            if doc["kind"] == "ResourceQuota" and quota_enforced is not None:
+                await wait_for(
+                    functools.partial(quota_enforced, namespace),
+                    timeout=QUOTA_TIMEOUT_S,
+                    interval=0.2,
+                    what=f"the extender enforcing example quota {namespace}/{doc['metadata']['name']}",
+                )
+            if doc["kind"] == "Pod":
+                pods.append((namespace, doc["metadata"]["name"]))
     return pods
 
 
@@ -91,20 +109,29 @@ def _settled(pod: Any) -> bool:
     ):
         return True
     conditions = pod.status.conditions or []
-    return any(c.type == "PodScheduled" and c.reason == "Unschedulable" for c in conditions)
+    return any(
+        c.type == "PodScheduled" and c.reason == "Unschedulable" and _PREEMPTING not in (c.message or "")
+        for c in conditions
+    )
 
 
 async def wait_settled(
     api: Any, pods: Sequence[tuple[str, str]], *, timeout_s: float = SETTLE_TIMEOUT_S
 ) -> None:
-    """Wait until every pod is either allocated and Running (or failed), or unschedulable."""
-    from kubernetes_asyncio.client import CoreV1Api
+    """Wait until every pod is either allocated and Running (or failed), unschedulable (not waiting
+    for a preemption made for it), or gone (preempted)."""
+    from kubernetes_asyncio.client import ApiException, CoreV1Api
 
     core = CoreV1Api(api)
     for namespace, name in pods:
 
         async def settled(namespace: str = namespace, name: str = name) -> bool:
-            pod = await core.read_namespaced_pod(name, namespace, _request_timeout=API_TIMEOUT_S)
+            try:
+                pod = await core.read_namespaced_pod(name, namespace, _request_timeout=API_TIMEOUT_S)
+            except ApiException as exc:
+                if exc.status == 404:
+                    return True
+                raise
             return _settled(pod)
 
         await wait_for(
@@ -142,14 +169,21 @@ def _short_type(type_: str) -> str:
 
 
 async def pod_rows(api: Any, pods: Sequence[tuple[str, str]]) -> list[list[str]]:
-    """POD, STATUS, NODE, GPUS, MEMORY, CORES, WHY (the scheduler's reason for a pending pod)."""
-    from kubernetes_asyncio.client import CoreV1Api
+    """POD, STATUS, NODE, GPUS, MEMORY, CORES, WHY (the scheduler's reason for a pending pod; who
+    preempted a preempted one)."""
+    from kubernetes_asyncio.client import ApiException, CoreV1Api
 
     core = CoreV1Api(api)
     gpus = await _gpus(core)
     rows = []
     for namespace, name in pods:
-        pod = await core.read_namespaced_pod(name, namespace, _request_timeout=API_TIMEOUT_S)
+        try:
+            pod = await core.read_namespaced_pod(name, namespace, _request_timeout=API_TIMEOUT_S)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            rows.append(await _gone_row(core, namespace, name))
+            continue
         annotations = pod.metadata.annotations or {}
         status = pod.status.phase or ""
         unschedulable = [c for c in pod.status.conditions or [] if c.reason == "Unschedulable"]
@@ -171,6 +205,18 @@ async def pod_rows(api: Any, pods: Sequence[tuple[str, str]]) -> list[list[str]]
             ]
         )
     return rows
+
+
+async def _gone_row(core: Any, namespace: str, name: str) -> list[str]:
+    """The row of an example pod that no longer exists: ``Preempted`` with the Event naming the
+    preemptor, else ``Deleted``."""
+    events = await core.list_namespaced_event(
+        namespace, field_selector=f"involvedObject.name={name}", _request_timeout=API_TIMEOUT_S
+    )
+    preempted = [e.message or "" for e in events.items if e.reason == "Preempted"]
+    status = "Preempted" if preempted else "Deleted"
+    why = preempted[-1].split(": ")[0] if preempted else ""
+    return [f"{namespace}/{name}", status, "-", "-", "-", "-", why]
 
 
 def _allocated(annotations: dict[str, str]) -> list[list[Any]]:
