@@ -168,6 +168,8 @@ def plan_node(
             continue
         remove(c, 1)
         gone.append(c)
+    if not candidates and not forced:
+        return None  # nothing to evict here (this keeps a failed filter's extra cost to a scan)
     quota_used = model.used_by(preemptor.namespace, exclude=preemptor.uid)
     own = [0, 0]
     for c in gone:
