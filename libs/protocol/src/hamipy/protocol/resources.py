@@ -81,6 +81,12 @@ class ResourceNames:
         """The names that ask for GPU capacity (priority alone asks for none)."""
         return (self.count, self.memory, self.memory_percentage, self.cores)
 
+    @property
+    def quota_keys(self) -> tuple[str, str]:
+        """HAMi's ResourceQuota ``spec.hard`` keys limiting a namespace's GPU memory (MiB) and
+        cores (percent), summed over the GPUs its pods hold: ``limits.<memory>``, ``limits.<cores>``."""
+        return f"limits.{self.memory}", f"limits.{self.cores}"
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class RequestDefaults:

@@ -81,6 +81,7 @@ __all__ = [
     "node_from_json",
     "pod_finished",
     "pod_leaving",
+    "pod_priority",
     "pod_sidecars",
     "pod_usage",
 ]
@@ -457,12 +458,17 @@ def _pod_info(pod: Mapping[str, Any]) -> _PodInfo:
         sidecars=pod_sidecars(pod),
         finished=pod_finished(pod),
         facts=PodFacts(
-            priority=_int(spec.get("priority"), 0),
+            priority=pod_priority(pod),
             labels=meta.get("labels") or {},
             leaving=pod_leaving(pod),
             grace_s=_int(spec.get("terminationGracePeriodSeconds"), 30),
         ),
     )
+
+
+def pod_priority(pod: Mapping[str, Any]) -> int:
+    """``spec.priority`` (set by the API server from the pod's PriorityClass); 0 when unset."""
+    return _int((pod.get("spec") or {}).get("priority"), 0)
 
 
 def _int(value: Any, default: int) -> int:
@@ -521,7 +527,8 @@ class ClusterModel:
         self.pending: dict[PodUid, PendingPod] = {}
         """Pods seen not bound and not finished (``PendingPod``)."""
         self.facts: dict[PodUid, PodFacts] = {}
-        """Bound pods not finished: what choosing preemption victims reads of them."""
+        """Bound pods not finished that carry an allocation: what choosing preemption victims
+        reads of them (other pods hold no GPU, so none is kept for them)."""
         self.budgets = DisruptionBudgets()
         """The PodDisruptionBudgets (from their watch), which preemption respects."""
         self.nominations: dict[PodUid, Nomination] = {}
@@ -670,13 +677,14 @@ class ClusterModel:
             return []
         self.pending.pop(uid, None)
         self.nominations.pop(uid, None)  # a preemptor bound: its preemption is over
-        self.facts[uid] = info.facts
         current = self.contributions.get(uid)
         if info.allocated is None:
+            self.facts.pop(uid, None)  # holds no GPU: never a victim, so nothing to keep
             self._set_bad(uid, None)
             if current is not None and current.source == "allocated":
                 self._set(None, uid)  # annotations removed
             return []
+        self.facts[uid] = info.facts  # it may be a preemption victim
         if (
             current is not None
             and current.source == "allocated"

@@ -41,6 +41,7 @@ from hamipy.extender.model import (
     NodeState,
     PodUid,
     charge_of,
+    pod_priority,
     pod_usage,
 )
 from hamipy.protocol.devices import PodDevices
@@ -74,17 +75,16 @@ def preemptor_of(uid: PodUid, pod: Mapping[str, Any], ask: PodAsk) -> Preemptor 
     meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
     if spec.get("preemptionPolicy") == "Never":
         return None
-    priority = spec.get("priority")
-    if not isinstance(priority, int) or isinstance(priority, bool):
-        priority = 0
-    return Preemptor(uid, str(meta.get("namespace", "")), str(meta.get("name", "")), priority, ask)
+    namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
+    return Preemptor(uid, namespace, name, pod_priority(pod), ask)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Plan:
-    """What preempting on ``node`` takes: ``victims`` (GPU pods of ours to evict, fewest first),
-    ``others`` (pods kube-scheduler chose for its own resources, kept as victims), where the
-    preemptor then fits (``devices``) and how many victims a PodDisruptionBudget would miss."""
+    """What preempting on ``node`` takes: ``victims`` (the GPU pods to evict, by namespace and
+    name; their ``priorities`` in the same order), ``others`` (pods kube-scheduler chose for its
+    own resources that hold no GPU here, evicted too), where the preemptor then fits (``devices``)
+    and how many victims a PodDisruptionBudget would miss."""
 
     node: NodeName
     victims: tuple[Contribution, ...]

@@ -23,16 +23,11 @@ from hamipy.protocol.errors import ProtocolError
 from hamipy.protocol.quantities import parse_quantity
 from hamipy.protocol.resources import ResourceNames
 
-__all__ = ["QUOTA_EXCEEDED", "QuotaLimit", "QuotaProblem", "Quotas", "quota_keys"]
+__all__ = ["QUOTA_EXCEEDED", "QuotaLimit", "QuotaProblem", "Quotas"]
 
 QUOTA_EXCEEDED: Final = "ResourceQuotaNotFit"
 """The reason (per node, and the metric label) of a pod its namespace's quota does not admit: HAMi's
 name for it."""
-
-
-def quota_keys(names: ResourceNames) -> tuple[str, str]:
-    """The ``spec.hard`` keys of the memory and cores limits for these resource names."""
-    return f"limits.{names.memory}", f"limits.{names.cores}"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -62,7 +57,7 @@ class Quotas:
     still hold; the malformed one is ignored rather than read as 0, which would refuse every pod."""
 
     def __init__(self, names: ResourceNames | None = None) -> None:
-        self.memory_key, self.cores_key = quota_keys(names or ResourceNames())
+        self.memory_key, self.cores_key = (names or ResourceNames()).quota_keys
         self._by_namespace: dict[str, dict[str, tuple[QuotaLimit, ...]]] = {}
         self.synced = False
 

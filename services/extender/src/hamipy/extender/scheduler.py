@@ -216,16 +216,8 @@ class Scheduler:
             if watched is None:
                 reason = UNKNOWN_POD
             elif uid not in self.model.contributions:  # a bind of ours in flight is left alone
-                self.model.reserve(
-                    uid=uid,
-                    namespace=watched.namespace,
-                    name=watched.name,
-                    node=NodeName(decision.node),
-                    devices=decision.devices,
-                    n_init=ask.n_init,
-                    expires_at=now_mono + self.settings.reservation_ttl_s,
-                    sidecars=ask.sidecars,
-                )
+                expires_at = now_mono + self.settings.reservation_ttl_s
+                self._hold(watched, uid, ask, NodeName(decision.node), decision.devices, expires_at)
             self.model.nominations.pop(uid, None)  # fits now: a preemption for it is over
             chose = f"chose node {decision.node} among {len(names)} ({decision.fitted} fitted)"
             if self.settings.success_events:
@@ -294,6 +286,7 @@ class Scheduler:
         devices: PodDevices,
         expires_at: float,
     ) -> None:
+        """Reserve ``devices`` on ``node`` for the pod until ``expires_at`` (monotonic)."""
         self.model.reserve(
             uid=uid,
             namespace=watched.namespace,

@@ -62,8 +62,11 @@ def quota_policy(prefix: str, names: ResourceNames | None = None) -> list[dict[s
     names = names or ResourceNames()
     name = prefix + QUOTA_POLICY_NAME
     checks = []
-    for resource, unit, variable in ((names.memory, "MiB", "memory"), (names.cores, "percent", "cores")):
-        key = f"limits.{resource}"
+    memory_key, cores_key = names.quota_keys
+    for resource, key, unit, variable in (
+        (names.memory, memory_key, "MiB", "memory"),
+        (names.cores, cores_key, "percent", "cores"),
+    ):
         checks.append(
             {
                 "expression": (
