@@ -71,3 +71,32 @@ async def test_a_two_gpu_pod_is_charged_for_both(cluster: Cluster, extender: Ext
     message = await cluster.unschedulable("c", "ResourceQuotaNotFit")
     assert "16384 used, the pod asks 1024" in message
     await cluster.assert_invariant()
+
+
+def nudges_sent(extender: ExtenderServer) -> float:
+    value = extender.telemetry.metrics.registry.get_sample_value(
+        "hamipy_extender_requeue_nudges_total", {"result": "sent"}
+    )
+    return value or 0.0
+
+
+async def test_a_pod_held_by_its_quota_is_placed_once_the_quota_is_raised(
+    cluster: Cluster, extender: ExtenderServer
+) -> None:
+    """kube-scheduler does not watch ResourceQuotas, so nothing it sees changes when the limit is
+    raised: the extender's requeue nudge makes it retry the pod (else it waits for the 5-minute
+    flush of kube-scheduler's unschedulable pool)."""
+    ns = cluster.namespace
+    await cluster.add_node("n", [gpu(f"GPU-{ns}-{i}", i, mem=40000) for i in range(2)])
+    await limit_gpu_memory(cluster, extender, 8192)
+    await cluster.create(pod_body("a", container(gpu=1, gpumem=8192), selector=ns))
+    await cluster.bound("a")
+    await cluster.create(pod_body("b", container(gpu=1, gpumem=8192), selector=ns))
+    await cluster.unschedulable("b", "ResourceQuotaNotFit")
+    sent = nudges_sent(extender)
+    raised = {"spec": {"hard": {"limits.nvidia.com/gpumem": "16384"}}}
+    core: Any = cluster.core
+    await core.patch_namespaced_resource_quota("gpu", ns, raised, _request_timeout=API_TIMEOUT_S)
+    await cluster.bound("b", timeout=30)
+    assert nudges_sent(extender) > sent
+    await cluster.assert_invariant()

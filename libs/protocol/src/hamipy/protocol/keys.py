@@ -26,6 +26,7 @@ __all__ = [
     "NOUSE_GPU_UUID",
     "NUMA_BIND",
     "PLUGIN_WRITTEN_ANNOTATIONS",
+    "REQUEUE",
     "RESOURCE_CORES",
     "RESOURCE_COUNT",
     "RESOURCE_COUNT_ALT",
@@ -93,6 +94,9 @@ DEVICE_PLUGIN_MARKER: Final = "hami-py.io/device-plugin-handshake"
 handshake written beside it: a node whose current report carries it is served by our device plugin
 (which needs no node lock), one whose report does not (HAMi's plugin reported last) gets HAMi's
 lock discipline (docs/extender.md#two-bind-paths)."""
+REQUEUE: Final = "hami-py.io/requeue"
+"""Node annotation the extender stamps (a time) when GPUs free up while pods it refused wait: the
+node event makes kube-scheduler retry them (docs/extender.md#requeueing-refused-pods)."""
 
 # Default resource names (docs/wire-format.md#resources; configurable)
 RESOURCE_COUNT: Final = "nvidia.com/gpu"

@@ -160,6 +160,12 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
         help="seconds between Requesting_ handshake stamps on nodes (0: off)",
     )
     serve.add_argument(
+        "--requeue-interval",
+        type=float,
+        default=flags.number("requeue-interval", _DEFAULTS.requeue_interval_s),
+        help="least seconds between nudges making kube-scheduler retry refused pods once GPUs free (0: off)",
+    )
+    serve.add_argument(
         "--max-body-bytes",
         type=int,
         default=flags.integer("max-body-bytes", _DEFAULTS.max_body_bytes),
@@ -241,6 +247,7 @@ def settings_from_args(args: argparse.Namespace) -> ExtenderSettings:
         lock_sweep_interval_s=float(args.lock_sweep_interval),
         reservation_ttl_s=float(args.reservation_ttl),
         handshake_interval_s=float(args.handshake_interval),
+        requeue_interval_s=float(args.requeue_interval),
         api_timeout_s=float(args.api_timeout),
         max_body_bytes=int(args.max_body_bytes),
         header_timeout_s=float(args.header_timeout),

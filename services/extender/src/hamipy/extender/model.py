@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final, Literal, NewType
 
@@ -537,6 +537,10 @@ class ClusterModel:
         self.pods_synced = False
         self.generation = 0
         """Bumped on every change (the metrics collector and tests use it)."""
+        self.on_freed: Callable[[NodeName | None], None] | None = None
+        """Called when capacity may have grown: a pod's GPUs freed on a node, a node registering GPUs
+        anew (with that node), or a namespace's GPU limits changed (with None). kube-scheduler does
+        not see these through the model: ``hamipy.extender.requeue`` tells it."""
 
     @property
     def synced(self) -> bool:
@@ -566,6 +570,7 @@ class ClusterModel:
             state.bad_pods = old.bad_pods
         self.nodes[name] = state
         self._recount(state)
+        self._freed(NodeName(name))
         return [problem] if problem else []
 
     def replace_nodes(self, nodes: Iterable[Mapping[str, Any]]) -> list[Problem]:
@@ -612,6 +617,8 @@ class ClusterModel:
                 self._add_usage(state, old.usage, -1)
                 if contribution is None or contribution.node != old.node:
                     state.refresh_summary()
+            if contribution is None or contribution.node != old.node:
+                self._freed(old.node)
         if contribution is not None:
             self.contributions[uid] = contribution
             self._charge(contribution, 1)
@@ -624,6 +631,15 @@ class ClusterModel:
             if contribution.expires_at is not None:
                 heapq.heappush(self._expiry, (contribution.expires_at, uid))
         self.generation += 1
+
+    def _freed(self, node: NodeName | None) -> None:
+        if self.on_freed is not None:
+            self.on_freed(node)
+
+    def quotas_changed(self) -> None:
+        """The ResourceQuota feed changed a namespace's GPU limits."""
+        self.generation += 1
+        self._freed(None)
 
     def _charge(self, contribution: Contribution, sign: int) -> None:
         mem, cores = charge_of(contribution.usage)

@@ -96,6 +96,7 @@ class Scheduler:
         events: EventRecorder,
         binder: Binder | None,
         evictor: Evictor | None = None,
+        on_refused: Callable[[PodUid], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.model = model
@@ -106,6 +107,8 @@ class Scheduler:
         self.binder = binder
         self.evictor = evictor
         """Carries out preemptions (None: this extender preempts nothing)."""
+        self.on_refused = on_refused
+        """Told of each watched pod no node fits (``hamipy.extender.requeue.Requeuer.refused``)."""
         self.clock = clock
         self._traceparents: dict[str, str] = {}
         # Per pending pod: its last failure's detail and how many identical ones followed it.
@@ -232,6 +235,8 @@ class Scheduler:
         preempting = self._preempt(watched, uid, ask, names, now_mono) if watched is not None else None
         if preempting is not None:
             failed[preempting[0]] = NodeReasons.of_node(PREEMPTING, preempting[1])
+        if watched is not None and self.on_refused is not None:
+            self.on_refused(uid)
         summary = summarize(failed, decision.unresolvable)
         message = f"no node fits the pod's GPU request: {summary.text()}"
         self.events.emit(involved, FILTERING_FAILED, message, warning=True)

@@ -43,6 +43,7 @@ from hamipy.extender.errors import ExtenderError
 from hamipy.extender.eviction import Evictor
 from hamipy.extender.leadership import FORWARDED_HEADER, LEADER_URL_ANNOTATION, Leadership
 from hamipy.extender.model import ClusterModel
+from hamipy.extender.requeue import Requeuer
 from hamipy.extender.scheduler import BadRequest, Scheduler
 from hamipy.extender.settings import ExtenderSettings
 from hamipy.extender.telemetry import SERVICE_NAME, Telemetry
@@ -370,6 +371,16 @@ class ExtenderServer:
                 scheduler_name=config.scheduler_name,
                 timeout_s=settings.api_timeout_s,
             )
+        self.requeuer: Requeuer | None = None
+        if api is not None and settings.requeue_interval_s > 0:
+            self.requeuer = Requeuer(
+                api=api,
+                model=self.model,
+                telemetry=telemetry,
+                interval_s=settings.requeue_interval_s,
+                timeout_s=settings.api_timeout_s,
+            )
+            self.model.on_freed = self.requeuer.freed
         self.scheduler = Scheduler(
             model=self.model,
             config=config,
@@ -378,6 +389,7 @@ class ExtenderServer:
             events=self.events,
             binder=binder,
             evictor=evictor,
+            on_refused=self.requeuer.refused if self.requeuer is not None else None,
         )
         self.port = 0
         self._server: BoundedServer | None = None
@@ -394,6 +406,8 @@ class ExtenderServer:
             self.supervisor.start("extender-leadership", self._lead())
         if self.scheduler.binder is not None:
             self.supervisor.start("extender-lock-sweep", self.scheduler.binder.sweeper.run())
+        if self.requeuer is not None:
+            self.supervisor.start("extender-requeue", self.requeuer.run())
         if self.api is not None and self.settings.handshake_interval_s > 0:
             stamping = stamp_handshakes(
                 api=self.api, model=self.model, settings=self.settings, telemetry=self.telemetry

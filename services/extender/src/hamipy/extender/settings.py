@@ -41,6 +41,10 @@ class ExtenderSettings:
     preemption_wait_s: float = 60.0
     """How long, beyond the victims' longest grace period, a preemptor's GPUs stay held for it
     while the victims stop; then its next filter plans again."""
+    requeue_interval_s: float = 1.0
+    """Least time between two nudges that make kube-scheduler retry the pods the extender refused,
+    once GPUs free up (``hamipy.extender.requeue``); 0 disables them (such pods then wait for
+    kube-scheduler's next cluster event, or its 5-minute flush)."""
     api_timeout_s: float = 10.0
     """Per Kubernetes API call (not watches)."""
     watch_timeout_s: float = 300.0

@@ -209,6 +209,13 @@ class Metrics:
             "Binds whose pod another bind of it had written first (left as that bind wrote it).",
             registry=r,
         )
+        self.requeue_nudges = Counter(
+            "hamipy_extender_requeue_nudges",
+            "Node annotations written to make kube-scheduler retry pods the extender refused, once GPUs "
+            "freed, by result (sent, failed).",
+            ["result"],
+            registry=r,
+        )
         self._collector: GpuCollector | None = None
         # Known label values start at zero: a series that appears only at its first event hides
         # that event from rate() and increase() (dashboards show nothing, alerts see no increase).
@@ -223,6 +230,8 @@ class Metrics:
         for verb in ("filter", "prioritize", "bind"):
             for result in ("answered", "failed"):
                 self.forwarded.labels(verb=verb, result=result)
+        for result in ("sent", "failed"):
+            self.requeue_nudges.labels(result=result)
         for path in ("model", "locked"):
             self.bind_paths.labels(path=path)
         for reason in ("queue-full", "api-error"):

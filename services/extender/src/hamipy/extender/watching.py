@@ -102,7 +102,11 @@ class ModelFeed:
             self.model.budgets.replace(objects)
             return
         if self.resource == "resourcequotas":
-            self._quota_problems(self.model.quotas.replace(objects))
+            quotas = self.model.quotas
+            before = tuple(quotas.all_limits())
+            self._quota_problems(quotas.replace(objects))
+            if tuple(quotas.all_limits()) != before:
+                self.model.quotas_changed()
             self._changed()
             return
         if self.resource == "nodes":
@@ -121,7 +125,14 @@ class ModelFeed:
             self.model.budgets.apply(kind, obj)
             return
         if self.resource == "resourcequotas":
-            self._quota_problems(self.model.quotas.apply(kind, obj))
+            # Most ResourceQuota events are its controller's status.used updates: only a change of
+            # the GPU limits themselves is news.
+            quotas = self.model.quotas
+            namespace = str((obj.get("metadata") or {}).get("namespace", ""))
+            before = quotas.limits(namespace)
+            self._quota_problems(quotas.apply(kind, obj))
+            if quotas.limits(namespace) != before:
+                self.model.quotas_changed()
             self._changed()
             return
         if self.resource == "nodes":
