@@ -20,7 +20,11 @@ noise falls on all alike:
   start several replicas; the scheduler calls replica 0);
 - ``binpack3``: as ``binpack`` with 3 replicas electing a leader (``--leader-elect``) and
   kube-scheduler pinned to a follower, as kube-proxy pins a kept-alive connection: every request is
-  forwarded to the leader, the worst case of a Service (all replicas share this machine's cores).
+  forwarded to the leader, the worst case of a Service (all replicas share this machine's cores);
+- ``binpack3r`` (only when ``--phases`` names it): as ``binpack3`` with ``--follower-redirect``: the
+  follower answers each request with a 307 to the leader, which kube-scheduler then calls itself.
+
+``--phases`` picks some of them (``bare`` always runs: the ratios are to it).
 
 Each phase starts from empty nodes in a namespace of its own and, once the kube-apiserver has a
 second with at most 3 requests that are not the benchmark's (after the nodes are registered,
@@ -59,7 +63,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -114,7 +118,8 @@ SETTLE_S = 1.0
 EXTENDER_REPLICAS = 1
 MANAGED = tuple(ManagedResource(r) for r in (keys.RESOURCE_COUNT, keys.RESOURCE_MEMORY, keys.RESOURCE_CORES))
 PHASES = ("bare", "binpack", "spread", "binpack3")
-OURS = ("binpack", "spread", "binpack3")
+"""The phases a run has unless ``--phases`` says otherwise."""
+KNOWN_PHASES = (*PHASES, "binpack3r")
 ELECTED_REPLICAS = 3
 """``binpack3``: this many replicas electing a leader, kube-scheduler pinned to a follower (as
 kube-proxy pins a kept-alive connection): every request is forwarded, the worst case of a Service."""
@@ -218,11 +223,13 @@ async def start_extender(cluster: DevCluster, api: Any, config: Config) -> Exten
     return server
 
 
-def elected_args(lease: str) -> Callable[[int, int], list[str]]:
-    """Flags of replica ``index`` on ``port`` electing a leader by the Lease ``default/<lease>``."""
+def elected_args(lease: str, *, redirect: bool = False) -> Callable[[int, int], list[str]]:
+    """Flags of replica ``index`` on ``port`` electing a leader by the Lease ``default/<lease>``
+    (followers redirecting to it with ``redirect``, else forwarding)."""
 
     def args(index: int, port: int) -> list[str]:
         return [
+            "--follower-redirect" if redirect else "--no-follower-redirect",
             "--leader-elect",
             "--lease-namespace",
             "default",
@@ -363,13 +370,13 @@ async def placement_phase(bench: Bench, round_no: int, phase: str) -> dict[str, 
     limits = BARE_LIMITS if phase == "bare" else OUR_LIMITS
     try:
         target = None
-        if phase.endswith("3"):
+        if phase.startswith("binpack3"):
             extenders = await start_extender_processes(
                 ELECTED_REPLICAS,
-                phase.removesuffix("3"),
+                "binpack",
                 kubeconfig=Path(cluster.access.kubeconfig),
                 workdir=bench.workdir / f"round-{round_no}",
-                replica_args=elected_args(f"bench-{round_no}"),
+                replica_args=elected_args(f"bench-{round_no}", redirect=phase == "binpack3r"),
             )
             leader = await wait_leader(extenders)
             target = next(e for e in extenders if e is not leader).url
@@ -453,34 +460,42 @@ async def placement_phase(bench: Bench, round_no: int, phase: str) -> dict[str, 
     return result
 
 
+def _ours(phases: Sequence[str]) -> list[str]:
+    return [ph for ph in phases if ph != "bare"]
+
+
+def _replica_ratios(phases: Sequence[str]) -> list[str]:
+    """The elected-replica phases to compare with one replica's (``binpack``) when both ran."""
+    return [ph for ph in phases if ph.startswith("binpack3") and "binpack" in phases]
+
+
 def summarize(phases: list[dict[str, Any]], rounds: int) -> dict[str, Any]:
     """Per round the rates and ours / bare; over the rounds the medians and the API requests per pod
     of every phase pooled."""
     by = {(p["round"], p["phase"]): p for p in phases}
+    names = list(dict.fromkeys(p["phase"] for p in phases))
     per_round = []
     for r in range(1, rounds + 1):
         bare = by[(r, "bare")]["pods_per_s"]
-        row: dict[str, Any] = {"round": r, **{f"{ph}_pods_per_s": by[(r, ph)]["pods_per_s"] for ph in PHASES}}
-        row.update({f"{ph}_vs_bare": round(by[(r, ph)]["pods_per_s"] / bare, 3) for ph in OURS})
-        one, three = by[(r, "binpack")]["pods_per_s"], by[(r, "binpack3")]["pods_per_s"]
-        row["binpack3_vs_binpack"] = round(three / one, 3)
+        row: dict[str, Any] = {"round": r, **{f"{ph}_pods_per_s": by[(r, ph)]["pods_per_s"] for ph in names}}
+        row.update({f"{ph}_vs_bare": round(by[(r, ph)]["pods_per_s"] / bare, 3) for ph in _ours(names)})
+        for ph in _replica_ratios(names):
+            row[f"{ph}_vs_binpack"] = round(by[(r, ph)]["pods_per_s"] / by[(r, "binpack")]["pods_per_s"], 3)
         per_round.append(row)
     median: dict[str, Any] = {
         f"{ph}_pods_per_s": round(statistics.median(r[f"{ph}_pods_per_s"] for r in per_round), 1)
-        for ph in PHASES
+        for ph in names
     }
-    median.update(
-        {f"{ph}_vs_bare": round(statistics.median(r[f"{ph}_vs_bare"] for r in per_round), 3) for ph in OURS}
-    )
-    median["binpack3_vs_binpack"] = round(statistics.median(r["binpack3_vs_binpack"] for r in per_round), 3)
-    for ph in PHASES:
+    ratios = [f"{ph}_vs_bare" for ph in _ours(names)] + [f"{ph}_vs_binpack" for ph in _replica_ratios(names)]
+    median.update({key: round(statistics.median(r[key] for r in per_round), 3) for key in ratios})
+    for ph in names:
         mine = [p["api_requests"] for p in phases if p["phase"] == ph]
         median[f"{ph}_api_requests_per_pod"] = round(statistics.median(a["per_pod"] for a in mine), 2)
         median[f"{ph}_api_requests_per_pod_excluding_bench"] = round(
             statistics.median(a["per_pod_excluding_bench"] for a in mine), 2
         )
     pooled: dict[str, Any] = {}
-    for ph in PHASES:
+    for ph in names:
         mine = [p for p in phases if p["phase"] == ph]
         pods = sum(p["pods"] for p in mine)
         delta: Counter[str] = Counter()
@@ -493,14 +508,15 @@ def summarize(phases: list[dict[str, Any]], rounds: int) -> dict[str, Any]:
             "excluding_bench": {k: round(v / pods, 3) for k, v in others.most_common(8)},
             "bench_own": {k: round(v / pods, 3) for k, v in own.most_common(4)},
         }
-    return {"per_round": per_round, "median": median, "api_requests_per_pod_pooled": pooled}
+    return {"phases": names, "per_round": per_round, "median": median, "api_requests_per_pod_pooled": pooled}
 
 
 def table(phases: list[dict[str, Any]], summary: dict[str, Any]) -> str:
     """The compact stdout report."""
-    ratios = {(r["round"], ph): r[f"{ph}_vs_bare"] for r in summary["per_round"] for ph in OURS}
+    names = summary["phases"]
+    ratios = {(r["round"], ph): r[f"{ph}_vs_bare"] for r in summary["per_round"] for ph in _ours(names)}
     lines = [
-        f"{'round':>5} {'phase':<8} {'pods/s':>7} {'vs bare':>7} {'bound s':>7} {'p50 s':>6} {'p99 s':>6}"
+        f"{'round':>5} {'phase':<9} {'pods/s':>7} {'vs bare':>7} {'bound s':>7} {'p50 s':>6} {'p99 s':>6}"
         f" {'filter ms':>9} {'client p99':>10} {'bind ms':>8} {'req/pod':>7} {'-bench':>6}"
         "   cpu s: api etcd sched ext bench",
     ]
@@ -511,7 +527,7 @@ def table(phases: list[dict[str, Any]], summary: dict[str, Any]) -> str:
         client = p.get("filter_client_side_while_binding")
         probe = f"{client['p99_us'] / 1e3:.2f}" if client and client["samples"] >= 2 else ""
         lines.append(
-            f"{p['round']:>5} {p['phase']:<8} {p['pods_per_s']:>7.1f}"
+            f"{p['round']:>5} {p['phase']:<9} {p['pods_per_s']:>7.1f}"
             f" {'' if ratio is None else f'{ratio:.2f}':>7} {p['all_bound_in_s']:>7.2f}"
             f" {latency['p50_us'] / 1e6:>6.2f} {latency['p99_us'] / 1e6:>6.2f}"
             f" {ext.get('filter', ''):>9} {probe:>10} {ext.get('bind', ''):>8}"
@@ -520,12 +536,16 @@ def table(phases: list[dict[str, Any]], summary: dict[str, Any]) -> str:
             f" {cpu['bench']:.1f}"
         )
     m = summary["median"]
+    replicas = "".join(
+        f"; {ph} ({ELECTED_REPLICAS} replicas) / binpack: {m[f'{ph}_vs_binpack']:.2f}"
+        for ph in _replica_ratios(names)
+    )
     lines.append(
         "median: "
-        + ", ".join(f"{ph} {m[f'{ph}_pods_per_s']:.1f} pods/s" for ph in PHASES)
+        + ", ".join(f"{ph} {m[f'{ph}_pods_per_s']:.1f} pods/s" for ph in names)
         + "; ours / bare: "
-        + ", ".join(f"{ph} {m[f'{ph}_vs_bare']:.2f}" for ph in OURS)
-        + f"; {ELECTED_REPLICAS} replicas / 1: {m['binpack3_vs_binpack']:.2f}"
+        + ", ".join(f"{ph} {m[f'{ph}_vs_bare']:.2f}" for ph in _ours(names))
+        + replicas
     )
     lines.append(
         "API requests per placed pod (all rounds pooled; '-bench': without this process's own"
@@ -533,9 +553,9 @@ def table(phases: list[dict[str, Any]], summary: dict[str, Any]) -> str:
     )
     for ph, pooled in summary["api_requests_per_pod_pooled"].items():
         top = ", ".join(f"{k} {v:.2f}" for k, v in pooled["excluding_bench"].items())
-        lines.append(f"  {ph:<8} -bench: {top}")
+        lines.append(f"  {ph:<9} -bench: {top}")
         own = ", ".join(f"{k} {v:.2f}" for k, v in pooled["bench_own"].items())
-        lines.append(f"  {'':<8} bench's own (subtracted): {own}")
+        lines.append(f"  {'':<9} bench's own (subtracted): {own}")
     return "\n".join(lines)
 
 
@@ -576,7 +596,13 @@ async def one_node(cluster: DevCluster, api: Any, pool: NodePool, workdir: Path)
 
 
 async def run(
-    nodes: int, pods: int, rounds: int, progress: Callable[[str], None], *, filter_probe: bool = False
+    nodes: int,
+    pods: int,
+    rounds: int,
+    progress: Callable[[str], None],
+    *,
+    filter_probe: bool = False,
+    phases_run: Sequence[str] = PHASES,
 ) -> dict[str, Any]:
     with (
         tempfile.TemporaryDirectory(prefix="hamipy-e2e-", dir="/tmp") as tmp,
@@ -594,7 +620,7 @@ async def run(
                 )
                 phases = []
                 for round_no in range(1, rounds + 1):
-                    for phase in PHASES:
+                    for phase in phases_run:
                         result = await placement_phase(bench, round_no, phase)
                         progress(f"round {round_no} {phase}: {result['pods_per_s']} pods/s")
                         phases.append(result)
@@ -608,10 +634,11 @@ async def run(
         "rounds": rounds,
         "nodes_registered_in_s": round(nodes_s, 1),
         "nodes_settled_in_s": round(quiet_s, 1),
+        "phase_names": summary["phases"],
         "median": m,
         "per_round": summary["per_round"],
         "target_pods_per_s": TARGET_PODS_PER_S,
-        "met": {ph: m[f"{ph}_pods_per_s"] >= TARGET_PODS_PER_S for ph in OURS},
+        "met": {ph: m[f"{ph}_pods_per_s"] >= TARGET_PODS_PER_S for ph in _ours(summary["phases"])},
         "api_requests_per_pod_pooled": summary["api_requests_per_pod_pooled"],
         "api_requests_method": (
             "apiserver_request_total from the kube-apiserver's /metrics once it served nothing but"
@@ -638,17 +665,39 @@ def main() -> None:
         action="store_true",
         help="also time /filter from a client while the binds run (its own load lowers the rates)",
     )
+    parser.add_argument(
+        "--phases",
+        type=lambda text: [ph for ph in text.split(",") if ph],
+        default=list(PHASES),
+        help=f"comma list of {', '.join(KNOWN_PHASES)} (bare always runs)",
+    )
     args = parser.parse_args()
+    unknown = [ph for ph in args.phases if ph not in KNOWN_PHASES]
+    if unknown:
+        parser.error(f"unknown phases {unknown}; known: {', '.join(KNOWN_PHASES)}")
     if args.rounds < 1 or args.pods < 1 or args.nodes < 1:
         parser.error("--nodes, --pods and --rounds must be at least 1")
 
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
-    figures = asyncio.run(run(args.nodes, args.pods, args.rounds, progress, filter_probe=args.filter_probe))
+    figures = asyncio.run(
+        run(
+            args.nodes,
+            args.pods,
+            args.rounds,
+            progress,
+            filter_probe=args.filter_probe,
+            phases_run=["bare", *(ph for ph in args.phases if ph != "bare")],
+        )
+    )
     print(
         table(
-            figures["phases"], {k: figures[k] for k in ("median", "per_round", "api_requests_per_pod_pooled")}
+            figures["phases"],
+            {
+                "phases": figures["phase_names"],
+                **{k: figures[k] for k in ("median", "per_round", "api_requests_per_pod_pooled")},
+            },
         )
     )
     node = figures["one_8_gpu_node_40_pods"]

@@ -9,6 +9,7 @@ these tests) and ``nvidia.com/gpu`` capacity. Every test ends with the invariant
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -272,15 +273,18 @@ def counter(servers: Sequence[ExtenderServer], name: str, labels: dict[str, str]
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("balancing", ["per-request", "per-connection"])
+@pytest.mark.parametrize("balancing", ["per-request", "per-connection", "per-connection-redirect"])
 async def test_burst_with_three_replicas(
     cluster: Cluster, kube_client: Any, hami_scheduler: Callable[..., Any], balancing: str
 ) -> None:
     """Three replicas electing a leader (issue 18, item 3): kube-scheduler reaches them through a
     round-robin proxy (per-request balancing) or, as kube-proxy pins its kept-alive connection, one
-    follower only (per-connection). The leader decides and binds; the others forward. Under 5 % of
-    binds are refused, and only the leader binds."""
-    servers = await start_extenders(kube_client, 3, settings=elected(cluster.namespace))
+    follower only (per-connection). The leader decides and binds; the others forward, or with
+    ``--follower-redirect`` answer a 307 that kube-scheduler follows to the leader itself. Under 5 %
+    of binds are refused, and only the leader binds."""
+    redirect = balancing.endswith("-redirect")
+    settings = dataclasses.replace(elected(cluster.namespace), follower_redirect=redirect)
+    servers = await start_extenders(kube_client, 3, settings=settings)
     runner = None
     try:
         leader = await caught_up_leader(servers)
@@ -306,10 +310,9 @@ async def test_burst_with_three_replicas(
         assert counter(followers, "hamipy_extender_bind_paths_total", {"path": "model"}) == 0
         assert counter(followers, "hamipy_extender_bind_paths_total", {"path": "locked"}) == 0
         assert counter([leader], "hamipy_extender_bind_paths_total", {"path": "model"}) >= FITTABLE
-        forwarded = counter(
-            followers, "hamipy_extender_forwarded_total", {"verb": "bind", "result": "answered"}
-        )
-        assert forwarded >= (FITTABLE if balancing == "per-connection" else 1)
+        result = "redirected" if redirect else "answered"
+        forwarded = counter(followers, "hamipy_extender_forwarded_total", {"verb": "bind", "result": result})
+        assert forwarded >= (1 if balancing == "per-request" else FITTABLE)
     finally:
         if runner is not None:
             await runner.cleanup()

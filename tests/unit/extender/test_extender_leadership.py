@@ -5,6 +5,7 @@ stale view of who leads cannot loop), and its binds never decide from its model.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 from collections.abc import AsyncIterator
 from typing import Any
@@ -16,7 +17,7 @@ from builders import allocation, gpu
 from extender_fakes import FakeKube, bind_args, elected, our_node, pod
 
 from hamipy.devcluster import wait_for
-from hamipy.extender.leadership import FORWARDED_HEADER, Leadership
+from hamipy.extender.leadership import FORWARDED_HEADER, REDIRECTED_QUERY, Leadership
 from hamipy.extender.model import ClusterModel, PodUid
 from hamipy.extender.server import ExtenderServer, make_app
 from hamipy.extender.settings import ExtenderSettings
@@ -24,24 +25,33 @@ from hamipy.extender.telemetry import Telemetry
 from hamipy.protocol.config import Config
 
 
-@pytest.fixture
-async def follower() -> AsyncIterator[str]:
-    """The routes of a replica with leader election on that leads nothing and knows no leader (its
-    elector not joined yet); its URL."""
+@contextlib.asynccontextmanager
+async def serving(**leadership: Any) -> AsyncIterator[str]:
+    """The routes of a replica with leader election on, its ``Leadership`` made with
+    ``leadership``; its URL."""
     srv = ExtenderServer(
         config=Config(),
         settings=ExtenderSettings(),
         telemetry=Telemetry.create(stream=io.StringIO()),
         api=None,
     )
-    leadership = Leadership(election=True, api=None, model=None, telemetry=srv.telemetry, leader_wait_s=0.1)
-    app = make_app(srv.scheduler, max_body_bytes=1 << 20, health=srv.health, leadership=leadership)
+    role = Leadership(election=True, api=None, model=None, telemetry=srv.telemetry, **leadership)
+    app = make_app(srv.scheduler, max_body_bytes=1 << 20, health=srv.health, leadership=role)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    await runner.cleanup()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
+@pytest.fixture
+async def follower() -> AsyncIterator[str]:
+    """A replica that leads nothing and knows no leader (its elector not joined yet)."""
+    async with serving(leader_wait_s=0.1) as url:
+        yield url
 
 
 async def post(url: str, path: str, body: Any, headers: dict[str, str] | None = None) -> tuple[int, Any]:
@@ -113,3 +123,30 @@ async def test_a_new_leader_takes_every_bound_pod_into_its_model_before_binds_de
         following.cancel()
     assert set(model.contributions) == {PodUid("uid-ns-earlier")}
     assert ("GET", "/api/v1/pods") in kube.calls
+
+
+@pytest.fixture
+async def redirecting() -> AsyncIterator[str]:
+    """A follower with ``--follower-redirect`` whose leader serves at ``http://leader.test:8888``."""
+    async with serving(elector=elected(leader_url="http://leader.test:8888/"), redirects=True) as url:
+        yield url
+
+
+@pytest.mark.parametrize("path", ["/filter", "/prioritize", "/bind", "/preempt"])
+async def test_a_redirecting_follower_sends_the_caller_to_the_leader_and_reads_nothing(
+    redirecting: str, path: str
+) -> None:
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session,
+        session.post(redirecting + path, data=b"not even JSON", allow_redirects=False) as resp,
+    ):
+        assert resp.status == 307
+        assert resp.headers["Location"] == f"http://leader.test:8888{path}?{REDIRECTED_QUERY}=me_1"
+
+
+async def test_a_redirected_request_that_reaches_a_follower_is_refused_not_redirected_again(
+    redirecting: str,
+) -> None:
+    status, answer = await post(redirecting, f"/filter?{REDIRECTED_QUERY}=other", {"Pod": pod("p")})
+    assert status == 503
+    assert answer["Error"].endswith("is not the leader")

@@ -218,6 +218,13 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
         default=flags.text("peer-server-name", ""),
         help="TLS name checked on the leader's certificate when forwarding (default: the URL's host)",
     )
+    serve.add_argument(
+        "--follower-redirect",
+        action=argparse.BooleanOptionalAction,
+        default=flags.boolean("follower-redirect", _DEFAULTS.follower_redirect),
+        help="a follower answers 307 to the leader instead of forwarding (kube-scheduler needs a fixed "
+        "TLS serverName)",
+    )
     for flag, default, what in (
         ("lease-duration", _DEFAULTS.lease_duration_s, "how long a silent leader's Lease stands"),
         ("renew-deadline", _DEFAULTS.renew_deadline_s, "a leader that could not renew this long stops"),
@@ -263,6 +270,7 @@ def settings_from_args(args: argparse.Namespace) -> ExtenderSettings:
         identity=str(args.identity),
         advertise_url=str(args.advertise_url),
         peer_server_name=str(args.peer_server_name),
+        follower_redirect=bool(args.follower_redirect),
         lease_duration_s=float(args.lease_duration),
         renew_deadline_s=float(args.renew_deadline),
         retry_period_s=float(args.retry_period),

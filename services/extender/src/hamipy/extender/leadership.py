@@ -22,6 +22,7 @@ import asyncio
 import json
 import ssl
 from typing import Final
+from urllib.parse import quote
 
 import aiohttp
 
@@ -32,23 +33,28 @@ from hamipy.kube.errors import KubeError
 from hamipy.kube.leader import LeaderElector
 from hamipy.kube.resources import list_all, pod_path
 
-__all__ = ["FORWARDED_HEADER", "LEADER_URL_ANNOTATION", "Forwarded", "Leadership"]
+__all__ = ["FORWARDED_HEADER", "LEADER_URL_ANNOTATION", "REDIRECTED_QUERY", "Forwarded", "Leadership"]
 
 LEADER_URL_ANNOTATION: Final = "hami-py.io/extender-url"
 """Lease annotation: where the leader serves (its ``--advertise-url``)."""
 FORWARDED_HEADER: Final = "X-Hamipy-Forwarded-By"
 """Set on a forwarded request (the forwarding replica's identity): a replica that is not the leader
 refuses it instead of forwarding again, so a stale view never makes a loop."""
+REDIRECTED_QUERY: Final = "hamipy-redirected-by"
+"""Query parameter on a follower's redirect to the leader (the follower's identity), for the same
+reason as ``FORWARDED_HEADER``."""
 _RETRY_S: Final = 1.0
 _BOUND: Final = (("fieldSelector", "spec.nodeName!="),)
 
 
 class Forwarded:
-    """A leader's answer to a forwarded request: its status and JSON body."""
+    """A leader's answer to a forwarded request: its status and JSON body; or a redirect to the
+    leader (status 307 and ``location``)."""
 
-    def __init__(self, status: int, body: bytes) -> None:
+    def __init__(self, status: int, body: bytes, *, location: str | None = None) -> None:
         self.status = status
         self.body = body
+        self.location = location
 
 
 class Leadership:
@@ -69,8 +75,12 @@ class Leadership:
         forward_timeout_s: float = 30.0,
         leader_wait_s: float = 5.0,
         api_timeout_s: float = 10.0,
+        redirects: bool = False,
     ) -> None:
         self.election = election
+        self.redirects = redirects
+        """A follower answers a decision request with a 307 to the leader instead of forwarding it
+        (``ExtenderSettings.follower_redirect``)."""
         self.elector = elector
         self.api = api
         self.model = model
@@ -147,8 +157,9 @@ class Leadership:
             lease_transitions=term,
         )
 
-    async def forward(self, path: str, body: bytes) -> Forwarded:
-        """Send a decision request to the leader; its answer, or a 503 saying why there is none."""
+    async def leader_url(self) -> tuple[str, str] | Forwarded:
+        """The leader's identity and URL once one is known (waiting up to ``leader_wait_s``), or
+        the 503 saying why there is none."""
         if self.elector is None:
             return _unavailable("this extender has not joined the leader election yet")
         leader = await self.elector.wait_leader(self.leader_wait_s)
@@ -157,6 +168,26 @@ class Leadership:
         url = leader.annotations.get(LEADER_URL_ANNOTATION)
         if leader.identity == self.identity or not url:
             return _unavailable(f"extender leader {leader.identity} publishes no URL")
+        return leader.identity, url.rstrip("/")
+
+    async def redirect(self, path: str) -> Forwarded:
+        """A 307 sending the caller to the leader (``--follower-redirect``), or a 503 saying why
+        there is none. The target carries ``REDIRECTED_QUERY``: a replica that is not the leader
+        refuses such a request rather than redirect it again."""
+        found = await self.leader_url()
+        if isinstance(found, Forwarded):
+            return found
+        _, url = found
+        self.telemetry.metrics.forwarded.labels(verb=path.strip("/"), result="redirected").inc()
+        location = f"{url}{path}?{REDIRECTED_QUERY}={quote(self.identity)}"
+        return Forwarded(307, b"", location=location)
+
+    async def forward(self, path: str, body: bytes) -> Forwarded:
+        """Send a decision request to the leader; its answer, or a 503 saying why there is none."""
+        found = await self.leader_url()
+        if isinstance(found, Forwarded):
+            return found
+        identity, url = found
         if self._session is None:
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=self.forward_timeout_s),
@@ -164,7 +195,7 @@ class Leadership:
             )
         try:
             async with self._session.post(
-                url.rstrip("/") + path,
+                url + path,
                 data=body,
                 headers={"Content-Type": "application/json", FORWARDED_HEADER: self.identity},
                 server_hostname=self.forward_server_name,
@@ -173,7 +204,7 @@ class Leadership:
                 return Forwarded(resp.status, await resp.read())
         except (aiohttp.ClientError, TimeoutError) as exc:
             self.telemetry.metrics.forwarded.labels(verb=path.strip("/"), result="failed").inc()
-            return _unavailable(f"extender leader {leader.identity} at {url} unreachable: {exc!r}")
+            return _unavailable(f"extender leader {identity} at {url} unreachable: {exc!r}")
 
     async def close(self) -> None:
         if self._session is not None:

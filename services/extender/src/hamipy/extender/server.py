@@ -41,7 +41,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from hamipy.extender.binding import Binder
 from hamipy.extender.errors import ExtenderError
 from hamipy.extender.eviction import Evictor
-from hamipy.extender.leadership import FORWARDED_HEADER, LEADER_URL_ANNOTATION, Leadership
+from hamipy.extender.leadership import FORWARDED_HEADER, LEADER_URL_ANNOTATION, REDIRECTED_QUERY, Leadership
 from hamipy.extender.model import ClusterModel
 from hamipy.extender.requeue import Requeuer
 from hamipy.extender.scheduler import BadRequest, Scheduler
@@ -175,9 +175,15 @@ async def _to_leader(request: web.Request) -> web.Response | None:
     leadership = request.app[LEADERSHIP]
     if leadership.deciding():
         return None
-    if request.headers.get(FORWARDED_HEADER):
+    if request.headers.get(FORWARDED_HEADER) or REDIRECTED_QUERY in request.query:
         error = f"this extender ({leadership.identity}) is not the leader"
         return web.json_response({"Error": error}, status=503)
+    if leadership.redirects:
+        # The body is never read: kube-scheduler sends it again to the leader.
+        answer = await leadership.redirect(request.path)
+        if answer.location is not None:
+            return web.Response(status=answer.status, headers={"Location": answer.location})
+        return web.Response(status=answer.status, body=answer.body, content_type=_JSON)
     try:
         body = await request.read()
     except web.HTTPRequestEntityTooLarge:
@@ -346,6 +352,7 @@ class ExtenderServer:
             model=self.model,
             telemetry=telemetry,
             forward_ssl=forward_ssl,
+            redirects=settings.follower_redirect,
             forward_server_name=settings.peer_server_name or None,
             forward_timeout_s=settings.bind_timeout_s + 2 * settings.api_timeout_s,
             leader_wait_s=settings.leader_wait_s,

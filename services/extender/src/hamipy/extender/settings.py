@@ -55,6 +55,12 @@ class ExtenderSettings:
     """False: this process is the only extender, and binds on nodes our device plugin serves decide
     from its model. True: replicas elect a leader by a Lease; it decides, the others forward to it
     (``hamipy.extender.leadership``). Never run several replicas without it."""
+    follower_redirect: bool = False
+    """False: a follower forwards each decision request to the leader and relays its answer. True:
+    it answers ``307 Temporary Redirect`` to the leader's ``advertise_url`` without reading the body,
+    and kube-scheduler sends the request there itself (Go's client repeats a POST on a 307), which
+    spares the follower's hop. Over TLS, kube-scheduler must then check the extenders' certificate
+    against a fixed name (its extender ``tlsConfig.serverName``), since the leader's URL is its pod IP."""
     lease_namespace: str = "kube-system"
     lease_name: str = "hami-py-extender"
     identity: str = ""

@@ -183,7 +183,7 @@ class Metrics:
         self.forwarded = Counter(
             "hamipy_extender_forwarded",
             "Decision requests this replica (not the leader) forwarded to the leader, by verb and "
-            "result (answered, failed).",
+            "result (answered, failed; redirected: answered with a 307 to it).",
             ["verb", "result"],
             registry=r,
         )
@@ -228,7 +228,7 @@ class Metrics:
         for verb in ("filter", "prioritize", "bind"):
             self.decisions.labels(verb=verb, result="unavailable", reason="BackgroundTaskDied")
         for verb in ("filter", "prioritize", "bind"):
-            for result in ("answered", "failed"):
+            for result in ("answered", "failed", "redirected"):
                 self.forwarded.labels(verb=verb, result=result)
         for result in ("sent", "failed"):
             self.requeue_nudges.labels(result=result)
