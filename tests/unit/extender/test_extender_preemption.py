@@ -292,6 +292,14 @@ def test_the_verb_refuses_malformed_victims() -> None:
         r.scheduler.preempt({"Pod": pending("p", GIB), "NodeNameToMetaVictims": {"n": {"Pods": [{}]}}})
 
 
+@pytest.mark.parametrize("violations", [True, -1, 1.5, None, "0"])
+def test_the_verb_refuses_a_pdb_violation_count_that_is_not_a_count(violations: Any) -> None:
+    r = preemption_rig()
+    victims = {"n": {"Pods": [], "NumPDBViolations": violations}}
+    with pytest.raises(BadRequest, match="NumPDBViolations must be a non-negative integer"):
+        r.scheduler.preempt({"Pod": pending("p", GIB), "NodeNameToMetaVictims": victims})
+
+
 def test_quota_refusals_stay_named_when_nothing_can_be_preempted() -> None:
     r = preemption_rig(running("mine", "G0", 20 * GIB, priority=2000))
     r.model.quotas.replace(
@@ -306,3 +314,28 @@ def test_quota_refusals_stay_named_when_nothing_can_be_preempted() -> None:
     r.add_watched_pod(big)
     answer = r.scheduler.filter({"Pod": big, "NodeNames": ["n"]})
     assert answer["FailedNodes"]["n"].startswith(QUOTA_EXCEEDED)
+
+
+async def test_each_victim_is_marked_as_kube_scheduler_marks_it_before_its_guarded_delete() -> None:
+    r = preemption_rig(running("low", "G0", 80 * GIB))
+    seen: list[tuple[str, str, Any]] = []
+
+    def record(method: str, path: str, body: Any) -> None:
+        if "/low" in path:
+            seen.append((method, path, body))
+
+    r.kube.on_request = record
+    big = pending("big", 40 * GIB)
+    r.add_watched_pod(big)
+    r.scheduler.filter({"Pod": big, "NodeNames": ["n"]})
+    assert r.evictor is not None
+    await r.evictor.idle()
+    (patch_method, patch_path, patch), (delete_method, delete_path, delete) = seen
+    assert (patch_method, patch_path) == ("PATCH", "/api/v1/namespaces/ns/pods/low/status")
+    assert patch["metadata"] == {"uid": "uid-ns-low"}
+    (condition,) = patch["status"]["conditions"]
+    assert condition["type"] == "DisruptionTarget"
+    assert condition["status"] == "True"
+    assert condition["reason"] == "PreemptionByScheduler"
+    assert (delete_method, delete_path) == ("DELETE", "/api/v1/namespaces/ns/pods/low")
+    assert delete["preconditions"] == {"uid": "uid-ns-low"}

@@ -413,9 +413,9 @@ class Scheduler:
                 if not isinstance(uid, str):
                     raise BadRequest(f"a victim of node {node!r} has no UID")
                 uids.append(uid)
-            violations = victims.get("NumPDBViolations") or 0
-            if not isinstance(violations, int):
-                raise BadRequest("NumPDBViolations must be an integer")
+            violations = victims.get("NumPDBViolations", 0)
+            if not isinstance(violations, int) or isinstance(violations, bool) or violations < 0:
+                raise BadRequest("NumPDBViolations must be a non-negative integer")
             out[str(node)] = (uids, violations)
         return out
 
