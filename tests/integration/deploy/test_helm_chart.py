@@ -219,7 +219,12 @@ def test_scheduler_config_is_the_one_the_integration_tests_run(
     chart = yaml.safe_load(one(rendered["defaults"], "ConfigMap", "-scheduler")["data"]["config.yaml"])
     url = f"https://{RELEASE}-extender.hami-system.svc:8888"
     client = "/etc/hami-py/extender-client"
-    tls = ExtenderTLS(ca_file=f"{client}/ca.crt", cert_file=f"{client}/tls.crt", key_file=f"{client}/tls.key")
+    tls = ExtenderTLS(
+        ca_file=f"{client}/ca.crt",
+        cert_file=f"{client}/tls.crt",
+        key_file=f"{client}/tls.key",
+        server_name=f"{RELEASE}-extender.hami-system.svc",
+    )
     extender = dataclasses.replace(extender_config(url), tls=tls)
     tests = render_scheduler_config(SchedulerConfig.hami(extender), kubeconfig="unused")
     assert chart["leaderElection"] == {
