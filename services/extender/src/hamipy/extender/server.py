@@ -14,8 +14,8 @@ HTTP on a port of their own (``hamipy.telemetry.probes``), so that the decision 
 kube-scheduler's client certificate (``--tls-client-ca-file``) while the kubelet's probes and
 Prometheus need none (docs/security.md).
 
-``ExtenderServer`` owns one extender: model, scheduler, binder, event recorder, the Node and Pod
-informers and the handshake loop. The background ones run under a ``Supervisor``
+``ExtenderServer`` owns one extender: model, scheduler, binder, event recorder, the informers, the
+handshake loop and the requeue nudges (``hamipy.extender.requeue``). The background ones run under a ``Supervisor``
 (``hamipy.telemetry.supervision``), started in the app's ``cleanup_ctx`` as named tasks and
 cancelled on shutdown (SIGTERM: readiness fails first, in-flight requests drain). A task that dies
 is logged by name and, from then on, ``/readyz`` answers 503 with the reason and ``/filter``,
