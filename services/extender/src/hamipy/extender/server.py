@@ -15,9 +15,9 @@ kube-scheduler's client certificate (``--tls-client-ca-file``) while the kubelet
 Prometheus need none (docs/security.md).
 
 ``ExtenderServer`` owns one extender: model, scheduler, binder, event recorder, the informers, the
-handshake loop and the requeue nudges (``hamipy.extender.requeue``). The background ones run under a ``Supervisor``
-(``hamipy.telemetry.supervision``), started in the app's ``cleanup_ctx`` as named tasks and
-cancelled on shutdown (SIGTERM: readiness fails first, in-flight requests drain). A task that dies
+handshake loop and the requeue nudges (``hamipy.extender.requeue``). The background ones run under
+a ``Supervisor`` (``hamipy.telemetry.supervision``), started in the app's ``cleanup_ctx`` as named
+tasks and cancelled on shutdown (SIGTERM: readiness fails first, in-flight requests drain). A task that dies
 is logged by name and, from then on, ``/readyz`` answers 503 with the reason and ``/filter``,
 ``/prioritize`` and ``/bind`` answer 503 with ``{"Error": reason}`` instead of a decision: the
 model is no longer kept current, so no decision is made from it (``hamipy-extender serve`` then
