@@ -4,10 +4,12 @@ freed, when the nudge is written, where, and how often."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 from typing import Any
 
 from builders import container, gpu
-from extender_fakes import FakeKube, bind_rig, node, pod
+from extender_fakes import BindRig, FakeKube, bind_rig, node, pod
 
 from hamipy.devcluster import wait_for
 from hamipy.extender.model import ClusterModel, NodeName, PodUid
@@ -53,7 +55,7 @@ def nudges(r: Requeuer, result: str) -> float:
     return value or 0.0
 
 
-def rig_with_waiting_pod() -> tuple[Any, Requeuer, Clock]:
+def rig_with_waiting_pod() -> tuple[BindRig, Requeuer, Clock]:
     """Node ``n`` (one 32 GiB GPU) full with ``big`` (bound), and ``waits`` refused by a filter."""
     rig = bind_rig()
     r, clock = requeuer(rig.kube, rig.model)
@@ -133,8 +135,15 @@ async def test_a_freed_node_the_model_no_longer_has_gives_way_to_one_it_has() ->
 
 
 async def test_the_loop_writes_once_per_interval_however_much_frees() -> None:
-    _, r, _ = rig_with_waiting_pod()
+    rig, r, _ = rig_with_waiting_pod()
     r.interval_s = 0.2
+    written: list[float] = []
+
+    def record(method: str, path: str, body: Any) -> None:
+        if method == "PATCH" and path == "/api/v1/nodes/n":
+            written.append(time.monotonic())
+
+    rig.kube.on_request = record
     task = asyncio.create_task(r.run())
     try:
         r.freed(NodeName("n"))
@@ -143,8 +152,12 @@ async def test_the_loop_writes_once_per_interval_however_much_frees() -> None:
             r.freed(NodeName("n"))  # within the interval: one more nudge covers them all
         await wait_for(lambda: nudges(r, "sent") == 2, timeout=5, what="the second nudge")
         assert not await r.nudge()  # the five were all covered by it
+        assert len(written) == 2
+        assert written[1] - written[0] >= r.interval_s  # the second waited out the interval
     finally:
         task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 # -- what the model reports as freed ---------------------------------------------------------

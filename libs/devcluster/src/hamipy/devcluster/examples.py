@@ -120,19 +120,14 @@ async def wait_settled(
 ) -> None:
     """Wait until every pod is either allocated and Running (or failed), unschedulable (not waiting
     for a preemption made for it), or gone (preempted)."""
-    from kubernetes_asyncio.client import ApiException, CoreV1Api
+    from kubernetes_asyncio.client import CoreV1Api
 
     core = CoreV1Api(api)
     for namespace, name in pods:
 
         async def settled(namespace: str = namespace, name: str = name) -> bool:
-            try:
-                pod = await core.read_namespaced_pod(name, namespace, _request_timeout=API_TIMEOUT_S)
-            except ApiException as exc:
-                if exc.status == 404:
-                    return True
-                raise
-            return _settled(pod)
+            pod = await _read_pod(core, namespace, name)
+            return pod is None or _settled(pod)
 
         await wait_for(
             settled, timeout=timeout_s, interval=0.2, what=f"example pod {namespace}/{name} settled"
@@ -171,17 +166,14 @@ def _short_type(type_: str) -> str:
 async def pod_rows(api: Any, pods: Sequence[tuple[str, str]]) -> list[list[str]]:
     """POD, STATUS, NODE, GPUS, MEMORY, CORES, WHY (the scheduler's reason for a pending pod; who
     preempted a preempted one)."""
-    from kubernetes_asyncio.client import ApiException, CoreV1Api
+    from kubernetes_asyncio.client import CoreV1Api
 
     core = CoreV1Api(api)
     gpus = await _gpus(core)
     rows = []
     for namespace, name in pods:
-        try:
-            pod = await core.read_namespaced_pod(name, namespace, _request_timeout=API_TIMEOUT_S)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
+        pod = await _read_pod(core, namespace, name)
+        if pod is None:
             rows.append(await _gone_row(core, namespace, name))
             continue
         annotations = pod.metadata.annotations or {}
@@ -205,6 +197,18 @@ async def pod_rows(api: Any, pods: Sequence[tuple[str, str]]) -> list[list[str]]
             ]
         )
     return rows
+
+
+async def _read_pod(core: Any, namespace: str, name: str) -> Any:
+    """The pod, or None once it is gone (an example pod preempted, or deleted)."""
+    from kubernetes_asyncio.client import ApiException
+
+    try:
+        return await core.read_namespaced_pod(name, namespace, _request_timeout=API_TIMEOUT_S)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
 
 
 async def _gone_row(core: Any, namespace: str, name: str) -> list[str]:

@@ -193,8 +193,8 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
         "--leader-elect",
         action=argparse.BooleanOptionalAction,
         default=flags.boolean("leader-elect", _DEFAULTS.leader_election),
-        help="replicas elect a leader by a Lease; it decides and the others forward to it (needed "
-        "with more than one replica: docs/extender.md#replicas)",
+        help="replicas elect a leader by a Lease; it decides and the others forward or redirect to it "
+        "(needed with more than one replica: docs/extender.md#replicas)",
     )
     serve.add_argument(
         "--lease-namespace",

@@ -19,7 +19,7 @@ from typing import Final
 from hamipy.extender.model import ClusterModel
 from hamipy.extender.preemption import PREEMPTING, Plan, Preemptor
 from hamipy.extender.telemetry import Telemetry
-from hamipy.kube.client import KubeApi
+from hamipy.kube.client import MERGE_PATCH, STRATEGIC_MERGE_PATCH, KubeApi
 from hamipy.kube.errors import Conflict, KubeError, NotFound
 from hamipy.kube.events import EventRecorder
 from hamipy.kube.resources import pod_path
@@ -28,8 +28,6 @@ __all__ = ["PREEMPTED", "Evictor"]
 
 PREEMPTED: Final = "Preempted"
 """kube-scheduler's reason for the Event on a victim."""
-_STRATEGIC: Final = "application/strategic-merge-patch+json"
-_MERGE: Final = "application/merge-patch+json"
 
 
 class Evictor:
@@ -84,7 +82,7 @@ class Evictor:
                 "PATCH",
                 pod_path(preemptor.namespace, preemptor.name) + "/status",
                 body={"metadata": {"uid": preemptor.uid}, "status": {"nominatedNodeName": plan.node}},
-                content_type=_MERGE,
+                content_type=MERGE_PATCH,
                 timeout_s=self.timeout_s,
             )
         except KubeError as exc:
@@ -116,7 +114,7 @@ class Evictor:
                 "PATCH",
                 path + "/status",
                 body={"metadata": {"uid": uid}, "status": {"conditions": [condition]}},
-                content_type=_STRATEGIC,
+                content_type=STRATEGIC_MERGE_PATCH,
                 timeout_s=self.timeout_s,
             )
             await self.api.request(
