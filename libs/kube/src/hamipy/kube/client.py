@@ -3,20 +3,21 @@
 Objects stay plain dicts: decoding 10,000 pods into generated models would cost more than what the
 services do with them. ``KubeApi`` is the small interface everything else is built on, so a test can
 hand in a fake; ``RawKube`` implements it over an ``ApiClient`` (which supplies the server, the
-certificates and the token). Every call has a timeout; every failure comes out as a
-``hamipy.kube.errors.KubeError``.
+certificates and the token). Answers and watch events are decoded by msgspec, in under half the
+standard library's time: a service's watches decode every pod the cluster writes. Every call has a
+timeout; every failure comes out as a ``hamipy.kube.errors.KubeError``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import urllib.parse
 import urllib.request
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Final, Protocol
 
 import aiohttp
+import msgspec
 
 from hamipy.kube.errors import KubeError, error_for
 
@@ -48,6 +49,9 @@ CONNECT_TIMEOUT_S: Final = 30.0
 """A watch's connection timeout (its reads time out after the caller's inactivity limit)."""
 _LINE_LIMIT: Final = 32 * 1024 * 1024
 """Longest single watch event accepted (an object is at most ~1.5 MiB in etcd)."""
+_decode: Final = msgspec.json.decode
+_NOT_JSON: Final = (ValueError, RecursionError)
+"""msgspec.DecodeError, a string that is not UTF-8, or nesting past the parser's depth."""
 
 Query = Sequence[tuple[str, str]]
 
@@ -174,8 +178,8 @@ class RawKube:
         if not 200 <= resp.status <= 299:
             raise error_for(resp.status, what, data)
         try:
-            return json.loads(data) if data else None
-        except ValueError as exc:
+            return _decode(data) if data else None
+        except _NOT_JSON as exc:
             raise KubeError(f"{what}: the answer is not JSON: {exc}", status=resp.status) from exc
 
     async def stream(self, path: str, *, query: Query, inactivity_s: float) -> AsyncIterator[dict[str, Any]]:
@@ -192,14 +196,13 @@ class RawKube:
             try:
                 # Chunks, not `async for line in resp.content`: its line limit (64 KiB) is below a pod.
                 async for chunk in resp.content.iter_any():
-                    buffer += chunk
-                    while b"\n" in buffer:
-                        line, buffer = buffer.split(b"\n", 1)
+                    *lines, buffer = (buffer + chunk).split(b"\n")
+                    for line in lines:
                         if line.strip():
-                            yield json.loads(line)
+                            yield _decode(line)
                     if len(buffer) > _LINE_LIMIT:
                         raise KubeError(f"{what}: event longer than {_LINE_LIMIT} bytes")
-            except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            except (aiohttp.ClientError, TimeoutError, *_NOT_JSON) as exc:
                 raise KubeError(f"{what}: {type(exc).__name__}: {exc}") from exc
         finally:
             resp.release()

@@ -27,7 +27,6 @@ exits with status 1).
 from __future__ import annotations
 
 import asyncio
-import json
 import secrets
 import socket
 import ssl
@@ -35,6 +34,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from types import TracebackType
 from typing import Any, Final, Self
 
+import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -203,7 +203,7 @@ async def _decide(request: web.Request, verb: Callable[[Scheduler, Any], Any]) -
         result = verb(request.app[SCHEDULER], args)
     except BadRequest as exc:
         return _bad(request, exc)
-    return web.Response(body=json.dumps(result, separators=(",", ":")), content_type=_JSON)
+    return web.Response(body=msgspec.json.encode(result), content_type=_JSON)
 
 
 async def _filter(request: web.Request) -> web.Response:
