@@ -12,6 +12,11 @@ noise falls on all alike:
 
 - ``bare``: the ``hami-scheduler`` kube-scheduler with no extender (the ceiling), ``--pods`` pods
   asking only ``nvidia.com/gpu: 1``, which kube-scheduler fits against the nodes' capacity itself;
+- ``bare3res`` (only when ``--phases`` names it): the same kube-scheduler with no extender placing
+  the pods ours place (``nvidia.com/gpu``, ``gpumem`` and ``gpucores``), the last two in
+  NodeResourcesFit's ``ignoredResources``, as the extender's ``managedResources`` leave them: the
+  ceiling for the pods the wire protocol gives, which separates what the pod's shape costs
+  kube-scheduler from what the extender costs (``<phase>_vs_bare3res``);
 - ``binpack`` and ``spread``: the same kube-scheduler wired to the extender (filter and bind,
   adaptive ``percentageOfNodesToScore`` as for ``bare``), ``--pods`` pods asking 1 GPU, 2,000 MiB
   and 5 % cores; the extender runs as users run it, ``hamipy-extender serve`` in a process of its
@@ -22,7 +27,9 @@ noise falls on all alike:
   kube-scheduler pinned to a follower, as kube-proxy pins a kept-alive connection: every request is
   forwarded to the leader, the worst case of a Service (all replicas share this machine's cores);
 - ``binpack3r`` (only when ``--phases`` names it): as ``binpack3`` with ``--follower-redirect``: the
-  follower answers each request with a 307 to the leader, which kube-scheduler then calls itself.
+  follower answers each request with a 307 to the leader, which kube-scheduler then calls itself;
+- ``binpack3rc`` (only when ``--phases`` names it): as ``binpack3r`` with ``--cold-standby``: the
+  followers watch nothing until they lead, so on this shared machine they take no CPU per pod;
 
 ``--phases`` picks some of them (``bare`` always runs: the ratios are to it).
 
@@ -119,7 +126,9 @@ EXTENDER_REPLICAS = 1
 MANAGED = tuple(ManagedResource(r) for r in (keys.RESOURCE_COUNT, keys.RESOURCE_MEMORY, keys.RESOURCE_CORES))
 PHASES = ("bare", "binpack", "spread", "binpack3")
 """The phases a run has unless ``--phases`` says otherwise."""
-KNOWN_PHASES = (*PHASES, "binpack3r")
+KNOWN_PHASES = (*PHASES, "binpack3r", "binpack3rc", "bare3res")
+BASELINES = ("bare", "bare3res")
+"""Phases with no extender: every other phase is compared with each of them that ran."""
 ELECTED_REPLICAS = 3
 """``binpack3``: this many replicas electing a leader, kube-scheduler pinned to a follower (as
 kube-proxy pins a kept-alive connection): every request is forwarded, the worst case of a Service."""
@@ -223,13 +232,17 @@ async def start_extender(cluster: DevCluster, api: Any, config: Config) -> Exten
     return server
 
 
-def elected_args(lease: str, *, redirect: bool = False) -> Callable[[int, int], list[str]]:
+def elected_args(
+    lease: str, *, redirect: bool = False, cold: bool = False
+) -> Callable[[int, int], list[str]]:
     """Flags of replica ``index`` on ``port`` electing a leader by the Lease ``default/<lease>``
-    (followers redirecting to it with ``redirect``, else forwarding)."""
+    (followers redirecting to it with ``redirect``, else forwarding; watching nothing until they
+    lead with ``cold``)."""
 
     def args(index: int, port: int) -> list[str]:
         return [
             "--follower-redirect" if redirect else "--no-follower-redirect",
+            "--cold-standby" if cold else "--no-cold-standby",
             "--leader-elect",
             "--lease-namespace",
             "default",
@@ -368,6 +381,7 @@ async def placement_phase(bench: Bench, round_no: int, phase: str) -> dict[str, 
     extenders: list[ExtenderProcess] = []
     exit_codes: dict[int, int] = {}
     limits = BARE_LIMITS if phase == "bare" else OUR_LIMITS
+    ignored: tuple[str, ...] = ()
     try:
         target = None
         if phase.startswith("binpack3"):
@@ -376,10 +390,16 @@ async def placement_phase(bench: Bench, round_no: int, phase: str) -> dict[str, 
                 "binpack",
                 kubeconfig=Path(cluster.access.kubeconfig),
                 workdir=bench.workdir / f"round-{round_no}",
-                replica_args=elected_args(f"bench-{round_no}", redirect=phase == "binpack3r"),
+                replica_args=elected_args(
+                    f"bench-{round_no}",
+                    redirect=phase in ("binpack3r", "binpack3rc"),
+                    cold=phase == "binpack3rc",
+                ),
             )
             leader = await wait_leader(extenders)
             target = next(e for e in extenders if e is not leader).url
+        elif phase == "bare3res":
+            ignored = (keys.RESOURCE_MEMORY, keys.RESOURCE_CORES)
         elif phase != "bare":
             extenders = await start_extender_processes(
                 bench.replicas,
@@ -388,7 +408,7 @@ async def placement_phase(bench: Bench, round_no: int, phase: str) -> dict[str, 
                 workdir=bench.workdir / f"round-{round_no}",
             )
             target = extenders[0].url
-        config = scheduler_config(target)
+        config = dataclasses.replace(scheduler_config(target), ignored_resources=ignored)
         await asyncio.to_thread(cluster.start_scheduler, config, name="hami")
         bodies = [
             gpu_pod(f"rate-{i:05d}", selector={"bench": "rate"}, limits=limits) for i in range(bench.pods)
@@ -461,7 +481,13 @@ async def placement_phase(bench: Bench, round_no: int, phase: str) -> dict[str, 
 
 
 def _ours(phases: Sequence[str]) -> list[str]:
+    """Every phase but ``bare`` (``bare3res`` too: its ratio to ``bare`` is the pod shape's cost)."""
     return [ph for ph in phases if ph != "bare"]
+
+
+def _vs_bare3res(phases: Sequence[str]) -> list[str]:
+    """The extender phases to compare with ``bare3res`` when it ran."""
+    return [ph for ph in phases if ph not in BASELINES] if "bare3res" in phases else []
 
 
 def _replica_ratios(phases: Sequence[str]) -> list[str]:
@@ -481,12 +507,18 @@ def summarize(phases: list[dict[str, Any]], rounds: int) -> dict[str, Any]:
         row.update({f"{ph}_vs_bare": round(by[(r, ph)]["pods_per_s"] / bare, 3) for ph in _ours(names)})
         for ph in _replica_ratios(names):
             row[f"{ph}_vs_binpack"] = round(by[(r, ph)]["pods_per_s"] / by[(r, "binpack")]["pods_per_s"], 3)
+        for ph in _vs_bare3res(names):
+            row[f"{ph}_vs_bare3res"] = round(by[(r, ph)]["pods_per_s"] / by[(r, "bare3res")]["pods_per_s"], 3)
         per_round.append(row)
     median: dict[str, Any] = {
         f"{ph}_pods_per_s": round(statistics.median(r[f"{ph}_pods_per_s"] for r in per_round), 1)
         for ph in names
     }
-    ratios = [f"{ph}_vs_bare" for ph in _ours(names)] + [f"{ph}_vs_binpack" for ph in _replica_ratios(names)]
+    ratios = [
+        *(f"{ph}_vs_bare" for ph in _ours(names)),
+        *(f"{ph}_vs_binpack" for ph in _replica_ratios(names)),
+        *(f"{ph}_vs_bare3res" for ph in _vs_bare3res(names)),
+    ]
     median.update({key: round(statistics.median(r[key] for r in per_round), 3) for key in ratios})
     for ph in names:
         mine = [p["api_requests"] for p in phases if p["phase"] == ph]
@@ -516,7 +548,7 @@ def table(phases: list[dict[str, Any]], summary: dict[str, Any]) -> str:
     names = summary["phases"]
     ratios = {(r["round"], ph): r[f"{ph}_vs_bare"] for r in summary["per_round"] for ph in _ours(names)}
     lines = [
-        f"{'round':>5} {'phase':<9} {'pods/s':>7} {'vs bare':>7} {'bound s':>7} {'p50 s':>6} {'p99 s':>6}"
+        f"{'round':>5} {'phase':<10} {'pods/s':>7} {'vs bare':>7} {'bound s':>7} {'p50 s':>6} {'p99 s':>6}"
         f" {'filter ms':>9} {'client p99':>10} {'bind ms':>8} {'req/pod':>7} {'-bench':>6}"
         "   cpu s: api etcd sched ext bench",
     ]
@@ -527,7 +559,7 @@ def table(phases: list[dict[str, Any]], summary: dict[str, Any]) -> str:
         client = p.get("filter_client_side_while_binding")
         probe = f"{client['p99_us'] / 1e3:.2f}" if client and client["samples"] >= 2 else ""
         lines.append(
-            f"{p['round']:>5} {p['phase']:<9} {p['pods_per_s']:>7.1f}"
+            f"{p['round']:>5} {p['phase']:<10} {p['pods_per_s']:>7.1f}"
             f" {'' if ratio is None else f'{ratio:.2f}':>7} {p['all_bound_in_s']:>7.2f}"
             f" {latency['p50_us'] / 1e6:>6.2f} {latency['p99_us'] / 1e6:>6.2f}"
             f" {ext.get('filter', ''):>9} {probe:>10} {ext.get('bind', ''):>8}"
@@ -540,12 +572,14 @@ def table(phases: list[dict[str, Any]], summary: dict[str, Any]) -> str:
         f"; {ph} ({ELECTED_REPLICAS} replicas) / binpack: {m[f'{ph}_vs_binpack']:.2f}"
         for ph in _replica_ratios(names)
     )
+    same_pods = "".join(f"; {ph} / bare3res: {m[f'{ph}_vs_bare3res']:.2f}" for ph in _vs_bare3res(names))
     lines.append(
         "median: "
         + ", ".join(f"{ph} {m[f'{ph}_pods_per_s']:.1f} pods/s" for ph in names)
         + "; ours / bare: "
         + ", ".join(f"{ph} {m[f'{ph}_vs_bare']:.2f}" for ph in _ours(names))
         + replicas
+        + same_pods
     )
     lines.append(
         "API requests per placed pod (all rounds pooled; '-bench': without this process's own"
@@ -553,9 +587,9 @@ def table(phases: list[dict[str, Any]], summary: dict[str, Any]) -> str:
     )
     for ph, pooled in summary["api_requests_per_pod_pooled"].items():
         top = ", ".join(f"{k} {v:.2f}" for k, v in pooled["excluding_bench"].items())
-        lines.append(f"  {ph:<9} -bench: {top}")
+        lines.append(f"  {ph:<10} -bench: {top}")
         own = ", ".join(f"{k} {v:.2f}" for k, v in pooled["bench_own"].items())
-        lines.append(f"  {'':<9} bench's own (subtracted): {own}")
+        lines.append(f"  {'':<10} bench's own (subtracted): {own}")
     return "\n".join(lines)
 
 

@@ -174,8 +174,9 @@ async def start_extenders(
     settings: ExtenderSettings = EXTENDER_SETTINGS,
     config: Config | None = None,
 ) -> list[ExtenderServer]:
-    """`n` extender replicas in this process, each synced with the cluster. Their tracing follows
-    this process's OTEL_* variables."""
+    """`n` extender replicas in this process, each synced with the cluster (a cold standby watches
+    nothing until it leads: only the leader then). Their tracing follows this process's OTEL_*
+    variables."""
     servers = []
     for i in range(n):
         server = ExtenderServer(
@@ -189,7 +190,14 @@ async def start_extenders(
         await server.start()
         servers.append(server)
     for server in servers:
-        await server.wait_synced(30)
+        if server.health.watching:
+            await server.wait_synced(30)
+    if not all(server.health.watching for server in servers):
+        await wait_for(
+            lambda: any(server.leadership.exclusive() for server in servers),
+            timeout=30,
+            what="a cold standby to lead, synced",
+        )
     return servers
 
 

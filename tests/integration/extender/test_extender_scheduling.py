@@ -321,12 +321,15 @@ async def test_burst_with_three_replicas(
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.parametrize("standby", ["hot", "cold"])
 async def test_a_new_leader_takes_over_and_binds_what_is_left(
-    cluster: Cluster, kube_client: Any, hami_scheduler: Callable[..., Any]
+    cluster: Cluster, kube_client: Any, hami_scheduler: Callable[..., Any], standby: str
 ) -> None:
     """The leader stops mid-burst (it releases the Lease); a follower leads, catches its model up
-    and places the rest; nothing over-full, every fittable pod bound with its allocation."""
-    servers = await start_extenders(kube_client, 2, settings=elected(cluster.namespace))
+    and places the rest; nothing over-full, every fittable pod bound with its allocation. A cold
+    standby (``--cold-standby``) has watched nothing until then: it lists the cluster first."""
+    settings = dataclasses.replace(elected(cluster.namespace), cold_standby=standby == "cold")
+    servers = await start_extenders(kube_client, 2, settings=settings)
     try:
         first = await caught_up_leader(servers)
         (second,) = [s for s in servers if s is not first]
@@ -335,6 +338,11 @@ async def test_a_new_leader_takes_over_and_binds_what_is_left(
         await cluster.add_node("n0", [gpu(f"GPU-{ns}-0-{i}", i, count=SLOTS) for i in range(GPUS)])
         for i in range(20):
             await cluster.create(pod_body(f"a{i}", container(gpu=1, gpumem=3000), selector=ns))
+        if standby == "cold":
+            await wait_for(lambda: len(first.model.contributions) >= 1, timeout=30, what="a pod placed")
+            assert not second.health.watching
+            assert not second.model.nodes
+            assert not second.model.contributions
         await first.stop()
         await wait_for(second.leadership.exclusive, timeout=30, what="the follower to lead, caught up")
         for i in range(20):

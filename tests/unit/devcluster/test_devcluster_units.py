@@ -112,6 +112,15 @@ class TestSchedulerConfig:
         assert doc["profiles"] == [{"schedulerName": "default-scheduler"}]
         assert "extenders" not in doc
 
+    def test_ignored_resources_go_to_each_profiles_fit_plugin(self) -> None:
+        config = SchedulerConfig(profiles=("a", "b"), ignored_resources=("example.com/x",))
+        doc = render_scheduler_config(config, kubeconfig="/k")
+        fit = {"name": "NodeResourcesFit", "args": {"ignoredResources": ["example.com/x"]}}
+        assert doc["profiles"] == [
+            {"schedulerName": "a", "pluginConfig": [fit]},
+            {"schedulerName": "b", "pluginConfig": [fit]},
+        ]
+
     @pytest.mark.parametrize(
         ("config", "message"),
         [

@@ -150,3 +150,87 @@ async def test_a_redirected_request_that_reaches_a_follower_is_refused_not_redir
     status, answer = await post(redirecting, f"/filter?{REDIRECTED_QUERY}=other", {"Pod": pod("p")})
     assert status == 503
     assert answer["Error"].endswith("is not the leader")
+
+
+# -- cold standby (--cold-standby) ----------------------------------------------------------------
+
+
+def cold_server(kube: FakeKube) -> ExtenderServer:
+    return ExtenderServer(
+        config=Config(),
+        settings=ExtenderSettings(leader_election=True, cold_standby=True),
+        telemetry=Telemetry.create(stream=io.StringIO()),
+        api=kube,
+    )
+
+
+def test_a_cold_standby_is_ready_to_pass_requests_on_before_it_watches_anything() -> None:
+    srv = cold_server(FakeKube())
+    assert not srv.health.watching
+    assert srv.health.not_ready() is None
+    assert not srv.health.synced()
+
+
+def test_a_hot_standby_is_not_ready_until_its_watches_have_listed() -> None:
+    srv = ExtenderServer(
+        config=Config(),
+        settings=ExtenderSettings(leader_election=True),
+        telemetry=Telemetry.create(stream=io.StringIO()),
+        api=FakeKube(),
+    )
+    assert srv.health.watching
+    not_ready = srv.health.not_ready()
+    assert not_ready is not None
+    assert not_ready.startswith("model not synced yet (listing nodes and pods")
+
+
+def test_a_leader_whose_model_is_not_listed_yet_decides_nothing() -> None:
+    """Holding the Lease is not enough: with an empty model every pod would be refused."""
+    listed = False
+    role = Leadership(
+        election=True,
+        elector=elected(),
+        api=None,
+        model=None,
+        telemetry=Telemetry.create(stream=io.StringIO()),
+        ready=lambda: listed,
+    )
+    assert not role.deciding()
+    listed = True
+    assert role.deciding()
+
+
+async def test_a_leader_still_listing_answers_503_with_why() -> None:
+    async with serving(elector=elected(), leader_wait_s=0.1, ready=lambda: False) as url:
+        status, answer = await post(url, "/filter", {"Pod": pod("p"), "NodeNames": ["n"]})
+    assert status == 503
+    assert answer["Error"] == (
+        "this extender (me_1) holds the Lease but cannot decide yet "
+        "(listing the cluster, or renewing the Lease)"
+    )
+
+
+async def test_a_cold_standby_taking_the_lease_lists_the_cluster_then_catches_up_then_decides() -> None:
+    kube = FakeKube()
+    kube.add_node(our_node("n", [gpu("A", 0, count=2)]))
+    kube.add_pod(
+        pod("earlier", node_name="n", annotations=allocation(allocated="A,NVIDIA,1000,0:;", node="n"))
+    )
+    srv = cold_server(kube)
+    srv.leadership.elector = elected(transitions=2)
+    assert not srv.leadership.deciding()  # leads, but has not listed
+    following = asyncio.create_task(srv.leadership.run())
+    try:
+        # The server's supervisor runs the watches it starts; the fake API lists, then holds each
+        # watch open.
+        await wait_for(srv.leadership.exclusive, timeout=5, what="the cold leader to list and catch up")
+        assert srv.health.watching
+        assert srv.leadership.deciding()
+        assert srv.health.not_ready() is None
+        assert "n" in srv.model.nodes
+        assert set(srv.model.contributions) == {PodUid("uid-ns-earlier")}
+    finally:
+        following.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await following
+        await srv.supervisor.stop()

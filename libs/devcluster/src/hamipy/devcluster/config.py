@@ -111,6 +111,9 @@ class SchedulerConfig:
     percentage_of_nodes_to_score: int | None = None
     # None: this process schedules alone (no election).
     leader_election: SchedulerLeaderElection | None = None
+    # Extended resources NodeResourcesFit leaves to others in every profile (its ``ignoredResources``):
+    # what an extender's ``managedResources`` with ``ignoredByScheduler`` does, without the extender.
+    ignored_resources: tuple[str, ...] = ()
 
     @classmethod
     def hami(
@@ -169,6 +172,14 @@ def render_extender(ext: ExtenderConfig) -> dict[str, Any]:
     return out
 
 
+def _profile(name: str, ignored: tuple[str, ...]) -> dict[str, Any]:
+    profile: dict[str, Any] = {"schedulerName": name}
+    if ignored:
+        fit_args = {"ignoredResources": list(ignored)}
+        profile["pluginConfig"] = [{"name": "NodeResourcesFit", "args": fit_args}]
+    return profile
+
+
 def render_scheduler_config(config: SchedulerConfig, *, kubeconfig: str) -> dict[str, Any]:
     """A KubeSchedulerConfiguration (v1) for one kube-scheduler process; leader election off unless
     ``config.leader_election`` says otherwise."""
@@ -186,7 +197,7 @@ def render_scheduler_config(config: SchedulerConfig, *, kubeconfig: str) -> dict
         "leaderElection": (
             config.leader_election.render() if config.leader_election else {"leaderElect": False}
         ),
-        "profiles": [{"schedulerName": name} for name in config.profiles],
+        "profiles": [_profile(name, config.ignored_resources) for name in config.profiles],
     }
     if pct is not None:
         doc["percentageOfNodesToScore"] = pct

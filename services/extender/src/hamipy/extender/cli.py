@@ -225,6 +225,13 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
         help="a follower answers 307 to the leader instead of forwarding (kube-scheduler needs a fixed "
         "TLS serverName)",
     )
+    serve.add_argument(
+        "--cold-standby",
+        action=argparse.BooleanOptionalAction,
+        default=flags.boolean("cold-standby", _DEFAULTS.cold_standby),
+        help="with --leader-elect, a replica watches the cluster only once it first leads (followers "
+        "cost nothing per pod; a new leader lists the cluster before deciding)",
+    )
     for flag, default, what in (
         ("lease-duration", _DEFAULTS.lease_duration_s, "how long a silent leader's Lease stands"),
         ("renew-deadline", _DEFAULTS.renew_deadline_s, "a leader that could not renew this long stops"),
@@ -271,6 +278,7 @@ def settings_from_args(args: argparse.Namespace) -> ExtenderSettings:
         advertise_url=str(args.advertise_url),
         peer_server_name=str(args.peer_server_name),
         follower_redirect=bool(args.follower_redirect),
+        cold_standby=bool(args.cold_standby),
         lease_duration_s=float(args.lease_duration),
         renew_deadline_s=float(args.renew_deadline),
         retry_period_s=float(args.retry_period),

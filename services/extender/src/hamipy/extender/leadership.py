@@ -14,6 +14,11 @@ locked path (fresh API state under the node lock), which rests on nothing in the
 its model holds every bind made before, and ``exclusive()`` lets binds decide from the model. What
 the previous leader sent before its fence (``LeaderElector.is_leader``) has landed or timed out
 before this replica's ``is_leader()`` became true, so that read covers it.
+
+A leader decides only once its model holds the cluster (``ready``: its watches have listed). A cold
+standby (``ExtenderSettings.cold_standby``) starts those watches when it first takes the Lease
+(``before_leading``), so until its lists are in, the Lease holder answers 503 and kube-scheduler
+retries.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import ssl
+from collections.abc import Awaitable, Callable
 from typing import Final
 from urllib.parse import quote
 
@@ -76,6 +82,8 @@ class Leadership:
         leader_wait_s: float = 5.0,
         api_timeout_s: float = 10.0,
         redirects: bool = False,
+        ready: Callable[[], bool] = lambda: True,
+        before_leading: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.election = election
         self.redirects = redirects
@@ -91,6 +99,11 @@ class Leadership:
         self.leader_wait_s = leader_wait_s
         self.api_timeout_s = api_timeout_s
         self._caught_up_term = -1
+        self.ready = ready
+        """Whether the model holds the cluster (``Health.synced``): a leader decides only then."""
+        self.before_leading = before_leading
+        """Awaited each time this replica takes the Lease, before the catch-up: a cold standby
+        starts its watches there (``ExtenderSettings.cold_standby``)."""
         """The Lease's ``leaseTransitions`` when this replica's model last caught up as its leader."""
         self._session: aiohttp.ClientSession | None = None
         telemetry.metrics.leader.set_function(lambda: 1.0 if self.deciding() else 0.0)
@@ -103,7 +116,7 @@ class Leadership:
         """Whether this replica answers decisions itself (the only replica, or the leader now)."""
         if not self.election:
             return True
-        return self.elector is not None and self.elector.is_leader()
+        return self.elector is not None and self.elector.is_leader() and self.ready()
 
     def exclusive(self) -> bool:
         """Whether binds may decide from the model: this replica alone writes allocations now, and
@@ -127,6 +140,8 @@ class Leadership:
                 leader = self.elector.leader
                 behind = leader is not None and leader.transitions != self._caught_up_term
                 if self.elector.is_leader() and leader is not None and behind:
+                    if self.before_leading is not None:
+                        await self.before_leading()
                     await self._catch_up(leader.transitions)
                 await changed
             finally:
@@ -166,7 +181,12 @@ class Leadership:
         if leader is None:
             return _unavailable(f"no extender leader for {self.leader_wait_s:g}s")
         url = leader.annotations.get(LEADER_URL_ANNOTATION)
-        if leader.identity == self.identity or not url:
+        if leader.identity == self.identity:
+            return _unavailable(
+                f"this extender ({self.identity}) holds the Lease but cannot decide yet "
+                "(listing the cluster, or renewing the Lease)"
+            )
+        if not url:
             return _unavailable(f"extender leader {leader.identity} publishes no URL")
         return leader.identity, url.rstrip("/")
 

@@ -81,10 +81,17 @@ class Health:
         self.supervisor = supervisor
         self.informers = dict(informers or {})
         self.stopping = asyncio.Event()
+        self.watching = True
+        """False while a cold standby has not led yet (its informers are not started)."""
 
     def broken(self) -> str | None:
         """Why decisions are refused (a background task died: the model may be stale), or None."""
         return self.supervisor.failure
+
+    def synced(self) -> bool:
+        """Whether the model holds the cluster: every informer has listed (and, without informers,
+        the model was fed nodes and pods)."""
+        return all(i.listed.is_set() for i in self.informers.values()) and self.model.synced
 
     def not_ready(self) -> str | None:
         """Why ``/readyz`` fails, or None when ready."""
@@ -93,6 +100,8 @@ class Health:
         failure = self.broken()
         if failure is not None:
             return failure
+        if not self.watching:
+            return None  # a cold standby passes requests to the leader; it lists once it leads
         waiting = [name for name, informer in self.informers.items() if not informer.listed.is_set()]
         if waiting or not self.model.synced:
             return f"model not synced yet (listing {' and '.join(waiting or ['nodes', 'pods'])})"
@@ -368,6 +377,10 @@ class ExtenderServer:
                 exclusive=self.leadership.exclusive,
             )
         self.health = Health(model=self.model, supervisor=self.supervisor, informers=self.informers)
+        self.leadership.ready = self.health.synced
+        if self.leadership.election and settings.cold_standby:
+            self.health.watching = False
+            self.leadership.before_leading = self._watch_to_lead
         evictor = None
         if api is not None and settings.preemption:
             evictor = Evictor(
@@ -407,8 +420,8 @@ class ExtenderServer:
 
     async def _background(self, app: web.Application) -> AsyncIterator[None]:
         self.supervisor.start("extender-events", self.events.run())
-        for resource, informer in self.informers.items():
-            self.supervisor.start(f"extender-watch-{resource}", informer.run())
+        if self.health.watching:
+            self._start_watches()
         if self.leadership.election:
             self.supervisor.start("extender-leadership", self._lead())
         if self.scheduler.binder is not None:
@@ -428,6 +441,19 @@ class ExtenderServer:
             await self.leadership.elector.release()  # another replica leads at once, not after the lease
         await self.leadership.close()
         await asyncio.to_thread(self.telemetry.shutdown)
+
+    def _start_watches(self) -> None:
+        self.health.watching = True
+        for resource, informer in self.informers.items():
+            self.supervisor.start(f"extender-watch-{resource}", informer.run())
+
+    async def _watch_to_lead(self) -> None:
+        """A cold standby taking the Lease: its watches start (the first time) and it decides once
+        they have listed the cluster (``Leadership.deciding``); until then it answers 503."""
+        if not self.health.watching:
+            self.telemetry.logger.info("leading from cold standby; listing the cluster")
+            self._start_watches()
+        await asyncio.gather(*(informer.listed.wait() for informer in self.informers.values()))
 
     async def _lead(self) -> None:
         """Join the leader election once serving (the URL published in the Lease needs the port),

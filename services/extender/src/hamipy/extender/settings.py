@@ -61,6 +61,12 @@ class ExtenderSettings:
     and kube-scheduler sends the request there itself (Go's client repeats a POST on a 307), which
     spares the follower's hop. Over TLS, kube-scheduler must then check the extenders' certificate
     against a fixed name (its extender ``tlsConfig.serverName``), since the leader's URL is its pod IP."""
+    cold_standby: bool = False
+    """With ``leader_election``: False (hot standby), every replica watches the cluster from the start,
+    so a new leader only reads the bound pods before it decides. True, a replica starts its watches
+    when it first leads and keeps them from then on: a follower that never led costs the API server
+    and its node nothing per pod (no watch of every pod), and a new leader lists the cluster before
+    it decides (seconds, within the failover bound: docs/extender.md#replicas)."""
     lease_namespace: str = "kube-system"
     lease_name: str = "hami-py-extender"
     identity: str = ""
