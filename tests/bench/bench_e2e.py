@@ -30,6 +30,9 @@ noise falls on all alike:
   follower answers each request with a 307 to the leader, which kube-scheduler then calls itself;
 - ``binpack3rc`` (only when ``--phases`` names it): as ``binpack3r`` with ``--cold-standby``: the
   followers watch nothing until they lead, so on this shared machine they take no CPU per pod;
+- ``binpack3s`` (only when ``--phases`` names it): as ``binpack3rc`` with kube-scheduler calling the
+  leader, as the chart's Service does (it selects the pod labelled ``hami-py.io/extender-role=leader``,
+  ``--own-pod``): no request pays a follower's hop;
 
 ``--phases`` picks some of them (``bare`` always runs: the ratios are to it).
 
@@ -126,7 +129,7 @@ EXTENDER_REPLICAS = 1
 MANAGED = tuple(ManagedResource(r) for r in (keys.RESOURCE_COUNT, keys.RESOURCE_MEMORY, keys.RESOURCE_CORES))
 PHASES = ("bare", "binpack", "spread", "binpack3")
 """The phases a run has unless ``--phases`` says otherwise."""
-KNOWN_PHASES = (*PHASES, "binpack3r", "binpack3rc", "bare3res")
+KNOWN_PHASES = (*PHASES, "binpack3r", "binpack3rc", "binpack3s", "bare3res")
 BASELINES = ("bare", "bare3res")
 """Phases with no extender: every other phase is compared with each of them that ran."""
 ELECTED_REPLICAS = 3
@@ -392,12 +395,14 @@ async def placement_phase(bench: Bench, round_no: int, phase: str) -> dict[str, 
                 workdir=bench.workdir / f"round-{round_no}",
                 replica_args=elected_args(
                     f"bench-{round_no}",
-                    redirect=phase in ("binpack3r", "binpack3rc"),
-                    cold=phase == "binpack3rc",
+                    redirect=phase in ("binpack3r", "binpack3rc", "binpack3s"),
+                    cold=phase in ("binpack3rc", "binpack3s"),
                 ),
             )
             leader = await wait_leader(extenders)
-            target = next(e for e in extenders if e is not leader).url
+            # binpack3s: the chart's Service selects the leader (its pod's role label).
+            pinned = leader if phase == "binpack3s" else next(e for e in extenders if e is not leader)
+            target = pinned.url
         elif phase == "bare3res":
             ignored = (keys.RESOURCE_MEMORY, keys.RESOURCE_CORES)
         elif phase != "bare":

@@ -173,15 +173,18 @@ async def start_extenders(
     n: int = 1,
     settings: ExtenderSettings = EXTENDER_SETTINGS,
     config: Config | None = None,
+    own_pods: Sequence[str] = (),
 ) -> list[ExtenderServer]:
     """`n` extender replicas in this process, each synced with the cluster (a cold standby watches
-    nothing until it leads: only the leader then). Their tracing follows this process's OTEL_*
+    nothing until it leads: only the leader then); replica ``i`` labels the pod ``own_pods[i]``
+    (``namespace/name``) with its role when given. Their tracing follows this process's OTEL_*
     variables."""
     servers = []
     for i in range(n):
+        own_pod = own_pods[i] if i < len(own_pods) else ""
         server = ExtenderServer(
             config=config or Config(),
-            settings=dataclasses.replace(settings, identity=f"replica-{i}")
+            settings=dataclasses.replace(settings, identity=f"replica-{i}", own_pod=own_pod)
             if settings.leader_election
             else settings,
             telemetry=ExtenderTelemetry.create(stream=io.StringIO()),

@@ -21,6 +21,7 @@ from stack_support import extender_config
 from hamipy.devcluster.binaries import KUBERNETES_VERSION, ensure_helm
 from hamipy.devcluster.config import ExtenderTLS, SchedulerConfig, render_scheduler_config
 from hamipy.devcluster.identities import SERVICE_RULES
+from hamipy.protocol import keys
 from hamipy.protocol.config import load_config
 from hamipy.webhook.admission_policy import admission_policies
 from hamipy.webhook.registration import webhook_configuration
@@ -316,6 +317,27 @@ def test_every_argument_the_chart_passes_is_one_the_service_takes(
 def test_extender_replicas_are_their_own(rendered: dict[str, list[dict[str, Any]]]) -> None:
     assert one(rendered["three-extenders"], "Deployment", "-extender")["spec"]["replicas"] == 3
     assert one(rendered["three-extenders"], "Deployment", "-webhook")["spec"]["replicas"] == 2
+
+
+def test_kube_scheduler_reaches_the_leading_extender_and_prometheus_every_replica(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    """Each replica labels its own pod with its role (--own-pod); the scheduler's Service selects the
+    leader, the metrics Service every replica."""
+    docs = rendered["defaults"]
+    deployment = one(docs, "Deployment", "-extender")
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    args = container(docs, "extender")["args"]
+    namespace = deployment["metadata"]["namespace"]
+    assert f"--own-pod={namespace}/$(POD_NAME)" in args
+    api = one(docs, "Service", "-extender")
+    metrics = one(docs, "Service", "-extender-metrics")
+    leader = {**pod_labels, keys.EXTENDER_ROLE: "leader"}
+    assert selects(api["spec"]["selector"], leader)
+    assert not selects(api["spec"]["selector"], {**pod_labels, keys.EXTENDER_ROLE: "follower"})
+    assert [p["port"] for p in api["spec"]["ports"]] == [8888]
+    assert selects(metrics["spec"]["selector"], pod_labels)
+    assert [p["name"] for p in metrics["spec"]["ports"]] == ["metrics"]
 
 
 # -- monitoring: ServiceMonitors and the PrometheusRule -------------------------------------------

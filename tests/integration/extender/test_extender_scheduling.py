@@ -320,6 +320,46 @@ async def test_burst_with_three_replicas(
             await server.stop()
 
 
+async def test_each_replica_labels_its_own_pod_with_its_role(cluster: Cluster, kube_client: Any) -> None:
+    """``--own-pod``: the label the chart's Service selects (``hami-py.io/extender-role=leader``) is
+    on the leader's pod only, and moves to the new leader when the old one stops."""
+    ns = cluster.namespace
+    names = [f"extender-{i}" for i in range(2)]
+    for name in names:
+        body = builders.pod(name, container(), scheduler_name="no-such-scheduler")
+        await cluster.core.create_namespaced_pod(ns, body, _request_timeout=API_TIMEOUT_S)
+
+    async def roles() -> dict[str, str]:
+        pods = await cluster.core.list_namespaced_pod(ns, _request_timeout=API_TIMEOUT_S)
+        return {
+            p.metadata.name: (p.metadata.labels or {}).get(keys.EXTENDER_ROLE, "")
+            for p in pods.items
+            if p.metadata.name in names
+        }
+
+    servers = await start_extenders(
+        kube_client, 2, settings=elected(ns), own_pods=[f"{ns}/{name}" for name in names]
+    )
+    try:
+        first = await caught_up_leader(servers)
+        want = {name: "leader" if s is first else "follower" for name, s in zip(names, servers, strict=True)}
+
+        async def labelled() -> bool:
+            return await roles() == want
+
+        await wait_for(labelled, timeout=15, what=f"the roles {want}")
+        await first.stop()
+        (second,) = [name for name, s in zip(names, servers, strict=True) if s is not first]
+
+        async def second_leads() -> bool:
+            return (await roles())[second] == "leader"
+
+        await wait_for(second_leads, timeout=30, what=f"{second} labelled the leader")
+    finally:
+        for server in servers:
+            await server.stop()
+
+
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("standby", ["hot", "cold"])
 async def test_a_new_leader_takes_over_and_binds_what_is_left(

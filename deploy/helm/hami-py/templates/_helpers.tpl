@@ -101,6 +101,9 @@ spec:
   selector:
     matchLabels:
       {{- include "hami-py.selector" . | nindent 6 }}
+      {{- with .serviceLabels }}
+      {{- toYaml . | nindent 6 }}
+      {{- end }}
   endpoints:
     - port: {{ .port }}
       path: /metrics

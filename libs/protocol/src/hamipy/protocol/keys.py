@@ -16,6 +16,7 @@ __all__ = [
     "DEVICE_PLUGIN_MARKER",
     "DEVICE_SCORING_WEIGHTS",
     "DEVICE_VENDOR_NVIDIA",
+    "EXTENDER_ROLE",
     "GPU_SCHEDULER_POLICY",
     "NODE_HANDSHAKE",
     "NODE_LOCK",
@@ -94,6 +95,9 @@ DEVICE_PLUGIN_MARKER: Final = "hami-py.io/device-plugin-handshake"
 handshake written beside it: a node whose current report carries it is served by our device plugin
 (which needs no node lock), one whose report does not (HAMi's plugin reported last) gets HAMi's
 lock discipline (docs/extender.md#two-bind-paths)."""
+EXTENDER_ROLE: Final = "hami-py.io/extender-role"
+"""Label an extender replica keeps on its own pod: ``leader`` while it decides, else ``follower``;
+the chart's Service selects ``leader`` (docs/extender.md#replicas)."""
 REQUEUE: Final = "hami-py.io/requeue"
 """Node annotation the extender stamps (a time) when GPUs free up while pods it refused wait: the
 node event makes kube-scheduler retry them (docs/extender.md#requeueing-refused-pods)."""

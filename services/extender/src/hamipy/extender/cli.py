@@ -214,6 +214,12 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
         help="where the other replicas reach this one while it leads, e.g. https://$(POD_IP):8888",
     )
     serve.add_argument(
+        "--own-pod",
+        default=flags.text("own-pod", ""),
+        help="NAMESPACE/NAME of this replica's pod: with --leader-elect, its label "
+        "hami-py.io/extender-role says leader or follower, for a Service that selects the leader",
+    )
+    serve.add_argument(
         "--peer-server-name",
         default=flags.text("peer-server-name", ""),
         help="TLS name checked on the leader's certificate when forwarding (default: the URL's host)",
@@ -276,6 +282,7 @@ def settings_from_args(args: argparse.Namespace) -> ExtenderSettings:
         lease_name=str(args.lease_name),
         identity=str(args.identity),
         advertise_url=str(args.advertise_url),
+        own_pod=str(args.own_pod),
         peer_server_name=str(args.peer_server_name),
         follower_redirect=bool(args.follower_redirect),
         cold_standby=bool(args.cold_standby),
@@ -296,6 +303,9 @@ def peer_tls(
         return None
     if not settings.advertise_url:
         raise ValueError("--leader-elect needs --advertise-url (where the others reach the leader)")
+    namespace, _, name = settings.own_pod.partition("/")
+    if settings.own_pod and not (namespace and name and "/" not in name):
+        raise ValueError(f"--own-pod must be NAMESPACE/NAME, not {settings.own_pod!r}")
     lease_settings(settings)  # times that cannot fence are refused here
     if cert is None or key is None:
         return None

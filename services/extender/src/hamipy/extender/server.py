@@ -44,6 +44,7 @@ from hamipy.extender.eviction import Evictor
 from hamipy.extender.leadership import FORWARDED_HEADER, LEADER_URL_ANNOTATION, REDIRECTED_QUERY, Leadership
 from hamipy.extender.model import ClusterModel
 from hamipy.extender.requeue import Requeuer
+from hamipy.extender.role_label import RoleLabel
 from hamipy.extender.scheduler import BadRequest, Scheduler
 from hamipy.extender.settings import ExtenderSettings
 from hamipy.extender.telemetry import SERVICE_NAME, Telemetry
@@ -411,6 +412,18 @@ class ExtenderServer:
             evictor=evictor,
             on_refused=self.requeuer.refused if self.requeuer is not None else None,
         )
+        self.role_label: RoleLabel | None = None
+        if api is not None and self.leadership.election and settings.own_pod:
+            pod_namespace, _, pod_name = settings.own_pod.partition("/")
+            self.role_label = RoleLabel(
+                api=api,
+                namespace=pod_namespace,
+                name=pod_name,
+                deciding=self.leadership.deciding,
+                telemetry=telemetry,
+                interval_s=settings.retry_period_s,
+                timeout_s=settings.api_timeout_s,
+            )
         self.port = 0
         self._server: BoundedServer | None = None
         self._serving = asyncio.Event()
@@ -424,6 +437,8 @@ class ExtenderServer:
             self._start_watches()
         if self.leadership.election:
             self.supervisor.start("extender-leadership", self._lead())
+        if self.role_label is not None:
+            self.supervisor.start("extender-role-label", self.role_label.run())
         if self.scheduler.binder is not None:
             self.supervisor.start("extender-lock-sweep", self.scheduler.binder.sweeper.run())
         if self.requeuer is not None:

@@ -75,6 +75,10 @@ class ExtenderSettings:
     advertise_url: str = ""
     """Where the other replicas reach this one while it leads (``https://<pod IP>:<port>``)."""
     peer_server_name: str = ""
+    own_pod: str = ""
+    """``namespace/name`` of this replica's pod: with ``leader_election``, the label
+    ``hami-py.io/extender-role`` on it follows the replica's role (``hamipy.extender.role_label``),
+    so that a Service can select the leader. Empty: no label is written."""
     """TLS name checked on the leader's certificate when forwarding (empty: the URL's host)."""
     lease_duration_s: float = 20.0
     """Longer than ``renew_deadline_s`` + ``api_timeout_s``: a leader's last bind has landed or timed

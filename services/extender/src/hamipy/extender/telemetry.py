@@ -216,6 +216,12 @@ class Metrics:
             ["result"],
             registry=r,
         )
+        self.role_labels = Counter(
+            "hamipy_extender_role_labels",
+            "Writes of this replica's role onto its own pod (leader, follower), and writes that failed.",
+            ["result"],
+            registry=r,
+        )
         self._collector: GpuCollector | None = None
         # Known label values start at zero: a series that appears only at its first event hides
         # that event from rate() and increase() (dashboards show nothing, alerts see no increase).
@@ -232,6 +238,8 @@ class Metrics:
                 self.forwarded.labels(verb=verb, result=result)
         for result in ("sent", "failed"):
             self.requeue_nudges.labels(result=result)
+        for result in ("leader", "follower", "failed"):
+            self.role_labels.labels(result=result)
         for path in ("model", "locked"):
             self.bind_paths.labels(path=path)
         for reason in ("queue-full", "api-error"):
