@@ -325,9 +325,10 @@ async def test_each_replica_labels_its_own_pod_with_its_role(cluster: Cluster, k
     on the leader's pod only, and moves to the new leader when the old one stops."""
     ns = cluster.namespace
     names = [f"extender-{i}" for i in range(2)]
+    core: Any = cluster.core  # the body is a dict, not the generated V1Pod its stubs name
     for name in names:
         body = builders.pod(name, container(), scheduler_name="no-such-scheduler")
-        await cluster.core.create_namespaced_pod(ns, body, _request_timeout=API_TIMEOUT_S)
+        await core.create_namespaced_pod(ns, body, _request_timeout=API_TIMEOUT_S)
 
     async def roles() -> dict[str, str]:
         pods = await cluster.core.list_namespaced_pod(ns, _request_timeout=API_TIMEOUT_S)

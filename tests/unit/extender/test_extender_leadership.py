@@ -25,16 +25,21 @@ from hamipy.extender.telemetry import Telemetry
 from hamipy.protocol.config import Config
 
 
+def server(api: FakeKube | None, **settings: Any) -> ExtenderServer:
+    """A replica (not started) with these ``ExtenderSettings``."""
+    return ExtenderServer(
+        config=Config(),
+        settings=ExtenderSettings(**settings),
+        telemetry=Telemetry.create(stream=io.StringIO()),
+        api=api,
+    )
+
+
 @contextlib.asynccontextmanager
 async def serving(**leadership: Any) -> AsyncIterator[str]:
     """The routes of a replica with leader election on, its ``Leadership`` made with
     ``leadership``; its URL."""
-    srv = ExtenderServer(
-        config=Config(),
-        settings=ExtenderSettings(),
-        telemetry=Telemetry.create(stream=io.StringIO()),
-        api=None,
-    )
+    srv = server(None)
     role = Leadership(election=True, api=None, model=None, telemetry=srv.telemetry, **leadership)
     app = make_app(srv.scheduler, max_body_bytes=1 << 20, health=srv.health, leadership=role)
     runner = web.AppRunner(app, access_log=None)
@@ -74,23 +79,13 @@ async def test_a_replica_that_does_not_lead_answers_503_with_why(follower: str, 
 
 
 def test_without_election_a_replica_decides_and_binds_from_its_model() -> None:
-    srv = ExtenderServer(
-        config=Config(),
-        settings=ExtenderSettings(),
-        telemetry=Telemetry.create(stream=io.StringIO()),
-        api=FakeKube(),
-    )
+    srv = server(FakeKube())
     assert srv.leadership.deciding()
     assert srv.leadership.exclusive()
 
 
 def test_with_election_binds_never_decide_from_the_model_before_leading() -> None:
-    srv = ExtenderServer(
-        config=Config(),
-        settings=ExtenderSettings(leader_election=True),
-        telemetry=Telemetry.create(stream=io.StringIO()),
-        api=FakeKube(),
-    )
+    srv = server(FakeKube(), leader_election=True)
     assert not srv.leadership.deciding()
     assert not srv.leadership.exclusive()
 
@@ -156,12 +151,7 @@ async def test_a_redirected_request_that_reaches_a_follower_is_refused_not_redir
 
 
 def cold_server(kube: FakeKube) -> ExtenderServer:
-    return ExtenderServer(
-        config=Config(),
-        settings=ExtenderSettings(leader_election=True, cold_standby=True),
-        telemetry=Telemetry.create(stream=io.StringIO()),
-        api=kube,
-    )
+    return server(kube, leader_election=True, cold_standby=True)
 
 
 def test_a_cold_standby_is_ready_to_pass_requests_on_before_it_watches_anything() -> None:
@@ -172,12 +162,7 @@ def test_a_cold_standby_is_ready_to_pass_requests_on_before_it_watches_anything(
 
 
 def test_a_hot_standby_is_not_ready_until_its_watches_have_listed() -> None:
-    srv = ExtenderServer(
-        config=Config(),
-        settings=ExtenderSettings(leader_election=True),
-        telemetry=Telemetry.create(stream=io.StringIO()),
-        api=FakeKube(),
-    )
+    srv = server(FakeKube(), leader_election=True)
     assert srv.health.watching
     not_ready = srv.health.not_ready()
     assert not_ready is not None
