@@ -99,12 +99,12 @@ class Leadership:
         self.leader_wait_s = leader_wait_s
         self.api_timeout_s = api_timeout_s
         self._caught_up_term = -1
+        """The Lease's ``leaseTransitions`` when this replica's model last caught up as its leader."""
         self.ready = ready
         """Whether the model holds the cluster (``Health.synced``): a leader decides only then."""
         self.before_leading = before_leading
         """Awaited each time this replica takes the Lease, before the catch-up: a cold standby
         starts its watches there (``ExtenderSettings.cold_standby``)."""
-        """The Lease's ``leaseTransitions`` when this replica's model last caught up as its leader."""
         self._session: aiohttp.ClientSession | None = None
         telemetry.metrics.leader.set_function(lambda: 1.0 if self.deciding() else 0.0)
 

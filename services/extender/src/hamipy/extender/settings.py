@@ -66,7 +66,7 @@ class ExtenderSettings:
     so a new leader only reads the bound pods before it decides. True, a replica starts its watches
     when it first leads and keeps them from then on: a follower that never led costs the API server
     and its node nothing per pod (no watch of every pod), and a new leader lists the cluster before
-    it decides (seconds, within the failover bound: docs/extender.md#replicas)."""
+    it decides (within the failover bound: docs/extender.md#replicas)."""
     lease_namespace: str = "kube-system"
     lease_name: str = "hami-py-extender"
     identity: str = ""
@@ -75,11 +75,11 @@ class ExtenderSettings:
     advertise_url: str = ""
     """Where the other replicas reach this one while it leads (``https://<pod IP>:<port>``)."""
     peer_server_name: str = ""
+    """TLS name checked on the leader's certificate when forwarding (empty: the URL's host)."""
     own_pod: str = ""
     """``namespace/name`` of this replica's pod: with ``leader_election``, the label
     ``hami-py.io/extender-role`` on it follows the replica's role (``hamipy.extender.role_label``),
     so that a Service can select the leader. Empty: no label is written."""
-    """TLS name checked on the leader's certificate when forwarding (empty: the URL's host)."""
     lease_duration_s: float = 20.0
     """Longer than ``renew_deadline_s`` + ``api_timeout_s``: a leader's last bind has landed or timed
     out before another replica can take the Lease (``hamipy.kube.leader.LeaseSettings`` checks)."""
