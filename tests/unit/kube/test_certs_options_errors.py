@@ -92,6 +92,17 @@ def test_env_flags_fall_back_and_check_numbers() -> None:
         flags.number("rate", 1.0)
 
 
+def test_a_switch_defaults_to_its_variable_and_either_spelling_overrides_it() -> None:
+    parser = argparse.ArgumentParser()
+    flags = EnvFlags({"HAMIPY_X_COLD": "yes"}, "HAMIPY_X_")
+    flags.switch(parser, "cold", False, help="h")
+    flags.switch(parser, "hot", True, help="h")
+    assert vars(parser.parse_args([])) == {"cold": True, "hot": True}
+    assert vars(parser.parse_args(["--no-cold", "--no-hot"])) == {"cold": False, "hot": False}
+    with pytest.raises(BadEnvironment, match="HAMIPY_X_COLD"):
+        EnvFlags({"HAMIPY_X_COLD": "maybe"}, "HAMIPY_X_").switch(parser, "cold", False, help="h")
+
+
 def test_node_options_come_from_the_downward_api_and_the_service_env() -> None:
     env = {"NODE_NAME": "gpu-1", "HAMIPY_CONFIG": "/etc/c.yaml", "HAMIPY_X_API_TIMEOUT": "3"}
     parser = argparse.ArgumentParser()

@@ -112,6 +112,15 @@ class EnvFlags:
         value = self._set(flag)
         return fallback if value is None else parse_bool(value, name=self.name(flag))
 
+    def switch(self, parser: argparse.ArgumentParser, flag: str, fallback: bool, *, help: str) -> None:
+        """Add ``--flag`` / ``--no-flag`` to ``parser``, defaulting to the variable, else ``fallback``."""
+        parser.add_argument(
+            f"--{flag}",
+            action=argparse.BooleanOptionalAction,
+            default=self.boolean(flag, fallback),
+            help=help,
+        )
+
     def epilog(self, example: str) -> str:
         """The help text's last line: where else a flag can come from."""
         return f"Every flag can also be set as {self.prefix}<FLAG> (e.g. {self.prefix}{example})."

@@ -115,16 +115,16 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
         help="also serve /metrics, /healthz, /readyz over plain HTTP on this port (for the kubelet's "
         "probes and Prometheus when the decision port demands client certificates)",
     )
-    serve.add_argument(
-        "--cooperative",
-        action=argparse.BooleanOptionalAction,
-        default=flags.boolean("cooperative", _DEFAULTS.cooperative),
+    flags.switch(
+        serve,
+        "cooperative",
+        _DEFAULTS.cooperative,
         help="/filter returns every feasible node and /prioritize scores them (GPUs chosen at bind)",
     )
-    serve.add_argument(
-        "--release-lock-after-bind",
-        action=argparse.BooleanOptionalAction,
-        default=flags.boolean("release-lock-after-bind", _DEFAULTS.release_lock_after_bind),
+    flags.switch(
+        serve,
+        "release-lock-after-bind",
+        _DEFAULTS.release_lock_after_bind,
         help="on nodes our device plugin serves, hold the node lock only while binding (default); "
         "--no-... leaves it for the device plugin to release after Allocate there too (as always on "
         "nodes HAMi's device plugin serves)",
@@ -171,16 +171,16 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
         default=flags.integer("max-body-bytes", _DEFAULTS.max_body_bytes),
         help="largest request body (larger: HTTP 400)",
     )
-    serve.add_argument(
-        "--success-events",
-        action=argparse.BooleanOptionalAction,
-        default=flags.boolean("success-events", _DEFAULTS.success_events),
+    flags.switch(
+        serve,
+        "success-events",
+        _DEFAULTS.success_events,
         help="a FilteringSucceed Event per placed pod, as HAMi writes (one more API request a pod)",
     )
-    serve.add_argument(
-        "--preemption",
-        action=argparse.BooleanOptionalAction,
-        default=flags.boolean("preemption", _DEFAULTS.preemption),
+    flags.switch(
+        serve,
+        "preemption",
+        _DEFAULTS.preemption,
         help="preempt lower-priority GPU pods for a pod that fits nowhere (docs/extender.md#preemption)",
     )
     serve.add_argument(
@@ -189,10 +189,10 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
         default=flags.number("preemption-wait", _DEFAULTS.preemption_wait_s),
         help="seconds beyond the victims' grace period a preemptor's GPUs stay held for it",
     )
-    serve.add_argument(
-        "--leader-elect",
-        action=argparse.BooleanOptionalAction,
-        default=flags.boolean("leader-elect", _DEFAULTS.leader_election),
+    flags.switch(
+        serve,
+        "leader-elect",
+        _DEFAULTS.leader_election,
         help="replicas elect a leader by a Lease; it decides and the others forward or redirect to it "
         "(needed with more than one replica: docs/extender.md#replicas)",
     )
@@ -224,17 +224,17 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
         default=flags.text("peer-server-name", ""),
         help="TLS name checked on the leader's certificate when forwarding (default: the URL's host)",
     )
-    serve.add_argument(
-        "--follower-redirect",
-        action=argparse.BooleanOptionalAction,
-        default=flags.boolean("follower-redirect", _DEFAULTS.follower_redirect),
+    flags.switch(
+        serve,
+        "follower-redirect",
+        _DEFAULTS.follower_redirect,
         help="a follower answers 307 to the leader instead of forwarding (kube-scheduler needs a fixed "
         "TLS serverName)",
     )
-    serve.add_argument(
-        "--cold-standby",
-        action=argparse.BooleanOptionalAction,
-        default=flags.boolean("cold-standby", _DEFAULTS.cold_standby),
+    flags.switch(
+        serve,
+        "cold-standby",
+        _DEFAULTS.cold_standby,
         help="with --leader-elect, a replica watches the cluster only once it first leads (followers "
         "cost nothing per pod; a new leader lists the cluster before deciding)",
     )
@@ -303,9 +303,7 @@ def peer_tls(
         return None
     if not settings.advertise_url:
         raise ValueError("--leader-elect needs --advertise-url (where the others reach the leader)")
-    namespace, _, name = settings.own_pod.partition("/")
-    if settings.own_pod and not (namespace and name and "/" not in name):
-        raise ValueError(f"--own-pod must be NAMESPACE/NAME, not {settings.own_pod!r}")
+    settings.own_pod_ref()  # NAMESPACE/NAME or nothing
     lease_settings(settings)  # times that cannot fence are refused here
     if cert is None or key is None:
         return None

@@ -356,8 +356,12 @@ class ExtenderServer:
             self.informers = model_informers(
                 api, model=self.model, settings=settings, telemetry=telemetry, events=self.events
             )
+        self.health = Health(model=self.model, supervisor=self.supervisor, informers=self.informers)
+        election = settings.leader_election and api is not None
+        cold = election and settings.cold_standby
+        self.health.watching = not cold
         self.leadership = Leadership(
-            election=settings.leader_election and api is not None,
+            election=election,
             api=api,
             model=self.model,
             telemetry=telemetry,
@@ -367,6 +371,8 @@ class ExtenderServer:
             forward_timeout_s=settings.bind_timeout_s + 2 * settings.api_timeout_s,
             leader_wait_s=settings.leader_wait_s,
             api_timeout_s=settings.api_timeout_s,
+            ready=self.health.synced,
+            before_leading=self._watch_to_lead if cold else None,
         )
         if api is not None:
             binder = Binder(
@@ -377,11 +383,6 @@ class ExtenderServer:
                 telemetry=telemetry,
                 exclusive=self.leadership.exclusive,
             )
-        self.health = Health(model=self.model, supervisor=self.supervisor, informers=self.informers)
-        self.leadership.ready = self.health.synced
-        if self.leadership.election and settings.cold_standby:
-            self.health.watching = False
-            self.leadership.before_leading = self._watch_to_lead
         evictor = None
         if api is not None and settings.preemption:
             evictor = Evictor(
@@ -413,8 +414,9 @@ class ExtenderServer:
             on_refused=self.requeuer.refused if self.requeuer is not None else None,
         )
         self.role_label: RoleLabel | None = None
-        if api is not None and self.leadership.election and settings.own_pod:
-            pod_namespace, _, pod_name = settings.own_pod.partition("/")
+        own_pod = settings.own_pod_ref()
+        if api is not None and election and own_pod is not None:
+            pod_namespace, pod_name = own_pod
             self.role_label = RoleLabel(
                 api=api,
                 namespace=pod_namespace,

@@ -79,7 +79,7 @@ class ExtenderSettings:
     own_pod: str = ""
     """``namespace/name`` of this replica's pod: with ``leader_election``, the label
     ``hami-py.io/extender-role`` on it follows the replica's role (``hamipy.extender.role_label``),
-    so that a Service can select the leader. Empty: no label is written."""
+    so that a Service can select the leader. Empty: no label is written (``own_pod_ref``)."""
     lease_duration_s: float = 20.0
     """Longer than ``renew_deadline_s`` + ``api_timeout_s``: a leader's last bind has landed or timed
     out before another replica can take the Lease (``hamipy.kube.leader.LeaseSettings`` checks)."""
@@ -109,3 +109,13 @@ class ExtenderSettings:
     max_connections: int = 256
     """Connections held at once: kube-scheduler (one leader, a few replicas), the kubelet's probes
     and Prometheus keep a handful; the cap bounds what anyone else can make us hold."""
+
+    def own_pod_ref(self) -> tuple[str, str] | None:
+        """``own_pod`` as (namespace, name); None when empty; ``ValueError`` when it is not
+        ``NAMESPACE/NAME``."""
+        if not self.own_pod:
+            return None
+        namespace, _, name = self.own_pod.partition("/")
+        if not namespace or not name or "/" in name:
+            raise ValueError(f"--own-pod must be NAMESPACE/NAME, not {self.own_pod!r}")
+        return namespace, name

@@ -78,22 +78,22 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
         default=flags.integer("metrics-port", DEFAULT_METRICS_PORT),
         help="/metrics, /healthz, /readyz (HAMi's monitor port by default); 0 picks a free port",
     )
-    parser.add_argument(
-        "--legacy-metrics",
-        action=argparse.BooleanOptionalAction,
-        default=flags.boolean("legacy-metrics", defaults.legacy_metrics),
+    flags.switch(
+        parser,
+        "legacy-metrics",
+        defaults.legacy_metrics,
         help="also export HAMi's pre-2.9 metric names for old dashboards",
     )
-    parser.add_argument(
-        "--host-metrics",
-        action=argparse.BooleanOptionalAction,
-        default=flags.boolean("host-metrics", defaults.host_metrics),
+    flags.switch(
+        parser,
+        "host-metrics",
+        defaults.host_metrics,
         help="export host GPU metrics from NVML",
     )
-    parser.add_argument(
-        "--feedback",
-        action=argparse.BooleanOptionalAction,
-        default=flags.boolean("feedback", defaults.feedback),
+    flags.switch(
+        parser,
+        "feedback",
+        defaults.feedback,
         help="write the priority feedback (recent_kernel, utilization_switch) into region files",
     )
     parser.add_argument(

@@ -113,10 +113,10 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
         default=flags.get("scheduler-name"),
         help="overrides schedulerName of the configuration",
     )
-    serve.add_argument(
-        "--overwrite-env",
-        action=argparse.BooleanOptionalAction,
-        default=flags.boolean("overwrite-env", False),
+    flags.switch(
+        serve,
+        "overwrite-env",
+        False,
         help="add NVIDIA_VISIBLE_DEVICES=none to containers of GPU pods that ask for no GPU",
     )
     serve.add_argument(
@@ -139,10 +139,10 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
         default=flags.text("webhook-config", registration.CONFIGURATION_NAME),
         help="MutatingWebhookConfiguration whose caBundle is patched",
     )
-    cert.add_argument(
-        "--create-webhook-config",
-        action=argparse.BooleanOptionalAction,
-        default=flags.boolean("create-webhook-config", False),
+    flags.switch(
+        cert,
+        "create-webhook-config",
+        False,
         help="create the MutatingWebhookConfiguration when it does not exist",
     )
     cert.add_argument("--cluster-domain", default=flags.text("cluster-domain", "cluster.local"))
