@@ -20,7 +20,9 @@ async def _no_leaked_tasks() -> AsyncIterator[None]:
     current = asyncio.current_task()
     leaked = [t for t in asyncio.all_tasks() - before if t is not current and not t.done()]
     if leaked:
-        names = ", ".join(sorted(t.get_name() for t in leaked))
+        # The coroutine's name too: an unnamed task (a library's) says nothing by its name alone.
+        coro = "__qualname__"
+        names = ", ".join(sorted(f"{t.get_name()} ({getattr(t.get_coro(), coro, '?')})" for t in leaked))
         for task in leaked:
             task.cancel()
         pytest.fail(f"test left asyncio tasks running: {names}")

@@ -137,6 +137,10 @@ class FakeHealth:
 class _Registration(api_pb2_grpc.RegistrationServicer):
     def __init__(self) -> None:
         self.requests: list[api_pb2.RegisterRequest] = []
+        self.received = asyncio.Event()
+        self.answer = asyncio.Event()
+        """Cleared, ``Register`` waits for it (a kubelet that takes its time)."""
+        self.answer.set()
 
     async def Register(
         self,
@@ -144,6 +148,8 @@ class _Registration(api_pb2_grpc.RegistrationServicer):
         context: grpc.aio.ServicerContext[api_pb2.RegisterRequest, api_pb2.Empty],
     ) -> api_pb2.Empty:
         self.requests.append(request)
+        self.received.set()
+        await self.answer.wait()
         return api_pb2.Empty()
 
 

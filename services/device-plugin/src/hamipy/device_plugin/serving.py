@@ -9,6 +9,7 @@ whose socket vanished (or whose ``kubelet.sock`` was replaced) serves a new sock
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from pathlib import Path
 
@@ -56,13 +57,22 @@ async def register_with_kubelet(settings: PluginSettings, resource_name: str) ->
         )
 
 
-async def _start_server(servicer: DevicePluginServicer, socket: Path) -> grpc.aio.Server:
+async def _new_server(servicer: DevicePluginServicer, socket: Path) -> grpc.aio.Server:
+    """A server bound to a fresh ``socket``, not started: started inside the caller's ``try``, so
+    that a cancellation part-way through ``start`` (which has launched grpc's main loop by then)
+    still reaches ``stop``."""
     await asyncio.to_thread(socket.unlink, missing_ok=True)
     server = grpc.aio.server()
     api_pb2_grpc.add_DevicePluginServicer_to_server(servicer, server)
     server.add_insecure_port(f"unix://{socket}")
-    await server.start()
     return server
+
+
+async def _stop(server: grpc.aio.Server) -> None:
+    # grpc (1.85) stopping a server whose start was cancelled sets a result on the start's
+    # cancelled future and raises this; its tasks have ended all the same (the test checks).
+    with contextlib.suppress(asyncio.InvalidStateError):
+        await server.stop(_STOP_GRACE_S)
 
 
 async def _register_until_done(settings: PluginSettings, resource_name: str, telemetry: Telemetry) -> None:
@@ -101,8 +111,9 @@ async def serve_and_register(
     await asyncio.to_thread(settings.plugin_dir.mkdir, parents=True, exist_ok=True)
     try:
         while True:
-            server = await _start_server(servicer, socket)
+            server = await _new_server(servicer, socket)
             try:
+                await server.start()
                 telemetry.logger.info("serving", socket=str(socket))
                 await _register_until_done(settings, resource_name, telemetry)
                 registered.set()
@@ -110,6 +121,6 @@ async def serve_and_register(
                 telemetry.logger.warning("kubelet restarted (socket removed or replaced); serving again")
             finally:
                 registered.clear()
-                await server.stop(_STOP_GRACE_S)
+                await _stop(server)
     finally:
         await asyncio.to_thread(socket.unlink, missing_ok=True)
