@@ -149,6 +149,37 @@ async def over_http(server: ExtenderServer, args: dict[str, Any], iterations: in
     return samples
 
 
+async def scrape(server: ExtenderServer, iterations: int) -> dict[str, float]:
+    """One ``/metrics`` body (registry plus the GPU gauges of the whole model) rendered as the
+    extender renders it, on its event loop in steps: the CPU per scrape, and the longest the loop
+    went without running anything else (what a filter arriving mid-scrape waits at most)."""
+    longest = 0.0
+    rendering = True
+
+    async def ticker() -> None:
+        nonlocal longest
+        last = time.perf_counter()
+        while rendering:
+            await asyncio.sleep(0)
+            now = time.perf_counter()
+            longest, last = max(longest, now - last), now
+
+    await server.telemetry.metrics.render()  # warm
+    ticking = asyncio.create_task(ticker())
+    cpu = time.process_time()
+    for _ in range(iterations):
+        body = await server.telemetry.metrics.render()
+    cpu = (time.process_time() - cpu) / iterations
+    rendering = False
+    await ticking
+    return {
+        "cpu_ms_per_scrape": round(cpu * 1000, 1),
+        "longest_loop_hold_ms": round(longest * 1000, 2),
+        "body_mb": round(len(body) / 1e6, 1),
+        "samples": body.count(b"\n") - body.count(b"\n#"),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--iterations", type=int, default=2000)
@@ -171,6 +202,7 @@ def main() -> None:
         figures[f"in_process_{nodes}"] = proc
         figures[f"http_{nodes}"] = http
         figures[f"no_fit_in_process_{nodes}"] = nofit
+        figures[f"scrape_{nodes}"] = asyncio.run(scrape(server, 5))
     for key, target in TARGETS_US.items():
         if key in figures:
             figures[key]["target_p99_us"] = target

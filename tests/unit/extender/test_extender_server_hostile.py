@@ -202,7 +202,7 @@ async def test_slow_clients_are_cut_and_healthz_keeps_answering(server: Extender
     # 3 were cut by the header timeout.
     closed = {
         line.split('reason="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
-        for line in server.telemetry.metrics.render().decode().splitlines()
+        for line in (await server.telemetry.metrics.render()).decode().splitlines()
         if line.startswith("hamipy_extender_http_connections_closed_total{") and 'server="api"' in line
     }
     assert closed == {"header_timeout": 3, "body_timeout": 0, "idle_timeout": 0, "evicted": 3, "refused": 0}

@@ -15,7 +15,7 @@ async def test_metrics_health_and_readiness_with_its_reason() -> None:
     reason: list[str | None] = ["pods not listed yet"]
     scrapes: list[int] = []
 
-    def render() -> bytes:
+    async def render() -> bytes:
         scrapes.append(1)
         return b"up 1\n"
 
@@ -42,7 +42,7 @@ async def test_metrics_health_and_readiness_with_its_reason() -> None:
 async def test_a_client_that_never_sends_its_request_is_cut_and_probes_still_answer() -> None:
     limits = HttpLimits(header_timeout_s=0.3, body_timeout_s=0.3, keepalive_timeout_s=1, max_connections=2)
     server = await start_probe_server(
-        host="127.0.0.1", port=0, render=lambda: b"", not_ready=lambda: None, limits=limits
+        host="127.0.0.1", port=0, render=_nothing, not_ready=lambda: None, limits=limits
     )
     try:
         silent = [await asyncio.open_connection("127.0.0.1", server.port) for _ in range(3)]
@@ -56,3 +56,7 @@ async def test_a_client_that_never_sends_its_request_is_cut_and_probes_still_ans
             writer.close()
     finally:
         await server.close()
+
+
+async def _nothing() -> bytes:
+    return b""

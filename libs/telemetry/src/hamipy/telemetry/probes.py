@@ -4,8 +4,7 @@ from their own apps). Any pod can reach it, so it runs under ``http_limits`` as 
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Final
 
 from aiohttp import web
@@ -35,15 +34,17 @@ async def start_probe_server(
     *,
     host: str,
     port: int,
-    render: Callable[[], bytes],
+    render: Callable[[], Awaitable[bytes]],
     not_ready: Callable[[], str | None],
     limits: HttpLimits = PROBE_LIMITS,
 ) -> ProbeServer:
-    """Serve ``render()`` (run in a thread: a scrape may read files) on ``/metrics``, ``ok`` on
-    ``/healthz``, and on ``/readyz`` ``ok`` or HTTP 503 with the reason ``not_ready()`` gives."""
+    """Serve ``await render()`` on ``/metrics``, ``ok`` on ``/healthz``, and on ``/readyz`` ``ok`` or
+    HTTP 503 with the reason ``not_ready()`` gives. ``render`` chooses where the work runs: a scrape
+    that reads files runs in a thread (``functools.partial(asyncio.to_thread, ...)``); one that reads
+    state the event loop owns runs on the loop, in steps."""
 
     async def metrics(request: web.Request) -> web.Response:
-        body = await asyncio.to_thread(render)
+        body = await render()
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def healthz(request: web.Request) -> web.Response:

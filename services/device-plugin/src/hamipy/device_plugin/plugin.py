@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import shutil
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -165,7 +166,7 @@ class DevicePlugin:
         server = await start_probe_server(
             host=self.settings.metrics_host,
             port=self.settings.metrics_port,
-            render=lambda: generate_latest(self.telemetry.metrics.registry),
+            render=functools.partial(asyncio.to_thread, generate_latest, self.telemetry.metrics.registry),
             not_ready=self.not_ready,
         )
         self.metrics_port = server.port

@@ -253,7 +253,7 @@ async def _readyz(request: web.Request) -> web.Response:
 
 
 async def _metrics(request: web.Request) -> web.Response:
-    body = request.app[SCHEDULER].telemetry.metrics.render()
+    body = await request.app[SCHEDULER].telemetry.metrics.render()
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 

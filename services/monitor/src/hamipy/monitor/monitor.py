@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -174,7 +175,7 @@ class Monitor:
         server = await start_probe_server(
             host=self.settings.metrics_host,
             port=self.settings.metrics_port,
-            render=self.render,
+            render=functools.partial(asyncio.to_thread, self.render),  # it reads files
             not_ready=self.not_ready,
         )
         self.metrics_port = server.port
