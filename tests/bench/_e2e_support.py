@@ -7,12 +7,14 @@ API request counts, CPU times.
   apiserver keys ``apiserver_request_total``, so that it can be subtracted from the apiserver's counts;
   `quiet_apiserver`: wait until the apiserver serves (nearly) nothing but this process, so that a
   phase's counts and CPU are its own.
-- `cpu_seconds`: user + system CPU time of a process, from ``/proc/<pid>/stat``.
+- `cpu_seconds`: user + system CPU time of a process, from ``/proc/<pid>/stat``;
+  `runqueue_wait_seconds`: the time its threads waited for a CPU, from their ``schedstat``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import time
@@ -228,9 +230,39 @@ def cpu_seconds(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICKS
 
 
+def runqueue_wait_seconds(pid: int) -> float:
+    """Seconds the threads of process ``pid`` have spent runnable but waiting for a CPU (the
+    second field of each ``/proc/<pid>/task/<tid>/schedstat``; 0 when it is gone): on a saturated
+    machine, how much of a request's latency is the process waiting for a core, not working."""
+    total = 0
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                total += int((task / "schedstat").read_text().split()[1])
+    return total / 1e9
+
+
 def own_cpu_seconds() -> float:
     times = os.times()
     return times.user + times.system
+
+
+def connections_to(pid: int, port: int) -> int:
+    """How many TCP connections process ``pid`` has open to ``port`` on this host (its sockets in
+    ``/proc/<pid>/fd`` matched by inode against ``/proc/net/tcp``)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    count = 0
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        remote_port = int(fields[2].split(":")[1], 16)
+        if remote_port == port and fields[3] == "01" and fields[9] in inodes:  # 01: ESTABLISHED
+            count += 1
+    return count
 
 
 def rss_mib(pid: int) -> float:

@@ -10,7 +10,9 @@ extender with its allocation (seen by a watch), then deleted at once (grace 0) a
 gone. Every pod the extender ever saw is gone at the end of each cycle, so its model, reservations,
 event series and caches should come back to the same size.
 
-The extender's RSS (``VmRSS``) is sampled after each cycle. Reported: RSS after the first cycle
+The extender's RSS (``VmRSS``) and its open connections to the API server are sampled after each
+cycle (each TLS connection holds asyncio's read buffer, and the pool opens more, up to its cap of
+24, as the peak of concurrent requests grows). Reported: RSS after the first cycle
 (start: imports, the nodes and the watches are in) and after the last (end), the most seen, and
 the least-squares slope over the run's second half in MiB per 10 minutes; with the pods churned.
 A table goes to stdout, everything to ``tests/bench/results/churn_memory.json``.
@@ -31,7 +33,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parents[1]))  # tests/: extender_processes
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _e2e_support import rss_mib
+from urllib.parse import urlsplit
+
+from _e2e_support import connections_to, rss_mib
 from _results import record
 from bench_e2e import add_nodes, create_all, gpu_pod, our_limits, scheduler_config, wait_all
 from extender_processes import start_extender_processes, stop_extenders
@@ -95,15 +99,19 @@ async def run(minutes: float, nodes: int, batch: int, progress: Any) -> dict[str
                 namespace = await create_namespace(api, prefix="bench-churn")
                 started = time.monotonic()
                 samples: list[tuple[float, float]] = []
+                api_port = urlsplit(cluster.access.server).port or 443
+                connections: list[int] = []
                 number = 0
                 while not samples or time.monotonic() - started < minutes * 60:
                     await cycle(api, namespace, number, batch)
                     number += 1
                     samples.append((time.monotonic() - started, rss_mib(extender.pid)))
+                    connections.append(connections_to(extender.pid, api_port))
                     if number % 20 == 1:
                         elapsed = samples[-1][0] / 60
                         progress(
-                            f"{elapsed:5.1f} min, {number} cycles: extender RSS {samples[-1][1]:.1f} MiB"
+                            f"{elapsed:5.1f} min, {number} cycles: extender RSS {samples[-1][1]:.1f} MiB,"
+                            f" {connections[-1]} connections to the API server"
                         )
             finally:
                 await asyncio.to_thread(cluster.stop_scheduler, "hami")
@@ -121,7 +129,9 @@ async def run(minutes: float, nodes: int, batch: int, progress: Any) -> dict[str
             "max": max(rss),
             "slope_second_half_mib_per_10min": slope_mib_per_10min(samples),
         },
+        "api_connections": {"start": connections[0], "end": connections[-1], "max": max(connections)},
         "rss_samples": [(round(t, 1), m) for t, m in samples],
+        "api_connection_samples": connections,
     }
 
 
@@ -142,13 +152,15 @@ def main() -> None:
         print(line, file=sys.stderr, flush=True)
 
     figures = asyncio.run(run(args.minutes, args.nodes, args.batch, progress))
-    rss = figures["rss_mib"]
+    rss, conns = figures["rss_mib"], figures["api_connections"]
     print(
-        f"| minutes | cycles | pods churned | extender RSS start / end / max (MiB) | slope, 2nd half |\n"
-        f"|---|---|---|---|---|\n"
+        f"| minutes | cycles | pods churned | extender RSS start / end / max (MiB) | slope, 2nd half |"
+        f" API connections start / end / max |\n"
+        f"|---|---|---|---|---|---|\n"
         f"| {figures['minutes']} | {figures['cycles']} | {figures['pods_churned']} |"
         f" {rss['start']} / {rss['end']} / {rss['max']} |"
         f" {rss['slope_second_half_mib_per_10min']:+} MiB / 10 min |"
+        f" {conns['start']} / {conns['end']} / {conns['max']} |"
     )
     record("churn_memory", figures, echo=False)
 
