@@ -190,4 +190,21 @@ def test_millis_not_multiple_of_1000_are_refused(n: int, rest: int) -> None:
 
 
 def test_public_api_is_complete() -> None:
-    assert sorted(quantities.__all__) == ["MAX_QUANTITY", "parse_quantity", "quantity_field"]
+    assert sorted(quantities.__all__) == ["MAX_QUANTITY", "is_json_int", "parse_quantity", "quantity_field"]
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (0, True),
+        (-3, True),
+        (2**70, True),
+        (True, False),
+        (False, False),
+        (1.0, False),
+        ("1", False),
+        (None, False),
+    ],
+)
+def test_a_json_integer_is_an_int_and_never_a_bool(value: object, expected: bool) -> None:
+    assert quantities.is_json_int(value) is expected

@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import re
 from fractions import Fraction
-from typing import Final
+from typing import Final, TypeGuard
 
 from hamipy.protocol.errors import ProtocolError
 
-__all__ = ["MAX_QUANTITY", "parse_quantity", "quantity_field"]
+__all__ = ["MAX_QUANTITY", "is_json_int", "parse_quantity", "quantity_field"]
 
 # Upstream holds every one of these values in an int32; a larger one would wrap around in HAMi's
 # scheduler, so it is refused here rather than read as something HAMi would read differently.
@@ -56,6 +56,11 @@ def quantity_field(resource: str, container: str | None = None) -> str:
     return f"{container} {resource}"
 
 
+def is_json_int(value: object) -> TypeGuard[int]:
+    """``value`` (decoded JSON) is an integer: ``true`` is not, although Python's bool is an int."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def parse_quantity(
     value: object,
     *,
@@ -71,10 +76,10 @@ def parse_quantity(
     larger than ``maximum``.
     """
     field = quantity_field(resource, container)
-    if isinstance(value, bool) or not isinstance(value, int | str):
-        raise ProtocolError(field, value, "a quantity must be a string or an integer")
-    if isinstance(value, int):
+    if is_json_int(value):
         number = value
+    elif not isinstance(value, str):
+        raise ProtocolError(field, value, "a quantity must be a string or an integer")
     # Fast path: the form the API server writes for small whole numbers.
     elif value.isascii() and value.isdigit() and len(value) <= _MAX_TEXT:
         number = int(value)

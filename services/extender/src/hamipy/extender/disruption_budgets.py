@@ -8,6 +8,8 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from hamipy.protocol.quantities import is_json_int
+
 __all__ = ["DisruptionBudgets", "selector_matches"]
 
 
@@ -35,7 +37,7 @@ class DisruptionBudgets:
             budgets.pop(name, None)
         else:
             allowed = (pdb.get("status") or {}).get("disruptionsAllowed")
-            allowed = allowed if isinstance(allowed, int) and not isinstance(allowed, bool) else 0
+            allowed = allowed if is_json_int(allowed) else 0
             budgets[name] = _Budget(name, selector, allowed)
         if not budgets:
             del self._by_namespace[namespace]

@@ -60,7 +60,7 @@ from hamipy.protocol.node_devices import decode_node_devices
 from hamipy.protocol.node_handshake import HANDSHAKE_TIMEOUT, parse_handshake, reported_by_us
 from hamipy.protocol.node_lock import NodeLock, parse_node_lock
 from hamipy.protocol.pod_devices import decode_pod_devices
-from hamipy.protocol.quantities import parse_quantity
+from hamipy.protocol.quantities import is_json_int, parse_quantity
 from hamipy.protocol.resources import ResourceNames, sidecar_positions
 
 __all__ = [
@@ -473,7 +473,7 @@ def pod_priority(pod: Mapping[str, Any]) -> int:
 
 def _int(value: Any, default: int) -> int:
     """An integer field of a stored object (bools are not integers here)."""
-    return value if isinstance(value, int) and not isinstance(value, bool) else default
+    return value if is_json_int(value) else default
 
 
 def pod_sidecars(pod: Mapping[str, Any]) -> frozenset[int]:

@@ -35,6 +35,7 @@ from hamipy.protocol import keys
 from hamipy.protocol.config import Config
 from hamipy.protocol.devices import PodDevices
 from hamipy.protocol.errors import ProtocolError
+from hamipy.protocol.quantities import is_json_int
 from hamipy.telemetry import pod_trace_context
 
 __all__ = ["BadRequest", "Scheduler"]
@@ -414,7 +415,7 @@ class Scheduler:
                     raise BadRequest(f"a victim of node {node!r} has no UID")
                 uids.append(uid)
             violations = victims.get("NumPDBViolations", 0)
-            if not isinstance(violations, int) or isinstance(violations, bool) or violations < 0:
+            if not is_json_int(violations) or violations < 0:
                 raise BadRequest("NumPDBViolations must be a non-negative integer")
             out[str(node)] = (uids, violations)
         return out
