@@ -205,7 +205,14 @@ async def test_slow_clients_are_cut_and_healthz_keeps_answering(server: Extender
         for line in (await server.telemetry.metrics.render()).decode().splitlines()
         if line.startswith("hamipy_extender_http_connections_closed_total{") and 'server="api"' in line
     }
-    assert closed == {"header_timeout": 3, "body_timeout": 0, "idle_timeout": 0, "evicted": 3, "refused": 0}
+    assert closed == {
+        "header_timeout": 3,
+        "body_timeout": 0,
+        "idle_timeout": 0,
+        "evicted": 3,
+        "refused": 0,
+        "queue_timeout": 0,
+    }
 
 
 async def test_a_trickled_body_is_cut(server: ExtenderServer) -> None:
@@ -234,14 +241,18 @@ async def test_a_trickled_body_is_cut(server: ExtenderServer) -> None:
 
 
 def test_the_limits_come_from_flags_and_the_environment() -> None:
-    env = {"HAMIPY_EXTENDER_HEADER_TIMEOUT": "3", "HAMIPY_EXTENDER_MAX_CONNECTIONS": "50"}
+    env = {
+        "HAMIPY_EXTENDER_HEADER_TIMEOUT": "3",
+        "HAMIPY_EXTENDER_MAX_CONNECTIONS": "50",
+        "HAMIPY_EXTENDER_MAX_QUEUED_CONNECTIONS": "7",
+    }
     args = cli.build_parser(env).parse_args(["serve", "--body-timeout", "4", "--keepalive-timeout", "30"])
     limits = http_limits(cli.settings_from_args(args))
     assert (limits.header_timeout_s, limits.body_timeout_s) == (3, 4)
-    assert (limits.keepalive_timeout_s, limits.max_connections) == (30, 50)
+    assert (limits.keepalive_timeout_s, limits.max_connections, limits.max_queued) == (30, 50, 7)
     defaults = http_limits(cli.settings_from_args(cli.build_parser({}).parse_args(["serve"])))
     assert (defaults.header_timeout_s, defaults.body_timeout_s, defaults.keepalive_timeout_s) == (10, 10, 75)
-    assert defaults.max_connections == 256
+    assert (defaults.max_connections, defaults.max_queued) == (256, 512)
 
 
 @pytest.mark.parametrize(

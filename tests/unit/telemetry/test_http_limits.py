@@ -218,7 +218,7 @@ async def test_the_cap_holds_and_healthz_gets_in_by_evicting_the_longest_waiter(
             await close_raw(writer)
 
 
-async def test_at_the_cap_with_every_connection_busy_a_new_one_is_refused() -> None:
+async def test_at_the_cap_with_every_connection_busy_a_new_one_waits_for_a_slot() -> None:
     gate = asyncio.Event()
     limits = HttpLimits(header_timeout_s=5, body_timeout_s=5, keepalive_timeout_s=5, max_connections=2)
     async with serving(limits, gate=gate) as server:
@@ -226,12 +226,96 @@ async def test_at_the_cap_with_every_connection_busy_a_new_one_is_refused() -> N
         busy = [asyncio.create_task(get(f"{url}/hold")) for _ in range(2)]
         await until(lambda: server.stats.held == 2 and server.stats.waiting == 0, "two requests in flight")
         reader, writer = await open_raw(server)
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        await until(lambda: server.stats.queued == 1, "the new connection to queue")
+        assert server.stats.held == 2
+        assert server.stats.refused == 0
+        # A slot frees as the held requests are answered: the queued one is served, and the busy
+        # ones were told to close (they handed their slots on rather than idling in them).
+        gate.set()
+        assert [await task for task in busy] == [(200, "released")] * 2
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        assert head.startswith(b"HTTP/1.1 200")
+        assert server.stats.queued == 0
+        assert server.stats.queued_total == 1
+        assert server.stats.accepted == 3
+        await close_raw(writer)
+
+
+async def test_busy_connections_close_once_answered_while_others_queue() -> None:
+    gate = asyncio.Event()
+    limits = HttpLimits(header_timeout_s=5, body_timeout_s=5, keepalive_timeout_s=5, max_connections=1)
+    async with serving(limits, gate=gate) as server:
+        held_reader, held_writer = await open_raw(server)
+        held_writer.write(b"GET /hold HTTP/1.1\r\nHost: x\r\n\r\n")
+        await until(lambda: server.stats.held == 1 and server.stats.waiting == 0, "the request in flight")
+        queued_reader, queued_writer = await open_raw(server)
+        queued_writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        await until(lambda: server.stats.queued == 1, "the second connection to queue")
+        gate.set()
+        answer = await closed_by_server(held_reader)  # answered, then closed by the server
+        assert answer.startswith(b"HTTP/1.1 200")
+        assert b"Connection: close" in answer
+        head = await asyncio.wait_for(queued_reader.readuntil(b"\r\n\r\n"), 5)
+        assert head.startswith(b"HTTP/1.1 200")
+        assert b"Connection: close" not in head  # nobody waits now: kept alive
+        for writer in (held_writer, queued_writer):
+            await close_raw(writer)
+
+
+async def test_a_queued_connection_is_cut_after_the_header_timeout() -> None:
+    gate = asyncio.Event()
+    limits = HttpLimits(header_timeout_s=0.5, body_timeout_s=5, keepalive_timeout_s=5, max_connections=1)
+    async with serving(limits, gate=gate) as server:
+        url = f"http://127.0.0.1:{server.port}"
+        busy = asyncio.create_task(get(f"{url}/hold"))
+        await until(lambda: server.stats.held == 1 and server.stats.waiting == 0, "the request in flight")
+        reader, writer = await open_raw(server)
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert await closed_by_server(reader) == b""
+        assert server.stats.queue_timeouts == 1
+        assert server.stats.queued == 0
+        gate.set()
+        assert await busy == (200, "released")
+        await close_raw(writer)
+
+
+async def test_at_the_cap_with_the_queue_full_a_new_one_is_refused() -> None:
+    gate = asyncio.Event()
+    limits = HttpLimits(
+        header_timeout_s=5, body_timeout_s=5, keepalive_timeout_s=5, max_connections=2, max_queued=1
+    )
+    async with serving(limits, gate=gate) as server:
+        url = f"http://127.0.0.1:{server.port}"
+        busy = [asyncio.create_task(get(f"{url}/hold")) for _ in range(2)]
+        await until(lambda: server.stats.held == 2 and server.stats.waiting == 0, "two requests in flight")
+        queued = await open_raw(server)
+        await until(lambda: server.stats.queued == 1, "one connection to queue")
+        reader, writer = await open_raw(server)
         assert await closed_by_server(reader) == b""
         await close_raw(writer)
         assert server.stats.refused == 1
         gate.set()
         assert [await task for task in busy] == [(200, "released")] * 2
         assert (await get(f"{url}/healthz")) == (200, "ok")
+        await close_raw(queued[1])
+
+
+async def test_stopping_cuts_queued_connections() -> None:
+    gate = asyncio.Event()
+    limits = HttpLimits(header_timeout_s=30, body_timeout_s=30, keepalive_timeout_s=30, max_connections=1)
+    async with serving(limits, gate=gate) as server:
+        busy = asyncio.create_task(get(f"http://127.0.0.1:{server.port}/hold"))
+        await until(lambda: server.stats.held == 1 and server.stats.waiting == 0, "the request in flight")
+        reader, writer = await open_raw(server)
+        await until(lambda: server.stats.queued == 1, "the second connection to queue")
+        gate.set()  # the held request ends as the server stops: its slot must not go to the queued one
+        stopping = asyncio.create_task(server.close())
+        assert await closed_by_server(reader) == b""
+        await stopping
+        with contextlib.suppress(aiohttp.ClientError):
+            await busy
+    await close_raw(writer)
 
 
 # -- TLS --------------------------------------------------------------------------------------------------
@@ -339,3 +423,5 @@ def test_limits_must_be_positive() -> None:
         HttpLimits(header_timeout_s=0)
     with pytest.raises(ValueError, match="max_connections"):
         HttpLimits(max_connections=0)
+    with pytest.raises(ValueError, match="max_queued"):
+        HttpLimits(max_queued=-1)

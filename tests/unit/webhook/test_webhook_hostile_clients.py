@@ -300,14 +300,19 @@ async def test_a_well_formed_pod_with_nulls_is_still_admitted(running: Running) 
 
 
 def test_the_limits_come_from_flags_and_the_environment() -> None:
-    env = {"HAMIPY_WEBHOOK_HEADER_TIMEOUT": "3", "HAMIPY_WEBHOOK_MAX_CONNECTIONS": "50"}
+    env = {
+        "HAMIPY_WEBHOOK_HEADER_TIMEOUT": "3",
+        "HAMIPY_WEBHOOK_MAX_CONNECTIONS": "50",
+        "HAMIPY_WEBHOOK_MAX_QUEUED_CONNECTIONS": "7",
+    }
     args = cli.build_parser(env).parse_args(["serve", "--body-timeout", "4", "--keepalive-timeout", "30"])
     settings = cli._server_settings(args)
     assert (settings.header_timeout_s, settings.body_timeout_s) == (3, 4)
     assert (settings.keepalive_timeout_s, settings.max_connections) == (30, 50)
+    assert settings.limits.max_queued == 7
     defaults = cli._server_settings(cli.build_parser({}).parse_args(["serve"])).limits
     assert (defaults.header_timeout_s, defaults.body_timeout_s, defaults.keepalive_timeout_s) == (10, 10, 75)
-    assert defaults.max_connections == 256
+    assert (defaults.max_connections, defaults.max_queued) == (256, 512)
 
 
 @pytest.mark.parametrize(

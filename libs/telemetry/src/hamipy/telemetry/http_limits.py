@@ -20,12 +20,19 @@ handshake itself (``loop.start_tls``) so that a connection can be cut before its
   connection cut (answered as 408 to nobody, so aiohttp logs no 500).
 - Connection cap: at most ``max_connections`` connections are held, in TLS handshake or not. At the
   cap a new connection closes the held one that has waited longest without a request in flight (an
-  idle kept-alive one, or a slow client still sending its request); when every held connection is
-  serving a request the new one is closed at once. Waiting in the listen backlog instead is not an
-  option asyncio offers (it can only close the listening socket), and it would queue ``/healthz``
-  behind the slow clients; refusing every new connection at the cap would let a client that keeps
-  reopening them starve the probes. Evicting the longest waiter keeps memory at the cap while a
-  client that sends its request promptly (the kubelet, the API server) still gets in.
+  idle kept-alive one, or a slow client still sending its request). Evicting the longest waiter
+  keeps memory at the cap while a client that sends its request promptly (the kubelet, the API
+  server) still gets in; refusing every new connection at the cap would let a client that keeps
+  reopening them starve the probes.
+- Queue: when every held connection is serving a request, a new connection waits for a slot, first
+  come first served, up to ``max_queued`` of them; past that it is closed at once. A queued
+  connection is not read and has no TLS state yet (a socket and about 1 KiB), and it waits at most
+  the header timeout. While connections queue, a held one is closed once its answer is sent
+  (``Connection: close``), so each finished request hands its slot on. This is for kube-scheduler:
+  it sends each bind on a connection of its own and holds it until the extender's Binding is
+  written, so a burst of binds behind a slow API server fills the cap, and closing its next
+  connection would fail a pod's filter or bind. The listen backlog cannot be used instead: asyncio
+  only accepts or closes the listening socket.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import ssl
-from typing import Final, cast
+from typing import Final, Literal, cast
 
 from aiohttp import StreamReader, web
 from aiohttp.typedefs import Handler
@@ -63,12 +70,19 @@ class HttpLimits:
     (tests/bench/bench_slow_clients.py). Our callers keep a few tens open (the API servers, one
     kube-scheduler, the kubelet, Prometheus)."""
 
+    max_queued: int = 512
+    """Connections that wait for a slot when every held one is serving a request (0: none; a new
+    connection is then closed at once). Each costs a socket and about 1 KiB while it waits, so the
+    default with ``max_connections`` stays well inside a container's 1,024 open files."""
+
     def __post_init__(self) -> None:
         for name in ("header_timeout_s", "body_timeout_s", "keepalive_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0 (got {getattr(self, name)})")
         if self.max_connections < 1:
             raise ValueError(f"max_connections must be >= 1 (got {self.max_connections})")
+        if self.max_queued < 0:
+            raise ValueError(f"max_queued must be >= 0 (got {self.max_queued})")
 
 
 @dataclasses.dataclass(slots=True)
@@ -76,11 +90,18 @@ class ConnectionStats:
     """What the limits did since the server started (tests read it; ``held`` is current)."""
 
     accepted: int = 0
+    """Given a slot, at once or from the queue."""
     held: int = 0
     waiting: int = 0
     """Of ``held``, those without a request in flight (idle, or still sending their request)."""
+    queued: int = 0
+    """Waiting for a slot now (not held)."""
+    queued_total: int = 0
+    """Ever queued (most are then served)."""
     refused: int = 0
-    """Closed at accept: at the cap with every held connection serving a request."""
+    """Closed at accept: at the cap with every held connection serving a request and the queue full."""
+    queue_timeouts: int = 0
+    """Closed while queued, after the header timeout."""
     evicted: int = 0
     """Closed to make room at the cap (the longest waiter without a request in flight)."""
     header_timeouts: int = 0
@@ -101,6 +122,8 @@ class _Guard:
         self.held: set[_Connection] = set()
         self.waiting: dict[_Connection, None] = {}
         """Held connections without a request in flight, longest waiting first (insertion order)."""
+        self.queue: dict[_Connection, None] = {}
+        """Connections waiting for a slot, first come first (insertion order)."""
         self.by_handler: dict[web.RequestHandler, _Connection] = {}
         self.handshakes: set[asyncio.Task[None]] = set()
 
@@ -111,7 +134,7 @@ class _Guard:
                 return await handler(request)
             conn.request_started(request.content)
             try:
-                return await handler(request)
+                response = await handler(request)
             except ConnectionResetError:
                 if not conn.cut_off:
                     raise
@@ -120,21 +143,34 @@ class _Guard:
                 raise web.HTTPRequestTimeout() from None
             finally:
                 conn.request_done()
+            if self.queue:
+                response.force_close()  # others wait for a slot: hand this one on once answered
+            return response
 
         self.middleware: Final = track_requests
 
-    def admit(self, conn: _Connection) -> bool:
-        """Count a new connection, evicting the longest waiter at the cap; False: refuse it."""
+    def admit(self, conn: _Connection) -> Literal["held", "queued", "refused"]:
+        """A new connection: held (at the cap, in place of the longest waiter), queued behind
+        those already queued, or refused when the queue is full."""
         if len(self.held) >= self.limits.max_connections:
-            if not self.waiting:
+            if self.waiting and not self.queue:
+                self.stats.evicted += 1
+                next(iter(self.waiting)).cut()
+            elif len(self.queue) < self.limits.max_queued:
+                self.queue[conn] = None
+                self.stats.queued_total += 1
+                self._count()
+                return "queued"
+            else:
                 self.stats.refused += 1
-                return False
-            self.stats.evicted += 1
-            next(iter(self.waiting)).cut()
+                return "refused"
+        self._hold(conn)
+        return "held"
+
+    def _hold(self, conn: _Connection) -> None:
         self.held.add(conn)
         self.stats.accepted += 1
         self._count()
-        return True
 
     def wait(self, conn: _Connection) -> None:
         self.waiting.pop(conn, None)
@@ -146,16 +182,27 @@ class _Guard:
         self._count()
 
     def release(self, conn: _Connection) -> None:
+        """``conn`` is gone (or was never held): its slot goes to the longest queued connection."""
+        self.queue.pop(conn, None)
         self.held.discard(conn)
         self.waiting.pop(conn, None)
+        while self.queue and len(self.held) < self.limits.max_connections:
+            first = next(iter(self.queue))
+            del self.queue[first]
+            self._hold(first)
+            first.admitted()
         self._count()
 
     def _count(self) -> None:
         self.stats.held = len(self.held)
         self.stats.waiting = len(self.waiting)
+        self.stats.queued = len(self.queue)
 
     async def stop(self) -> None:
-        """Cut what aiohttp does not know yet: connections still in their TLS handshake."""
+        """Cut what aiohttp does not know yet: queued connections, and those still in their TLS
+        handshake (the queue first, so that no slot freed here is handed on)."""
+        for conn in list(self.queue):
+            conn.cut()
         for conn in [c for c in self.held if not c.serving]:
             conn.cut()
         if self.handshakes:
@@ -192,10 +239,27 @@ class _Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         raw = cast(asyncio.Transport, transport)
         self._raw = raw
-        if not self._guard.admit(self):
+        verdict = self._guard.admit(self)
+        if verdict == "refused":
             self._closed = True
             raw.abort()
             return
+        if verdict == "queued":
+            raw.pause_reading()  # unread until it has a slot
+            self._timer = self._loop.call_later(self._guard.limits.header_timeout_s, self._queue_late)
+            return
+        self._start(raw)
+
+    def admitted(self) -> None:
+        """Out of the queue into a slot (the guard counts it held): served from now on, its request
+        head timed afresh."""
+        assert self._raw is not None
+        self._cancel_timer()
+        self._start(self._raw)
+        if self._guard.ssl_context is None:
+            self._raw.resume_reading()
+
+    def _start(self, raw: asyncio.Transport) -> None:
         self._await_headers()
         context = self._guard.ssl_context
         if context is None:
@@ -311,6 +375,11 @@ class _Connection(asyncio.Protocol):
     def _headers_late(self) -> None:
         self._timer = None
         self._guard.stats.header_timeouts += 1
+        self.cut()
+
+    def _queue_late(self) -> None:
+        self._timer = None
+        self._guard.stats.queue_timeouts += 1
         self.cut()
 
     def _idle_late(self) -> None:

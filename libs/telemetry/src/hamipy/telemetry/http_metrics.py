@@ -19,13 +19,16 @@ CLOSE_REASONS: tuple[tuple[str, str], ...] = (
     ("idle_timeout", "idle_timeouts"),
     ("evicted", "evicted"),
     ("refused", "refused"),
+    ("queue_timeout", "queue_timeouts"),
 )
 """The ``reason`` label and the ``ConnectionStats`` field it counts."""
 
 
 class HttpConnectionsCollector(Collector):
-    """``<prefix>_http_connections{server}`` (held now), ``<prefix>_http_connections_accepted_total``
-    and ``<prefix>_http_connections_closed_total{server,reason}`` (cut by a limit), read from the
+    """``<prefix>_http_connections{server}`` (held now), ``<prefix>_http_connections_queued{server}``
+    (waiting for a slot now), ``<prefix>_http_connections_accepted_total``,
+    ``<prefix>_http_connections_waited_total`` (ever waited in the queue) and
+    ``<prefix>_http_connections_closed_total{server,reason}`` (cut by a limit), read from the
     servers' own counters at scrape time. Every reason is exported from the start, at 0."""
 
     def __init__(self, prefix: str) -> None:
@@ -39,20 +42,36 @@ class HttpConnectionsCollector(Collector):
         held = GaugeMetricFamily(
             f"{self.prefix}_http_connections", "Connections held now, per server.", labels=["server"]
         )
+        queued = GaugeMetricFamily(
+            f"{self.prefix}_http_connections_queued",
+            "Connections waiting for a slot now (every held one serving a request), per server.",
+            labels=["server"],
+        )
         accepted = CounterMetricFamily(
-            f"{self.prefix}_http_connections_accepted", "Connections accepted.", labels=["server"]
+            f"{self.prefix}_http_connections_accepted",
+            "Connections given a slot, at once or from the queue.",
+            labels=["server"],
+        )
+        queued_total = CounterMetricFamily(
+            f"{self.prefix}_http_connections_waited",
+            "Connections that waited in the queue for a slot.",
+            labels=["server"],
         )
         closed = CounterMetricFamily(
             f"{self.prefix}_http_connections_closed",
             "Connections closed by a limit: a slow request head or body, an idle kept-alive "
-            "connection, evicted or refused at the connection cap.",
+            "connection, evicted or refused at the connection cap, or queued past the header timeout.",
             labels=["server", "reason"],
         )
         for name, stats in sorted(self._servers.items()):
             held.add_metric([name], stats.held)
+            queued.add_metric([name], stats.queued)
             accepted.add_metric([name], stats.accepted)
+            queued_total.add_metric([name], stats.queued_total)
             for reason, field in CLOSE_REASONS:
                 closed.add_metric([name, reason], getattr(stats, field))
         yield held
+        yield queued
         yield accepted
+        yield queued_total
         yield closed

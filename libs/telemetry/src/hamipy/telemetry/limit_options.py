@@ -1,6 +1,7 @@
 """The command-line options of ``HttpLimits``, the same in every service that serves HTTP to the
 pod network (the webhook, the extender): ``--header-timeout``, ``--body-timeout``,
-``--keepalive-timeout``, ``--max-connections``, each also from the service's environment."""
+``--keepalive-timeout``, ``--max-connections``, ``--max-queued-connections``, each also from the
+service's environment."""
 
 from __future__ import annotations
 
@@ -44,4 +45,11 @@ def add_limit_options(parser: argparse.ArgumentParser, flags: NumberFlags, defau
         type=int,
         default=flags.integer("max-connections", defaults.max_connections),
         help="connections held at once per port; beyond it the longest idle or slow one is closed",
+    )
+    parser.add_argument(
+        "--max-queued-connections",
+        type=int,
+        default=flags.integer("max-queued-connections", defaults.max_queued),
+        help="connections that wait for a slot when every held one is serving a request (0: none; "
+        "a new connection is then closed at once)",
     )

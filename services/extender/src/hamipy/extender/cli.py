@@ -274,6 +274,7 @@ def settings_from_args(args: argparse.Namespace) -> ExtenderSettings:
         body_timeout_s=float(args.body_timeout),
         keepalive_timeout_s=float(args.keepalive_timeout),
         max_connections=int(args.max_connections),
+        max_queued_connections=int(args.max_queued_connections),
         success_events=bool(args.success_events),
         preemption=bool(args.preemption),
         preemption_wait_s=args.preemption_wait,

@@ -280,6 +280,7 @@ def http_limits(settings: ExtenderSettings) -> HttpLimits:
         body_timeout_s=settings.body_timeout_s,
         keepalive_timeout_s=settings.keepalive_timeout_s,
         max_connections=settings.max_connections,
+        max_queued=settings.max_queued_connections,
     )
 
 

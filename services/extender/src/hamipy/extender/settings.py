@@ -109,6 +109,9 @@ class ExtenderSettings:
     max_connections: int = 256
     """Connections held at once: kube-scheduler (one leader, a few replicas), the kubelet's probes
     and Prometheus keep a handful; the cap bounds what anyone else can make us hold."""
+    max_queued_connections: int = 512
+    """Connections that wait for a slot when every held one serves a request: kube-scheduler holds
+    one per bind in flight, so a burst of binds behind a slow API server can fill the cap."""
 
     def own_pod_ref(self) -> tuple[str, str] | None:
         """``own_pod`` as (namespace, name); None when empty; ``ValueError`` when it is not

@@ -205,6 +205,7 @@ def _server_settings(args: argparse.Namespace) -> ServerSettings:
         body_timeout_s=args.body_timeout,
         keepalive_timeout_s=args.keepalive_timeout,
         max_connections=args.max_connections,
+        max_queued_connections=args.max_queued_connections,
     )
 
 

@@ -99,6 +99,8 @@ class ServerSettings:
     max_connections: int = _LIMITS.max_connections
     """Connections held per port. The API servers keep a few tens; 256 slow TLS clients cost about
     115 MiB (``HttpLimits.max_connections``), within the chart's 256 Mi limit."""
+    max_queued_connections: int = _LIMITS.max_queued
+    """Connections that wait for a slot when every held one serves a request (``HttpLimits``)."""
 
     def __post_init__(self) -> None:
         if not self.cert_check_interval_s > 0:
@@ -112,6 +114,7 @@ class ServerSettings:
             body_timeout_s=self.body_timeout_s,
             keepalive_timeout_s=self.keepalive_timeout_s,
             max_connections=self.max_connections,
+            max_queued=self.max_queued_connections,
         )
 
 
