@@ -45,6 +45,24 @@ def histogram_mean_ms(texts: Iterable[str], name: str) -> float:
     return round(1000 * total / count, 2) if count else 0.0
 
 
+def connection_cuts(texts: Iterable[str], prefix: str = "hamipy_extender") -> dict[str, int]:
+    """``<prefix>_http_connections_closed_total`` by reason (non-zero only), summed over every text
+    (replicas) and server: connections the HTTP limits cut, refused at the cap among them."""
+    cuts: dict[str, int] = {}
+    name = f"{prefix}_http_connections_closed_total"
+    pattern = re.compile(rf'^{name}{{[^}}]*reason="([a-z_]+)"[^}}]*}} (\S+)$', re.M)
+    for text in texts:
+        for reason, value in pattern.findall(text):
+            cuts[reason] = cuts.get(reason, 0) + int(float(value))
+    return {reason: n for reason, n in sorted(cuts.items()) if n}
+
+
+def counter_total(texts: Iterable[str], name: str) -> int:
+    """Counter ``name`` (its ``_total`` samples) summed over every label set of every text."""
+    pattern = re.compile(rf"^{name}_total(?:{{[^}}]*}})? (\S+)$", re.M)
+    return sum(int(float(value)) for text in texts for value in pattern.findall(text))
+
+
 # -- the apiserver's request counts ------------------------------------------------------------
 
 

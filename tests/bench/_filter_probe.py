@@ -4,6 +4,10 @@ its lag to every sample.
 
 ``python _filter_probe.py URL INTERVAL_S``; reads one line from stdin, the ``/filter`` body, then
 POSTs it every ``INTERVAL_S`` until stdin closes, and prints the latencies (seconds) as a JSON list.
+
+The extender closes an idle kept-alive connection when kube-scheduler's binds fill its connection
+cap (``hamipy.telemetry.http_limits``); a probe that meets its connection closed asks again on a new
+one, as Go's client does, and that sample includes the new connection.
 """
 
 from __future__ import annotations
@@ -28,9 +32,15 @@ async def probe(url: str, interval_s: float) -> list[float]:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
         while not closed.done():
             started = time.perf_counter()
-            async with session.post(f"{url}/filter", data=payload, headers=headers) as resp:
-                await resp.read()
-                resp.raise_for_status()
+            for attempt in (1, 2):
+                try:
+                    async with session.post(f"{url}/filter", data=payload, headers=headers) as resp:
+                        await resp.read()
+                        resp.raise_for_status()
+                    break
+                except aiohttp.ClientConnectionError:  # closed under us: once more, on a new connection
+                    if attempt == 2:
+                        raise
             samples.append(time.perf_counter() - started)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(closed), interval_s)

@@ -88,6 +88,8 @@ import aiohttp
 from _e2e_support import (
     RequestCounter,
     apiserver_requests,
+    connection_cuts,
+    counter_total,
     cpu_seconds,
     histogram_mean_ms,
     own_cpu_seconds,
@@ -477,6 +479,8 @@ async def placement_phase(bench: Bench, round_no: int, phase: str) -> dict[str, 
         after = await apiserver_requests(api)
         own = bench.counter.snapshot()
         extender_metrics: dict[str, float] = {}
+        cuts: dict[str, int] = {}
+        queued = 0
         if extenders:
             async with aiohttp.ClientSession() as session:
                 texts = [await e.metrics(session) for e in extenders]
@@ -484,6 +488,8 @@ async def placement_phase(bench: Bench, round_no: int, phase: str) -> dict[str, 
                 verb: histogram_mean_ms(texts, f"hamipy_extender_{verb}_duration_seconds")
                 for verb in ("filter", "bind")
             }
+            cuts = connection_cuts(texts)
+            queued = counter_total(texts, "hamipy_extender_http_connections_waited")
     finally:
         try:
             await asyncio.to_thread(cluster.stop_scheduler, "hami")
@@ -516,6 +522,8 @@ async def placement_phase(bench: Bench, round_no: int, phase: str) -> dict[str, 
     }
     if extenders:
         result["extender_mean_ms"] = extender_metrics
+        result["extender_connections_cut"] = cuts
+        result["extender_connections_queued"] = queued
         if len(probed) >= 2:
             result["filter_client_side_while_binding"] = {"samples": len(probed), **percentiles_us(probed)}
         result["extender_exit_codes"] = list(exit_codes.values())
@@ -609,6 +617,8 @@ def table(phases: list[dict[str, Any]], summary: dict[str, Any]) -> str:
             f" {api['per_pod']:>7.2f} {api['per_pod_excluding_bench']:>6.2f}"
             f"   {cpu['apiserver']:.1f} {cpu['etcd']:.1f} {cpu['scheduler']:.1f} {cpu['extender']:.1f}"
             f" {cpu['bench']:.1f}; {p['extender_runqueue_wait_s']:.1f}"
+            + "".join(f"; cut {reason} {n}" for reason, n in p.get("extender_connections_cut", {}).items())
+            + (f"; queued {p['extender_connections_queued']}" if p.get("extender_connections_queued") else "")
         )
     m = summary["median"]
     replicas = "".join(
