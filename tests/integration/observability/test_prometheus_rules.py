@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from hamipy.devcluster.binaries import KUBERNETES_VERSION, ensure_helm
-from hamipy.devcluster.prometheus import PrometheusBinaries, promtool_check_rules
+from hamipy.devcluster.prometheus import PrometheusBinaries, promtool_check_rules, promtool_test_rules
 
 pytestmark = pytest.mark.integration
 
@@ -63,3 +63,49 @@ def test_the_charts_prometheus_rule_passes_promtool(
     plain = yaml.safe_load(ALERTS.read_text())
     assert rule["spec"]["groups"] == plain["groups"]
     assert _alert_names(rule["spec"]["groups"]), "no alerts rendered"
+
+
+def test_connections_turned_away_fire_and_evictions_do_not(
+    prometheus_binaries: PrometheusBinaries, tmp_path: Path
+) -> None:
+    # Evicting idle or slow connections is the cap doing its job against tenants; refusing one, or
+    # letting one time out in the queue, may have failed kube-scheduler's or the API server's call.
+    alert = "HamipyConnectionsTurnedAway"
+    groups = yaml.safe_load(ALERTS.read_text())["groups"]
+    (rule,) = [r for g in groups for r in g["rules"] if r.get("alert") == alert]
+    rule.pop("annotations")  # promtool compares them too; the expression and labels are tested here
+    rules = tmp_path / "rule.yaml"
+    rules.write_text(yaml.safe_dump({"groups": [{"name": "one", "rules": [rule]}]}))
+    closed = 'hamipy_{}_http_connections_closed_total{{pod="{}",server="api",reason="{}"}}'
+    series = [
+        (closed.format("extender", "ext-0", "refused"), "0 0 0 3 3 3"),
+        (closed.format("extender", "ext-0", "evicted"), "0 5 9 12 15 20"),
+        (closed.format("extender", "ext-1", "header_timeout"), "0 1 2 3 4 5"),
+        (closed.format("webhook", "wh-0", "queue_timeout"), "_ _ _ 1 1 1"),  # born at 1
+    ]
+    fired = [
+        {"severity": "warning", "pod": pod, "server": "api", "reason": why}
+        for pod, why in (("ext-0", "refused"), ("wh-0", "queue_timeout"))
+    ]
+    tests = {
+        "rule_files": [str(rules)],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [{"series": name, "values": values} for name, values in series],
+                "alert_rule_test": [
+                    {"eval_time": "2m", "alertname": alert, "exp_alerts": []},
+                    {
+                        "eval_time": "4m",
+                        "alertname": alert,
+                        "exp_alerts": [{"exp_labels": labels} for labels in fired],
+                    },
+                ],
+            }
+        ],
+    }
+    test_file = tmp_path / "connections-test.yaml"
+    test_file.write_text(yaml.safe_dump(tests, sort_keys=False))
+    ok, output = promtool_test_rules(test_file)
+    assert ok, output

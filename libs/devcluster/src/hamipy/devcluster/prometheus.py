@@ -56,6 +56,7 @@ __all__ = [
     "ensure_prometheus",
     "promtool_check_metrics",
     "promtool_check_rules",
+    "promtool_test_rules",
 ]
 
 DEBIAN_PACKAGE = "prometheus"
@@ -272,6 +273,11 @@ def _promtool(args: Sequence[str], stdin: str | None = None) -> tuple[bool, str]
 def promtool_check_rules(path: Path) -> tuple[bool, str]:
     """``promtool check rules <path>``: (passed, its output)."""
     return _promtool(["check", "rules", str(path)])
+
+
+def promtool_test_rules(path: Path) -> tuple[bool, str]:
+    """``promtool test rules <path>`` (a rule unit-test file): (passed, its output)."""
+    return _promtool(["test", "rules", str(path)])
 
 
 def promtool_check_metrics(text: str) -> tuple[bool, str]:
