@@ -408,6 +408,24 @@ async def test_cut_handshakes_free_their_tls_state_at_once(certs: tuple[KeyPair,
         gc.enable()
 
 
+async def test_a_queued_tls_connection_gets_its_handshake_once_it_has_a_slot(
+    certs: tuple[KeyPair, Path, Path],
+) -> None:
+    gate = asyncio.Event()
+    limits = HttpLimits(header_timeout_s=5, body_timeout_s=5, keepalive_timeout_s=5, max_connections=1)
+    async with serving(limits, tls=server_context(certs), gate=gate) as server:
+        url = f"https://127.0.0.1:{server.port}"
+        busy = asyncio.create_task(get(f"{url}/hold", tls=client_context(certs)))
+        await until(lambda: server.stats.held == 1 and server.stats.waiting == 0, "the request in flight")
+        queued = asyncio.create_task(get(f"{url}/healthz", tls=client_context(certs)))
+        await until(lambda: server.stats.queued == 1, "the second connection to queue")
+        assert not queued.done()  # no handshake yet: it holds no TLS state while it waits
+        gate.set()
+        assert await busy == (200, "released")
+        assert await queued == (200, "ok")
+        assert (server.stats.queued_total, server.stats.accepted) == (1, 2)
+
+
 async def test_stopping_cuts_handshakes_in_progress(certs: tuple[KeyPair, Path, Path]) -> None:
     limits = HttpLimits(header_timeout_s=30, body_timeout_s=30, keepalive_timeout_s=30)
     async with serving(limits, tls=server_context(certs)) as server:
