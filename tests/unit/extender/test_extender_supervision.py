@@ -121,3 +121,28 @@ async def test_sigterm_ends_serve_with_exit_0() -> None:
     assert await asyncio.wait_for(serving, timeout=10) == 0
     assert srv.supervisor.failure is None
     assert "stopping on signal" in [line["event"] for line in log_lines(log)]
+
+
+@pytest.mark.parametrize(("interval_s", "trimming"), [(60.0, True), (0.0, False)])
+async def test_the_heap_is_trimmed_under_supervision_unless_switched_off(
+    interval_s: float, trimming: bool
+) -> None:
+    kube = FakeKube()
+    kube.add_node(node("n", [gpu("A", 0)]))
+    srv = ExtenderServer(
+        config=Config(),
+        settings=ExtenderSettings(handshake_interval_s=0, api_timeout_s=1.0, heap_trim_interval_s=interval_s),
+        telemetry=Telemetry.create(stream=io.StringIO()),
+        api=kube,
+    )
+    async with srv:
+        assert ("extender-heap-trim" in srv.supervisor.tasks) is trimming
+        assert srv.supervisor.failure is None
+
+
+def test_the_heap_trim_interval_comes_from_the_flag_and_the_environment() -> None:
+    args = cli.build_parser({"HAMIPY_EXTENDER_HEAP_TRIM_INTERVAL": "5"}).parse_args(["serve"])
+    assert cli.settings_from_args(args).heap_trim_interval_s == 5
+    args = cli.build_parser({}).parse_args(["serve", "--heap-trim-interval", "0"])
+    assert cli.settings_from_args(args).heap_trim_interval_s == 0
+    assert cli.settings_from_args(cli.build_parser({}).parse_args(["serve"])).heap_trim_interval_s == 60

@@ -13,8 +13,9 @@
 Metrics stay in each service: their names and labels are the service's own contract. Other
 submodules: ``service`` (``ServiceTelemetry``: one service's logger, metrics and tracer together),
 ``probes`` (the node agents' ``/metrics``, ``/healthz``, ``/readyz`` server), ``http_limits`` (the
-timeouts and connection cap every HTTP server of ours runs under) and ``json_bodies`` (reading an
-untrusted JSON body: depth-bounded, fields of the wrong JSON type named).
+timeouts, connection cap and queue every HTTP server of ours runs under), ``json_bodies`` (reading
+an untrusted JSON body: depth-bounded, fields of the wrong JSON type named) and ``heap`` (handing
+the C heap's free pages back to the kernel).
 """
 
 from __future__ import annotations

@@ -166,6 +166,12 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
         help="least seconds between nudges making kube-scheduler retry refused pods once GPUs free (0: off)",
     )
     serve.add_argument(
+        "--heap-trim-interval",
+        type=float,
+        default=flags.number("heap-trim-interval", _DEFAULTS.heap_trim_interval_s),
+        help="seconds between hand-backs of the C heap's free pages to the kernel (0: off)",
+    )
+    serve.add_argument(
         "--max-body-bytes",
         type=int,
         default=flags.integer("max-body-bytes", _DEFAULTS.max_body_bytes),
@@ -268,6 +274,7 @@ def settings_from_args(args: argparse.Namespace) -> ExtenderSettings:
         reservation_ttl_s=float(args.reservation_ttl),
         handshake_interval_s=float(args.handshake_interval),
         requeue_interval_s=float(args.requeue_interval),
+        heap_trim_interval_s=float(args.heap_trim_interval),
         api_timeout_s=float(args.api_timeout),
         max_body_bytes=int(args.max_body_bytes),
         header_timeout_s=float(args.header_timeout),

@@ -54,6 +54,7 @@ from hamipy.kube.events import DropReason, EventRecorder
 from hamipy.kube.informer import Informer
 from hamipy.kube.leader import LeaderElector, LeaseSettings
 from hamipy.protocol.config import Config
+from hamipy.telemetry.heap import heap_trimmer, trim_heap_forever
 from hamipy.telemetry.http_limits import BoundedServer, HttpLimits, start_bounded_site
 from hamipy.telemetry.json_bodies import BadJson, ListOf, MapOf, Shape, decode_json, shape_problem
 from hamipy.telemetry.probes import ProbeServer, start_probe_server
@@ -451,6 +452,11 @@ class ExtenderServer:
                 api=self.api, model=self.model, settings=self.settings, telemetry=self.telemetry
             )
             self.supervisor.start("extender-handshake", stamping)
+        trim = heap_trimmer()
+        if self.settings.heap_trim_interval_s > 0 and trim is not None:
+            self.supervisor.start(
+                "extender-heap-trim", trim_heap_forever(trim, self.settings.heap_trim_interval_s)
+            )
         yield
         if self.scheduler.evictor is not None:
             await self.scheduler.evictor.close()

@@ -45,6 +45,9 @@ class ExtenderSettings:
     """Least time between two nudges that make kube-scheduler retry the pods the extender refused,
     once GPUs free up (``hamipy.extender.requeue``); 0 disables them (such pods then wait for
     kube-scheduler's next cluster event, or its 5-minute flush)."""
+    heap_trim_interval_s: float = 60.0
+    """How often the C heap's free pages are handed back to the kernel (``hamipy.telemetry.heap``):
+    without it, RSS creeps up under pod churn while the bytes in use stay flat. 0 disables it."""
     api_timeout_s: float = 10.0
     """Per Kubernetes API call (not watches)."""
     watch_timeout_s: float = 300.0
