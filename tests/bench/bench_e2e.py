@@ -89,7 +89,7 @@ from _e2e_support import (
     RequestCounter,
     apiserver_requests,
     connection_cuts,
-    counter_total,
+    counter_by_label,
     cpu_seconds,
     histogram_mean_ms,
     own_cpu_seconds,
@@ -489,7 +489,8 @@ async def placement_phase(bench: Bench, round_no: int, phase: str) -> dict[str, 
                 for verb in ("filter", "bind")
             }
             cuts = connection_cuts(texts)
-            queued = counter_total(texts, "hamipy_extender_http_connections_waited")
+            waited = counter_by_label(texts, "hamipy_extender_http_connections_waited", "server")
+            queued = sum(waited.values())
     finally:
         try:
             await asyncio.to_thread(cluster.stop_scheduler, "hami")

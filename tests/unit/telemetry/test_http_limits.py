@@ -105,6 +105,17 @@ async def close_raw(writer: asyncio.StreamWriter) -> None:
         await asyncio.wait_for(writer.wait_closed(), 5)
 
 
+async def hold_every_slot(
+    server: BoundedServer, n: int, *, tls: ssl.SSLContext | None = None
+) -> list[asyncio.Task[tuple[int, str]]]:
+    """``n`` (the cap) ``GET /hold`` requests, returned once all are in flight (until the gate opens)."""
+    scheme = "https" if tls is not None else "http"
+    url = f"{scheme}://127.0.0.1:{server.port}/hold"
+    busy = [asyncio.create_task(get(url, tls=tls)) for _ in range(n)]
+    await until(lambda: server.stats.held == n and server.stats.waiting == 0, f"{n} requests in flight")
+    return busy
+
+
 # -- plain HTTP -------------------------------------------------------------------------------------------
 
 
@@ -222,9 +233,7 @@ async def test_at_the_cap_with_every_connection_busy_a_new_one_waits_for_a_slot(
     gate = asyncio.Event()
     limits = HttpLimits(header_timeout_s=5, body_timeout_s=5, keepalive_timeout_s=5, max_connections=2)
     async with serving(limits, gate=gate) as server:
-        url = f"http://127.0.0.1:{server.port}"
-        busy = [asyncio.create_task(get(f"{url}/hold")) for _ in range(2)]
-        await until(lambda: server.stats.held == 2 and server.stats.waiting == 0, "two requests in flight")
+        busy = await hold_every_slot(server, 2)
         reader, writer = await open_raw(server)
         writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
         await until(lambda: server.stats.queued == 1, "the new connection to queue")
@@ -267,9 +276,7 @@ async def test_a_queued_connection_is_cut_after_the_header_timeout() -> None:
     gate = asyncio.Event()
     limits = HttpLimits(header_timeout_s=0.5, body_timeout_s=5, keepalive_timeout_s=5, max_connections=1)
     async with serving(limits, gate=gate) as server:
-        url = f"http://127.0.0.1:{server.port}"
-        busy = asyncio.create_task(get(f"{url}/hold"))
-        await until(lambda: server.stats.held == 1 and server.stats.waiting == 0, "the request in flight")
+        (busy,) = await hold_every_slot(server, 1)
         reader, writer = await open_raw(server)
         writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
         assert await closed_by_server(reader) == b""
@@ -287,8 +294,7 @@ async def test_at_the_cap_with_the_queue_full_a_new_one_is_refused() -> None:
     )
     async with serving(limits, gate=gate) as server:
         url = f"http://127.0.0.1:{server.port}"
-        busy = [asyncio.create_task(get(f"{url}/hold")) for _ in range(2)]
-        await until(lambda: server.stats.held == 2 and server.stats.waiting == 0, "two requests in flight")
+        busy = await hold_every_slot(server, 2)
         queued = await open_raw(server)
         await until(lambda: server.stats.queued == 1, "one connection to queue")
         reader, writer = await open_raw(server)
@@ -305,8 +311,7 @@ async def test_stopping_cuts_queued_connections() -> None:
     gate = asyncio.Event()
     limits = HttpLimits(header_timeout_s=30, body_timeout_s=30, keepalive_timeout_s=30, max_connections=1)
     async with serving(limits, gate=gate) as server:
-        busy = asyncio.create_task(get(f"http://127.0.0.1:{server.port}/hold"))
-        await until(lambda: server.stats.held == 1 and server.stats.waiting == 0, "the request in flight")
+        (busy,) = await hold_every_slot(server, 1)
         reader, writer = await open_raw(server)
         await until(lambda: server.stats.queued == 1, "the second connection to queue")
         gate.set()  # the held request ends as the server stops: its slot must not go to the queued one
@@ -415,8 +420,7 @@ async def test_a_queued_tls_connection_gets_its_handshake_once_it_has_a_slot(
     limits = HttpLimits(header_timeout_s=5, body_timeout_s=5, keepalive_timeout_s=5, max_connections=1)
     async with serving(limits, tls=server_context(certs), gate=gate) as server:
         url = f"https://127.0.0.1:{server.port}"
-        busy = asyncio.create_task(get(f"{url}/hold", tls=client_context(certs)))
-        await until(lambda: server.stats.held == 1 and server.stats.waiting == 0, "the request in flight")
+        (busy,) = await hold_every_slot(server, 1, tls=client_context(certs))
         queued = asyncio.create_task(get(f"{url}/healthz", tls=client_context(certs)))
         await until(lambda: server.stats.queued == 1, "the second connection to queue")
         assert not queued.done()  # no handshake yet: it holds no TLS state while it waits
