@@ -129,6 +129,9 @@ ROOT = Path(__file__).resolve().parents[2]
 GPUS = 8
 TARGET_PODS_PER_S = 200.0
 TIMEOUT_S = 600.0
+DELETE_TIMEOUT_S = 180.0
+"""Per request of a phase's clean-up: deleting a collection of thousands of pods took the API
+server over its usual 30 s on this machine's slow days (with the control plane on one CPU)."""
 SETTLE_S = 1.0
 """After the last pod is bound, before the closing scrape: kube-scheduler sends its events late."""
 EXTENDER_REPLICAS = 1
@@ -286,7 +289,39 @@ def favour(pid: int, boost: int) -> None:
             Path(f"/proc/{pid}/autogroup").write_text(str(-boost))
 
 
-async def probe_filters(url: str, nodes: int, stop: asyncio.Event, *, boost: int = 0) -> list[float]:
+def pin(pid: int, cpus: set[int] | None) -> None:
+    """Every thread of process ``pid`` onto ``cpus`` (None: leave it be). Threads it starts later
+    inherit the mask of the thread that starts them, so the whole process stays there."""
+    if cpus is None:
+        return
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+            os.sched_setaffinity(int(task.name), cpus)
+
+
+@dataclasses.dataclass(frozen=True)
+class CpuSplit:
+    """``--split-cpus``: the control plane (etcd, kube-apiserver, kube-scheduler,
+    kube-controller-manager) on ``control_plane``, the extenders, the filter probe and this process
+    (the users creating pods) on ``rest``, in every phase alike: the extender's own CPU then comes
+    from beside the control plane, as its Deployment's CPU request does, and the rate of each phase
+    is what its control plane can place."""
+
+    control_plane: set[int]
+    rest: set[int]
+
+    @classmethod
+    def of_machine(cls) -> CpuSplit:
+        cpus = sorted(os.sched_getaffinity(0))
+        if len(cpus) < 2:
+            raise SystemExit("--split-cpus needs at least 2 CPUs")
+        half = len(cpus) // 2
+        return cls(control_plane=set(cpus[:half]), rest=set(cpus[half:]))
+
+
+async def probe_filters(
+    url: str, nodes: int, stop: asyncio.Event, *, boost: int = 0, cpus: set[int] | None = None
+) -> list[float]:
     """Client-side ``/filter`` latencies (seconds) while binds run: a pod the extender has not
     watched (it decides, and reserves nothing), every ``PROBE_INTERVAL_S`` until ``stop``; asked
     from a process of its own (``_filter_probe.py``), as kube-scheduler asks."""
@@ -303,6 +338,7 @@ async def probe_filters(url: str, nodes: int, stop: asyncio.Event, *, boost: int
         start_new_session=True,
     )
     favour(process.pid, boost)
+    pin(process.pid, cpus)
     assert process.stdin is not None
     process.stdin.write(json.dumps({"Pod": body, "NodeNames": names}).encode() + b"\n")
     await process.stdin.drain()
@@ -380,6 +416,19 @@ class Bench:
     favour: int = 0
     """``--favour-extender N``: the extenders and the probe run at nice -N (a core of their own, as
     when the extender runs with its own CPU request beside a busy control plane)."""
+    split: CpuSplit | None = None
+    """``--split-cpus``: the control plane on CPUs of its own (``CpuSplit``)."""
+
+    def pin(self, extenders: list[ExtenderProcess]) -> None:
+        """Apply ``split`` to every process of the phase (kube-scheduler is new in each)."""
+        if self.split is None:
+            return
+        for process in self.cluster.processes.values():
+            if process.pid is not None:
+                pin(process.pid, self.split.control_plane)
+        for e in extenders:
+            pin(e.pid, self.split.rest)
+        pin(os.getpid(), self.split.rest)
 
     def cpu(self, extenders: list[ExtenderProcess]) -> dict[str, float]:
         procs = self.cluster.processes
@@ -395,7 +444,7 @@ class Bench:
 async def empty_namespace(api: Any, namespace: str) -> None:
     """Delete ``namespace`` with its pods and return once both are gone, so that the next phase
     starts from empty nodes."""
-    await delete_namespace(api, namespace)
+    await delete_namespace(api, namespace, timeout_s=DELETE_TIMEOUT_S)
     kube = RawKube(api)
 
     async def gone() -> bool:
@@ -454,11 +503,20 @@ async def placement_phase(bench: Bench, round_no: int, phase: str) -> dict[str, 
         before, settled_s = await quiet_apiserver(api, bench.counter)
         for e in extenders:
             favour(e.pid, bench.favour)
+        bench.pin(extenders)
         cpu_before = bench.cpu(extenders)
         stop_probe = asyncio.Event()
         probe = None
         if target and bench.filter_probe:
-            probe = asyncio.create_task(probe_filters(target, bench.nodes, stop_probe, boost=bench.favour))
+            probe = asyncio.create_task(
+                probe_filters(
+                    target,
+                    bench.nodes,
+                    stop_probe,
+                    boost=bench.favour,
+                    cpus=bench.split.rest if bench.split is not None else None,
+                )
+            )
         first = time.perf_counter()
         try:
             created, bound = await asyncio.gather(
@@ -529,6 +587,9 @@ async def placement_phase(bench: Bench, round_no: int, phase: str) -> dict[str, 
             result["filter_client_side_while_binding"] = {"samples": len(probed), **percentiles_us(probed)}
         result["extender_exit_codes"] = list(exit_codes.values())
         result["extender_nice"] = -bench.favour
+    if bench.split is not None:
+        split = bench.split
+        result["cpus"] = {"control_plane": sorted(split.control_plane), "rest": sorted(split.rest)}
     return result
 
 
@@ -691,6 +752,7 @@ async def run(
     *,
     filter_probe: bool = False,
     favour: int = 0,
+    split: CpuSplit | None = None,
     phases_run: Sequence[str] = PHASES,
 ) -> dict[str, Any]:
     with (
@@ -699,7 +761,7 @@ async def run(
     ):
         async with cluster.api_client() as api:
             bench = Bench(cluster, api, RequestCounter(api), Path(tmp) / "extenders", nodes, pods)
-            bench.filter_probe, bench.favour = filter_probe, favour
+            bench.filter_probe, bench.favour, bench.split = filter_probe, favour, split
             async with NodePool(api, heartbeat_interval_s=300) as pool:
                 nodes_s = await add_nodes(pool, nodes)
                 # kube-controller-manager's TTL controller annotates every new node, 20 a second.
@@ -762,6 +824,12 @@ def main() -> None:
         help="run the extenders and the filter probe at nice -N (needs root): a core of their own",
     )
     parser.add_argument(
+        "--split-cpus",
+        action="store_true",
+        help="the control plane on half the CPUs, the extenders, the probe and the pod creation on the"
+        " others, in every phase (the extender with a CPU of its own, as in a cluster)",
+    )
+    parser.add_argument(
         "--phases",
         type=lambda text: [ph for ph in text.split(",") if ph],
         default=list(PHASES),
@@ -785,6 +853,7 @@ def main() -> None:
             progress,
             filter_probe=args.filter_probe,
             favour=args.favour_extender,
+            split=CpuSplit.of_machine() if args.split_cpus else None,
             phases_run=["bare", *(ph for ph in args.phases if ph != "bare")],
         )
     )

@@ -69,25 +69,26 @@ async def create_namespace(api: Any, *, prefix: str = "test") -> str:
     return name
 
 
-async def delete_namespace(api: Any, name: str) -> None:
-    """Delete `name` and what is in it now, without a namespace controller (see module docstring)."""
+async def delete_namespace(api: Any, name: str, *, timeout_s: float = API_TIMEOUT_S) -> None:
+    """Delete `name` and what is in it now, without a namespace controller (see module docstring);
+    ``timeout_s`` per request (a collection of thousands of pods takes the API server a while)."""
     kube = RawKube(api)
     namespace = f"/api/v1/namespaces/{name}"
     try:
         # Workload controllers first, so that nothing makes pods again after they are deleted.
         for collection in _WORKLOADS:
-            await kube.request("DELETE", f"/apis/apps/v1/namespaces/{name}/{collection}")
+            await kube.request("DELETE", f"/apis/apps/v1/namespaces/{name}/{collection}", timeout_s=timeout_s)
         for collection in _NAMESPACED:
             # Pods go at once: no kubelet would confirm a graceful deletion.
             query = [("gracePeriodSeconds", "0")] if collection == "pods" else []
-            await kube.request("DELETE", f"{namespace}/{collection}", query=query)
-        await kube.request("DELETE", namespace)
+            await kube.request("DELETE", f"{namespace}/{collection}", query=query, timeout_s=timeout_s)
+        await kube.request("DELETE", namespace, timeout_s=timeout_s)
         body = {
             "apiVersion": "v1",
             "kind": "Namespace",
             "metadata": {"name": name},
             "spec": {"finalizers": []},
         }
-        await kube.request("PUT", f"{namespace}/finalize", body=body)
+        await kube.request("PUT", f"{namespace}/finalize", body=body, timeout_s=timeout_s)
     except NotFound:
         pass
