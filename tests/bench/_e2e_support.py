@@ -60,6 +60,22 @@ def counter_by_label(texts: Iterable[str], name: str, label: str) -> Counter[str
     return sums
 
 
+def gc_pauses(texts: Iterable[str], name: str = "hamipy_extender_gc_pause_seconds") -> dict[str, list[float]]:
+    """Per generation of the garbage collector: [collections, seconds] (histogram ``name``), summed
+    over every text (replicas). Only the family's lines are parsed."""
+    out: dict[str, list[float]] = {}
+    for text in texts:
+        lines = "\n".join(line for line in text.splitlines() if line.startswith(name))
+        for family in text_string_to_metric_families(lines + "\n"):
+            for sample in family.samples:
+                sums = out.setdefault(sample.labels["generation"], [0.0, 0.0])
+                if sample.name == f"{name}_count":
+                    sums[0] += sample.value
+                elif sample.name == f"{name}_sum":
+                    sums[1] += sample.value
+    return out
+
+
 def connection_cuts(texts: Iterable[str], prefix: str = "hamipy_extender") -> dict[str, int]:
     """``<prefix>_http_connections_closed_total`` by reason (non-zero only), summed over every text
     (replicas) and server: connections the HTTP limits cut, refused at the cap among them."""

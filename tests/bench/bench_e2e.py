@@ -47,13 +47,20 @@ Reported per phase: pods/s, the extender's mean ``/filter`` and ``/bind`` durati
 reserves nothing; asked from a process of its own, as kube-scheduler asks; p99 in the table,
 "client p99"; its own load lowers the rates), CPU seconds of
 each process from the first create to 1 s after the last binding (and the seconds the extender
-spent runnable but waiting for a CPU, "ext waited"), and
+spent runnable but waiting for a CPU, "ext waited"), the seconds the extenders' garbage collector
+held them by generation (``hamipy_extender_gc_pause_seconds``, "gc s" 0/1/2), and
 the kube-apiserver's requests per placed pod: ``apiserver_request_total`` from its ``/metrics``
 before the first create and 1 s after the last pod is bound (kube-scheduler sends its events late),
 by (verb, resource, subresource); "excluding the bench" subtracts what this process sent itself in
 that window (pod creates, its watch, the simulated nodes' heartbeats), counted at its API client
 by the same keys. Per round, ours / bare; over the rounds, the medians. A table goes to stdout,
 everything to ``tests/bench/results/e2e_placement.json``.
+
+With ``--split-cpus`` every phase runs the control plane (etcd, kube-apiserver, kube-scheduler,
+kube-controller-manager) on half the CPUs and the extenders, the filter probe and this process (the
+users creating pods) on the other half: the rate is then what the control plane can place, and the
+extender's own CPU comes from beside it, as in a cluster where it runs with a CPU request of its
+own. Without it every process shares every CPU, and the rate follows the CPU each pod costs them all.
 
 Part 2, one node: a simulated GPU node with 8 GPUs, its real device-plugin process over the fake
 NVML driver and the kubelet stand-in, and an extender in this process; 40 identical pods (1 GPU,
@@ -91,6 +98,7 @@ from _e2e_support import (
     connection_cuts,
     counter_by_label,
     cpu_seconds,
+    gc_pauses,
     histogram_mean_ms,
     own_cpu_seconds,
     quiet_apiserver,
@@ -504,6 +512,10 @@ async def placement_phase(bench: Bench, round_no: int, phase: str) -> dict[str, 
         for e in extenders:
             favour(e.pid, bench.favour)
         bench.pin(extenders)
+        gc_before: dict[str, list[float]] = {}
+        if extenders:
+            async with aiohttp.ClientSession() as session:
+                gc_before = gc_pauses([await e.metrics(session) for e in extenders])
         cpu_before = bench.cpu(extenders)
         stop_probe = asyncio.Event()
         probe = None
@@ -539,6 +551,7 @@ async def placement_phase(bench: Bench, round_no: int, phase: str) -> dict[str, 
         extender_metrics: dict[str, float] = {}
         cuts: dict[str, int] = {}
         queued = 0
+        gc_after: dict[str, list[float]] = {}
         if extenders:
             async with aiohttp.ClientSession() as session:
                 texts = [await e.metrics(session) for e in extenders]
@@ -549,6 +562,7 @@ async def placement_phase(bench: Bench, round_no: int, phase: str) -> dict[str, 
             cuts = connection_cuts(texts)
             waited = counter_by_label(texts, "hamipy_extender_http_connections_waited", "server")
             queued = sum(waited.values())
+            gc_after = gc_pauses(texts)
     finally:
         try:
             await asyncio.to_thread(cluster.stop_scheduler, "hami")
@@ -583,6 +597,13 @@ async def placement_phase(bench: Bench, round_no: int, phase: str) -> dict[str, 
         result["extender_mean_ms"] = extender_metrics
         result["extender_connections_cut"] = cuts
         result["extender_connections_queued"] = queued
+        result["extender_gc_pauses"] = {
+            generation: {
+                "collections": int(n - gc_before.get(generation, [0, 0])[0]),
+                "seconds": round(seconds - gc_before.get(generation, [0, 0])[1], 3),
+            }
+            for generation, (n, seconds) in sorted(gc_after.items())
+        }
         if len(probed) >= 2:
             result["filter_client_side_while_binding"] = {"samples": len(probed), **percentiles_us(probed)}
         result["extender_exit_codes"] = list(exit_codes.values())
@@ -591,6 +612,14 @@ async def placement_phase(bench: Bench, round_no: int, phase: str) -> dict[str, 
         split = bench.split
         result["cpus"] = {"control_plane": sorted(split.control_plane), "rest": sorted(split.rest)}
     return result
+
+
+def _gc_text(pauses: Mapping[str, Mapping[str, float]]) -> str:
+    """The extenders' garbage collector in a phase: ``; gc s 0.05/0.12/0.08`` (seconds held by
+    generation 0, 1 and 2)."""
+    if not pauses:
+        return ""
+    return "; gc s " + "/".join(f"{pauses[g]['seconds']:.2f}" for g in sorted(pauses))
 
 
 def _ours(phases: Sequence[str]) -> list[str]:
@@ -681,6 +710,7 @@ def table(phases: list[dict[str, Any]], summary: dict[str, Any]) -> str:
             f" {cpu['bench']:.1f}; {p['extender_runqueue_wait_s']:.1f}"
             + "".join(f"; cut {reason} {n}" for reason, n in p.get("extender_connections_cut", {}).items())
             + (f"; queued {p['extender_connections_queued']}" if p.get("extender_connections_queued") else "")
+            + _gc_text(p.get("extender_gc_pauses", {}))
         )
     m = summary["median"]
     replicas = "".join(

@@ -5,6 +5,7 @@ current, and ``serve`` ends with exit status 1. SIGTERM still ends it with 0."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import io
 import json
 import os
@@ -146,3 +147,21 @@ def test_the_heap_trim_interval_comes_from_the_flag_and_the_environment() -> Non
     args = cli.build_parser({}).parse_args(["serve", "--heap-trim-interval", "0"])
     assert cli.settings_from_args(args).heap_trim_interval_s == 0
     assert cli.settings_from_args(cli.build_parser({}).parse_args(["serve"])).heap_trim_interval_s == 60
+
+
+async def test_the_collectors_pauses_are_served_while_the_extender_runs() -> None:
+    srv = extender(FakeKube(), io.StringIO())
+    pauses = srv.telemetry.metrics.gc_pauses
+    async with srv:
+        assert pauses in gc.callbacks
+        gc.collect(2)
+        status, text = await call(srv, "GET", "/metrics")
+    assert status == 200
+    assert pauses not in gc.callbacks
+    full = [
+        line
+        for line in text.splitlines()
+        if line.startswith('hamipy_extender_gc_pause_seconds_count{generation="2"}')
+    ]
+    assert len(full) == 1
+    assert float(full[0].split()[-1]) >= 1

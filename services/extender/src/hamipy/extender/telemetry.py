@@ -31,6 +31,7 @@ from prometheus_client.registry import Collector
 
 from hamipy.extender.model import ClusterModel, Source
 from hamipy.telemetry.exposition import GaugeText, label_text
+from hamipy.telemetry.gc_pauses import GcPauses
 from hamipy.telemetry.http_metrics import HttpConnectionsCollector
 from hamipy.telemetry.service import ServiceTelemetry
 
@@ -292,6 +293,9 @@ class Metrics:
         self.connections = HttpConnectionsCollector("hamipy_extender")
         """What the HTTP limits did on each port (``api``: filter/bind, ``probes``: the metrics port)."""
         r.register(self.connections)
+        self.gc_pauses = GcPauses("hamipy_extender")
+        """The garbage collector's pauses, timed while the server runs (``ExtenderServer``)."""
+        r.register(self.gc_pauses)
 
     def attach(self, model: ClusterModel) -> None:
         """Serve the GPU and quota gauges from ``model``."""
