@@ -61,6 +61,8 @@ kube-controller-manager) on half the CPUs and the extenders, the filter probe an
 users creating pods) on the other half: the rate is then what the control plane can place, and the
 extender's own CPU comes from beside it, as in a cluster where it runs with a CPU request of its
 own. Without it every process shares every CPU, and the rate follows the CPU each pod costs them all.
+``--bench-beside-control-plane`` moves this process to the control plane's CPUs, leaving the others
+to the extenders and the probe alone (the extender as with a guaranteed CPU of its own).
 
 Part 2, one node: a simulated GPU node with 8 GPUs, its real device-plugin process over the fake
 NVML driver and the kubelet stand-in, and an extender in this process; 40 identical pods (1 GPU,
@@ -317,14 +319,17 @@ class CpuSplit:
 
     control_plane: set[int]
     rest: set[int]
+    bench_beside_control_plane: bool = False
+    """``--bench-beside-control-plane``: this process creates pods from the control plane's CPUs, so
+    that the extenders and the probe have theirs to themselves."""
 
     @classmethod
-    def of_machine(cls) -> CpuSplit:
+    def of_machine(cls, *, bench_beside_control_plane: bool = False) -> CpuSplit:
         cpus = sorted(os.sched_getaffinity(0))
         if len(cpus) < 2:
             raise SystemExit("--split-cpus needs at least 2 CPUs")
         half = len(cpus) // 2
-        return cls(control_plane=set(cpus[:half]), rest=set(cpus[half:]))
+        return cls(set(cpus[:half]), set(cpus[half:]), bench_beside_control_plane)
 
 
 async def probe_filters(
@@ -436,7 +441,8 @@ class Bench:
                 pin(process.pid, self.split.control_plane)
         for e in extenders:
             pin(e.pid, self.split.rest)
-        pin(os.getpid(), self.split.rest)
+        split = self.split
+        pin(os.getpid(), split.control_plane if split.bench_beside_control_plane else split.rest)
 
     def cpu(self, extenders: list[ExtenderProcess]) -> dict[str, float]:
         procs = self.cluster.processes
@@ -610,7 +616,11 @@ async def placement_phase(bench: Bench, round_no: int, phase: str) -> dict[str, 
         result["extender_nice"] = -bench.favour
     if bench.split is not None:
         split = bench.split
-        result["cpus"] = {"control_plane": sorted(split.control_plane), "rest": sorted(split.rest)}
+        result["cpus"] = {
+            "control_plane": sorted(split.control_plane),
+            "rest": sorted(split.rest),
+            "bench_beside_control_plane": split.bench_beside_control_plane,
+        }
     return result
 
 
@@ -860,6 +870,12 @@ def main() -> None:
         " others, in every phase (the extender with a CPU of its own, as in a cluster)",
     )
     parser.add_argument(
+        "--bench-beside-control-plane",
+        action="store_true",
+        help="with --split-cpus: create the pods from the control plane's CPUs, leaving the others to"
+        " the extenders and the probe alone",
+    )
+    parser.add_argument(
         "--phases",
         type=lambda text: [ph for ph in text.split(",") if ph],
         default=list(PHASES),
@@ -869,6 +885,8 @@ def main() -> None:
     unknown = [ph for ph in args.phases if ph not in KNOWN_PHASES]
     if unknown:
         parser.error(f"unknown phases {unknown}; known: {', '.join(KNOWN_PHASES)}")
+    if args.bench_beside_control_plane and not args.split_cpus:
+        parser.error("--bench-beside-control-plane needs --split-cpus")
     if args.rounds < 1 or args.pods < 1 or args.nodes < 1:
         parser.error("--nodes, --pods and --rounds must be at least 1")
 
@@ -883,7 +901,9 @@ def main() -> None:
             progress,
             filter_probe=args.filter_probe,
             favour=args.favour_extender,
-            split=CpuSplit.of_machine() if args.split_cpus else None,
+            split=CpuSplit.of_machine(bench_beside_control_plane=args.bench_beside_control_plane)
+            if args.split_cpus
+            else None,
             phases_run=["bare", *(ph for ph in args.phases if ph != "bare")],
         )
     )
