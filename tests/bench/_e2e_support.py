@@ -19,12 +19,13 @@ import os
 import re
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 RequestKey = tuple[str, str, str]
 """(verb, resource, subresource) as ``apiserver_request_total`` labels them."""
@@ -47,32 +48,35 @@ def histogram_mean_ms(texts: Iterable[str], name: str) -> float:
     return round(1000 * total / count, 2) if count else 0.0
 
 
-def counter_by_label(texts: Iterable[str], name: str, label: str) -> Counter[str]:
-    """Counter ``name`` (its ``_total`` samples) summed over every text (replicas) by ``label``'s
-    value. Only the family's lines are parsed: an extender's scrape at 1,000 nodes is 10 MB."""
-    sums: Counter[str] = Counter()
+def family_samples(texts: Iterable[str], name: str) -> Iterator[Sample]:
+    """The samples of family ``name`` in every text (replicas). Only the family's lines are parsed:
+    an extender's scrape at 1,000 nodes is 10 MB."""
     for text in texts:
         lines = "\n".join(line for line in text.splitlines() if line.startswith(name))
         for family in text_string_to_metric_families(lines + "\n"):
-            for sample in family.samples:
-                if sample.name == f"{name}_total":
-                    sums[sample.labels.get(label, "")] += int(sample.value)
+            yield from family.samples
+
+
+def counter_by_label(texts: Iterable[str], name: str, label: str) -> Counter[str]:
+    """Counter ``name`` (its ``_total`` samples) summed over every text (replicas) by ``label``'s
+    value."""
+    sums: Counter[str] = Counter()
+    for sample in family_samples(texts, name):
+        if sample.name == f"{name}_total":
+            sums[sample.labels.get(label, "")] += int(sample.value)
     return sums
 
 
 def gc_pauses(texts: Iterable[str], name: str = "hamipy_extender_gc_pause_seconds") -> dict[str, list[float]]:
     """Per generation of the garbage collector: [collections, seconds] (histogram ``name``), summed
-    over every text (replicas). Only the family's lines are parsed."""
+    over every text (replicas)."""
     out: dict[str, list[float]] = {}
-    for text in texts:
-        lines = "\n".join(line for line in text.splitlines() if line.startswith(name))
-        for family in text_string_to_metric_families(lines + "\n"):
-            for sample in family.samples:
-                sums = out.setdefault(sample.labels["generation"], [0.0, 0.0])
-                if sample.name == f"{name}_count":
-                    sums[0] += sample.value
-                elif sample.name == f"{name}_sum":
-                    sums[1] += sample.value
+    for sample in family_samples(texts, name):
+        sums = out.setdefault(sample.labels["generation"], [0.0, 0.0])
+        if sample.name == f"{name}_count":
+            sums[0] += sample.value
+        elif sample.name == f"{name}_sum":
+            sums[1] += sample.value
     return out
 
 

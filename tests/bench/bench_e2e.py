@@ -299,7 +299,7 @@ def favour(pid: int, boost: int) -> None:
             Path(f"/proc/{pid}/autogroup").write_text(str(-boost))
 
 
-def pin(pid: int, cpus: set[int] | None) -> None:
+def pin_process(pid: int, cpus: set[int] | None) -> None:
     """Every thread of process ``pid`` onto ``cpus`` (None: leave it be). Threads it starts later
     inherit the mask of the thread that starts them, so the whole process stays there."""
     if cpus is None:
@@ -351,7 +351,7 @@ async def probe_filters(
         start_new_session=True,
     )
     favour(process.pid, boost)
-    pin(process.pid, cpus)
+    pin_process(process.pid, cpus)
     assert process.stdin is not None
     process.stdin.write(json.dumps({"Pod": body, "NodeNames": names}).encode() + b"\n")
     await process.stdin.drain()
@@ -438,11 +438,11 @@ class Bench:
             return
         for process in self.cluster.processes.values():
             if process.pid is not None:
-                pin(process.pid, self.split.control_plane)
+                pin_process(process.pid, self.split.control_plane)
         for e in extenders:
-            pin(e.pid, self.split.rest)
+            pin_process(e.pid, self.split.rest)
         split = self.split
-        pin(os.getpid(), split.control_plane if split.bench_beside_control_plane else split.rest)
+        pin_process(os.getpid(), split.control_plane if split.bench_beside_control_plane else split.rest)
 
     def cpu(self, extenders: list[ExtenderProcess]) -> dict[str, float]:
         procs = self.cluster.processes

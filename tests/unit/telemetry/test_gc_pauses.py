@@ -5,7 +5,6 @@ while entered."""
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -25,12 +24,8 @@ def samples(pauses: GcPauses) -> dict[tuple[str, str, str], float]:
     return out
 
 
-def ticking(*times: float) -> Iterator[float]:
-    yield from times
-
-
 def test_a_pause_lands_in_its_generation_and_the_first_bucket_that_holds_it() -> None:
-    clock = ticking(10.0, 10.003, 20.0, 20.0002)
+    clock = iter((10.0, 10.003, 20.0, 20.0002))
     pauses = GcPauses("svc", clock=lambda: next(clock))
     pauses("start", {"generation": 1})
     pauses("stop", {"generation": 1, "collected": 0, "uncollectable": 0})

@@ -16,9 +16,9 @@ from typing import Final
 
 from prometheus_client.utils import floatToGoString
 
-__all__ = ["GaugeText", "label_text"]
+__all__ = ["GaugeText", "label_text", "value_text"]
 
-_value_text: Final[Callable[[float], str]] = floatToGoString
+value_text: Final[Callable[[float], str]] = floatToGoString
 """How prometheus_client writes a value (Go's notation: ``3.4359738368e+10``); untyped there."""
 
 
@@ -47,7 +47,7 @@ class GaugeText:
         """One sample; ``labels`` from ``label_text``."""
         text = self._values.get(value)
         if text is None:
-            text = self._values[value] = _value_text(value)
+            text = self._values[value] = value_text(value)
         self._lines.append(f"{self.name}{labels} {text}\n")
 
     def text(self) -> str:

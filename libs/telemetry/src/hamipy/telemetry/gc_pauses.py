@@ -2,10 +2,10 @@
 
 A collection runs inside whatever allocation triggered it and holds the GIL throughout: on an
 asyncio service every request waiting on the loop waits for it too. In the extender under a burst
-of binds, young collections took 0.1-2 ms, middle ones up to 10 ms and full ones 13-63 ms
-(docs/benchmarks.md), the largest single cause of a client's ``/filter`` tail that the process
-itself controls. prometheus_client's own ``python_gc_collections_total`` counts collections but
-not their time.
+of binds, young collections took 0.1-3 ms, middle ones up to 11 ms and full ones 8-44 ms (over
+100 ms right after the first list of the cluster; docs/benchmarks.md): pauses that a client's
+``/filter`` meets whenever it arrives during one. prometheus_client's own
+``python_gc_collections_total`` counts collections but not their time.
 
 ``GcPauses`` times each collection from ``gc.callbacks`` (the interpreter calls them at the start
 and the end of every collection) and serves the histogram as a collector. The callback does plain
@@ -26,6 +26,8 @@ from typing import Final, Self
 
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
+
+from hamipy.telemetry.exposition import value_text
 
 __all__ = ["GC_PAUSE_BUCKETS", "GcPauses"]
 
@@ -76,7 +78,7 @@ class GcPauses(Collector):
             counts = list(self._counts[generation])  # a copy: a collection may land meanwhile
             for bound, count in zip((*self.bounds, float("inf")), counts, strict=True):
                 cumulative += count
-                buckets.append((_bound_text(bound), cumulative))
+                buckets.append((value_text(bound), cumulative))
             family.add_metric([str(generation)], buckets, self._sums[generation])
         yield family
 
@@ -90,7 +92,3 @@ class GcPauses(Collector):
     ) -> None:
         if self in gc.callbacks:
             gc.callbacks.remove(self)
-
-
-def _bound_text(bound: float) -> str:
-    return "+Inf" if bound == float("inf") else repr(bound)

@@ -436,37 +436,40 @@ class ExtenderServer:
         self.telemetry.metrics.events_dropped.labels(reason=reason).inc()
 
     async def _background(self, app: web.Application) -> AsyncIterator[None]:
-        # The collector's pauses are timed while this server runs (the callbacks are process-wide).
+        self.supervisor.start("extender-events", self.events.run())
+        if self.health.watching:
+            self._start_watches()
+        if self.leadership.election:
+            self.supervisor.start("extender-leadership", self._lead())
+        if self.role_label is not None:
+            self.supervisor.start("extender-role-label", self.role_label.run())
+        if self.scheduler.binder is not None:
+            self.supervisor.start("extender-lock-sweep", self.scheduler.binder.sweeper.run())
+        if self.requeuer is not None:
+            self.supervisor.start("extender-requeue", self.requeuer.run())
+        if self.api is not None and self.settings.handshake_interval_s > 0:
+            stamping = stamp_handshakes(
+                api=self.api, model=self.model, settings=self.settings, telemetry=self.telemetry
+            )
+            self.supervisor.start("extender-handshake", stamping)
+        trim = heap_trimmer()
+        if self.settings.heap_trim_interval_s > 0 and trim is not None:
+            self.supervisor.start(
+                "extender-heap-trim", trim_heap_forever(trim, self.settings.heap_trim_interval_s)
+            )
+        yield
+        if self.scheduler.evictor is not None:
+            await self.scheduler.evictor.close()
+        await self.supervisor.stop()
+        if self.leadership.elector is not None:
+            await self.leadership.elector.release()  # another replica leads at once, not after the lease
+        await self.leadership.close()
+        await asyncio.to_thread(self.telemetry.shutdown)
+
+    async def _time_gc(self, app: web.Application) -> AsyncIterator[None]:
+        """The collector's pauses are timed while this server runs (the callbacks are process-wide)."""
         with self.telemetry.metrics.gc_pauses:
-            self.supervisor.start("extender-events", self.events.run())
-            if self.health.watching:
-                self._start_watches()
-            if self.leadership.election:
-                self.supervisor.start("extender-leadership", self._lead())
-            if self.role_label is not None:
-                self.supervisor.start("extender-role-label", self.role_label.run())
-            if self.scheduler.binder is not None:
-                self.supervisor.start("extender-lock-sweep", self.scheduler.binder.sweeper.run())
-            if self.requeuer is not None:
-                self.supervisor.start("extender-requeue", self.requeuer.run())
-            if self.api is not None and self.settings.handshake_interval_s > 0:
-                stamping = stamp_handshakes(
-                    api=self.api, model=self.model, settings=self.settings, telemetry=self.telemetry
-                )
-                self.supervisor.start("extender-handshake", stamping)
-            trim = heap_trimmer()
-            if self.settings.heap_trim_interval_s > 0 and trim is not None:
-                self.supervisor.start(
-                    "extender-heap-trim", trim_heap_forever(trim, self.settings.heap_trim_interval_s)
-                )
             yield
-            if self.scheduler.evictor is not None:
-                await self.scheduler.evictor.close()
-            await self.supervisor.stop()
-            if self.leadership.elector is not None:
-                await self.leadership.elector.release()  # another replica leads at once, not after the lease
-            await self.leadership.close()
-            await asyncio.to_thread(self.telemetry.shutdown)
 
     def _start_watches(self) -> None:
         self.health.watching = True
@@ -502,7 +505,7 @@ class ExtenderServer:
             health=self.health,
             leadership=self.leadership,
         )
-        app.cleanup_ctx.append(self._background)
+        app.cleanup_ctx.extend((self._time_gc, self._background))
         self._server = await start_bounded_site(
             app,
             host=self.host,
