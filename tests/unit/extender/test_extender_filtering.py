@@ -193,14 +193,24 @@ NODE_USAGE = st.lists(
 )
 
 
-@settings(max_examples=100, deadline=None)
-@given(NODE_USAGE, st.sampled_from(["binpack", "spread"]), st.integers(min_value=1, max_value=20000))
+@settings(max_examples=150, deadline=None)
+@given(
+    NODE_USAGE,
+    st.sampled_from(["binpack", "spread"]),
+    st.integers(min_value=1, max_value=20000),
+    st.integers(min_value=0, max_value=60),
+    st.booleans(),
+)
 def test_decide_law_the_best_ranked_node_that_fits_wins(
-    usage: list[tuple[int, int]], policy: str, memory: int
+    usage: list[tuple[int, int]], policy: str, memory: int, unsent: int, twice: bool
 ) -> None:
+    """Among the names sent (twice each with ``twice``), whatever the nodes not sent (idle ones,
+    which spread would rank first): with few sent, decide ranks the names; with many, it walks the
+    model's order."""
     names = [f"n{i}" for i in range(len(usage))]
     model = model_of(
         *(node(name) for name in names),
+        *(node(f"idle{i}") for i in range(unsent)),
         pods=tuple(
             holding(f"x{i}", name, dev(f"GPU-{name}-0", mem, cores))
             for i, (name, (mem, cores)) in enumerate(zip(names, usage, strict=True))
@@ -208,7 +218,7 @@ def test_decide_law_the_best_ranked_node_that_fits_wins(
     )
     ask = ask_of(container(gpu=2, gpumem=memory), **{keys.NODE_SCHEDULER_POLICY: policy})
     fitting = [n for n in names if fit_pod(model.nodes[n], ask).ok]
-    decision = decide(model, ask, names, now=NOW)
+    decision = decide(model, ask, names * 2 if twice else names, now=NOW)
     if not fitting:
         assert decision.node is None
         return

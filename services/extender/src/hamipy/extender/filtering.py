@@ -2,9 +2,10 @@
 
 HAMi mode (``decide(..., all_feasible=False)``): nodes that pass a cheap summary check (usable,
 enough GPUs with a free slot, enough memory on the freest GPU, a GPU type the pod accepts; each
-O(1) from ``NodeState``'s summary) are ranked by node policy and fitted best first; the first that
-fits is the choice. Nothing else is fitted on that path, which keeps a filter over thousands of
-nodes in the low milliseconds. A node whose lock another pod has held for longer than a bind waits
+O(1) from ``NodeState``'s summary) are taken in node-policy order (the model keeps that order,
+``hamipy.extender.node_order``) and fitted best first; the first that fits is the choice. Nothing
+else is checked or fitted on that path, which keeps a filter over thousands of nodes well under a
+millisecond. A node whose lock another pod has held for longer than a bind waits
 (``LockRule``) is passed over: a bind there would wait for it and time out
 (docs/extender.md#stuck-locks). Only when no node fits is every node explained: its reasons
 (``1/8 CardInsufficientMemory``) and whether it could never fit even empty (unresolvable).
@@ -16,9 +17,8 @@ their node scores, for ``/prioritize`` and kube-scheduler's own scoring.
 from __future__ import annotations
 
 import dataclasses
-import heapq
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Final
 
 from hamipy.extender.fitting import Fit, NodeReasons, PodAsk, fit_pod
@@ -159,6 +159,12 @@ def _types_ok(ask: PodAsk, type_key: tuple[str, ...], cache: dict[tuple[str, ...
     return ok
 
 
+_WALK_SHARE: Final = 8
+"""Walk the model's kept node order when kube-scheduler sent at least 1/8 of the nodes: a skipped
+node costs a set lookup there, about a twentieth of ranking one sent name (measured, see
+docs/benchmarks.md); with fewer names, ranking just those is cheaper."""
+
+
 def decide(
     model: ClusterModel,
     ask: PodAsk,
@@ -174,33 +180,14 @@ def decide(
     a fit the namespace's quota refuses is not either (when the pod's charge is the same on every
     node, the first refusal ends the search)."""
     get = model.nodes.get
-    cache: dict[tuple[str, ...], bool] = {}
     decision = Decision()
     names = list(names)
-    candidates: list[tuple[float, str, NodeState]] = []
-    append = candidates.append
-    binpack = ask.node_policy == "binpack"
-    max_count, max_mem = ask.max_count, ask.max_memory_mib
-    typed = bool(ask.prefs.use_types or ask.prefs.nouse_types)
-    # The summary check, inlined (it runs once per node per filter): enough GPUs with a free slot,
-    # enough memory on the freest, usable (NodeState.usable), a GPU type the pod accepts.
-    for name in names:
-        node = get(name)
-        if (
-            node is None
-            or node.free_slot_gpus < max_count
-            or node.max_free_mem < max_mem
-            or not node.registered
-            or node.problem is not None
-            or node.bad_pods
-            or (node.requesting_since is not None and node.dead(now))
-            or (typed and not _types_ok(ask, node.type_key, cache))
-            or (node.lock is not None and locks is not None and locks.blocks(node, now))
-        ):
-            continue
-        append((-node.score if binpack else node.score, name, node))
+    passes = _summary_check(ask, now, locks)
     if all_feasible:
-        for _, name, node in candidates:
+        for name in names:
+            node = get(name)
+            if node is None or not passes(node):
+                continue
             fit = fit_pod(node, ask)
             decision.fitted += 1
             if fit.devices is not None and not _refused(quota, fit.devices, decision):
@@ -210,9 +197,10 @@ def decide(
         if not decision.feasible:
             _explain(model, ask, names, now, decision, locks)
         return decision
-    heapq.heapify(candidates)
-    while candidates:
-        _, name, node = heapq.heappop(candidates)
+    for name in _in_policy_order(model, names, binpack=ask.node_policy == "binpack"):
+        node = get(name)
+        if node is None or not passes(node):
+            continue
         fit = fit_pod(node, ask)
         decision.fitted += 1
         if fit.devices is not None:
@@ -223,6 +211,42 @@ def decide(
                 break
     _explain(model, ask, names, now, decision, locks)
     return decision
+
+
+def _summary_check(ask: PodAsk, now: float, locks: LockRule | None) -> Callable[[NodeState], bool]:
+    """The cheap check a node passes before it is fitted: enough GPUs with a free slot, enough
+    memory on the freest, usable (``NodeState.usable``), a GPU type the pod accepts, no lock that
+    would keep the bind waiting. Each O(1) from the node's summary."""
+    cache: dict[tuple[str, ...], bool] = {}
+    max_count, max_mem = ask.max_count, ask.max_memory_mib
+    typed = bool(ask.prefs.use_types or ask.prefs.nouse_types)
+
+    def passes(node: NodeState) -> bool:
+        return not (
+            node.free_slot_gpus < max_count
+            or node.max_free_mem < max_mem
+            or not node.registered
+            or node.problem is not None
+            or node.bad_pods
+            or (node.requesting_since is not None and node.dead(now))
+            or (typed and not _types_ok(ask, node.type_key, cache))
+            or (node.lock is not None and locks is not None and locks.blocks(node, now))
+        )
+
+    return passes
+
+
+def _in_policy_order(model: ClusterModel, names: list[str], *, binpack: bool) -> Iterator[str]:
+    """``names`` (each once) fullest node first (``binpack``) or emptiest first, ties by name."""
+    wanted = set(names)
+    if len(wanted) * _WALK_SHARE >= len(model.order):
+        return (name for name in model.order.names(binpack=binpack) if name in wanted)
+    get = model.nodes.get
+    keyed = [
+        (-node.score if binpack else node.score, name) for name in wanted if (node := get(name)) is not None
+    ]
+    keyed.sort()
+    return (name for _, name in keyed)
 
 
 def _explain(

@@ -52,6 +52,7 @@ from datetime import UTC, datetime
 from typing import Any, Final, Literal, NewType
 
 from hamipy.extender.disruption_budgets import DisruptionBudgets
+from hamipy.extender.node_order import NodeOrder
 from hamipy.extender.quota import Quotas
 from hamipy.protocol import keys
 from hamipy.protocol.devices import ContainerDevice, DeviceInfo, PodDevices
@@ -513,6 +514,8 @@ class ClusterModel:
         self.quotas = Quotas(names or ResourceNames(count=count_resource))
         """The namespaces' GPU quotas (from the ResourceQuota watch), charged ``namespace_usage``."""
         self.nodes: dict[str, NodeState] = {}
+        self.order = NodeOrder()
+        """``nodes`` in binpack and in spread order (``hamipy.extender.node_order``): written only here."""
         self.contributions: dict[PodUid, Contribution] = {}
         self.namespace_usage: dict[str, list[int]] = {}
         """Per namespace, [MiB, cores] summed over its pods' contributions (reserved, binding and
@@ -554,6 +557,7 @@ class ClusterModel:
         self.generation += 1
         if event == "DELETED":
             self.nodes.pop(name, None)
+            self.order.drop(name)
             return []
         old = self.nodes.get(name)
         ann = _annotations(node)
@@ -583,6 +587,7 @@ class ClusterModel:
         for name in list(self.nodes):
             if name not in seen:
                 del self.nodes[name]
+                self.order.drop(name)
         self.nodes_synced = True
         return problems
 
@@ -591,7 +596,12 @@ class ClusterModel:
             gpu.used_slots = gpu.used_mem = gpu.used_cores = 0
         for uid in self._by_node.get(state.name, ()):
             self._add_usage(state, self.contributions[uid].usage, 1)
+        self._summarize(state)
+
+    def _summarize(self, state: NodeState) -> None:
+        """After ``state``'s usage or GPUs changed: its summary, and its place in ``order``."""
         state.refresh_summary()
+        self.order.put(state.name, state.score)
 
     @staticmethod
     def _add_usage(state: NodeState, usage: Mapping[str, Usage], sign: int) -> None:
@@ -616,7 +626,7 @@ class ClusterModel:
             if state is not None:
                 self._add_usage(state, old.usage, -1)
                 if contribution is None or contribution.node != old.node:
-                    state.refresh_summary()
+                    self._summarize(state)
             if contribution is None or contribution.node != old.node:
                 self._freed(old.node)
         if contribution is not None:
@@ -627,7 +637,7 @@ class ClusterModel:
             state = self.nodes.get(contribution.node)
             if state is not None:
                 self._add_usage(state, contribution.usage, 1)
-                state.refresh_summary()
+                self._summarize(state)
             if contribution.expires_at is not None:
                 heapq.heappush(self._expiry, (contribution.expires_at, uid))
         self.generation += 1
@@ -668,6 +678,7 @@ class ClusterModel:
             if state is None:
                 state = NodeState(name=node)
                 self.nodes[node] = state
+                self.order.put(node, state.score)
             state.bad_pods.add(uid)
 
     def apply_pod(self, event: EventType, pod: Mapping[str, Any]) -> list[Problem]:
