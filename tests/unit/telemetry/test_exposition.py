@@ -43,6 +43,17 @@ def test_the_text_is_prometheus_clients_byte_for_byte() -> None:
     assert ours.text().encode() == generate_latest(registry)
 
 
+@pytest.mark.parametrize("lines", [1, 2, 3, 100])
+def test_the_pieces_are_the_text_cut_at_line_ends(lines: int) -> None:
+    ours = GaugeText("hami_test_bytes", "Bytes")
+    for values, value in ROWS:
+        ours.add(label_text(zip(LABELS, values, strict=True)), value)
+    pieces = list(ours.pieces(lines))
+    assert "".join(pieces) == ours.text()
+    assert len(pieces) == -(-(len(ROWS) + 1) // lines)  # the header, then a line per sample
+    assert all(piece.endswith("\n") for piece in pieces)
+
+
 def test_a_nan_is_written_as_prometheus_reads_it() -> None:
     ours = GaugeText("hami_test_ratio", "A ratio")
     ours.add(label_text([("node", "n")]), math.nan)

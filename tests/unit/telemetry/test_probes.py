@@ -39,6 +39,27 @@ async def test_metrics_health_and_readiness_with_its_reason() -> None:
     assert len(scrapes) == 1
 
 
+async def test_metrics_rendered_in_chunks_are_served_whole_with_their_length() -> None:
+    # Big enough that the socket's buffers fill and the writes wait for the reader.
+    chunks = [b"# HELP a A\n", b"a 1\n" * 1_000_000, b"", b"b 2\n" * 500_000]
+
+    async def render() -> list[bytes]:
+        return chunks
+
+    server = await start_probe_server(host="127.0.0.1", port=0, render=render, not_ready=lambda: None)
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session,
+            session.get(f"http://127.0.0.1:{server.port}/metrics") as resp,
+        ):
+            body = await resp.read()
+            assert resp.headers["Content-Type"] == CONTENT_TYPE_LATEST
+            assert int(resp.headers["Content-Length"]) == len(body)
+    finally:
+        await server.close()
+    assert body == b"".join(chunks)
+
+
 async def test_a_client_that_never_sends_its_request_is_cut_and_probes_still_answer() -> None:
     limits = HttpLimits(header_timeout_s=0.3, body_timeout_s=0.3, keepalive_timeout_s=1, max_connections=2)
     server = await start_probe_server(

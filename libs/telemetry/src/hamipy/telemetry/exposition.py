@@ -11,7 +11,7 @@ memoised. The text is what ``generate_latest`` writes for the same samples (the 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Final
 
 from prometheus_client.utils import floatToGoString
@@ -52,3 +52,9 @@ class GaugeText:
 
     def text(self) -> str:
         return "".join(self._lines)
+
+    def pieces(self, lines: int) -> Iterator[str]:
+        """``text`` in pieces of at most ``lines`` lines (the header counts as one), so that a caller
+        on an event loop can yield between them: at 5,000 nodes a family is 5 MB of text."""
+        for start in range(0, len(self._lines), lines):
+            yield "".join(self._lines[start : start + lines])

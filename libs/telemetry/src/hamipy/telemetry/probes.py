@@ -4,7 +4,7 @@ from their own apps). Any pod can reach it, so it runs under ``http_limits`` as 
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Final
 
 from aiohttp import web
@@ -12,10 +12,26 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from hamipy.telemetry.http_limits import BoundedServer, HttpLimits, start_bounded_site
 
-__all__ = ["PROBE_LIMITS", "ProbeServer", "start_probe_server"]
+__all__ = ["PROBE_LIMITS", "ProbeServer", "metrics_response", "start_probe_server"]
 
 PROBE_LIMITS: Final = HttpLimits(max_connections=64)
 """The defaults but the cap: its callers (the kubelet, Prometheus) hold a few connections at most."""
+
+
+async def metrics_response(request: web.Request, body: bytes | Sequence[bytes]) -> web.StreamResponse:
+    """``/metrics``' answer: ``body``, or its chunks written one by one. A scrape of a large model is
+    megabytes (10 MB at 1,000 nodes): joined, it costs the event loop a copy of all of it in one
+    step (7 ms there); written in chunks, each is handed to the socket (or its buffer) in a step of
+    its own, and a full buffer makes the write wait without holding the loop."""
+    if isinstance(body, bytes):
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+    response = web.StreamResponse(headers={"Content-Type": CONTENT_TYPE_LATEST})
+    response.content_length = sum(len(chunk) for chunk in body)
+    await response.prepare(request)
+    for chunk in body:
+        await response.write(chunk)
+    await response.write_eof()
+    return response
 
 
 class ProbeServer:
@@ -34,18 +50,18 @@ async def start_probe_server(
     *,
     host: str,
     port: int,
-    render: Callable[[], Awaitable[bytes]],
+    render: Callable[[], Awaitable[bytes | Sequence[bytes]]],
     not_ready: Callable[[], str | None],
     limits: HttpLimits = PROBE_LIMITS,
 ) -> ProbeServer:
-    """Serve ``await render()`` on ``/metrics``, ``ok`` on ``/healthz``, and on ``/readyz`` ``ok`` or
-    HTTP 503 with the reason ``not_ready()`` gives. ``render`` chooses where the work runs: a scrape
-    that reads files runs in a thread (``functools.partial(asyncio.to_thread, ...)``); one that reads
-    state the event loop owns runs on the loop, in steps."""
+    """Serve ``await render()`` (the body, or its chunks) on ``/metrics``, ``ok`` on ``/healthz``,
+    and on ``/readyz`` ``ok`` or HTTP 503 with the reason ``not_ready()`` gives. ``render`` chooses
+    where the work runs: a scrape that reads files runs in a thread
+    (``functools.partial(asyncio.to_thread, ...)``); one that reads state the event loop owns runs
+    on the loop, in steps."""
 
-    async def metrics(request: web.Request) -> web.Response:
-        body = await render()
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+    async def metrics(request: web.Request) -> web.StreamResponse:
+        return await metrics_response(request, await render())
 
     async def healthz(request: web.Request) -> web.Response:
         return web.Response(text="ok")

@@ -36,7 +36,6 @@ from typing import Any, Final, Self
 
 import msgspec
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST
 
 from hamipy.extender.binding import Binder
 from hamipy.extender.errors import ExtenderError
@@ -57,7 +56,7 @@ from hamipy.protocol.config import Config
 from hamipy.telemetry.heap import heap_trimmer, trim_heap_forever
 from hamipy.telemetry.http_limits import BoundedServer, HttpLimits, start_bounded_site
 from hamipy.telemetry.json_bodies import BadJson, ListOf, MapOf, Shape, decode_json, shape_problem
-from hamipy.telemetry.probes import ProbeServer, start_probe_server
+from hamipy.telemetry.probes import ProbeServer, metrics_response, start_probe_server
 from hamipy.telemetry.supervision import Supervisor
 
 __all__ = ["HEALTH", "SCHEDULER", "ExtenderServer", "Health", "http_limits", "make_app"]
@@ -253,9 +252,8 @@ async def _readyz(request: web.Request) -> web.Response:
     return web.Response(text="ok")
 
 
-async def _metrics(request: web.Request) -> web.Response:
-    body = await request.app[SCHEDULER].telemetry.metrics.render()
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+async def _metrics(request: web.Request) -> web.StreamResponse:
+    return await metrics_response(request, await request.app[SCHEDULER].telemetry.metrics.render_chunks())
 
 
 def lease_settings(settings: ExtenderSettings) -> LeaseSettings:
@@ -521,7 +519,7 @@ class ExtenderServer:
             self._probes = await start_probe_server(
                 host=self.host,
                 port=self.requested_metrics_port,
-                render=self.telemetry.metrics.render,
+                render=self.telemetry.metrics.render_chunks,
                 not_ready=self.health.not_ready,
             )
             self.metrics_port = self._probes.port
