@@ -110,6 +110,14 @@ def test_memory_equal_to_the_free_memory_is_placed() -> None:
     assert decide(model, ask_of(container(gpu=1, gpumem=601)), ["n"], now=NOW).node is None
 
 
+def test_cores_equal_to_the_free_cores_are_placed() -> None:
+    model = model_of(node("n", [gpu("A", 0)]), pods=(holding("x", "n", dev("A", 100, 80)),))
+    decision = decide(model, ask_of(container(gpu=1, gpumem=100, gpucores=20)), ["n"], now=NOW)
+    assert (decision.node, decision.fitted) == ("n", 1)
+    refused = decide(model, ask_of(container(gpu=1, gpumem=100, gpucores=21)), ["n"], now=NOW)
+    assert (refused.node, refused.fitted) == (None, 0)
+
+
 def handshaking(name: str, age_s: float) -> dict[str, Any]:
     """A node whose device plugin has not yet answered a ``Requesting_`` stamp ``age_s`` old (its
     allocatable GPU count is 0, as while a plugin restarts)."""
@@ -200,9 +208,10 @@ NODE_USAGE = st.lists(
     st.integers(min_value=1, max_value=20000),
     st.integers(min_value=0, max_value=60),
     st.booleans(),
+    st.integers(min_value=0, max_value=100),
 )
 def test_decide_law_the_best_ranked_node_that_fits_wins(
-    usage: list[tuple[int, int]], policy: str, memory: int, unsent: int, twice: bool
+    usage: list[tuple[int, int]], policy: str, memory: int, unsent: int, twice: bool, cores: int
 ) -> None:
     """Among the names sent (twice each with ``twice``), whatever the nodes not sent (idle ones,
     which spread would rank first): with few sent, decide ranks the names; with many, it walks the
@@ -216,7 +225,7 @@ def test_decide_law_the_best_ranked_node_that_fits_wins(
             for i, (name, (mem, cores)) in enumerate(zip(names, usage, strict=True))
         ),
     )
-    ask = ask_of(container(gpu=2, gpumem=memory), **{keys.NODE_SCHEDULER_POLICY: policy})
+    ask = ask_of(container(gpu=2, gpumem=memory, gpucores=cores), **{keys.NODE_SCHEDULER_POLICY: policy})
     fitting = [n for n in names if fit_pod(model.nodes[n], ask).ok]
     decision = decide(model, ask, names * 2 if twice else names, now=NOW)
     if not fitting:
@@ -230,16 +239,32 @@ def test_fitted_counts_the_nodes_fitted_until_one_fits() -> None:
     model = model_of(
         node("busy"),
         node("idle"),
-        pods=(holding("x", "busy", dev("GPU-busy-0", 100, 90), dev("GPU-busy-1", 100, 90)),),
+        pods=(holding("x", "busy", dev("GPU-busy-0", 100, 90)),),
     )
-    # binpack tries the busy node first (the summary check does not look at cores): 10 cores left on
-    # each GPU, the pod's 20 fit on neither.
-    ask = ask_of(container(gpu=1, gpumem=100, gpucores=20), **{keys.NODE_SCHEDULER_POLICY: "binpack"})
+    # binpack tries the busy node first: its summary passes (GPU 1 has every core left), but the pod
+    # wants 20 cores on each of two GPUs and GPU 0 has 10.
+    ask = ask_of(container(gpu=2, gpumem=100, gpucores=20), **{keys.NODE_SCHEDULER_POLICY: "binpack"})
     decision = decide(model, ask, ["busy", "idle"], now=NOW)
     assert (decision.node, decision.fitted) == ("idle", 2)
     assert (decision.failed, decision.unresolvable) == ({}, {})
     first = decide(model, ask_of(), ["busy", "idle"], now=NOW)
     assert (first.node, first.fitted) == ("busy", 1)
+
+
+def test_a_node_without_the_cores_asked_left_on_any_gpu_is_skipped_unfitted_and_explained() -> None:
+    model = model_of(
+        node("busy"),
+        node("idle"),
+        pods=(holding("x", "busy", dev("GPU-busy-0", 100, 90), dev("GPU-busy-1", 100, 90)),),
+    )
+    # Slots and memory left on both GPUs, 10 cores on each: binpack would try it first.
+    ask = ask_of(container(gpu=1, gpumem=100, gpucores=20), **{keys.NODE_SCHEDULER_POLICY: "binpack"})
+    decision = decide(model, ask, ["busy", "idle"], now=NOW)
+    assert (decision.node, decision.fitted) == ("idle", 1)
+    alone = decide(model, ask, ["busy"], now=NOW)
+    assert (alone.node, alone.fitted) == (None, 0)
+    assert texts(alone.failed) == {"busy": "2/2 CardInsufficientCore"}
+    assert model.nodes["busy"].max_free_cores == 10
 
 
 # -- cooperative mode -------------------------------------------------------------------------------------

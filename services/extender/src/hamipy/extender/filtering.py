@@ -1,7 +1,7 @@
 """The filter decision over many nodes (pure).
 
 HAMi mode (``decide(..., all_feasible=False)``): nodes that pass a cheap summary check (usable,
-enough GPUs with a free slot, enough memory on the freest GPU, a GPU type the pod accepts; each
+enough GPUs with a free slot, enough memory and cores on the freest, a GPU type the pod accepts; each
 O(1) from ``NodeState``'s summary) are taken in node-policy order (the model keeps that order,
 ``hamipy.extender.node_order``) and fitted best first; the first that fits is the choice. Nothing
 else is checked or fitted on that path, which keeps a filter over thousands of nodes well under a
@@ -215,16 +215,19 @@ def decide(
 
 def _summary_check(ask: PodAsk, now: float, locks: LockRule | None) -> Callable[[NodeState], bool]:
     """The cheap check a node passes before it is fitted: enough GPUs with a free slot, enough
-    memory on the freest, usable (``NodeState.usable``), a GPU type the pod accepts, no lock that
-    would keep the bind waiting. Each O(1) from the node's summary."""
+    memory and enough cores on the freest of them, usable (``NodeState.usable``), a GPU type the
+    pod accepts, no lock that would keep the bind waiting. Each O(1) from the node's summary: under
+    binpack the fullest nodes come first, and one whose GPUs have slots but no cores left would
+    otherwise be fitted, and fail, on every filter."""
     cache: dict[tuple[str, ...], bool] = {}
-    max_count, max_mem = ask.max_count, ask.max_memory_mib
+    max_count, max_mem, max_cores = ask.max_count, ask.max_memory_mib, ask.max_cores
     typed = bool(ask.prefs.use_types or ask.prefs.nouse_types)
 
     def passes(node: NodeState) -> bool:
         return not (
             node.free_slot_gpus < max_count
             or node.max_free_mem < max_mem
+            or node.max_free_cores < max_cores
             or not node.registered
             or node.problem is not None
             or node.bad_pods

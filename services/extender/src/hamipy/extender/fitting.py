@@ -114,6 +114,11 @@ class PodAsk:
         return all(r.memory_mib is not None for r in self.slots if r is not None)
 
     @property
+    def max_cores(self) -> int:
+        """The most cores one container asks per GPU."""
+        return max((r.cores for r in self.slots if r is not None), default=0)
+
+    @property
     def max_memory_mib(self) -> int:
         """The most fixed MiB one container asks per GPU (0 when all ask percentages)."""
         return max((r.memory_mib or 0 for r in self.slots if r is not None), default=0)

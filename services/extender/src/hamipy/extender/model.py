@@ -139,7 +139,8 @@ class Gpu:
 class NodeState:
     """One node as the scheduler sees it. ``gpus`` are ordered by NVML index.
 
-    The summary fields (``score``, ``free_slot_gpus``, ``max_free_mem``, ``type_key``) are kept
+    The summary fields (``score``, ``free_slot_gpus``, ``max_free_mem``, ``max_free_cores``,
+    ``type_key``) are kept
     current by the model so that a filter can rank and skip nodes without looking at their GPUs.
     """
 
@@ -166,6 +167,8 @@ class NodeState:
     score: float = 0.0
     free_slot_gpus: int = 0
     max_free_mem: int = 0
+    max_free_cores: int = 0
+    """The most cores left on one usable GPU with a free slot (as ``max_free_mem`` for memory)."""
     type_key: tuple[str, ...] = ()
 
     def usable(self, now: float) -> bool:
@@ -190,7 +193,7 @@ class NodeState:
         slots = cores = mem = 0
         total_slots = total_cores = total_mem = 0
         free_slot_gpus = 0
-        max_free_mem = 0
+        max_free_mem = max_free_cores = 0
         for gpu in self.gpus:
             slots += gpu.used_slots
             cores += gpu.used_cores
@@ -201,6 +204,7 @@ class NodeState:
             if gpu.health and not gpu.cordoned and gpu.used_slots < gpu.count:
                 free_slot_gpus += 1
                 max_free_mem = max(max_free_mem, gpu.devmem - gpu.used_mem)
+                max_free_cores = max(max_free_cores, gpu.devcore - gpu.used_cores)
         # HAMi's node score (policy.NodeScore.ComputeScore): usage ratios before placement.
         self.score = (
             (slots / total_slots if total_slots else 0.0)
@@ -209,6 +213,7 @@ class NodeState:
         )
         self.free_slot_gpus = free_slot_gpus
         self.max_free_mem = max_free_mem
+        self.max_free_cores = max_free_cores
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
