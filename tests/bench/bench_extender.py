@@ -11,7 +11,9 @@ so this is the worst case). "in-process" is ``Scheduler.filter`` on the decoded 
 (decision, reservation, span, metrics, event queueing; the reservation is dropped after each call so
 every call sees the same cluster); "HTTP" is a POST to a local aiohttp server from an aiohttp client
 (JSON encode/decode both ways included). A "no node fits" case is reported too: it explains every
-node, the slow path a pod that fits nowhere takes.
+node, the slow path a pod that fits nowhere takes; and "cores taken", half the nodes with 90 % of
+each GPU's cores used (binpack ranks them first, the pod fits none of them), with how many nodes a
+filter fitted.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 import aiohttp
 from _results import percentiles_us, record, time_calls
 
-from hamipy.extender.model import PodUid
+from hamipy.extender.filtering import build_ask, decide
+from hamipy.extender.model import PodUid, now_epoch
 from hamipy.extender.server import ExtenderServer
 from hamipy.extender.settings import ExtenderSettings
 from hamipy.extender.telemetry import Telemetry
@@ -129,6 +132,36 @@ def in_process(server: ExtenderServer, args: dict[str, Any], iterations: int) ->
     return time_calls(call, iterations=iterations, warmup=50)
 
 
+def cores_taken(server: ExtenderServer, args: dict[str, Any], iterations: int) -> dict[str, Any]:
+    """The filter once half the nodes have 90 % of every GPU's cores taken, slots and memory left:
+    binpack ranks those first, and the pod's 20 % fits none of them. Reports how many nodes a
+    filter fitted (the summary check skips them unfitted when it knows each node's freest cores)."""
+    names = list(server.model.nodes)
+    for i, name in enumerate(names[: len(names) // 2]):
+        for g in range(GPUS):
+            dev = ContainerDevice(f"GPU-{i:05d}-{g}", "NVIDIA", 1024, 90)
+            server.model.apply_pod(
+                "ADDED",
+                {
+                    "metadata": {
+                        "name": f"busy-{i}-{g}",
+                        "namespace": "work",
+                        "uid": f"uid-busy-{i}-{g}",
+                        "annotations": {keys.DEVICES_ALLOCATED: encode_pod_devices([[dev]])},
+                    },
+                    "spec": {"nodeName": name, "containers": [{"name": "main"}]},
+                    "status": {"phase": "Running"},
+                },
+            )
+    ask = build_ask(args["Pod"], server.config)
+    decision = decide(server.model, ask, args["NodeNames"], now=now_epoch())
+    assert decision.node is not None
+    assert decision.node not in names[: len(names) // 2]
+    figures: dict[str, Any] = percentiles_us(in_process(server, args, iterations))
+    figures["nodes_fitted"] = decision.fitted
+    return figures
+
+
 async def over_http(server: ExtenderServer, args: dict[str, Any], iterations: int) -> list[float]:
     body = json.dumps(args).encode()
     await server.start()
@@ -222,6 +255,7 @@ def main() -> None:
         figures[f"http_{nodes}"] = http
         figures[f"no_fit_in_process_{nodes}"] = nofit
         figures[f"scrape_{nodes}"] = asyncio.run(scrape(server, 5))
+        figures[f"cores_taken_in_process_{nodes}"] = cores_taken(server, args, opts.iterations)
     for key, target in TARGETS_US.items():
         if key in figures:
             figures[key]["target_p99_us"] = target
