@@ -11,7 +11,8 @@ so this is the worst case). "in-process" is ``Scheduler.filter`` on the decoded 
 (decision, reservation, span, metrics, event queueing; the reservation is dropped after each call so
 every call sees the same cluster); "HTTP" is a POST to a local aiohttp server from an aiohttp client
 (JSON encode/decode both ways included). A "no node fits" case is reported too: it explains every
-node, the slow path a pod that fits nowhere takes; and "cores taken", half the nodes with 90 % of
+node, the slow path a pod that fits nowhere takes ("first": nothing explained before; else the same
+pod again, its nodes unchanged, as kube-scheduler retries it); and "cores taken", half the nodes with 90 % of
 each GPU's cores used (binpack ranks them first, the pod fits none of them), with how many nodes a
 filter fitted.
 """
@@ -35,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import aiohttp
 from _results import percentiles_us, record, time_calls
 
+from hamipy.extender.explanations import Explanations
 from hamipy.extender.filtering import build_ask, decide
 from hamipy.extender.model import PodUid, now_epoch
 from hamipy.extender.server import ExtenderServer
@@ -130,6 +132,12 @@ def in_process(server: ExtenderServer, args: dict[str, Any], iterations: int) ->
         model.release(PodUid("uid-new"))
 
     return time_calls(call, iterations=iterations, warmup=50)
+
+
+def filter_cold(server: ExtenderServer, args: dict[str, Any]) -> None:
+    """A filter with nothing explained before (``Scheduler.explanations`` empty)."""
+    server.scheduler.explanations = Explanations()
+    server.scheduler.filter(args)
 
 
 def cores_taken(server: ExtenderServer, args: dict[str, Any], iterations: int) -> dict[str, Any]:
@@ -250,10 +258,14 @@ def main() -> None:
         nofit = percentiles_us(
             time_calls(functools.partial(server.scheduler.filter, nofit_args), iterations=50, warmup=5)
         )
+        nofit_first = percentiles_us(
+            time_calls(functools.partial(filter_cold, server, nofit_args), iterations=20, warmup=2)
+        )
         http = percentiles_us(asyncio.run(over_http(server, args, opts.iterations)))
         figures[f"in_process_{nodes}"] = proc
         figures[f"http_{nodes}"] = http
         figures[f"no_fit_in_process_{nodes}"] = nofit
+        figures[f"no_fit_first_in_process_{nodes}"] = nofit_first
         figures[f"scrape_{nodes}"] = asyncio.run(scrape(server, 5))
         figures[f"cores_taken_in_process_{nodes}"] = cores_taken(server, args, opts.iterations)
     for key, target in TARGETS_US.items():

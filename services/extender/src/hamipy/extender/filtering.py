@@ -21,6 +21,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Final
 
+from hamipy.extender.explanations import Explained, Explanations
 from hamipy.extender.fitting import Fit, NodeReasons, PodAsk, fit_pod
 from hamipy.extender.model import ClusterModel, NodeState, PodUid, charge_of, pod_usage
 from hamipy.extender.quota import QUOTA_EXCEEDED
@@ -174,11 +175,13 @@ def decide(
     all_feasible: bool = False,
     locks: LockRule | None = None,
     quota: QuotaCheck | None = None,
+    explained: Explanations | None = None,
 ) -> Decision:
     """Choose (or list) nodes among ``names`` for ``ask``; see the module docstring. With ``locks``,
     a node whose lock would keep the bind waiting until it times out is not chosen; with ``quota``,
     a fit the namespace's quota refuses is not either (when the pod's charge is the same on every
-    node, the first refusal ends the search)."""
+    node, the first refusal ends the search). With ``explained``, a node explained before for the
+    same ask and not changed since is not fitted again (``hamipy.extender.explanations``)."""
     get = model.nodes.get
     decision = Decision()
     names = list(names)
@@ -195,7 +198,7 @@ def decide(
             if decision.quota is not None and ask.fixed_charge:
                 break
         if not decision.feasible:
-            _explain(model, ask, names, now, decision, locks)
+            _explain(model, ask, names, now, decision, locks, explained)
         return decision
     for name in _in_policy_order(model, names, binpack=ask.node_policy == "binpack"):
         node = get(name)
@@ -209,7 +212,7 @@ def decide(
                 return decision
             if ask.fixed_charge:
                 break
-    _explain(model, ask, names, now, decision, locks)
+    _explain(model, ask, names, now, decision, locks, explained)
     return decision
 
 
@@ -259,15 +262,14 @@ def _explain(
     now: float,
     decision: Decision,
     locks: LockRule | None,
+    explained: Explanations | None,
 ) -> None:
     if decision.quota is not None:
         # A fit its quota refused: the quota is what keeps the pod out, whatever else each node lacks.
         refused = NodeReasons.of_node(QUOTA_EXCEEDED, decision.quota)
         decision.failed.update(dict.fromkeys(names, refused))
         return
-    # Whether a node could ever fit depends only on its GPUs' shape (not their UUIDs, unless the
-    # pod names UUIDs): one empty fit per shape, not per node.
-    by_uuid = bool(ask.prefs.use_uuids or ask.prefs.nouse_uuids)
+    known = explained.of(ask, nodes=len(model.nodes)) if explained is not None else {}
     ever: dict[tuple[tuple[Any, ...], ...], bool] = {}
     for name in names:
         node = model.nodes.get(name)
@@ -284,30 +286,40 @@ def _explain(
             held = f"{lock.namespace}/{lock.name} since {lock.time.isoformat()}"
             decision.failed[name] = NodeReasons.of_node(NODE_LOCK_HELD, f"node lock held by {held}")
         else:
-            fit: Fit = fit_pod(node, ask)
-            if fit.ok:
+            entry = known.get(name)
+            if entry is None or entry.state is not node or entry.version != node.version:
+                entry = known[name] = _explained(node, ask, ever)
+            if entry.reasons is None:
                 continue  # fits after all (only possible when asked twice); not a failure
-            shape = tuple(
-                (
-                    g.uuid if by_uuid else "",
-                    g.count,
-                    g.devmem,
-                    g.devcore,
-                    g.type,
-                    g.mode,
-                    g.numa,
-                    g.health,
-                    g.cordoned,
-                )
-                for g in node.gpus
-            )
-            possible = ever.get(shape)
-            if possible is None:
-                possible = ever[shape] = fit_pod(node, ask, empty=True).ok
-            if possible:
-                decision.failed[name] = fit.why()
-            else:
-                decision.unresolvable[name] = fit.why()
+            (decision.failed if entry.possible else decision.unresolvable)[name] = entry.reasons
+
+
+def _explained(node: NodeState, ask: PodAsk, ever: dict[tuple[tuple[Any, ...], ...], bool]) -> Explained:
+    """Why ``node`` does not fit ``ask`` now, and whether it could if it were empty. Whether a node
+    could ever fit depends only on its GPUs' shape (not their UUIDs, unless the pod names UUIDs):
+    one empty fit per shape (``ever``), not per node."""
+    fit: Fit = fit_pod(node, ask)
+    if fit.ok:
+        return Explained(node, node.version, None, True)
+    by_uuid = bool(ask.prefs.use_uuids or ask.prefs.nouse_uuids)
+    shape = tuple(
+        (
+            g.uuid if by_uuid else "",
+            g.count,
+            g.devmem,
+            g.devcore,
+            g.type,
+            g.mode,
+            g.numa,
+            g.health,
+            g.cordoned,
+        )
+        for g in node.gpus
+    )
+    possible = ever.get(shape)
+    if possible is None:
+        possible = ever[shape] = fit_pod(node, ask, empty=True).ok
+    return Explained(node, node.version, fit.why(), possible)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

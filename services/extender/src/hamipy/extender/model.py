@@ -170,6 +170,9 @@ class NodeState:
     max_free_cores: int = 0
     """The most cores left on one usable GPU with a free slot (as ``max_free_mem`` for memory)."""
     type_key: tuple[str, ...] = ()
+    version: int = 0
+    """Bumped whenever the GPUs' usage changes (``ClusterModel._summarize``): with the object's
+    identity (re-registered GPUs make a new one), it says whether a fit could differ from before."""
 
     def usable(self, now: float) -> bool:
         """Registered, decodable, alive (handshake rule) and holding no malformed allocation."""
@@ -604,8 +607,9 @@ class ClusterModel:
         self._summarize(state)
 
     def _summarize(self, state: NodeState) -> None:
-        """After ``state``'s usage or GPUs changed: its summary, and its place in ``order``."""
+        """After ``state``'s usage or GPUs changed: its summary, its version, its place in ``order``."""
         state.refresh_summary()
+        state.version += 1
         self.order.put(state.name, state.score)
 
     @staticmethod

@@ -22,6 +22,7 @@ from opentelemetry import trace
 from hamipy.extender.binding import Binder
 from hamipy.extender.errors import BindRefused
 from hamipy.extender.eviction import Evictor
+from hamipy.extender.explanations import Explanations
 from hamipy.extender.filtering import Decision, LockRule, build_ask, decide, quota_check, summarize
 from hamipy.extender.fitting import NodeReasons, PodAsk
 from hamipy.extender.model import ClusterModel, NodeName, Nomination, PendingPod, PodUid, now_epoch
@@ -112,6 +113,8 @@ class Scheduler:
         """Told of each watched pod no node fits (``hamipy.extender.requeue.Requeuer.refused``)."""
         self.clock = clock
         self._traceparents: dict[str, str] = {}
+        self.explanations = Explanations()
+        """Nodes explained for pods that fit nowhere, reused while unchanged (``explanations``)."""
         # Per pending pod: its last failure's detail and how many identical ones followed it.
         self._last_failure: dict[str, tuple[str, int]] = {}
 
@@ -210,6 +213,7 @@ class Scheduler:
             all_feasible=self.settings.cooperative,
             locks=locks,
             quota=quota_check(self.model, str(meta.get("namespace", "")), ask, uid),
+            explained=self.explanations,
         )
         if self.settings.cooperative and decision.feasible:
             chosen = [name for name, _, _ in decision.feasible]
