@@ -30,6 +30,7 @@ run-to-completion init containers and over-allocates).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections import Counter
 from collections.abc import Sequence
 from typing import Final
@@ -148,9 +149,18 @@ class NodeReasons:
     def text(self) -> str:
         """HAMi's wording: ``1/8 CardInsufficientMemory, 7/8 CardTimeSlicingExhausted``; a node-level
         cause alone (``NodeUnregistered``, ``InvalidRequest: <detail>``)."""
-        if not self.n_gpus:
-            return ", ".join(f"{cause}: {self.detail}" if self.detail else cause for cause, _ in self.causes)
-        return ", ".join(f"{count}/{self.n_gpus} {cause}" for cause, count in self.causes)
+        if self.detail and not self.n_gpus:  # may quote a tenant's annotation: never kept
+            return ", ".join(f"{cause}: {self.detail}" for cause, _ in self.causes)
+        return _reasons_text(self.causes, self.n_gpus)
+
+
+@functools.lru_cache(maxsize=1024)
+def _reasons_text(causes: tuple[tuple[str, int], ...], n_gpus: int) -> str:
+    # Memoised: a filter that fits nowhere writes a text per node, and across nodes (and pods)
+    # the reasons are mostly the same few (causes are HAMi's fixed names, counts up to the GPUs).
+    if not n_gpus:
+        return ", ".join(cause for cause, _ in causes)
+    return ", ".join(f"{count}/{n_gpus} {cause}" for cause, count in causes)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
