@@ -63,6 +63,9 @@ extender's own CPU comes from beside it, as in a cluster where it runs with a CP
 own. Without it every process shares every CPU, and the rate follows the CPU each pod costs them all.
 ``--bench-beside-control-plane`` moves this process to the control plane's CPUs, leaving the others
 to the extenders and the probe alone (the extender as with a guaranteed CPU of its own).
+``--backlog N`` creates, before each phase's burst, N pods that fit no node (``waiting_pods``), the
+backlog of a busy GPU cluster: kube-scheduler tries them again after backoffs and on cluster events,
+so the extender answers filters that fit nowhere while the binds run.
 
 Part 2, one node: a simulated GPU node with 8 GPUs, its real device-plugin process over the fake
 NVML driver and the kubelet stand-in, and an extender in this process; 40 identical pods (1 GPU,
@@ -137,6 +140,9 @@ from hamipy.protocol.node_handshake import plugin_report
 
 ROOT = Path(__file__).resolve().parents[2]
 GPUS = 8
+GPU_SPLIT = 10
+"""Pods a GPU of the bench's nodes takes (its split count)."""
+GPU_MEM_MIB = 40960
 TARGET_PODS_PER_S = 200.0
 TIMEOUT_S = 600.0
 DELETE_TIMEOUT_S = 180.0
@@ -191,6 +197,19 @@ def our_limits(mem: int, cores: int) -> dict[str, str]:
 BARE_LIMITS: Mapping[str, str] = {keys.RESOURCE_COUNT: "1"}
 """The bare phase's pods: one ``nvidia.com/gpu``, which kube-scheduler fits against capacity itself."""
 OUR_LIMITS: Mapping[str, str] = our_limits(2000, 5)
+
+
+def waiting_pods(count: int, *, extender: bool) -> list[dict[str, Any]]:
+    """``count`` pods that fit no node, as a backlog waiting for GPUs: with an extender, ours asking
+    1 MiB more than a GPU has (kube-scheduler passes them to the extender, which fits them nowhere);
+    without, more GPUs than a node has (kube-scheduler itself refuses them). kube-scheduler tries
+    them again after a backoff and on cluster events, throughout the phase."""
+    limits = (
+        {**OUR_LIMITS, keys.RESOURCE_MEMORY: str(GPU_MEM_MIB + 1)}
+        if extender
+        else {keys.RESOURCE_COUNT: str(GPUS * GPU_SPLIT + 1)}
+    )
+    return [gpu_pod(f"wait-{i:05d}", selector={"bench": "rate"}, limits=limits) for i in range(count)]
 
 
 async def create_all(api: Any, namespace: str, bodies: list[dict[str, Any]]) -> dict[str, float]:
@@ -398,7 +417,15 @@ async def add_nodes(pool: NodePool, nodes: int) -> float:
     for i in range(nodes):
         devices = [
             DeviceInfo(
-                f"GPU-{i:05d}-{g}", g, 10, 40960, 100, "NVIDIA-A100-SXM4-40GB", g // 4, "hami-core", True
+                f"GPU-{i:05d}-{g}",
+                g,
+                GPU_SPLIT,
+                GPU_MEM_MIB,
+                100,
+                "NVIDIA-A100-SXM4-40GB",
+                g // 4,
+                "hami-core",
+                True,
             )
             for g in range(GPUS)
         ]
@@ -407,7 +434,7 @@ async def add_nodes(pool: NodePool, nodes: int) -> float:
                 name=f"bench-{i:05d}",
                 labels={"bench": "rate"},
                 annotations={keys.NODE_REGISTER: encode_node_devices(devices), **report},
-                capacity={keys.RESOURCE_COUNT: str(GPUS * 10)},
+                capacity={keys.RESOURCE_COUNT: str(GPUS * GPU_SPLIT)},
             )
         )
     return time.perf_counter() - started
@@ -431,6 +458,8 @@ class Bench:
     when the extender runs with its own CPU request beside a busy control plane)."""
     split: CpuSplit | None = None
     """``--split-cpus``: the control plane on CPUs of its own (``CpuSplit``)."""
+    backlog: int = 0
+    """``--backlog N``: pods that fit nowhere, created before each phase's burst (``waiting_pods``)."""
 
     def pin(self, extenders: list[ExtenderProcess]) -> None:
         """Apply ``split`` to every process of the phase (kube-scheduler is new in each)."""
@@ -510,6 +539,8 @@ async def placement_phase(bench: Bench, round_no: int, phase: str) -> dict[str, 
             target = extenders[0].url
         config = dataclasses.replace(scheduler_config(target), ignored_resources=ignored)
         await asyncio.to_thread(cluster.start_scheduler, config, name="hami")
+        if bench.backlog:
+            await create_all(api, namespace, waiting_pods(bench.backlog, extender=target is not None))
         bodies = [
             gpu_pod(f"rate-{i:05d}", selector={"bench": "rate"}, limits=limits) for i in range(bench.pods)
         ]
@@ -586,6 +617,7 @@ async def placement_phase(bench: Bench, round_no: int, phase: str) -> dict[str, 
         "pod_limits": dict(limits),
         "nodes": bench.nodes,
         "pods": bench.pods,
+        "backlog": bench.backlog,
         "quiet_wait_s": round(settled_s, 1),
         "created_in_s": round(max(created.values()) - first, 2),
         "all_bound_in_s": round(elapsed, 2),
@@ -794,6 +826,7 @@ async def run(
     favour: int = 0,
     split: CpuSplit | None = None,
     phases_run: Sequence[str] = PHASES,
+    backlog: int = 0,
 ) -> dict[str, Any]:
     with (
         tempfile.TemporaryDirectory(prefix="hamipy-e2e-", dir="/tmp") as tmp,
@@ -802,6 +835,7 @@ async def run(
         async with cluster.api_client() as api:
             bench = Bench(cluster, api, RequestCounter(api), Path(tmp) / "extenders", nodes, pods)
             bench.filter_probe, bench.favour, bench.split = filter_probe, favour, split
+            bench.backlog = backlog
             async with NodePool(api, heartbeat_interval_s=300) as pool:
                 nodes_s = await add_nodes(pool, nodes)
                 # kube-controller-manager's TTL controller annotates every new node, 20 a second.
@@ -876,6 +910,14 @@ def main() -> None:
         " the extenders and the probe alone",
     )
     parser.add_argument(
+        "--backlog",
+        type=int,
+        default=0,
+        metavar="N",
+        help="before each phase's burst, N pods that fit no node (a backlog waiting for GPUs, retried"
+        " by kube-scheduler throughout)",
+    )
+    parser.add_argument(
         "--phases",
         type=lambda text: [ph for ph in text.split(",") if ph],
         default=list(PHASES),
@@ -889,6 +931,8 @@ def main() -> None:
         parser.error("--bench-beside-control-plane needs --split-cpus")
     if args.rounds < 1 or args.pods < 1 or args.nodes < 1:
         parser.error("--nodes, --pods and --rounds must be at least 1")
+    if args.backlog < 0:
+        parser.error("--backlog must be at least 0")
 
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
@@ -905,6 +949,7 @@ def main() -> None:
             if args.split_cpus
             else None,
             phases_run=["bare", *(ph for ph in args.phases if ph != "bare")],
+            backlog=args.backlog,
         )
     )
     print(
