@@ -10,13 +10,14 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from builders import gpu
+from builders import allocation, container, gpu
 from extender_fakes import BIND_SETTINGS, REPORTED, BindRig, bind_rig, node, our_node, pod
 
 from hamipy.extender.errors import BindRefused
 from hamipy.extender.invariant import check_cluster
 from hamipy.extender.model import ClusterModel, PodUid
 from hamipy.protocol import decode_pod_devices, keys
+from hamipy.protocol.devices import ContainerDevice
 
 NOW = datetime(2026, 11, 24, 10, 0, tzinfo=UTC)
 
@@ -195,3 +196,56 @@ async def test_an_expired_lock_does_not_stop_the_model_path() -> None:
     r.add_watched_pod(pod("p"))
     await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
     assert path_count(r, "model") == 1
+
+
+# -- what a bind reports freed (requeue nudges) -------------------------------------------------------
+
+
+def reported_freed(r: BindRig) -> list[str | None]:
+    """The model's ``on_freed`` calls from now on (what wakes the pods the filter refused)."""
+    calls: list[str | None] = []
+    r.model.on_freed = calls.append
+    return calls
+
+
+async def test_a_bind_onto_its_reserved_gpus_reports_nothing_freed() -> None:
+    r = rig()
+    r.add_watched_pod(pod("p"))
+    r.scheduler.filter({"Pod": pod("p"), "NodeNames": ["n"]})
+    freed = reported_freed(r)
+    await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+    assert r.kube.pods[("ns", "p")]["spec"]["nodeName"] == "n"
+    assert freed == []
+
+
+async def test_a_bind_elsewhere_than_its_reservation_reports_the_reserved_node_freed() -> None:
+    r = rig(our_node("n", [gpu("A", 0, count=2)]), our_node("m", [gpu("B", 0, count=2)]))
+    r.add_watched_pod(pod("p"))
+    reserved = r.scheduler.filter({"Pod": pod("p"), "NodeNames": ["n"]})["NodeNames"]
+    assert reserved == ["n"]
+    freed = reported_freed(r)
+    await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="m")
+    assert r.kube.pods[("ns", "p")]["spec"]["nodeName"] == "m"
+    assert freed == ["n"]
+
+
+async def test_a_refused_bind_reports_its_reservation_freed() -> None:
+    r = rig()
+    r.add_watched_pod(pod("p"))
+    r.scheduler.filter({"Pod": pod("p"), "NodeNames": ["n"]})
+    # Meanwhile another pod took both slots of n's only GPU: p no longer fits.
+    both = [[ContainerDevice("A", keys.DEVICE_VENDOR_NVIDIA, 100, 0)] for _ in range(2)]
+    x = pod(
+        "x",
+        container(gpu=1),
+        container(gpu=1),
+        node_name="n",
+        phase="Running",
+        annotations=allocation(allocated=both),
+    )
+    r.model.apply_pod("ADDED", x)
+    freed = reported_freed(r)
+    with pytest.raises(BindRefused, match="no longer fits"):
+        await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+    assert PodUid("uid-ns-p") not in r.model.contributions
+    assert freed == ["n"]

@@ -272,12 +272,21 @@ class Binder:
             self.model.release(uid)
             raise BindRefused(f"node {target.node} no longer exists")
         reservation = self.model.contributions.get(uid)
-        preferred = None
-        if reservation is not None and reservation.source == "reserved" and reservation.node == target.node:
-            preferred = reservation.devices
-        self.model.release(uid)  # its own reservation must not count against it
-        devices = self._choose(state, ask, preferred)
-        self._within_quota(target, ask, devices)
+        held = reservation if reservation is not None and reservation.source == "reserved" else None
+        preferred = held.devices if held is not None and held.node == target.node else None
+        # Its own reservation must not count against it. Quietly: the bind takes those GPUs again at
+        # once, and reporting them freed would wake every refused pod for nothing (a node PATCH a
+        # second during a burst, docs/extender.md#requeueing-refused-pods).
+        self.model.release(uid, quiet=True)
+        try:
+            devices = self._choose(state, ask, preferred)
+            self._within_quota(target, ask, devices)
+        except BaseException:
+            if held is not None:
+                self.model.freed(held.node)  # refused: what it held is free after all
+            raise
+        if held is not None and (held.node != target.node or held.devices != devices):
+            self.model.freed(held.node)
         # No ``hami.io/vgpu-node`` label here: only HAMi's components read it, and they do not
         # serve this node; a second write of every pod was a third of the API cost of a bind.
         await self._write(target, pod, ask, devices, fresh=None, fenced=True)

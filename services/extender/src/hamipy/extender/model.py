@@ -582,7 +582,7 @@ class ClusterModel:
             state.bad_pods = old.bad_pods
         self.nodes[name] = state
         self._recount(state)
-        self._freed(NodeName(name))
+        self.freed(NodeName(name))
         return [problem] if problem else []
 
     def replace_nodes(self, nodes: Iterable[Mapping[str, Any]]) -> list[Problem]:
@@ -625,7 +625,7 @@ class ClusterModel:
 
     # -- contributions --------------------------------------------------------------------------
 
-    def _set(self, contribution: Contribution | None, uid: PodUid) -> None:
+    def _set(self, contribution: Contribution | None, uid: PodUid, *, quiet: bool = False) -> None:
         old = self.contributions.pop(uid, None)
         if old is not None:
             self._charge(old, -1)
@@ -636,8 +636,8 @@ class ClusterModel:
                 self._add_usage(state, old.usage, -1)
                 if contribution is None or contribution.node != old.node:
                     self._summarize(state)
-            if contribution is None or contribution.node != old.node:
-                self._freed(old.node)
+            if not quiet and (contribution is None or contribution.node != old.node):
+                self.freed(old.node)
         if contribution is not None:
             self.contributions[uid] = contribution
             self._charge(contribution, 1)
@@ -651,14 +651,15 @@ class ClusterModel:
                 heapq.heappush(self._expiry, (contribution.expires_at, uid))
         self.generation += 1
 
-    def _freed(self, node: NodeName | None) -> None:
+    def freed(self, node: NodeName | None) -> None:
+        """Report that capacity may have grown (on ``node``, or anywhere for None): ``on_freed``."""
         if self.on_freed is not None:
             self.on_freed(node)
 
     def quotas_changed(self) -> None:
         """The ResourceQuota feed changed a namespace's GPU limits."""
         self.generation += 1
-        self._freed(None)
+        self.freed(None)
 
     def _charge(self, contribution: Contribution, sign: int) -> None:
         mem, cores = charge_of(contribution.usage)
@@ -861,11 +862,13 @@ class ClusterModel:
             uid,
         )
 
-    def release(self, uid: PodUid, *, only_reserved: bool = True) -> None:
-        """Drop the pod's reservation (or, with ``only_reserved=False``, whatever it holds)."""
+    def release(self, uid: PodUid, *, only_reserved: bool = True, quiet: bool = False) -> None:
+        """Drop the pod's reservation (or, with ``only_reserved=False``, whatever it holds). With
+        ``quiet`` nothing is reported ``freed``: the caller takes the GPUs again at once (a bind of
+        the reserved pod), and reports ``freed`` itself when it does not."""
         current = self.contributions.get(uid)
         if current is not None and (current.source == "reserved" or not only_reserved):
-            self._set(None, uid)
+            self._set(None, uid, quiet=quiet)
 
     def expire(self, now: float) -> int:
         """Drop reservations whose time is up; returns how many."""
