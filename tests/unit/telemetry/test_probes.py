@@ -60,6 +60,25 @@ async def test_metrics_rendered_in_chunks_are_served_whole_with_their_length() -
     assert body == b"".join(chunks)
 
 
+async def test_a_head_of_chunked_metrics_gets_the_headers_alone_and_the_connection_stays_usable() -> None:
+    async def render() -> list[bytes]:
+        return [b"a 1\n", b"b 2\n"]
+
+    server = await start_probe_server(host="127.0.0.1", port=0, render=render, not_ready=lambda: None)
+    url = f"http://127.0.0.1:{server.port}/metrics"
+    try:
+        connector = aiohttp.TCPConnector(limit=1)  # one connection: the GET reuses the HEAD's
+        async with aiohttp.ClientSession(
+            connector=connector, timeout=aiohttp.ClientTimeout(total=10)
+        ) as session:
+            async with session.head(url) as resp:
+                assert (resp.status, resp.headers["Content-Length"], await resp.read()) == (200, "8", b"")
+            async with session.get(url) as resp:
+                assert (resp.status, await resp.read()) == (200, b"a 1\nb 2\n")
+    finally:
+        await server.close()
+
+
 async def test_a_client_that_never_sends_its_request_is_cut_and_probes_still_answer() -> None:
     limits = HttpLimits(header_timeout_s=0.3, body_timeout_s=0.3, keepalive_timeout_s=1, max_connections=2)
     server = await start_probe_server(

@@ -28,8 +28,9 @@ async def metrics_response(request: web.Request, body: bytes | Sequence[bytes]) 
     response = web.StreamResponse(headers={"Content-Type": CONTENT_TYPE_LATEST})
     response.content_length = sum(len(chunk) for chunk in body)
     await response.prepare(request)
-    for chunk in body:
-        await response.write(chunk)
+    if request.method != "HEAD":  # a StreamResponse would write the body after a HEAD's headers
+        for chunk in body:
+            await response.write(chunk)
     await response.write_eof()
     return response
 
