@@ -1,10 +1,10 @@
 """The filter decision over many nodes (pure).
 
 HAMi mode (``decide(..., all_feasible=False)``): nodes that pass a cheap summary check (usable,
-enough GPUs with a free slot, enough memory and cores on the freest, a GPU type the pod accepts; each
-O(1) from ``NodeState``'s summary) are taken in node-policy order (the model keeps that order,
+enough GPUs with a free slot, enough memory and cores on the freest, a GPU type the pod accepts;
+each O(1) from ``NodeState``'s summary) are taken in node-policy order (the model keeps that order,
 ``hamipy.extender.node_order``) and fitted best first; the first that fits is the choice. Nothing
-else is checked or fitted on that path, which keeps a filter over thousands of nodes well under a
+else is checked or fitted on that path, which keeps a filter over a thousand nodes well under a
 millisecond. A node whose lock another pod has held for longer than a bind waits
 (``LockRule``) is passed over: a bind there would wait for it and time out
 (docs/extender.md#stuck-locks). Only when no node fits is every node explained: its reasons
@@ -161,9 +161,9 @@ def _types_ok(ask: PodAsk, type_key: tuple[str, ...], cache: dict[tuple[str, ...
 
 
 _WALK_SHARE: Final = 8
-"""Walk the model's kept node order when kube-scheduler sent at least 1/8 of the nodes: a skipped
-node costs a set lookup there, about a twentieth of ranking one sent name (measured, see
-docs/benchmarks.md); with fewer names, ranking just those is cheaper."""
+"""Walk the model's kept node order when kube-scheduler sent at least 1/8 of the nodes: a node
+passed over there costs a set lookup (about 0.05 us here), ranking one sent name about 0.7 us;
+with fewer names, ranking just those is cheaper."""
 
 
 def decide(
@@ -246,7 +246,7 @@ def _in_policy_order(model: ClusterModel, names: list[str], *, binpack: bool) ->
     """``names`` (each once) fullest node first (``binpack``) or emptiest first, ties by name."""
     wanted = set(names)
     if len(wanted) * _WALK_SHARE >= len(model.order):
-        return (name for name in model.order.names(binpack=binpack) if name in wanted)
+        return filter(wanted.__contains__, model.order.names(binpack=binpack))
     get = model.nodes.get
     keyed = [
         (-node.score if binpack else node.score, name) for name in wanted if (node := get(name)) is not None

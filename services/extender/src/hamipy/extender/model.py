@@ -140,8 +140,8 @@ class NodeState:
     """One node as the scheduler sees it. ``gpus`` are ordered by NVML index.
 
     The summary fields (``score``, ``free_slot_gpus``, ``max_free_mem``, ``max_free_cores``,
-    ``type_key``) are kept
-    current by the model so that a filter can rank and skip nodes without looking at their GPUs.
+    ``type_key``) are kept current by the model so that a filter can rank and skip nodes without
+    looking at their GPUs.
     """
 
     name: str

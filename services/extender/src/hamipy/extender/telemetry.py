@@ -55,8 +55,8 @@ _LINES_PER_CHUNK: Final = 4000
 
 async def gpu_gauges(model: ClusterModel, *, rows_per_step: int = ROWS_PER_STEP) -> list[bytes]:
     """HAMi's per-GPU and per-container gauges, read from the model when Prometheus scrapes, as
-    exposition text, a chunk per family (``hamipy.telemetry.exposition``: at 1,000 nodes these are
-    76,000 samples, 10 MB).
+    exposition text in chunks of at most ``_LINES_PER_CHUNK`` lines (``hamipy.telemetry.exposition``:
+    at 1,000 nodes these are 76,000 samples, 10 MB).
 
     Rendered on the event loop, which owns the model, in steps: the nodes and contributions are
     listed first (the loop may add and remove them between steps) and each GPU's seven values are
