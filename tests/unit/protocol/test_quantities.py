@@ -165,6 +165,19 @@ def test_error_is_a_value_error_naming_container_and_resource() -> None:
         parse_quantity("0.5", resource=RESOURCE, container=CONTAINER)
 
 
+def test_a_text_read_again_gives_the_same_answer_with_its_own_field() -> None:
+    # The arithmetic is cached per text (the API server's canonical "2k" comes with every filter and
+    # bind); the answer, and an error's field, stay those of each call.
+    for _ in range(2):
+        assert parse_quantity("2k", resource=RESOURCE) == 2000
+        for resource in (RESOURCE, "nvidia.com/gpucores"):
+            with pytest.raises(ProtocolError) as caught:
+                parse_quantity("0.5", resource=resource, container=CONTAINER)
+            assert caught.value.field == f"{CONTAINER} {resource}"
+    with pytest.raises(ProtocolError, match="larger than 1999"):
+        parse_quantity("2k", resource=RESOURCE, maximum=1999)  # the bound is each call's own
+
+
 def test_field_without_container_is_the_resource() -> None:
     assert quantity_field(RESOURCE) == RESOURCE
     assert quantity_field(RESOURCE, "container") == f"container {RESOURCE}"

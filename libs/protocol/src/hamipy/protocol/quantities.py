@@ -20,6 +20,7 @@ Arithmetic is exact (``fractions.Fraction``): ``"0.1Ki"`` is 102.4 and refused, 
 
 from __future__ import annotations
 
+import functools
 import re
 from fractions import Fraction
 from typing import Final, TypeGuard
@@ -95,9 +96,20 @@ def parse_quantity(
 def _parse_text(text: str, field: str) -> int:
     if len(text) > _MAX_TEXT:
         raise ProtocolError(field, text, f"is longer than {_MAX_TEXT} characters")
+    value = _exact(text)
+    if isinstance(value, str):
+        raise ProtocolError(field, text, value)
+    return value
+
+
+@functools.lru_cache(maxsize=256)
+def _exact(text: str) -> int | str:
+    """``text``'s whole number, or why it is none. Cached: the API server writes a quantity in its
+    canonical form (``2000`` comes back as ``"2k"``), so every filter and bind of a pod reads the
+    same few texts, and the exact arithmetic below costs 10-20 us each time."""
     match = _QUANTITY.fullmatch(text)
     if match is None or not (match["int"] or match["frac"]):
-        raise ProtocolError(field, text, "is not a Kubernetes quantity")
+        return "is not a Kubernetes quantity"
     digits = match["int"] + (match["frac"] or "")
     amount = Fraction(int(digits or "0"), 10 ** len(match["frac"] or ""))
     suffix = match["suffix"] or ""
@@ -106,10 +118,10 @@ def _parse_text(text: str, field: str) -> int:
     else:
         exponent = _DECIMAL[suffix] if suffix in _DECIMAL else int(suffix[1:])
         if abs(exponent) > _MAX_EXPONENT:
-            raise ProtocolError(field, text, "has an absurd exponent")
+            return "has an absurd exponent"
         amount *= Fraction(10) ** exponent
     if match["sign"] == "-":
         amount = -amount
     if amount.denominator != 1:
-        raise ProtocolError(field, text, "is not a whole number")
+        return "is not a whole number"
     return int(amount)
