@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 from aiohttp import web
+from opentelemetry import trace
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -174,6 +175,43 @@ def test_a_line_logged_in_a_span_carries_its_ids() -> None:
     context = span.get_span_context()
     assert (inside["trace_id"], inside["span_id"]) == (f"{context.trace_id:032x}", f"{context.span_id:016x}")
     assert "trace_id" not in after
+
+
+@pytest.mark.parametrize("record_unexported", [True, False])
+def test_unexported_spans_are_recorded_unless_the_service_says_not(record_unexported: bool) -> None:
+    out = io.StringIO()
+    logger = make_logger("hamipy-test", out)
+    provider = make_tracer_provider("hamipy-test", record_unexported=record_unexported)
+    parent = pod_trace_context({"metadata": {"annotations": {keys.TRACE_CONTEXT: SAMPLE_TRACEPARENT}}})
+    with provider.get_tracer("t").start_as_current_span("bind", context=parent) as span:
+        span.set_attribute("k8s.pod.name", "p")
+        logger.info("inside")
+    # The SDK's recording span, or a NonRecordingSpan that kept nothing.
+    assert isinstance(span, trace.NonRecordingSpan) is not record_unexported
+    context = span.get_span_context()
+    assert f"{context.trace_id:032x}" == "0af7651916cd43dd8448eb211c80319c"  # the pod's trace goes on
+    assert context.span_id not in (0, 0xB7AD6B7169203331)  # a span id of its own, as before
+    line = json.loads(out.getvalue())
+    assert (line["trace_id"], line["span_id"]) == (f"{context.trace_id:032x}", f"{context.span_id:016x}")
+
+
+def test_spans_that_go_somewhere_are_recorded_whatever_the_service_says() -> None:
+    exporter = InMemorySpanExporter()
+    provider = make_tracer_provider(
+        "hamipy-test", processor=SimpleSpanProcessor(exporter), record_unexported=False
+    )
+    with provider.get_tracer("t").start_as_current_span("bind") as span:
+        span.set_attribute("k8s.pod.name", "p")
+    [finished] = exporter.get_finished_spans()
+    assert finished.attributes == {"k8s.pod.name": "p"}
+
+
+def test_an_exporter_from_the_environment_records_spans_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "console")
+    provider = make_tracer_provider("hamipy-test", record_unexported=False)
+    span = provider.get_tracer("t").start_span("bind")
+    assert span.is_recording()
+    provider.shutdown()
 
 
 def test_an_exception_is_logged_without_local_variables() -> None:

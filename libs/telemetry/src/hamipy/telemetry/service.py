@@ -28,6 +28,8 @@ class ServiceTelemetry(Generic[MetricsT]):
     """The service's name in logs and traces, e.g. ``hamipy-extender``."""
     TRACER_NAME: ClassVar[str]
     """The instrumentation scope of the service's spans, e.g. ``hamipy.extender``."""
+    RECORD_UNEXPORTED: ClassVar[bool] = True
+    """Record spans even when nothing exports them (``make_tracer_provider``'s ``record_unexported``)."""
 
     def __init__(
         self,
@@ -59,7 +61,9 @@ class ServiceTelemetry(Generic[MetricsT]):
         return cls(
             logger=make_logger(cls.SERVICE, stream, level=level),
             metrics=cls.new_metrics(),
-            tracer_provider=make_tracer_provider(cls.SERVICE, processor=processor),
+            tracer_provider=make_tracer_provider(
+                cls.SERVICE, processor=processor, record_unexported=cls.RECORD_UNEXPORTED
+            ),
         )
 
     def shutdown(self) -> None:

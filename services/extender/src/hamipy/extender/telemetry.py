@@ -332,6 +332,7 @@ class Telemetry(ServiceTelemetry[Metrics]):
 
     SERVICE = SERVICE_NAME
     TRACER_NAME = "hamipy.extender"
+    RECORD_UNEXPORTED = False  # it writes no trace context anywhere: unexported spans are waste
 
     @classmethod
     def new_metrics(cls) -> Metrics:
