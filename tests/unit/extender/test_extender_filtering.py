@@ -13,9 +13,10 @@ from extender_fakes import BIND_SETTINGS, bind_rig, node, pod
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hamipy.extender import filtering
 from hamipy.extender.filtering import build_ask, decide, summarize
 from hamipy.extender.fitting import NodeReasons, PodAsk, fit_pod
-from hamipy.extender.model import ClusterModel
+from hamipy.extender.model import ClusterModel, PodUid
 from hamipy.extender.scoring import node_rank_key
 from hamipy.protocol import keys
 from hamipy.protocol.config import Config
@@ -430,3 +431,40 @@ def test_failure_summary_ranks_causes_by_nodes_then_name() -> None:
 def test_failure_summary_names_five_nodes_per_cause(n_nodes: int, shown: str) -> None:
     unresolvable = {f"n{i}": NodeReasons.of_node("NodeUnregistered") for i in range(n_nodes)}
     assert summarize({}, unresolvable).text() == f"{n_nodes} nodes NodeUnregistered({shown})"
+
+
+def asked_mib(ask: PodAsk) -> int | None:
+    [request] = ask.requests.containers
+    assert request is not None
+    return request.memory_mib
+
+
+def test_a_watched_pods_ask_is_built_once_per_version_of_the_pod(monkeypatch: pytest.MonkeyPatch) -> None:
+    built: list[str] = []
+    real = filtering.build_ask
+
+    def counting(p: Any, config: Config) -> PodAsk:
+        built.append(p["metadata"]["name"])
+        return real(p, config)
+
+    monkeypatch.setattr(filtering, "build_ask", counting)
+    model = model_of(pods=(pod("p", container(gpu=1, gpumem=300)),))
+    first = model.pending[PodUid("uid-ns-p")]
+    ask = filtering.ask_of(first, CONFIG)
+    assert asked_mib(ask) == 300
+    assert filtering.ask_of(first, CONFIG) is ask  # its filters and its bind read the same asks
+    assert built == ["p"]
+    assert filtering.ask_of(first, Config()) is not ask  # under another configuration: its own asks
+    assert built == ["p", "p"]
+    model.apply_pod("MODIFIED", pod("p", container(gpu=1, gpumem=500)))  # the pod changed
+    again = filtering.ask_of(model.pending[PodUid("uid-ns-p")], CONFIG)
+    assert asked_mib(again) == 500
+    assert built == ["p", "p", "p"]
+
+
+def test_a_malformed_watched_pod_is_refused_every_time() -> None:
+    model = model_of(pods=(pod("bad", container(gpu=1, gpumem="0.5")),))
+    pending = model.pending[PodUid("uid-ns-bad")]
+    for _ in range(2):
+        with pytest.raises(ProtocolError, match="is not a whole number"):
+            filtering.ask_of(pending, CONFIG)

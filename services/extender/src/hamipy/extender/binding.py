@@ -65,13 +65,14 @@ from datetime import UTC, datetime
 from typing import Any, Final, NamedTuple
 
 from hamipy.extender.errors import BindRefused, LockTimeout
-from hamipy.extender.filtering import build_ask, quota_check
+from hamipy.extender.filtering import ask_of, build_ask, quota_check
 from hamipy.extender.fitting import PodAsk, fit_pod
 from hamipy.extender.lock_sweep import LockSweeper
 from hamipy.extender.model import (
     ClusterModel,
     NodeName,
     NodeState,
+    PendingPod,
     PodUid,
     lock_held_too_long,
     now_epoch,
@@ -194,8 +195,10 @@ class Binder:
     async def bind(self, *, namespace: str, name: str, uid: str, node: str) -> None:
         """Bind ``namespace/name`` to ``node``; raises ``BindRefused`` or ``KubeError``."""
         timeout = self.settings.api_timeout_s
-        pod = self._watched(namespace, name, uid)
-        if pod is None:
+        pending = self._watched(namespace, name, uid)
+        if pending is not None:
+            pod = pending.pod
+        else:
             # Not (yet) seen by the watch, or seen under another UID: ask the API.
             try:
                 pod = await get_pod(self.api, namespace, name, timeout_s=timeout)
@@ -213,7 +216,7 @@ class Binder:
                 return  # a retried bind that already happened
             raise BindRefused(f"pod {namespace}/{name} is already bound to {bound}")
         try:
-            ask = build_ask(pod, self.config)
+            ask = ask_of(pending, self.config) if pending is not None else build_ask(pod, self.config)
         except ProtocolError as exc:
             self.model.release(PodUid(uid))
             raise BindRefused(f"pod asks malformed resources: {exc}") from exc
@@ -230,12 +233,12 @@ class Binder:
             self.telemetry.metrics.bind_paths.labels(path="locked").inc()
             await self._bind_locked(target, pod, ask)
 
-    def _watched(self, namespace: str, name: str, uid: str) -> Mapping[str, Any] | None:
+    def _watched(self, namespace: str, name: str, uid: str) -> PendingPod | None:
         """The pod as the watch last saw it pending, if that is the pod this bind names."""
         pending = self.model.pending.get(PodUid(uid))
         if pending is None or (pending.namespace, pending.name) != (namespace, name):
             return None
-        return pending.pod
+        return pending
 
     def releases_after_bind(self, node: str) -> bool:
         """Whether a lock of ours on ``node`` lasts only for the bind: ``release_lock_after_bind``

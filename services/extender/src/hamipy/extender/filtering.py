@@ -23,7 +23,14 @@ from typing import Any, Final
 
 from hamipy.extender.explanations import Explained, Explanations
 from hamipy.extender.fitting import Fit, NodeReasons, PodAsk, fit_pod
-from hamipy.extender.model import ClusterModel, NodeState, PodUid, charge_of, pod_usage
+from hamipy.extender.model import (
+    ClusterModel,
+    NodeState,
+    PendingPod,
+    PodUid,
+    charge_of,
+    pod_usage,
+)
 from hamipy.extender.quota import QUOTA_EXCEEDED
 from hamipy.extender.scoring import Policy
 from hamipy.protocol import keys
@@ -43,6 +50,7 @@ __all__ = [
     "Decision",
     "FailureSummary",
     "QuotaCheck",
+    "ask_of",
     "build_ask",
     "decide",
     "quota_check",
@@ -99,6 +107,21 @@ def _policy(chain: Iterable[str], default: Policy) -> Policy:
 UNBUILT_GPU_POLICIES: Final = ("topology-aware", "mutex", "numa")
 """GPU policies HAMi documents that we parse but do not build yet: a pod whose chain names one is
 refused (``InvalidRequest``) rather than placed as plain binpack or spread."""
+
+
+_ASK: Final = "ask"
+
+
+def ask_of(pending: PendingPod, config: Config) -> PodAsk:
+    """``build_ask`` of a watched pending pod, built once per version of the pod (its filters and
+    its bind read the same asks): 20-60 us saved on each, much of it reading quantities."""
+    cached = pending.derived.get(_ASK)
+    if cached is not None and cached[0] is config:
+        ask: PodAsk = cached[1]
+        return ask
+    ask = build_ask(pending.pod, config)  # a ProtocolError is not kept: the pod is refused anyway
+    pending.derived[_ASK] = (config, ask)
+    return ask
 
 
 def build_ask(pod: Mapping[str, Any], config: Config) -> PodAsk:

@@ -435,6 +435,9 @@ class PendingPod:
     name: str
     scheduler_name: str
     pod: Mapping[str, Any]
+    derived: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
+    """Values computed from ``pod`` by other modules, kept as long as this version of the pod
+    (``hamipy.extender.filtering.ask_of``): a watch event makes a new ``PendingPod``."""
 
 
 @dataclasses.dataclass(slots=True)

@@ -23,7 +23,15 @@ from hamipy.extender.binding import Binder
 from hamipy.extender.errors import BindRefused
 from hamipy.extender.eviction import Evictor
 from hamipy.extender.explanations import Explanations
-from hamipy.extender.filtering import Decision, LockRule, build_ask, decide, quota_check, summarize
+from hamipy.extender.filtering import (
+    Decision,
+    LockRule,
+    ask_of,
+    build_ask,
+    decide,
+    quota_check,
+    summarize,
+)
 from hamipy.extender.fitting import NodeReasons, PodAsk
 from hamipy.extender.model import ClusterModel, NodeName, Nomination, PendingPod, PodUid, now_epoch
 from hamipy.extender.preemption import PREEMPTING, Plan, choose_plan, plan_node, preemptor_of
@@ -187,7 +195,7 @@ class Scheduler:
                 if str((item.get("metadata") or {}).get("name", "")) not in self.model.nodes:
                     self.model.apply_node("ADDED", item)
         try:
-            ask = build_ask(pod, self.config)
+            ask = ask_of(watched, self.config) if watched is not None else build_ask(pod, self.config)
         except ProtocolError as exc:
             invalid = NodeReasons.of_node(INVALID_REQUEST, str(exc))
             self.events.emit(involved, FILTERING_FAILED, invalid.text(), warning=True)
@@ -377,7 +385,7 @@ class Scheduler:
         proposed = self._proposed_victims(args)
         watched = self._watched(uid)
         try:
-            ask = build_ask(dict(watched.pod) if watched is not None else pod, self.config)
+            ask = ask_of(watched, self.config) if watched is not None else build_ask(pod, self.config)
         except ProtocolError as exc:
             raise BadRequest(f"the pod's GPU request is malformed: {exc}") from None
         preemptor = preemptor_of(uid, watched.pod, ask) if watched is not None else None
