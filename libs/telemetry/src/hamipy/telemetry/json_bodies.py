@@ -58,16 +58,19 @@ Shape = type | ListOf | MapOf | Mapping[str, "Shape"]
 def decode_json(body: bytes, *, max_depth: int = MAX_DEPTH) -> Any:
     """The JSON document in ``body`` (UTF-8, as RFC 8259 requires between systems); ``BadJson``
     naming what is wrong otherwise."""
-    too_deep = BadJson("too_deep", f"body is JSON nested deeper than {max_depth} levels")
     try:
         doc = msgspec.json.decode(body)
     except RecursionError:
-        raise too_deep from None
+        raise _too_deep(max_depth) from None
     except ValueError as exc:  # msgspec.DecodeError, UnicodeDecodeError
         raise BadJson("not_json", f"body is not JSON: {exc}") from None
     if _deeper_than(doc, max_depth):
-        raise too_deep
+        raise _too_deep(max_depth)
     return doc
+
+
+def _too_deep(max_depth: int) -> BadJson:
+    return BadJson("too_deep", f"body is JSON nested deeper than {max_depth} levels")
 
 
 def _deeper_than(doc: object, limit: int) -> bool:
