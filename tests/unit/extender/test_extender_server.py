@@ -116,6 +116,22 @@ async def test_filter_chooses_reserves_and_traces(server: Any) -> None:
     assert srv.events.recorded[-1].reason == "FilteringSucceed"
 
 
+async def test_a_watched_pods_filter_decides_from_the_watch_whatever_pod_is_sent(server: Any) -> None:
+    srv, _ = server
+    srv.model.replace_nodes([node("a", [gpu("A", 0, mem=1500)])])
+    srv.model.replace_pods([])
+    sent = pod("p", container(gpu=1, gpumem=1000))
+    sent["spec"]["containers"] = "garbled on the way"  # not read: the watch's copy is what counts
+    _, answer = await post(srv, "/filter", {"Pod": sent, "NodeNames": ["a"]})
+    assert answer["Error"]  # a pod the watch does not hold is read from the body, and refused
+    srv.model.apply_pod("ADDED", pod("p", container(gpu=1, gpumem=2000)))  # asks more than "a" has
+    status, answer = await post(srv, "/filter", {"Pod": sent, "NodeNames": ["a"]})
+    assert status == 200
+    assert answer["NodeNames"] == []
+    assert answer["FailedAndUnresolvableNodes"] == {"a": "1/1 CardInsufficientMemory"}
+    assert srv.events.recorded[-1].involved["name"] == "p"
+
+
 async def test_filter_failure_explains_and_emits_event(server: Any) -> None:
     srv, _ = server
     srv.model.replace_nodes([node("a", [gpu("A", 0, mem=100)])])

@@ -133,7 +133,10 @@ class Scheduler:
         started, started_ns = time.perf_counter(), time.time_ns()
         pod = _pod(args)
         names, items = _node_names(args)
-        result, outcome, reason, detail = self._filter(pod, names, items)
+        watched = self._watched(PodUid(str(pod["metadata"].get("uid", ""))))
+        if watched is not None:
+            pod = dict(watched.pod)  # its asks as the API server has them, not as the caller says
+        result, outcome, reason, detail = self._filter(pod, watched, names, items)
         self._trace_filter(pod, started_ns, nodes=len(names), outcome=outcome, detail=detail)
         metrics = self.telemetry.metrics
         metrics.filter_seconds.labels(result=outcome).observe(time.perf_counter() - started)
@@ -174,14 +177,15 @@ class Scheduler:
         span.end()
 
     def _filter(
-        self, pod: dict[str, Any], names: list[str], items: list[Any] | None
+        self,
+        pod: dict[str, Any],
+        watched: PendingPod | None,
+        names: list[str],
+        items: list[Any] | None,
     ) -> tuple[dict[str, Any], str, str, str]:
         """The answer, the outcome (fit, failed, passthrough), a short reason (metric label) and
-        the detail a user reads (the Event's message)."""
+        the detail a user reads (the Event's message). ``pod`` is ``watched``'s when there is one."""
         uid = PodUid(str(pod["metadata"].get("uid", "")))
-        watched = self._watched(uid)
-        if watched is not None:
-            pod = dict(watched.pod)  # its asks as the API server has them, not as the caller says
         meta = pod["metadata"]
         involved = involved_pod(pod)
         traceparent = (meta.get("annotations") or {}).get(keys.TRACE_CONTEXT)
@@ -315,6 +319,11 @@ class Scheduler:
             expires_at=expires_at,
             sidecars=ask.sidecars,
         )
+
+    def watches(self, uid: str) -> bool:
+        """Whether a filter of this pod decides from the pod as the watch holds it (its body's
+        ``Pod`` is then not read: ``hamipy.extender.filter_args``)."""
+        return self._watched(PodUid(uid)) is not None
 
     def _watched(self, uid: PodUid) -> PendingPod | None:
         """The pod of this UID as the watch has it, when it is pending for our scheduler: the only

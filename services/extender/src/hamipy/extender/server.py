@@ -40,6 +40,7 @@ from aiohttp import web
 from hamipy.extender.binding import Binder
 from hamipy.extender.errors import ExtenderError
 from hamipy.extender.eviction import Evictor
+from hamipy.extender.filter_args import watched_filter_args
 from hamipy.extender.leadership import FORWARDED_HEADER, LEADER_URL_ANNOTATION, REDIRECTED_QUERY, Leadership
 from hamipy.extender.model import ClusterModel
 from hamipy.extender.requeue import Requeuer
@@ -142,10 +143,17 @@ _BINDING_ARGS: Final[Shape] = {"PodName": str, "PodNamespace": str, "PodUID": st
 
 async def _json_body(request: web.Request, shape: Shape) -> Any:
     """The request's JSON argument, its fields of ``shape`` checked; ``BadRequest`` otherwise."""
+    return _decoded(await _body(request), shape)
+
+
+async def _body(request: web.Request) -> bytes:
     try:
-        body = await request.read()
+        return await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise BadRequest(f"request body larger than {request.app[MAX_BODY]} bytes") from None
+
+
+def _decoded(body: bytes, shape: Shape) -> Any:
     try:
         args = decode_json(body)
     except BadJson as exc:
@@ -202,22 +210,31 @@ async def _to_leader(request: web.Request) -> web.Response | None:
     return web.Response(status=answer.status, body=answer.body, content_type=_JSON)
 
 
-async def _decide(request: web.Request, verb: Callable[[Scheduler, Any], Any]) -> web.Response:
-    """A verb answered from the model alone (filter, prioritize, preempt), on the leader."""
+async def _decide(
+    request: web.Request,
+    verb: Callable[[Scheduler, Any], Any],
+    light: Callable[[bytes, Callable[[str], bool]], Any] | None = None,
+) -> web.Response:
+    """A verb answered from the model alone (filter, prioritize, preempt), on the leader.
+    ``light``: reads the arguments when it can without decoding all of them (None: it cannot)."""
     if (refused := _refused(request)) is not None:
         return refused
     if (forwarded := await _to_leader(request)) is not None:
         return forwarded
+    scheduler = request.app[SCHEDULER]
     try:
-        args = await _json_body(request, _ARGS)
-        result = verb(request.app[SCHEDULER], args)
+        body = await _body(request)
+        args = light(body, scheduler.watches) if light is not None else None
+        if args is None:
+            args = _decoded(body, _ARGS)
+        result = verb(scheduler, args)
     except BadRequest as exc:
         return _bad(request, exc)
     return web.Response(body=msgspec.json.encode(result), content_type=_JSON)
 
 
 async def _filter(request: web.Request) -> web.Response:
-    return await _decide(request, Scheduler.filter)
+    return await _decide(request, Scheduler.filter, watched_filter_args)
 
 
 async def _prioritize(request: web.Request) -> web.Response:
