@@ -22,7 +22,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
@@ -157,21 +157,22 @@ UNCOUNTED: frozenset[RequestKey] = frozenset({("GET", "", "/metrics")})
 
 
 class RequestCounter:
-    """Counts every request sent through one kubernetes_asyncio ``ApiClient`` (its REST client's
-    ``request``, under both the generated APIs and ``RawKube``), by `request_key`, when it is sent."""
+    """Counts every request sent through one kubernetes_asyncio ``ApiClient`` (its aiohttp session's
+    ``request``, under both the generated APIs and ``RawKube``, which sends on that session itself),
+    by `request_key`, when it is sent."""
 
     def __init__(self, api: Any) -> None:
         self.counts: Counter[RequestKey] = Counter()
-        rest = api.rest_client
-        send = rest.request
+        session = api.rest_client.pool_manager
+        send = session.request
 
-        async def counted(method: str, url: str, query_params: Any = None, **kwargs: Any) -> Any:
-            key = request_key(method, url, query_params)
+        def counted(method: str, url: Any, **kwargs: Any) -> Any:
+            key = request_key(method, str(url), parse_qsl(urlsplit(str(url)).query))
             if key not in UNCOUNTED:
                 self.counts[key] += 1
-            return await send(method, url, query_params=query_params, **kwargs)
+            return send(method, url, **kwargs)
 
-        rest.request = counted
+        session.request = counted
 
     def reset(self) -> None:
         self.counts.clear()
