@@ -198,7 +198,7 @@ async def test_an_expired_lock_does_not_stop_the_model_path() -> None:
     assert path_count(r, "model") == 1
 
 
-# -- what a bind reports freed (requeue nudges) -------------------------------------------------------
+# -- what a bind or a filter again reports freed (requeue nudges) -------------------------------------
 
 
 def reported_freed(r: BindRig) -> list[str | None]:
@@ -249,3 +249,27 @@ async def test_a_refused_bind_reports_its_reservation_freed() -> None:
         await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
     assert PodUid("uid-ns-p") not in r.model.contributions
     assert freed == ["n"]
+
+
+def test_a_pod_filtered_again_onto_its_reserved_gpus_reports_nothing_freed() -> None:
+    r = rig()
+    r.add_watched_pod(pod("p"))
+    assert r.scheduler.filter({"Pod": pod("p"), "NodeNames": ["n"]})["NodeNames"] == ["n"]
+    before = r.model.contributions[PodUid("uid-ns-p")]
+    freed = reported_freed(r)
+    assert r.scheduler.filter({"Pod": pod("p"), "NodeNames": ["n"]})["NodeNames"] == ["n"]
+    again = r.model.contributions[PodUid("uid-ns-p")]
+    assert (again.source, again.node, again.devices) == ("reserved", "n", before.devices)
+    assert freed == []
+
+
+def test_a_pod_filtered_again_elsewhere_or_nowhere_reports_its_old_node_freed() -> None:
+    r = rig(our_node("n", [gpu("A", 0, count=2)]), our_node("m", [gpu("B", 0, count=2)]))
+    r.add_watched_pod(pod("p"))
+    assert r.scheduler.filter({"Pod": pod("p"), "NodeNames": ["n"]})["NodeNames"] == ["n"]
+    freed = reported_freed(r)
+    assert r.scheduler.filter({"Pod": pod("p"), "NodeNames": ["m"]})["NodeNames"] == ["m"]
+    assert freed == ["n"]
+    assert r.scheduler.filter({"Pod": pod("p"), "NodeNames": ["gone"]})["NodeNames"] == []
+    assert PodUid("uid-ns-p") not in r.model.contributions
+    assert freed == ["n", "m"]

@@ -33,7 +33,15 @@ from hamipy.extender.filtering import (
     summarize,
 )
 from hamipy.extender.fitting import NodeReasons, PodAsk
-from hamipy.extender.model import ClusterModel, NodeName, Nomination, PendingPod, PodUid, now_epoch
+from hamipy.extender.model import (
+    ClusterModel,
+    Contribution,
+    NodeName,
+    Nomination,
+    PendingPod,
+    PodUid,
+    now_epoch,
+)
 from hamipy.extender.preemption import PREEMPTING, Plan, choose_plan, plan_node, preemptor_of
 from hamipy.extender.scoring import prioritize_score
 from hamipy.extender.settings import ExtenderSettings
@@ -133,10 +141,17 @@ class Scheduler:
         started, started_ns = time.perf_counter(), time.time_ns()
         pod = _pod(args)
         names, items = _node_names(args)
-        watched = self._watched(PodUid(str(pod["metadata"].get("uid", ""))))
+        uid = PodUid(str(pod["metadata"].get("uid", "")))
+        watched = self._watched(uid)
+        held = None
         if watched is not None:
             pod = dict(watched.pod)  # its asks as the API server has them, not as the caller says
-        result, outcome, reason, detail = self._filter(pod, watched, names, items)
+            held = self.model.contributions.get(uid)
+        try:
+            result, outcome, reason, detail = self._filter(pod, watched, names, items)
+        finally:
+            if held is not None and held.source == "reserved":
+                self._freed_unless_retaken(uid, held)
         self._trace_filter(pod, started_ns, nodes=len(names), outcome=outcome, detail=detail)
         metrics = self.telemetry.metrics
         metrics.filter_seconds.labels(result=outcome).observe(time.perf_counter() - started)
@@ -210,8 +225,10 @@ class Scheduler:
         now_mono = self.clock()
         self.model.expire(now_mono)
         if watched is not None:
-            # Being (re)scheduled: its previous reservation is replaced by this decision.
-            self.model.release(uid)
+            # Being (re)scheduled: its previous reservation is replaced by this decision. Quietly:
+            # a pod retried while it waits usually takes the same GPUs again, and reporting them
+            # freed woke every refused pod for nothing (``filter`` reports them when it does not).
+            self.model.release(uid, quiet=True)
         locks = LockRule(
             pod=(str(meta.get("namespace", "")), str(meta.get("name", ""))),
             after_s=self.settings.bind_timeout_s,
@@ -319,6 +336,16 @@ class Scheduler:
             expires_at=expires_at,
             sidecars=ask.sidecars,
         )
+
+    def _freed_unless_retaken(self, uid: PodUid, held: Contribution) -> None:
+        """Report ``held``'s node freed unless the pod holds the same GPUs there again. (A
+        reservation that expired during this filter was reported by ``expire`` too: a second nudge
+        costs little, a lost one leaves refused pods waiting.)"""
+        now = self.model.contributions.get(uid)
+        if now is held:
+            return  # untouched: the filter returned before replacing it
+        if now is None or now.node != held.node or now.devices != held.devices:
+            self.model.freed(held.node)
 
     def watches(self, uid: str) -> bool:
         """Whether a filter of this pod decides from the pod as the watch holds it (its body's

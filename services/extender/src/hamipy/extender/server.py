@@ -255,7 +255,7 @@ async def _bind(request: web.Request) -> web.Response:
         result = await request.app[SCHEDULER].bind(args)
     except BadRequest as exc:
         return _bad(request, exc)
-    return web.json_response(result)
+    return web.Response(body=msgspec.json.encode(result), content_type=_JSON)
 
 
 async def _healthz(request: web.Request) -> web.Response:
