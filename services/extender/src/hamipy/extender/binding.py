@@ -288,8 +288,8 @@ class Binder:
             if held is not None:
                 self.model.freed(held.node)  # refused: what it held is free after all
             raise
-        if held is not None and (held.node != target.node or held.devices != devices):
-            self.model.freed(held.node)
+        if held is not None:
+            self.model.freed_unless_kept(held, target.node, devices)
         # No ``hami.io/vgpu-node`` label here: only HAMi's components read it, and they do not
         # serve this node; a second write of every pod was a third of the API cost of a bind.
         await self._write(target, pod, ask, devices, fresh=None, fenced=True)

@@ -659,6 +659,12 @@ class ClusterModel:
         if self.on_freed is not None:
             self.on_freed(node)
 
+    def freed_unless_kept(self, held: Contribution, node: str | None, devices: PodDevices | None) -> None:
+        """A pod set its reservation ``held`` aside quietly and now takes ``devices`` on ``node``
+        (None: nothing): report ``held``'s node freed unless those are the same GPUs."""
+        if node != held.node or devices != held.devices:
+            self.freed(held.node)
+
     def quotas_changed(self) -> None:
         """The ResourceQuota feed changed a namespace's GPU limits."""
         self.generation += 1

@@ -35,7 +35,6 @@ from hamipy.extender.filtering import (
 from hamipy.extender.fitting import NodeReasons, PodAsk
 from hamipy.extender.model import (
     ClusterModel,
-    Contribution,
     NodeName,
     Nomination,
     PendingPod,
@@ -146,12 +145,16 @@ class Scheduler:
         held = None
         if watched is not None:
             pod = dict(watched.pod)  # its asks as the API server has them, not as the caller says
-            held = self.model.contributions.get(uid)
+            current = self.model.contributions.get(uid)
+            held = current if current is not None and current.source == "reserved" else None
         try:
             result, outcome, reason, detail = self._filter(pod, watched, names, items)
         finally:
-            if held is not None and held.source == "reserved":
-                self._freed_unless_retaken(uid, held)
+            # Set aside quietly by ``_filter``. A reservation that expired meanwhile was reported by
+            # ``expire`` too: a second nudge costs little, a lost one leaves refused pods waiting.
+            if held is not None and (now := self.model.contributions.get(uid)) is not held:
+                kept = (now.node, now.devices) if now is not None else (None, None)
+                self.model.freed_unless_kept(held, *kept)
         self._trace_filter(pod, started_ns, nodes=len(names), outcome=outcome, detail=detail)
         metrics = self.telemetry.metrics
         metrics.filter_seconds.labels(result=outcome).observe(time.perf_counter() - started)
@@ -336,16 +339,6 @@ class Scheduler:
             expires_at=expires_at,
             sidecars=ask.sidecars,
         )
-
-    def _freed_unless_retaken(self, uid: PodUid, held: Contribution) -> None:
-        """Report ``held``'s node freed unless the pod holds the same GPUs there again. (A
-        reservation that expired during this filter was reported by ``expire`` too: a second nudge
-        costs little, a lost one leaves refused pods waiting.)"""
-        now = self.model.contributions.get(uid)
-        if now is held:
-            return  # untouched: the filter returned before replacing it
-        if now is None or now.node != held.node or now.devices != held.devices:
-            self.model.freed(held.node)
 
     def watches(self, uid: str) -> bool:
         """Whether a filter of this pod decides from the pod as the watch holds it (its body's
