@@ -24,7 +24,7 @@ from hamipy.devcluster.identities import (
 )
 from hamipy.devcluster.nodes import NodePool, NodeSpec
 from hamipy.devcluster.waiting import wait_for
-from hamipy.kube.client import RawKube
+from hamipy.kube.client import MERGE_PATCH, RawKube
 from hamipy.kube.errors import KubeError, NotFound
 from hamipy.protocol import keys
 from hamipy.webhook.admission_policy import (
@@ -172,7 +172,21 @@ async def rig(
             "unbound_plugin": unbound_plugin,
         }.items()
     }
+    # install() waited for the pod policy; the node policy reaches the API server's informer on its
+    # own, so wait until it refuses the bound plugin an update of the other node too.
+    probe = {"metadata": {"annotations": {"hami-py.io/policy-probe": policies.suffix}}}
+
+    async def node_policy_in_force() -> bool:
+        try:
+            await RawKube(clients["plugin"]).request(
+                "PATCH", f"/api/v1/nodes/{namespace}-b", body=probe, content_type=MERGE_PATCH
+            )
+        except KubeError as exc:
+            return exc.status == 403
+        return False
+
     try:
+        await wait_for(node_policy_in_force, timeout=30, what="the node admission policy in force")
         yield {"namespace": namespace, "admin": admin, **{k: RawKube(v) for k, v in clients.items()}}
     finally:
         await policies.remove()
