@@ -308,9 +308,9 @@ def connections_to(pid: int, port: int) -> int:
     return count
 
 
-def rss_mib(pid: int) -> float:
-    """Resident set size of process ``pid`` in MiB (``VmRSS``)."""
+def rss_mib(pid: int, field: str = "VmRSS") -> float:
+    """Resident set size of process ``pid`` in MiB: now (``VmRSS``), or its peak (``VmHWM``)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return round(int(line.split()[1]) / 1024, 1)
-    raise RuntimeError(f"process {pid} reports no VmRSS (gone, or a kernel thread)")
+    raise RuntimeError(f"process {pid} reports no {field} (gone, or a kernel thread)")

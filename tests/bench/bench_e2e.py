@@ -66,6 +66,10 @@ to the extenders and the probe alone (the extender as with a guaranteed CPU of i
 ``--backlog N`` creates, before each phase's burst, N pods that fit no node (``waiting_pods``), the
 backlog of a busy GPU cluster: kube-scheduler tries them again after backoffs and on cluster events,
 so the extender answers filters that fit nowhere while the binds run.
+``--extender-args '--api-connections 24'`` gives every extender process those flags (to compare a
+setting run by run). Each extender phase's line also counts the connections kube-scheduler opened
+to the extenders (``conns``: Go's client keeps two idle per host, so binds in flight open new ones)
+and the extenders' peak RSS (``VmHWM``).
 
 Part 2, one node: a simulated GPU node with 8 GPUs, its real device-plugin process over the fake
 NVML driver and the kubelet stand-in, and an extender in this process; 40 identical pods (1 GPU,
@@ -83,6 +87,7 @@ import io
 import json
 import os
 import re
+import shlex
 import statistics
 import sys
 import tempfile
@@ -108,6 +113,7 @@ from _e2e_support import (
     own_cpu_seconds,
     quiet_apiserver,
     request_figures,
+    rss_mib,
     runqueue_wait_seconds,
 )
 from _results import percentiles_us, record
@@ -460,6 +466,8 @@ class Bench:
     """``--split-cpus``: the control plane on CPUs of its own (``CpuSplit``)."""
     backlog: int = 0
     """``--backlog N``: pods that fit nowhere, created before each phase's burst (``waiting_pods``)."""
+    extender_args: tuple[str, ...] = ()
+    """``--extender-args``: flags every extender process gets (to compare settings run by run)."""
 
     def pin(self, extenders: list[ExtenderProcess]) -> None:
         """Apply ``split`` to every process of the phase (kube-scheduler is new in each)."""
@@ -517,6 +525,7 @@ async def placement_phase(bench: Bench, round_no: int, phase: str) -> dict[str, 
                 "binpack",
                 kubeconfig=Path(cluster.access.kubeconfig),
                 workdir=bench.workdir / f"round-{round_no}",
+                extra_args=bench.extender_args,
                 replica_args=elected_args(
                     f"bench-{round_no}",
                     redirect=phase in ("binpack3r", "binpack3rc", "binpack3s"),
@@ -535,6 +544,7 @@ async def placement_phase(bench: Bench, round_no: int, phase: str) -> dict[str, 
                 phase,
                 kubeconfig=Path(cluster.access.kubeconfig),
                 workdir=bench.workdir / f"round-{round_no}",
+                extra_args=bench.extender_args,
             )
             target = extenders[0].url
         config = dataclasses.replace(scheduler_config(target), ignored_resources=ignored)
@@ -588,6 +598,8 @@ async def placement_phase(bench: Bench, round_no: int, phase: str) -> dict[str, 
         extender_metrics: dict[str, float] = {}
         cuts: dict[str, int] = {}
         queued = 0
+        connections = 0
+        peak_rss = 0.0
         gc_after: dict[str, list[float]] = {}
         if extenders:
             async with aiohttp.ClientSession() as session:
@@ -599,6 +611,9 @@ async def placement_phase(bench: Bench, round_no: int, phase: str) -> dict[str, 
             cuts = connection_cuts(texts)
             waited = counter_by_label(texts, "hamipy_extender_http_connections_waited", "server")
             queued = sum(waited.values())
+            accepted = counter_by_label(texts, "hamipy_extender_http_connections_accepted", "server")
+            connections = accepted.get("api", 0)
+            peak_rss = max(rss_mib(e.pid, "VmHWM") for e in extenders)
             gc_after = gc_pauses(texts)
     finally:
         try:
@@ -635,6 +650,8 @@ async def placement_phase(bench: Bench, round_no: int, phase: str) -> dict[str, 
         result["extender_mean_ms"] = extender_metrics
         result["extender_connections_cut"] = cuts
         result["extender_connections_queued"] = queued
+        result["extender_connections_accepted"] = connections
+        result["extender_peak_rss_mib"] = peak_rss
         result["extender_gc_pauses"] = {
             generation: {
                 "collections": int(n - gc_before.get(generation, [0, 0])[0]),
@@ -752,6 +769,8 @@ def table(phases: list[dict[str, Any]], summary: dict[str, Any]) -> str:
             f" {cpu['bench']:.1f}; {p['extender_runqueue_wait_s']:.1f}"
             + "".join(f"; cut {reason} {n}" for reason, n in p.get("extender_connections_cut", {}).items())
             + (f"; queued {p['extender_connections_queued']}" if p.get("extender_connections_queued") else "")
+            + (f"; conns {n}" if (n := p.get("extender_connections_accepted")) else "")
+            + (f"; peak rss {p['extender_peak_rss_mib']:.0f} MiB" if p.get("extender_peak_rss_mib") else "")
             + _gc_text(p.get("extender_gc_pauses", {}))
         )
     m = summary["median"]
@@ -827,6 +846,7 @@ async def run(
     split: CpuSplit | None = None,
     phases_run: Sequence[str] = PHASES,
     backlog: int = 0,
+    extender_args: Sequence[str] = (),
 ) -> dict[str, Any]:
     with (
         tempfile.TemporaryDirectory(prefix="hamipy-e2e-", dir="/tmp") as tmp,
@@ -835,7 +855,7 @@ async def run(
         async with cluster.api_client() as api:
             bench = Bench(cluster, api, RequestCounter(api), Path(tmp) / "extenders", nodes, pods)
             bench.filter_probe, bench.favour, bench.split = filter_probe, favour, split
-            bench.backlog = backlog
+            bench.backlog, bench.extender_args = backlog, tuple(extender_args)
             async with NodePool(api, heartbeat_interval_s=300) as pool:
                 nodes_s = await add_nodes(pool, nodes)
                 # kube-controller-manager's TTL controller annotates every new node, 20 a second.
@@ -918,6 +938,12 @@ def main() -> None:
         " by kube-scheduler throughout)",
     )
     parser.add_argument(
+        "--extender-args",
+        default="",
+        metavar="FLAGS",
+        help="flags for every extender process, as one string (e.g. '--api-connections 24')",
+    )
+    parser.add_argument(
         "--phases",
         type=lambda text: [ph for ph in text.split(",") if ph],
         default=list(PHASES),
@@ -950,6 +976,7 @@ def main() -> None:
             else None,
             phases_run=["bare", *(ph for ph in args.phases if ph != "bare")],
             backlog=args.backlog,
+            extender_args=shlex.split(args.extender_args),
         )
     )
     print(
