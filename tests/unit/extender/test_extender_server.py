@@ -18,7 +18,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 import hamipy.extender.cli as cli
 from hamipy.devcluster import wait_for
 from hamipy.extender.server import ExtenderServer
-from hamipy.extender.settings import ExtenderSettings
+from hamipy.extender.settings import API_CONNECTIONS, ExtenderSettings
 from hamipy.extender.telemetry import Telemetry
 from hamipy.kube.errors import KubeError
 from hamipy.protocol import keys
@@ -220,6 +220,39 @@ def test_cli_settings_from_env() -> None:
     assert settings.cooperative
     assert not settings.release_lock_after_bind
     assert settings.bind_timeout_s == 7
+
+
+def test_the_api_connections_come_from_the_flag_and_the_environment() -> None:
+    args = cli.build_parser({"HAMIPY_EXTENDER_API_CONNECTIONS": "32"}).parse_args(["serve"])
+    assert cli.settings_from_args(args).api_connections == 32
+    args = cli.build_parser({}).parse_args(["serve", "--api-connections", "100"])
+    assert cli.settings_from_args(args).api_connections == 100
+    default = cli.settings_from_args(cli.build_parser({}).parse_args(["serve"]))
+    assert default.api_connections == API_CONNECTIONS == 64
+
+
+def test_serve_opens_its_api_client_with_that_many_connections(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every bind in flight holds an API connection for its Binding: the pool is the flag's."""
+    asked: list[int] = []
+
+    class Stop(Exception):
+        pass
+
+    async def connect(kubeconfig: str | None = None, *, max_connections: int) -> Any:
+        asked.append(max_connections)
+        raise Stop
+
+    monkeypatch.setattr(cli, "connect", connect)
+    with pytest.raises(Stop):
+        cli.main(["serve", "--api-connections", "40"], env={})
+    assert asked == [40]
+
+
+def test_api_connections_below_one_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["serve", "--api-connections", "0"], env={})
+    assert exit_info.value.code == 2
+    assert "--api-connections must be at least 1 (got 0)" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

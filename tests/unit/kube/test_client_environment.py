@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hamipy.kube.client import api_client
+from hamipy.kube.client import api_client, connect
 
 KUBECONFIG = """apiVersion: v1
 kind: Config
@@ -67,3 +67,15 @@ async def test_connections_to_the_api_server_are_capped(
         assert api.rest_client.pool_manager.connector.limit == limit
     finally:
         await api.close()
+
+
+async def test_connect_passes_its_cap_on_and_refuses_a_cap_below_one(kubeconfig: str) -> None:
+    """The extender sizes its own pool (``--api-connections``): every bind in flight holds one."""
+    api, raw = await connect(kubeconfig, max_connections=7)
+    try:
+        assert api.rest_client.pool_manager.connector.limit == 7
+        assert raw.api_client is api
+    finally:
+        await api.close()
+    with pytest.raises(ValueError, match="at least 1"):
+        await api_client(kubeconfig, max_connections=0)

@@ -86,6 +86,8 @@ async def api_client(kubeconfig: str | None = None, *, max_connections: int = MA
     credentials. At most ``max_connections`` are open to the server at once."""
     from kubernetes_asyncio import client, config
 
+    if max_connections < 1:
+        raise ValueError(f"connections to the API server must be at least 1 (got {max_connections})")
     configuration = client.Configuration()
     configuration.connection_pool_maxsize = max_connections
     try:
@@ -231,7 +233,10 @@ class RawKube:
             resp.release()
 
 
-async def connect(kubeconfig: str | None = None) -> tuple[Any, RawKube]:
-    """``api_client(kubeconfig)`` and a ``RawKube`` over it (close the client when done)."""
-    client = await api_client(kubeconfig)
+async def connect(
+    kubeconfig: str | None = None, *, max_connections: int = MAX_CONNECTIONS
+) -> tuple[Any, RawKube]:
+    """``api_client(kubeconfig, max_connections=...)`` and a ``RawKube`` over it (close the client
+    when done)."""
+    client = await api_client(kubeconfig, max_connections=max_connections)
     return client, RawKube(client)

@@ -166,6 +166,13 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
         help="least seconds between nudges making kube-scheduler retry refused pods once GPUs free (0: off)",
     )
     serve.add_argument(
+        "--api-connections",
+        type=int,
+        default=flags.integer("api-connections", _DEFAULTS.api_connections),
+        help="connections to the API server at once (its watches and the calls in flight, a bind's"
+        " Binding among them)",
+    )
+    serve.add_argument(
         "--heap-trim-interval",
         type=float,
         default=flags.number("heap-trim-interval", _DEFAULTS.heap_trim_interval_s),
@@ -276,6 +283,7 @@ def settings_from_args(args: argparse.Namespace) -> ExtenderSettings:
         requeue_interval_s=float(args.requeue_interval),
         heap_trim_interval_s=float(args.heap_trim_interval),
         api_timeout_s=float(args.api_timeout),
+        api_connections=int(args.api_connections),
         max_body_bytes=int(args.max_body_bytes),
         header_timeout_s=float(args.header_timeout),
         body_timeout_s=float(args.body_timeout),
@@ -354,7 +362,7 @@ async def _serve(
 ) -> int:
     config = Config() if args.config is None else load_config_file(args.config)
     telemetry = Telemetry.create(level=getattr(logging, args.log_level.upper()))
-    api_client, api = await connect(args.kubeconfig)
+    api_client, api = await connect(args.kubeconfig, max_connections=settings.api_connections)
     async with api_client:
         server = ExtenderServer(
             config=config,
@@ -387,6 +395,8 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         settings = settings_from_args(args)
         try:
             http_limits(settings)  # a timeout or connection cap out of range
+            if settings.api_connections < 1:
+                raise ValueError(f"--api-connections must be at least 1 (got {settings.api_connections})")
             context = server_tls(args.tls_cert_file, args.tls_key_file, args.tls_client_ca_file)
             peer = peer_tls(settings, args.tls_cert_file, args.tls_key_file, args.tls_client_ca_file)
         except ValueError as exc:

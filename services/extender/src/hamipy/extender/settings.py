@@ -7,7 +7,11 @@ from datetime import timedelta
 
 from hamipy.protocol.node_lock import NODE_LOCK_TIMEOUT
 
-__all__ = ["ExtenderSettings"]
+__all__ = ["API_CONNECTIONS", "ExtenderSettings"]
+
+API_CONNECTIONS = 64
+"""The extender's default ``api_connections`` (docs/benchmarks.md: a 1,000-pod burst at 1,000 nodes
+waited 1.8-1.9 s a bind with 24, 0.34-0.42 s with 100)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -50,6 +54,13 @@ class ExtenderSettings:
     without it, RSS creeps up under pod churn while the bytes in use stay flat. 0 disables it."""
     api_timeout_s: float = 10.0
     """Per Kubernetes API call (not watches)."""
+    api_connections: int = API_CONNECTIONS
+    """Connections to the API server at once: its five watches plus the calls in flight. Every bind
+    in flight holds one for its Binding, and kube-scheduler sends binds in parallel: with too few,
+    binds wait here for a connection, each holds one of kube-scheduler's connections to us the
+    while, and a burst behind a slow API server fills ``max_connections``. Each open connection
+    keeps up to about 400 KiB of TLS buffers (hamipy.kube.client.MAX_CONNECTIONS, 24, is the
+    node agents' and the webhook's)."""
     watch_timeout_s: float = 300.0
     """Server-side watch duration before a clean reconnect (``timeoutSeconds``)."""
     watch_inactivity_s: float = 330.0
