@@ -55,7 +55,7 @@ class ExtenderSettings:
     api_timeout_s: float = 10.0
     """Per Kubernetes API call (not watches)."""
     api_connections: int = API_CONNECTIONS
-    """Connections to the API server at once: its five watches plus the calls in flight. Every bind
+    """Connections to the API server at once: its four watches plus the calls in flight. Every bind
     in flight holds one for its Binding, and kube-scheduler sends binds in parallel: with too few,
     binds wait here for a connection, each holds one of kube-scheduler's connections to us the
     while, and a burst behind a slow API server fills ``max_connections``. Each open connection
