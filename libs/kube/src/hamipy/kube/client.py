@@ -86,7 +86,7 @@ async def api_client(kubeconfig: str | None = None, *, max_connections: int = MA
     credentials. At most ``max_connections`` are open to the server at once."""
     from kubernetes_asyncio import client, config
 
-    if max_connections < 1:
+    if max_connections < 1:  # aiohttp would read 0 as no limit at all
         raise ValueError(f"connections to the API server must be at least 1 (got {max_connections})")
     configuration = client.Configuration()
     configuration.connection_pool_maxsize = max_connections
