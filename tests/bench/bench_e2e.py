@@ -359,10 +359,11 @@ class CpuSplit:
 
 async def probe_filters(
     url: str, nodes: int, stop: asyncio.Event, *, boost: int = 0, cpus: set[int] | None = None
-) -> list[float]:
+) -> dict[str, list[float]]:
     """Client-side ``/filter`` latencies (seconds) while binds run: a pod the extender has not
     watched (it decides, and reserves nothing), every ``PROBE_INTERVAL_S`` until ``stop``; asked
-    from a process of its own (``_filter_probe.py``), as kube-scheduler asks."""
+    from a process of its own (``_filter_probe.py``), as kube-scheduler asks. ``wall``: from the
+    send to the answer read; ``arrival``: to the kernel's receive time of the answer."""
     body = gpu_pod("probe", selector={"bench": "rate"}, limits=OUR_LIMITS)
     body["metadata"].update(namespace="bench-probe", uid="00000000-0000-4000-8000-00000000probe")
     names = [f"bench-{i:05d}" for i in range(0, nodes, max(1, nodes // PROBE_NODES))][:PROBE_NODES]
@@ -385,7 +386,7 @@ async def probe_filters(
     out, _ = await asyncio.wait_for(process.communicate(), timeout=60)
     if process.returncode != 0:
         raise RuntimeError(f"the filter probe exited {process.returncode}")
-    samples: list[float] = json.loads(out)
+    samples: dict[str, list[float]] = json.loads(out)
     return samples
 
 
@@ -589,7 +590,7 @@ async def placement_phase(bench: Bench, round_no: int, phase: str) -> dict[str, 
             )
         finally:
             stop_probe.set()
-        probed = await probe if probe is not None else []
+        probed = await probe if probe is not None else {"wall": [], "arrival": []}
         elapsed = max(bound.values()) - first
         await asyncio.sleep(SETTLE_S)  # let trailing events land before the closing scrape
         cpu_after = bench.cpu(extenders)
@@ -659,8 +660,14 @@ async def placement_phase(bench: Bench, round_no: int, phase: str) -> dict[str, 
             }
             for generation, (n, seconds) in sorted(gc_after.items())
         }
-        if len(probed) >= 2:
-            result["filter_client_side_while_binding"] = {"samples": len(probed), **percentiles_us(probed)}
+        if len(probed["wall"]) >= 2:
+            result["filter_client_side_while_binding"] = {
+                "samples": len(probed["wall"]),
+                **percentiles_us(probed["wall"]),
+                "arrival": percentiles_us(probed["arrival"]),
+                "wall_s": [round(x, 6) for x in probed["wall"]],
+                "arrival_s": [round(x, 6) for x in probed["arrival"]],
+            }
         result["extender_exit_codes"] = list(exit_codes.values())
         result["extender_nice"] = -bench.favour
     if bench.split is not None:
@@ -741,7 +748,27 @@ def summarize(phases: list[dict[str, Any]], rounds: int) -> dict[str, Any]:
             "excluding_bench": {k: round(v / pods, 3) for k, v in others.most_common(8)},
             "bench_own": {k: round(v / pods, 3) for k, v in own.most_common(4)},
         }
-    return {"phases": names, "per_round": per_round, "median": median, "api_requests_per_pod_pooled": pooled}
+    return {
+        "phases": names,
+        "per_round": per_round,
+        "median": median,
+        "api_requests_per_pod_pooled": pooled,
+        "filter_client_pooled": _probes_pooled(phases, names),
+    }
+
+
+def _probes_pooled(phases: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:
+    """Per phase, the filter probe's samples of every round together: a p99 of one phase's 300-400
+    samples is its fourth-slowest sample, and moves with it."""
+    pooled: dict[str, Any] = {}
+    for ph in names:
+        probes = [p.get("filter_client_side_while_binding") or {} for p in phases if p["phase"] == ph]
+        probes = [c for c in probes if "wall_s" in c]
+        if probes:
+            wall = [x for c in probes for x in c["wall_s"]]
+            arrival = [x for c in probes for x in c["arrival_s"]]
+            pooled[ph] = {"samples": len(wall), **percentiles_us(wall), "arrival": percentiles_us(arrival)}
+    return pooled
 
 
 def table(phases: list[dict[str, Any]], summary: dict[str, Any]) -> str:
@@ -796,6 +823,16 @@ def table(phases: list[dict[str, Any]], summary: dict[str, Any]) -> str:
         lines.append(f"  {ph:<10} -bench: {top}")
         own = ", ".join(f"{k} {v:.2f}" for k, v in pooled["bench_own"].items())
         lines.append(f"  {'':<10} bench's own (subtracted): {own}")
+    if probes := summary.get("filter_client_pooled"):
+        lines.append("client /filter while binding, all rounds together (ms; arrival: the answer received):")
+        for ph, c in probes.items():
+            arrival = c["arrival"]
+            lines.append(
+                f"  {ph:<10} {c['samples']} samples: p50 {c['p50_us'] / 1e3:.2f},"
+                f" p99 {c['p99_us'] / 1e3:.2f}, max {c['max_us'] / 1e3:.2f};"
+                f" arrival p50 {arrival['p50_us'] / 1e3:.2f},"
+                f" p99 {arrival['p99_us'] / 1e3:.2f}"
+            )
     return "\n".join(lines)
 
 
@@ -885,6 +922,7 @@ async def run(
         "target_pods_per_s": TARGET_PODS_PER_S,
         "met": {ph: m[f"{ph}_pods_per_s"] >= TARGET_PODS_PER_S for ph in _ours(summary["phases"])},
         "api_requests_per_pod_pooled": summary["api_requests_per_pod_pooled"],
+        "filter_client_pooled": summary["filter_client_pooled"],
         "api_requests_method": (
             "apiserver_request_total from the kube-apiserver's /metrics once it served nothing but"
             f" the benchmark for 1s before the first create, and {SETTLE_S:g}s after the last pod"
@@ -984,7 +1022,10 @@ def main() -> None:
             figures["phases"],
             {
                 "phases": figures["phase_names"],
-                **{k: figures[k] for k in ("median", "per_round", "api_requests_per_pod_pooled")},
+                **{
+                    k: figures[k]
+                    for k in ("median", "per_round", "api_requests_per_pod_pooled", "filter_client_pooled")
+                },
             },
         )
     )
