@@ -78,3 +78,17 @@ async def test_answers_are_decoded_and_garbage_is_a_kube_error() -> None:
     async with _kube([], answer=DEEP) as kube:
         with pytest.raises(KubeError, match="GET /get: the answer is not JSON"):
             await kube.request("GET", "/get")
+
+
+async def test_a_chunk_of_many_events_lets_other_work_in_between_them() -> None:
+    # The API server flushes a burst of events as one chunk; a filter that arrives meanwhile must
+    # not wait for the whole burst to be applied (issue 18).
+    burst = b"".join(EVENT_A + b"\n" for _ in range(6))
+    async with _kube([burst]) as kube:
+        order: list[str] = []
+        async for _ in kube.stream("/watch", query=(), inactivity_s=5):
+            order.append("event")
+            if len(order) == 1:
+                asyncio.get_running_loop().call_soon(order.append, "other")
+    assert order.count("event") == 6
+    assert order.index("other") <= 2

@@ -222,7 +222,11 @@ class RawKube:
                 # Chunks, not `async for line in resp.content`: its line limit (64 KiB) is below a pod.
                 async for chunk in resp.content.iter_any():
                     *lines, buffer = (buffer + chunk).split(b"\n")
-                    for line in lines:
+                    for index, line in enumerate(lines):
+                        if index:
+                            # A chunk carries a burst of events: let the requests that arrived
+                            # meanwhile in between them, not after the whole burst.
+                            await asyncio.sleep(0)
                         if line.strip():
                             yield _decode(line)
                     if len(buffer) > _LINE_LIMIT:

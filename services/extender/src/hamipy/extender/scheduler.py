@@ -33,6 +33,7 @@ from hamipy.extender.filtering import (
     summarize,
 )
 from hamipy.extender.fitting import NodeReasons, PodAsk
+from hamipy.extender.loop_turns import OnePerTurn
 from hamipy.extender.model import (
     ClusterModel,
     NodeName,
@@ -130,6 +131,8 @@ class Scheduler:
         self._traceparents: dict[str, str] = {}
         self.explanations = Explanations()
         """Nodes explained for pods that fit nowhere, reused while unchanged (``explanations``)."""
+        self.bind_answers = OnePerTurn()
+        """Binds whose Binding came back wait here to answer, one a loop turn (``loop_turns``)."""
         # Per pending pod: its last failure's detail and how many identical ones followed it.
         self._last_failure: dict[str, tuple[str, int]] = {}
 
@@ -495,6 +498,9 @@ class Scheduler:
                 error, outcome = exc.reason, "refused"
             except KubeError as exc:
                 error, outcome = f"API error while binding to {node}: {exc}", "error"
+            # The model holds the outcome already. The rest (log line, metrics, the answer) waits
+            # its turn: the apiserver answers binds in bursts, and filters must not queue behind one.
+            await self.bind_answers.turn()
             # Inside the span, so the lines carry its trace and span ids.
             if error:
                 span.set_status(trace.StatusCode.ERROR, error)
