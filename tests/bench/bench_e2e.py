@@ -44,8 +44,10 @@ from its creation to its binding; then its pods and namespace are deleted and wa
 Reported per phase: pods/s, the extender's mean ``/filter`` and ``/bind`` durations (from its
 ``/metrics``), with ``--filter-probe`` ``/filter`` as a client sees it while the binds run (a probe
 20 times a second with 420 node names, for a pod the extender has not watched: it decides and
-reserves nothing; asked from a process of its own, as kube-scheduler asks; p99 in the table,
-"client p99"; its own load lowers the rates), CPU seconds of
+reserves nothing; asked from a process of its own, as kube-scheduler asks, with a blocking
+HTTP/1.1 client as cheap as Go's; p99 in the table, "client p99", and every round's samples
+pooled per phase at the end, with the kernel's arrival time of each answer beside the time the
+probe read it; its own load lowers the rates), CPU seconds of
 each process from the first create to 1 s after the last binding (and the seconds the extender
 spent runnable but waiting for a CPU, "ext waited"), the seconds the extenders' garbage collector
 held them by generation (``hamipy_extender_gc_pause_seconds``, "gc s" 0/1/2), and
