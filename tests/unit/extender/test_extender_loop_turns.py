@@ -42,6 +42,7 @@ async def test_a_waiter_cancelled_in_line_gives_up_its_place() -> None:
     await asyncio.sleep(0)  # all three wait in line now
     assert len(turns) == 3
     tasks[1].cancel()
+    assert len(turns) == 2
     await asyncio.gather(*tasks, return_exceptions=True)
     assert order == [0, 2]
     assert tasks[1].cancelled()

@@ -26,8 +26,8 @@ class OnePerTurn:
         self._releasing = False
 
     def __len__(self) -> int:
-        """Tasks waiting now."""
-        return len(self._waiting)
+        """Tasks waiting now (not those cancelled while they waited)."""
+        return sum(1 for waiter in self._waiting if not waiter.done())
 
     async def turn(self) -> None:
         """Return on a later turn of the loop, after every task that waited here before."""
