@@ -1,8 +1,10 @@
 """``hamipy-extender serve`` as users run it, one process per replica, for the benchmarks and for
 the integration tests that kill a replica (``kill -9`` cannot be done to one in the test process).
 
-- `start_extender_processes`: plain HTTP on loopback, the node policy from a ``--config`` file,
-  handshake stamping off; ready once each ``/readyz`` answers;
+- `start_extender_processes`: plain HTTP on loopback, or with ``tls`` (a `LoopbackPki`) HTTPS that
+  demands a client certificate, as the chart serves it, ``/readyz`` and ``/metrics`` then on a plain
+  port of their own; the node policy from a ``--config`` file, handshake stamping off; ready once each
+  ``/readyz`` answers;
 - `ExtenderProcess.stop` sends SIGTERM and waits, SIGKILL only after a timeout; `ExtenderProcess.kill`
   is ``kill -9`` at once (a crash: no Lease released, no request drained).
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import datetime
 import os
 import shutil
 import signal
@@ -23,7 +26,9 @@ from typing import BinaryIO
 
 import aiohttp
 
+from hamipy.devcluster.config import ExtenderTLS
 from hamipy.devcluster.processes import free_port, tail
+from hamipy.kube.certs import issue_cert, make_ca
 
 READY_TIMEOUT_S = 120.0
 """An extender is ready once it has listed every Node and Pod: a few seconds at 1,000 nodes."""
@@ -42,18 +47,78 @@ def extender_command() -> Path:
     return Path(found)
 
 
+PKI_VALIDITY = datetime.timedelta(days=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopbackPki:
+    """The chart's extender TLS on loopback, as files: one CA (EC P-256, as ``hamipy.kube.certs``
+    issues), the extenders' serving certificate for 127.0.0.1, and one client certificate, which
+    kube-scheduler and the filter probe present."""
+
+    ca: Path
+    server_cert: Path
+    server_key: Path
+    client_cert: Path
+    client_key: Path
+
+    @classmethod
+    def create(cls, directory: Path) -> LoopbackPki:
+        ca = make_ca("bench-extender-ca", validity=PKI_VALIDITY)
+        server = issue_cert(
+            ca, common_name="extender", validity=PKI_VALIDITY, ip_addresses=["127.0.0.1"], server=True
+        )
+        client = issue_cert(ca, common_name="hami-scheduler", validity=PKI_VALIDITY, client=True)
+        directory.mkdir(parents=True, exist_ok=True)
+        files = {
+            "ca.crt": ca.cert_pem,
+            "tls.crt": server.cert_pem,
+            "tls.key": server.key_pem,
+            "client.crt": client.cert_pem,
+            "client.key": client.key_pem,
+        }
+        for name, data in files.items():
+            (directory / name).write_bytes(data)
+        return cls(*(directory / name for name in files))
+
+    def serve_args(self) -> list[str]:
+        """The extender's flags: HTTPS with this certificate, a client certificate required."""
+        return [
+            "--tls-cert-file",
+            str(self.server_cert),
+            "--tls-key-file",
+            str(self.server_key),
+            "--tls-client-ca-file",
+            str(self.ca),
+        ]
+
+    def scheduler(self) -> ExtenderTLS:
+        """kube-scheduler's extender ``tlsConfig``."""
+        return ExtenderTLS(
+            ca_file=str(self.ca), cert_file=str(self.client_cert), key_file=str(self.client_key)
+        )
+
+
 @dataclasses.dataclass
 class ExtenderProcess:
-    """One ``hamipy-extender serve`` child process on 127.0.0.1:``port`` (plain HTTP)."""
+    """One ``hamipy-extender serve`` child process on 127.0.0.1:``port``: plain HTTP, or HTTPS with
+    ``metrics_port`` serving ``/readyz`` and ``/metrics`` plainly."""
 
     index: int
     port: int
     log_path: Path
     process: asyncio.subprocess.Process
+    metrics_port: int | None = None
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        """The decision port, where kube-scheduler calls."""
+        return f"{'http' if self.metrics_port is None else 'https'}://127.0.0.1:{self.port}"
+
+    @property
+    def plain_url(self) -> str:
+        """Where ``/readyz`` and ``/metrics`` answer without a client certificate."""
+        return f"http://127.0.0.1:{self.port if self.metrics_port is None else self.metrics_port}"
 
     @property
     def pid(self) -> int:
@@ -73,7 +138,9 @@ class ExtenderProcess:
                     f"ready; its log ({self.log_path}) ends:\n{self.log_tail()}"
                 )
             with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-                async with session.get(f"{self.url}/readyz", timeout=aiohttp.ClientTimeout(total=2)) as resp:
+                async with session.get(
+                    f"{self.plain_url}/readyz", timeout=aiohttp.ClientTimeout(total=2)
+                ) as resp:
                     if resp.status == 200:
                         return
             if time.monotonic() > deadline:
@@ -84,7 +151,7 @@ class ExtenderProcess:
 
     async def metrics(self, session: aiohttp.ClientSession) -> str:
         """Its ``/metrics`` (Prometheus text)."""
-        async with session.get(f"{self.url}/metrics", timeout=aiohttp.ClientTimeout(total=30)) as resp:
+        async with session.get(f"{self.plain_url}/metrics", timeout=aiohttp.ClientTimeout(total=30)) as resp:
             resp.raise_for_status()
             return await resp.text()
 
@@ -119,12 +186,14 @@ async def start_extender_processes(
     workdir: Path,
     extra_args: Sequence[str] = (),
     replica_args: Callable[[int, int], Sequence[str]] | None = None,
+    tls: LoopbackPki | None = None,
 ) -> list[ExtenderProcess]:
     """``n`` extender replicas with ``nodeSchedulerPolicy: policy``, each its own process on a port of
     its own, all ready (``/readyz``) on return; those started are stopped again when one fails.
 
     ``extra_args`` go to every replica, ``replica_args(index, port)`` to one (flags that differ per
-    replica, such as where the others reach it: ``--advertise-url http://127.0.0.1:<port>``)."""
+    replica, such as where the others reach it: ``--advertise-url http://127.0.0.1:<port>``). With
+    ``tls`` each serves HTTPS demanding a client certificate that CA signed."""
     config = await asyncio.to_thread(_write_config, workdir, policy)
     command = extender_command()
     # Flags come from the command line only: a HAMIPY_EXTENDER_* variable would change the setup.
@@ -136,6 +205,7 @@ async def start_extender_processes(
     try:
         for index in range(n):
             port = free_port()
+            metrics_port = free_port() if tls is not None else None
             log_path = workdir / f"extender-{policy}-{index}-{port}.log"
             argv = [
                 str(command),
@@ -150,6 +220,7 @@ async def start_extender_processes(
                 str(config),
                 "--handshake-interval",
                 "0",
+                *([*tls.serve_args(), "--metrics-port", str(metrics_port)] if tls is not None else []),
                 *extra_args,
                 *(replica_args(index, port) if replica_args is not None else ()),
             ]
@@ -163,7 +234,7 @@ async def start_extender_processes(
                     env=env,
                     start_new_session=True,
                 )
-            started.append(ExtenderProcess(index, port, log_path, process))
+            started.append(ExtenderProcess(index, port, log_path, process, metrics_port))
         async with aiohttp.ClientSession() as session:
             await asyncio.gather(*(e.wait_ready(session) for e in started))
     except BaseException:

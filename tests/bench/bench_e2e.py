@@ -119,7 +119,7 @@ from _e2e_support import (
     runqueue_wait_seconds,
 )
 from _results import percentiles_us, record
-from extender_processes import ExtenderProcess, start_extender_processes, stop_extenders
+from extender_processes import ExtenderProcess, LoopbackPki, start_extender_processes, stop_extenders
 
 from hamipy.devcluster import (
     HAMI_SCHEDULER_NAME,
@@ -360,12 +360,19 @@ class CpuSplit:
 
 
 async def probe_filters(
-    url: str, nodes: int, stop: asyncio.Event, *, boost: int = 0, cpus: set[int] | None = None
+    url: str,
+    nodes: int,
+    stop: asyncio.Event,
+    *,
+    boost: int = 0,
+    cpus: set[int] | None = None,
+    tls: LoopbackPki | None = None,
 ) -> dict[str, list[float]]:
     """Client-side ``/filter`` latencies (seconds) while binds run: a pod the extender has not
     watched (it decides, and reserves nothing), every ``PROBE_INTERVAL_S`` until ``stop``; asked
     from a process of its own (``_filter_probe.py``), as kube-scheduler asks. ``wall``: from the
-    send to the answer read; ``arrival``: to the kernel's receive time of the answer."""
+    send to the answer read; ``arrival``: to the kernel's receive time of the answer. Over TLS (an
+    https ``url``) with ``tls``'s client certificate."""
     body = gpu_pod("probe", selector={"bench": "rate"}, limits=OUR_LIMITS)
     body["metadata"].update(namespace="bench-probe", uid="00000000-0000-4000-8000-00000000probe")
     names = [f"bench-{i:05d}" for i in range(0, nodes, max(1, nodes // PROBE_NODES))][:PROBE_NODES]
@@ -374,6 +381,7 @@ async def probe_filters(
         str(Path(__file__).with_name("_filter_probe.py")),
         url,
         str(PROBE_INTERVAL_S),
+        *((str(tls.ca), str(tls.client_cert), str(tls.client_key)) if tls is not None else ()),
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         start_new_session=True,
@@ -404,8 +412,9 @@ async def wait_leader(extenders: list[ExtenderProcess]) -> ExtenderProcess:
     raise TimeoutError("no extender replica became the leader within 60s")
 
 
-def scheduler_config(extender_url: str | None) -> SchedulerConfig:
-    """The ``hami-scheduler`` profile, calling the extender at ``extender_url`` (None: no extender)."""
+def scheduler_config(extender_url: str | None, tls: LoopbackPki | None = None) -> SchedulerConfig:
+    """The ``hami-scheduler`` profile, calling the extender at ``extender_url`` (None: no extender),
+    over TLS with ``tls``'s client certificate (an https URL) as the chart configures it."""
     if extender_url is None:
         return SchedulerConfig(profiles=(HAMI_SCHEDULER_NAME,))
     extender = ExtenderConfig(
@@ -414,6 +423,7 @@ def scheduler_config(extender_url: str | None) -> SchedulerConfig:
         node_cache_capable=True,
         managed_resources=MANAGED,
         http_timeout_s=30,
+        tls=tls.scheduler() if tls is not None else None,
     )
     return SchedulerConfig.hami(extender)
 
@@ -471,6 +481,9 @@ class Bench:
     """``--backlog N``: pods that fit nowhere, created before each phase's burst (``waiting_pods``)."""
     extender_args: tuple[str, ...] = ()
     """``--extender-args``: flags every extender process gets (to compare settings run by run)."""
+    tls: LoopbackPki | None = None
+    """``--tls``: the extenders serve HTTPS demanding kube-scheduler's client certificate, as the
+    chart deploys them (binpack and spread phases)."""
 
     def pin(self, extenders: list[ExtenderProcess]) -> None:
         """Apply ``split`` to every process of the phase (kube-scheduler is new in each)."""
@@ -548,9 +561,11 @@ async def placement_phase(bench: Bench, round_no: int, phase: str) -> dict[str, 
                 kubeconfig=Path(cluster.access.kubeconfig),
                 workdir=bench.workdir / f"round-{round_no}",
                 extra_args=bench.extender_args,
+                tls=bench.tls,
             )
             target = extenders[0].url
-        config = dataclasses.replace(scheduler_config(target), ignored_resources=ignored)
+        tls = bench.tls if target is not None and target.startswith("https:") else None
+        config = dataclasses.replace(scheduler_config(target, tls), ignored_resources=ignored)
         await asyncio.to_thread(cluster.start_scheduler, config, name="hami")
         if bench.backlog:
             await create_all(api, namespace, waiting_pods(bench.backlog, extender=target is not None))
@@ -577,6 +592,7 @@ async def placement_phase(bench: Bench, round_no: int, phase: str) -> dict[str, 
                     stop_probe,
                     boost=bench.favour,
                     cpus=bench.split.rest if bench.split is not None else None,
+                    tls=tls,
                 )
             )
         first = time.perf_counter()
@@ -886,6 +902,7 @@ async def run(
     phases_run: Sequence[str] = PHASES,
     backlog: int = 0,
     extender_args: Sequence[str] = (),
+    tls: bool = False,
 ) -> dict[str, Any]:
     with (
         tempfile.TemporaryDirectory(prefix="hamipy-e2e-", dir="/tmp") as tmp,
@@ -895,6 +912,7 @@ async def run(
             bench = Bench(cluster, api, RequestCounter(api), Path(tmp) / "extenders", nodes, pods)
             bench.filter_probe, bench.favour, bench.split = filter_probe, favour, split
             bench.backlog, bench.extender_args = backlog, tuple(extender_args)
+            bench.tls = LoopbackPki.create(Path(tmp) / "pki") if tls else None
             async with NodePool(api, heartbeat_interval_s=300) as pool:
                 nodes_s = await add_nodes(pool, nodes)
                 # kube-controller-manager's TTL controller annotates every new node, 20 a second.
@@ -916,6 +934,7 @@ async def run(
         "nodes": nodes,
         "pods": pods,
         "rounds": rounds,
+        "extender_tls": tls,
         "nodes_registered_in_s": round(nodes_s, 1),
         "nodes_settled_in_s": round(quiet_s, 1),
         "phase_names": summary["phases"],
@@ -984,6 +1003,12 @@ def main() -> None:
         help="flags for every extender process, as one string (e.g. '--api-connections 24')",
     )
     parser.add_argument(
+        "--tls",
+        action="store_true",
+        help="the binpack and spread extenders serve HTTPS and demand kube-scheduler's client"
+        " certificate, as the chart deploys them (the probe asks over TLS too)",
+    )
+    parser.add_argument(
         "--phases",
         type=lambda text: [ph for ph in text.split(",") if ph],
         default=list(PHASES),
@@ -999,6 +1024,8 @@ def main() -> None:
         parser.error("--nodes, --pods and --rounds must be at least 1")
     if args.backlog < 0:
         parser.error("--backlog must be at least 0")
+    if args.tls and (elected := [ph for ph in args.phases if ph.startswith("binpack3")]):
+        parser.error(f"--tls covers the binpack and spread phases, not the elected replicas' {elected}")
 
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
@@ -1017,6 +1044,7 @@ def main() -> None:
             phases_run=["bare", *(ph for ph in args.phases if ph != "bare")],
             backlog=args.backlog,
             extender_args=shlex.split(args.extender_args),
+            tls=args.tls,
         )
     )
     print(
