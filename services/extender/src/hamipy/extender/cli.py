@@ -48,6 +48,7 @@ from hamipy.protocol.config import Config, load_config_file
 from hamipy.telemetry import TracingConfigError
 from hamipy.telemetry.limit_options import add_limit_options
 from hamipy.telemetry.supervision import serve_until_signal
+from hamipy.telemetry.tls import serving_context
 
 __all__ = ["build_parser", "main", "serve", "settings_from_args"]
 
@@ -345,13 +346,7 @@ def server_tls(cert: Path | None, key: Path | None, client_ca: Path | None) -> s
         return None
     if cert is None or key is None:
         raise ValueError("--tls-cert-file and --tls-key-file go together")
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.load_cert_chain(cert, key)
-    if client_ca is not None:
-        context.load_verify_locations(cafile=client_ca)
-        context.verify_mode = ssl.CERT_REQUIRED
-    return context
+    return serving_context(cert, key, client_ca=client_ca)
 
 
 async def _serve(

@@ -40,6 +40,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from hamipy.telemetry.http_limits import BoundedServer, HttpLimits, start_bounded_site
 from hamipy.telemetry.supervision import Supervisor
+from hamipy.telemetry.tls import serving_context
 from hamipy.webhook.admitting import Admitter
 
 __all__ = [
@@ -156,10 +157,7 @@ class CertificateStore:
         self.reloads = 0
 
     def _load(self) -> ssl.SSLContext:
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-        ctx.load_cert_chain(self.cert_file, self.key_file)
-        return ctx
+        return serving_context(self.cert_file, self.key_file)
 
     @property
     def current(self) -> ssl.SSLContext:
