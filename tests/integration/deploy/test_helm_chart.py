@@ -8,6 +8,7 @@ arguments and environment) are checked where they land."""
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import subprocess
@@ -16,6 +17,9 @@ from typing import Any
 
 import pytest
 import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 from stack_support import extender_config
 
 from hamipy.devcluster.binaries import KUBERNETES_VERSION, ensure_helm
@@ -23,6 +27,7 @@ from hamipy.devcluster.config import ExtenderTLS, SchedulerConfig, render_schedu
 from hamipy.devcluster.identities import SERVICE_RULES
 from hamipy.protocol import keys
 from hamipy.protocol.config import load_config
+from hamipy.telemetry.tls import serving_context
 from hamipy.webhook.admission_policy import admission_policies
 from hamipy.webhook.registration import webhook_configuration
 
@@ -262,6 +267,38 @@ def test_only_the_scheduler_and_the_other_replicas_reach_the_extenders_port(
     server = one(docs, "Secret", "-extender-tls")["data"]
     client = one(docs, "Secret", "-extender-client-tls")["data"]
     assert server["ca.crt"] == client["ca.crt"]
+
+
+def test_the_charts_extender_certificates_are_ecdsa_from_one_ca(
+    rendered: dict[str, list[dict[str, Any]]], tmp_path: Path
+) -> None:
+    """ECDSA P-256 keys, not Sprig's RSA-2048 default: the extender makes a handshake's signature for
+    most of kube-scheduler's calls in a burst (docs/extender.md#tls-handshakes)."""
+    docs = rendered["defaults"]
+    for suffix, dns in (("-extender-tls", True), ("-extender-client-tls", False)):
+        data = {k: base64.b64decode(v) for k, v in one(docs, "Secret", suffix)["data"].items()}
+        key = serialization.load_pem_private_key(data["tls.key"], password=None)
+        cert = x509.load_pem_x509_certificate(data["tls.crt"])
+        ca = x509.load_pem_x509_certificate(data["ca.crt"])
+        for public in (key.public_key(), cert.public_key(), ca.public_key()):
+            assert isinstance(public, ec.EllipticCurvePublicKey), suffix
+            assert public.curve.name == "secp256r1", suffix
+        assert cert.public_key() == key.public_key(), suffix
+        cert.verify_directly_issued_by(ca)
+        try:
+            san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+            names = san.get_values_for_type(x509.DNSName)
+        except x509.ExtensionNotFound:
+            names = []
+        assert ("hami-py-extender.hami-system.svc" in names) == dns, (suffix, names)
+        for name, pem in data.items():
+            (tmp_path / f"{suffix}-{name}").write_bytes(pem)
+    # The extender serves with the pair as the chart mounts it.
+    serving_context(
+        tmp_path / "-extender-tls-tls.crt",
+        tmp_path / "-extender-tls-tls.key",
+        client_ca=tmp_path / "-extender-tls-ca.crt",
+    )
 
 
 def test_extender_tls_can_be_off_or_bring_your_own() -> None:
