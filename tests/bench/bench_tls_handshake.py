@@ -8,7 +8,8 @@ kube-scheduler's client certificate. This times that share alone (the server sid
 handshakes with the extender's own ``server_tls`` context; the client's work is not counted) for the
 chart's certificates (ECDSA P-256, ``deploy/helm/hami-py/templates/extender-tls.yaml``) against
 RSA-2048 ones (Helm's ``genCA``/``genSignedCert``, which the chart used before), each as served
-(no session tickets: ``hamipy.telemetry.tls``) and with OpenSSL's default two TLS 1.3 tickets.
+(no session tickets: ``hamipy.telemetry.tls``), with OpenSSL's default two TLS 1.3 tickets, and
+without the demand for kube-scheduler's certificate (what checking it costs).
 
     .venv/bin/python tests/bench/bench_tls_handshake.py [--handshakes N]
 """
@@ -81,8 +82,11 @@ def _write(directory: Path, name: str, cert: x509.Certificate, key: PrivateKey) 
     return cert_path, key_path
 
 
-def contexts(directory: Path, new_key: Callable[[], PrivateKey]) -> tuple[ssl.SSLContext, ssl.SSLContext]:
-    """The extender's server context and kube-scheduler's client context, from one CA of this key type."""
+def contexts(
+    directory: Path, new_key: Callable[[], PrivateKey]
+) -> tuple[ssl.SSLContext, ssl.SSLContext, ssl.SSLContext]:
+    """The extender's server context, kube-scheduler's client context, both from one CA of this key
+    type, and the same server context without the demand for a client certificate."""
     ca_key = new_key()
     ca = _cert("extender-ca", ca_key, None, [])
     issuer = (ca.subject, ca_key)
@@ -96,7 +100,9 @@ def contexts(directory: Path, new_key: Callable[[], PrivateKey]) -> tuple[ssl.SS
     assert serving is not None
     calling = ssl.create_default_context(cafile=ca_path)
     calling.load_cert_chain(*client_files)
-    return serving, calling
+    unchecked = server_tls(*server_files, None)
+    assert unchecked is not None
+    return serving, calling, unchecked
 
 
 def server_share(serving: ssl.SSLContext, calling: ssl.SSLContext) -> float:
@@ -127,6 +133,13 @@ def server_share(serving: ssl.SSLContext, calling: ssl.SSLContext) -> float:
     return spent
 
 
+def handshakes(serving: ssl.SSLContext, calling: ssl.SSLContext, n: int) -> dict[str, float]:
+    """Percentiles of the server's share of ``n`` handshakes, after a few untimed ones."""
+    for _ in range(WARMUP):
+        server_share(serving, calling)
+    return percentiles_us([server_share(serving, calling) for _ in range(n)])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -138,15 +151,15 @@ def main() -> None:
         for name, new_key in KEY_TYPES.items():
             directory = Path(tmp) / name
             directory.mkdir()
-            serving, calling = contexts(directory, new_key)
+            serving, calling, unchecked = contexts(directory, new_key)
+            timed[f"{name}, 0 tickets, no client certificate"] = handshakes(
+                unchecked, calling, args.handshakes
+            )
             for tickets in (0, 2):
                 if tickets:  # OpenSSL's defaults, as the extender served before
                     serving.options &= ~ssl.OP_NO_TICKET
                 serving.num_tickets = tickets
-                for _ in range(WARMUP):
-                    server_share(serving, calling)
-                samples = [server_share(serving, calling) for _ in range(args.handshakes)]
-                timed[f"{name}, {tickets} tickets"] = percentiles_us(samples)
+                timed[f"{name}, {tickets} tickets"] = handshakes(serving, calling, args.handshakes)
     record(
         "tls_handshake",
         {
