@@ -20,8 +20,9 @@ noise falls on all alike:
 - ``binpack`` and ``spread``: the same kube-scheduler wired to the extender (filter and bind,
   adaptive ``percentageOfNodesToScore`` as for ``bare``), ``--pods`` pods asking 1 GPU, 2,000 MiB
   and 5 % cores; the extender runs as users run it, ``hamipy-extender serve`` in a process of its
-  own (plain HTTP on loopback, ``nodeSchedulerPolicy`` from a ``--config`` file, handshake stamping
-  off), a fresh one per phase, since it keeps its model from watches (`start_extender_processes` can
+  own (plain HTTP on loopback, or with ``--tls`` HTTPS demanding kube-scheduler's client
+  certificate, as the chart serves it; ``nodeSchedulerPolicy`` from a ``--config`` file, handshake
+  stamping off), a fresh one per phase, since it keeps its model from watches (`start_extender_processes` can
   start several replicas; the scheduler calls replica 0);
 - ``binpack3``: as ``binpack`` with 3 replicas electing a leader (``--leader-elect``) and
   kube-scheduler pinned to a follower, as kube-proxy pins a kept-alive connection: every request is
