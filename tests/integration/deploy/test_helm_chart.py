@@ -292,12 +292,12 @@ def test_the_charts_extender_certificates_are_ecdsa_from_one_ca(
             names = []
         assert ("hami-py-extender.hami-system.svc" in names) == dns, (suffix, names)
         for name, pem in data.items():
-            (tmp_path / f"{suffix}-{name}").write_bytes(pem)
+            (tmp_path / f"{suffix.lstrip('-')}-{name}").write_bytes(pem)
     # The extender serves with the pair as the chart mounts it.
     serving_context(
-        tmp_path / "-extender-tls-tls.crt",
-        tmp_path / "-extender-tls-tls.key",
-        client_ca=tmp_path / "-extender-tls-ca.crt",
+        tmp_path / "extender-tls-tls.crt",
+        tmp_path / "extender-tls-tls.key",
+        client_ca=tmp_path / "extender-tls-ca.crt",
     )
 
 
