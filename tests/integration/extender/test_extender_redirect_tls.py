@@ -1,7 +1,7 @@
 """Followers that redirect to the leader, over TLS, as the chart deploys them (docs/extender.md#replicas):
 the extenders' certificate names only the Service, the leader's advertised URL is its IP, and the
 real kube-scheduler follows each 307 there because its extender ``tlsConfig.serverName`` is that
-Service name."""
+Service name. It speaks HTTP/2 to both, as the decision port offers it over TLS."""
 
 from __future__ import annotations
 
@@ -97,6 +97,14 @@ def redirected(servers: list[ExtenderServer], verb: str) -> float:
     )
 
 
+def connections(server: ExtenderServer) -> tuple[float, float]:
+    """Connections the decision port accepted, and of those the ones that chose HTTP/2."""
+    registry, labels = server.telemetry.metrics.registry, {"server": "api"}
+    accepted = registry.get_sample_value("hamipy_extender_http_connections_accepted_total", labels)
+    http2 = registry.get_sample_value("hamipy_extender_http_connections_http2_total", labels)
+    return accepted or 0.0, http2 or 0.0
+
+
 @pytest.mark.timeout(180)
 async def test_kube_scheduler_follows_a_followers_redirect_to_the_leader_over_tls(
     cluster: Cluster, replicas: list[ExtenderServer], pki: Pki, hami_scheduler: Callable[..., Any]
@@ -121,4 +129,9 @@ async def test_kube_scheduler_follows_a_followers_redirect_to_the_leader_over_tl
     followers = [s for s in replicas if s is not leader]
     assert redirected(followers, "filter") >= len(names)
     assert redirected(followers, "bind") >= len(names)
+    # kube-scheduler's Go client chose HTTP/2 on every connection, to the follower and the leader.
+    for replica in (follower, leader):
+        accepted, http2 = connections(replica)
+        assert accepted >= 1
+        assert http2 == accepted
     await cluster.assert_invariant()

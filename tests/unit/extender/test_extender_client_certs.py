@@ -4,6 +4,7 @@ of their own (docs/security.md, rule 5)."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import io
 import json
@@ -16,6 +17,7 @@ import aiohttp
 import pytest
 from builders import container
 from extender_fakes import elected, node, pod
+from http2_client import H2Client
 
 import hamipy.extender.cli as cli
 from hamipy.extender.leadership import Leadership
@@ -26,6 +28,7 @@ from hamipy.kube.certs import KeyPair, issue_cert, make_ca
 from hamipy.protocol.config import Config
 
 DAY = datetime.timedelta(days=1)
+MAX_BODY = 64 * 1024
 
 
 @dataclass
@@ -72,7 +75,7 @@ def pki(tmp_path: Path) -> Pki:
 async def server(pki: Pki) -> AsyncIterator[ExtenderServer]:
     srv = ExtenderServer(
         config=Config(),
-        settings=ExtenderSettings(),
+        settings=ExtenderSettings(max_body_bytes=MAX_BODY),
         telemetry=Telemetry.create(stream=io.StringIO()),
         api=None,
         ssl_context=cli.server_tls(pki.cert, pki.key, pki.ca),
@@ -116,6 +119,61 @@ async def test_probes_and_metrics_answer_on_their_own_plain_port(server: Extende
         # The decision routes are not on it.
         async with session.post(base + "/filter", json={}) as resp:
             assert resp.status in (404, 405)
+
+
+async def test_over_http2_the_decision_port_answers_as_over_http1(server: ExtenderServer, pki: Pki) -> None:
+    """kube-scheduler's Go client chooses HTTP/2 when offered: the same answers, on one connection."""
+    filter_body = json.dumps({"Pod": pod("p", container(gpu=1, gpumem=1000)), "NodeNames": ["a"]})
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session,
+        session.post(f"{server.url}/filter", data=filter_body, ssl=pki.client) as resp,
+    ):
+        over_http1 = await resp.read()
+    h2c = await H2Client.connect(server.port, pki.client)
+    try:
+        answer = await h2c.request("POST", "/filter", filter_body.encode())
+        assert (answer.status, answer.body) == (200, over_http1)
+        assert json.loads(answer.body)["NodeNames"] == ["a"]
+        assert answer.headers["content-type"] == "application/json"
+        bad = await h2c.request("POST", "/filter", b"{not json")
+        assert bad.status == 400
+        assert "JSON" in json.loads(bad.body)["Error"]
+        too_large = await h2c.request("POST", "/bind", b" " * (MAX_BODY + 1))
+        assert too_large.status == 400
+        assert json.loads(too_large.body)["Error"] == f"request body larger than {MAX_BODY} bytes"
+        assert (await h2c.request("GET", "/filter")).status == 405
+        assert (await h2c.request("GET", "/nothing")).status == 404
+        ready = await h2c.request("GET", "/readyz")
+        assert (ready.status, ready.body) == (200, b"ok")
+        metrics = await h2c.request("GET", "/metrics")
+        assert b'hamipy_extender_http_connections_http2_total{server="api"} 1.0' in metrics.body
+    finally:
+        await h2c.close()
+    bad_requests = {"verb": "filter", "result": "bad-request", "reason": "BadRequest"}
+    assert (
+        server.telemetry.metrics.registry.get_sample_value("hamipy_extender_decisions_total", bad_requests)
+        == 1
+    )
+
+
+async def test_with_no_http2_the_decision_port_offers_http1_only(pki: Pki) -> None:
+    srv = ExtenderServer(
+        config=Config(),
+        settings=ExtenderSettings(http2=False),
+        telemetry=Telemetry.create(stream=io.StringIO()),
+        api=None,
+        ssl_context=cli.server_tls(pki.cert, pki.key, pki.ca),
+    )
+    async with srv:
+        pki.client.set_alpn_protocols(["h2", "http/1.1"])
+        _, writer = await asyncio.open_connection("127.0.0.1", srv.port, ssl=pki.client)
+        try:
+            assert writer.get_extra_info("ssl_object").selected_alpn_protocol() in (None, "http/1.1")
+        finally:
+            writer.close()
+    args = cli.build_parser().parse_args(["serve", "--no-http2"])
+    assert not cli.settings_from_args(args).http2
+    assert cli.settings_from_args(cli.build_parser().parse_args(["serve"])).http2
 
 
 def test_tls_flags_that_do_not_go_together_are_refused(pki: Pki, capsys: pytest.CaptureFixture[str]) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -19,10 +20,12 @@ from extender_fakes import FakeKube, bind_args, elected, our_node, pod
 from hamipy.devcluster import wait_for
 from hamipy.extender.leadership import FORWARDED_HEADER, REDIRECTED_QUERY, Leadership
 from hamipy.extender.model import ClusterModel, PodUid
-from hamipy.extender.server import ExtenderServer, make_app
+from hamipy.extender.routes import Routes, make_app
+from hamipy.extender.server import ExtenderServer
 from hamipy.extender.settings import ExtenderSettings
 from hamipy.extender.telemetry import Telemetry
 from hamipy.protocol.config import Config
+from hamipy.telemetry.http2 import Http2Request
 
 
 def server(api: FakeKube | None, **settings: Any) -> ExtenderServer:
@@ -35,13 +38,18 @@ def server(api: FakeKube | None, **settings: Any) -> ExtenderServer:
     )
 
 
+def routes(**leadership: Any) -> Routes:
+    """The routes of a replica with leader election on, its ``Leadership`` made with ``leadership``."""
+    srv = server(None)
+    role = Leadership(election=True, api=None, model=None, telemetry=srv.telemetry, **leadership)
+    return Routes(srv.scheduler, max_body_bytes=1 << 20, health=srv.health, leadership=role)
+
+
 @contextlib.asynccontextmanager
 async def serving(**leadership: Any) -> AsyncIterator[str]:
     """The routes of a replica with leader election on, its ``Leadership`` made with
     ``leadership``; its URL."""
-    srv = server(None)
-    role = Leadership(election=True, api=None, model=None, telemetry=srv.telemetry, **leadership)
-    app = make_app(srv.scheduler, max_body_bytes=1 << 20, health=srv.health, leadership=role)
+    app = make_app(routes(**leadership))
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -145,6 +153,28 @@ async def test_a_redirected_request_that_reaches_a_follower_is_refused_not_redir
     status, answer = await post(redirecting, f"/filter?{REDIRECTED_QUERY}=other", {"Pod": pod("p")})
     assert status == 503
     assert answer["Error"].endswith("is not the leader")
+
+
+def http2_post(
+    path: str, body: bytes, *, query: str = "", headers: dict[str, str] | None = None
+) -> Http2Request:
+    return Http2Request("POST", path, query, headers or {}, body, too_large=False, remote="127.0.0.1")
+
+
+async def test_over_http2_a_follower_redirects_and_never_passes_a_request_on_twice() -> None:
+    """The same rules as over HTTP/1.1: kube-scheduler speaks HTTP/2 to a TLS extender."""
+    redirecting = routes(elector=elected(leader_url="http://leader.test:8888/"), redirects=True)
+    answer = await redirecting.respond_http2(http2_post("/bind", b"not even JSON"))
+    assert answer.status == 307
+    assert answer.headers["location"] == f"http://leader.test:8888/bind?{REDIRECTED_QUERY}=me_1"
+    body = json.dumps({"Pod": pod("p"), "NodeNames": ["n"]}).encode()
+    for request in (
+        http2_post("/filter", body, query=f"{REDIRECTED_QUERY}=other"),
+        http2_post("/filter", body, headers={FORWARDED_HEADER.lower(): "replica-0"}),
+    ):
+        answer = await redirecting.respond_http2(request)
+        assert answer.status == 503
+        assert json.loads(answer.body)["Error"].endswith("is not the leader")
 
 
 # -- cold standby (--cold-standby) ----------------------------------------------------------------

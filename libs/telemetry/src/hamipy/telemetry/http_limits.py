@@ -45,6 +45,8 @@ from typing import Final, Literal, cast
 from aiohttp import StreamReader, web
 from aiohttp.typedefs import Handler
 
+from hamipy.telemetry.http2 import Http2App, Http2Session
+
 __all__ = ["BoundedServer", "BoundedSite", "ConnectionStats", "HttpLimits", "start_bounded_site"]
 
 
@@ -91,6 +93,8 @@ class ConnectionStats:
 
     accepted: int = 0
     """Given a slot, at once or from the queue."""
+    http2: int = 0
+    """Of ``accepted``, those that negotiated HTTP/2 (``start_bounded_site(http2=...)``)."""
     held: int = 0
     waiting: int = 0
     """Of ``held``, those without a request in flight (idle, or still sending their request)."""
@@ -114,9 +118,18 @@ class _Guard:
     """One server's connections: the cap, the eviction order, and the middleware that tells each
     connection when its request reached the application and when the application was done."""
 
-    def __init__(self, limits: HttpLimits, ssl_context: ssl.SSLContext | None) -> None:
+    def __init__(
+        self,
+        limits: HttpLimits,
+        ssl_context: ssl.SSLContext | None,
+        *,
+        http2: Http2App | None = None,
+        shutdown_timeout_s: float = 60.0,
+    ) -> None:
         self.limits = limits
         self.ssl_context = ssl_context
+        self.http2 = http2
+        self.shutdown_timeout_s = shutdown_timeout_s
         self.stats = ConnectionStats()
         self.server: web.Server | None = None
         self.held: set[_Connection] = set()
@@ -200,13 +213,17 @@ class _Guard:
 
     async def stop(self) -> None:
         """Cut what aiohttp does not know yet: queued connections, and those still in their TLS
-        handshake (the queue first, so that no slot freed here is handed on)."""
+        handshake (the queue first, so that no slot freed here is handed on); drain the HTTP/2
+        ones (aiohttp drains its own after this)."""
         for conn in list(self.queue):
             conn.cut()
         for conn in [c for c in self.held if not c.serving]:
             conn.cut()
         if self.handshakes:
             await asyncio.wait(list(self.handshakes))
+        sessions = [c.http2 for c in self.held if c.http2 is not None]
+        if sessions:
+            await asyncio.gather(*(s.shutdown(self.shutdown_timeout_s) for s in sessions))
 
 
 class _Connection(asyncio.Protocol):
@@ -219,6 +236,8 @@ class _Connection(asyncio.Protocol):
         self._loop = asyncio.get_running_loop()
         self._raw: asyncio.Transport | None = None
         self._inner: web.RequestHandler | None = None
+        self.http2: Http2Session | None = None
+        """Instead of ``_inner`` when the TLS handshake selected HTTP/2."""
         self._early: list[bytes] = []
         """Bytes decrypted between the handshake's end and ``_connect`` (the task's next step)."""
         self._handshake: asyncio.Task[None] | None = None
@@ -231,8 +250,8 @@ class _Connection(asyncio.Protocol):
 
     @property
     def serving(self) -> bool:
-        """Whether aiohttp has it (and closes it on shutdown)."""
-        return self._inner is not None
+        """Whether aiohttp or an ``Http2Session`` has it (and closes it on shutdown)."""
+        return self._inner is not None or self.http2 is not None
 
     # -- the transport's side -------------------------------------------------------------------
 
@@ -300,6 +319,9 @@ class _Connection(asyncio.Protocol):
         self._handshake = None
 
     def data_received(self, data: bytes) -> None:
+        if self.http2 is not None:  # frames of any stream, or pings: the session times streams
+            self.http2.data_received(data)
+            return
         if self._idle:
             self._await_headers()  # the first byte of the next request
         if self._inner is None:
@@ -309,21 +331,25 @@ class _Connection(asyncio.Protocol):
 
     def eof_received(self) -> None:
         # None: the transport closes on end of stream, as aiohttp's own handler has it.
-        if self._inner is not None:
-            self._inner.eof_received()
+        inner = self.http2 or self._inner
+        if inner is not None:
+            inner.eof_received()
 
     def pause_writing(self) -> None:
-        if self._inner is not None:
-            self._inner.pause_writing()
+        inner = self.http2 or self._inner
+        if inner is not None:
+            inner.pause_writing()
 
     def resume_writing(self) -> None:
-        if self._inner is not None:
-            self._inner.resume_writing()
+        inner = self.http2 or self._inner
+        if inner is not None:
+            inner.resume_writing()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._forget()
-        if self._inner is not None:
-            self._inner.connection_lost(exc)
+        inner = self.http2 or self._inner
+        if inner is not None:
+            inner.connection_lost(exc)
 
     # -- the application's side (the guard's middleware) -----------------------------------------
 
@@ -346,6 +372,24 @@ class _Connection(asyncio.Protocol):
             self._timer = self._loop.call_later(self._guard.limits.keepalive_timeout_s, self._idle_late)
             self._guard.wait(self)
 
+    # -- an HTTP/2 session's streams (``http2.Slot``) ----------------------------------------------
+
+    def busy(self) -> None:
+        """A stream opened on an idle HTTP/2 connection."""
+        self._idle = False
+        self._cancel_timer()
+        self._guard.busy(self)
+
+    def idle(self) -> None:
+        """Its last stream was answered: kept alive for the keep-alive time."""
+        self.request_done()
+
+    def late(self) -> None:
+        """A stream's body, or the peer's taking of an answer, outlasted the body timeout."""
+        if not self._closed:
+            self._guard.stats.body_timeouts += 1
+            self.cut()
+
     # -- deadlines and closing ------------------------------------------------------------------
 
     def cut(self) -> None:
@@ -356,6 +400,16 @@ class _Connection(asyncio.Protocol):
             self._raw.abort()
 
     def _connect(self, transport: asyncio.Transport) -> None:
+        tls = transport.get_extra_info("ssl_object")
+        http2 = self._guard.http2
+        if http2 is not None and tls is not None and tls.selected_alpn_protocol() == "h2":
+            limits = self._guard.limits
+            self.http2 = Http2Session(transport, http2, slot=self, body_timeout_s=limits.body_timeout_s)
+            self._guard.stats.http2 += 1
+            early, self._early = self._early, []
+            for chunk in early:
+                self.http2.data_received(chunk)
+            return
         server = self._guard.server
         assert server is not None, "the site sets it before accepting"
         inner = server()
@@ -385,6 +439,10 @@ class _Connection(asyncio.Protocol):
     def _idle_late(self) -> None:
         self._timer = None
         self._guard.stats.idle_timeouts += 1
+        if self.http2 is not None:  # GOAWAY first: the peer sends nothing more on it, and retries
+            self.http2.close()  # a request that crossed it
+            self._forget()
+            return
         self.cut()
 
     def _body_late(self) -> None:
@@ -482,10 +540,19 @@ async def start_bounded_site(
     limits: HttpLimits,
     ssl_context: ssl.SSLContext | None = None,
     shutdown_timeout_s: float = 60.0,
+    http2: Http2App | None = None,
 ) -> BoundedServer:
     """Serve ``app`` on ``host:port`` (0: a free port) under ``limits``, over TLS with
-    ``ssl_context``. ``app`` must not be started yet: a middleware of ours is put first in it."""
-    guard = _Guard(limits, ssl_context)
+    ``ssl_context``. ``app`` must not be started yet: a middleware of ours is put first in it.
+
+    With ``http2`` (and ``ssl_context``) a client may choose HTTP/2 in the handshake (ALPN, set on
+    ``ssl_context`` here); its requests are then answered by ``http2`` (``hamipy.telemetry.http2``)
+    instead of ``app``, under the same limits."""
+    if http2 is not None:
+        if ssl_context is None:
+            raise ValueError("HTTP/2 is offered over TLS only (ALPN): give an ssl_context")
+        ssl_context.set_alpn_protocols(["h2", "http/1.1"])
+    guard = _Guard(limits, ssl_context, http2=http2, shutdown_timeout_s=shutdown_timeout_s)
     app.middlewares.insert(0, guard.middleware)
     runner = web.AppRunner(
         app,

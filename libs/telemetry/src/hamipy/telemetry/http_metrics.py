@@ -27,6 +27,7 @@ CLOSE_REASONS: tuple[tuple[str, str], ...] = (
 class HttpConnectionsCollector(Collector):
     """``<prefix>_http_connections{server}`` (held now), ``<prefix>_http_connections_queued{server}``
     (waiting for a slot now), ``<prefix>_http_connections_accepted_total``,
+    ``<prefix>_http_connections_http2_total`` (of those, the ones that chose HTTP/2),
     ``<prefix>_http_connections_waited_total`` (ever waited in the queue) and
     ``<prefix>_http_connections_closed_total{server,reason}`` (cut by a limit), read from the
     servers' own counters at scrape time. Every reason is exported from the start, at 0."""
@@ -52,6 +53,11 @@ class HttpConnectionsCollector(Collector):
             "Connections given a slot, at once or from the queue.",
             labels=["server"],
         )
+        http2 = CounterMetricFamily(
+            f"{self.prefix}_http_connections_http2",
+            "Of the connections accepted, those that chose HTTP/2 in their TLS handshake.",
+            labels=["server"],
+        )
         queued_total = CounterMetricFamily(
             f"{self.prefix}_http_connections_waited",
             "Connections that waited in the queue for a slot.",
@@ -67,11 +73,13 @@ class HttpConnectionsCollector(Collector):
             held.add_metric([name], stats.held)
             queued.add_metric([name], stats.queued)
             accepted.add_metric([name], stats.accepted)
+            http2.add_metric([name], stats.http2)
             queued_total.add_metric([name], stats.queued_total)
             for reason, field in CLOSE_REASONS:
                 closed.add_metric([name, reason], getattr(stats, field))
         yield held
         yield queued
         yield accepted
+        yield http2
         yield queued_total
         yield closed

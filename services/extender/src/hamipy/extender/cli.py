@@ -247,6 +247,12 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
     )
     flags.switch(
         serve,
+        "http2",
+        _DEFAULTS.http2,
+        help="over TLS, offer HTTP/2 (kube-scheduler then sends every request on one connection)",
+    )
+    flags.switch(
+        serve,
         "cold-standby",
         _DEFAULTS.cold_standby,
         help="with --leader-elect, a replica watches the cluster only once it first leads (followers "
@@ -302,6 +308,7 @@ def settings_from_args(args: argparse.Namespace) -> ExtenderSettings:
         own_pod=str(args.own_pod),
         peer_server_name=str(args.peer_server_name),
         follower_redirect=bool(args.follower_redirect),
+        http2=bool(args.http2),
         cold_standby=bool(args.cold_standby),
         lease_duration_s=float(args.lease_duration),
         renew_deadline_s=float(args.renew_deadline),

@@ -1,13 +1,9 @@
-"""The HTTP server kube-scheduler calls, and the background work that keeps the model current.
-
-Routes: ``POST /filter``, ``/prioritize``, ``/bind``, ``/preempt`` (extender JSON, Go field names);
-``GET /healthz`` (the process serves), ``/readyz`` (both Nodes and Pods listed, so decisions see
-the whole cluster, and no background task dead), ``/metrics`` (Prometheus). A body that is not
-JSON, nested deeper than ``json_bodies.MAX_DEPTH``, not the expected argument (a field the
-decisions read with the wrong JSON type: ``_ARGS``, ``_BINDING_ARGS``), or over ``max_body_bytes``
-gets HTTP 400 with the reason; kube-scheduler counts that as an extender error for the pod and
-retries it, and the server keeps serving. Any pod can reach this server, so it runs under
-``hamipy.telemetry.http_limits`` (header, body and keep-alive timeouts, a connection cap).
+"""The HTTPS (or HTTP) server kube-scheduler calls, and the background work that keeps the model
+current. The routes are ``hamipy.extender.routes``'; over TLS they are served over HTTP/1.1 and,
+when the client offers it (kube-scheduler does), HTTP/2 (``hamipy.telemetry.http2``), which carries
+all of kube-scheduler's requests on one connection instead of a TLS handshake for most of them.
+Any pod can reach this server, so it runs under ``hamipy.telemetry.http_limits`` (header, body and
+keep-alive timeouts, a connection cap; per connection at most ``http2.MAX_STREAMS`` HTTP/2 requests).
 
 With ``metrics_port`` the same ``/healthz``, ``/readyz`` and ``/metrics`` are also served over plain
 HTTP on a port of their own (``hamipy.telemetry.probes``), so that the decision port can demand
@@ -30,22 +26,22 @@ import asyncio
 import secrets
 import socket
 import ssl
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator
 from types import TracebackType
-from typing import Any, Final, Self
+from typing import Any, Self
 
-import msgspec
 from aiohttp import web
 
 from hamipy.extender.binding import Binder
 from hamipy.extender.errors import ExtenderError
 from hamipy.extender.eviction import Evictor
-from hamipy.extender.filter_args import watched_filter_args
-from hamipy.extender.leadership import FORWARDED_HEADER, LEADER_URL_ANNOTATION, REDIRECTED_QUERY, Leadership
+from hamipy.extender.health import Health
+from hamipy.extender.leadership import LEADER_URL_ANNOTATION, Leadership
 from hamipy.extender.model import ClusterModel
 from hamipy.extender.requeue import Requeuer
 from hamipy.extender.role_label import RoleLabel
-from hamipy.extender.scheduler import BadRequest, Scheduler
+from hamipy.extender.routes import Routes, make_app
+from hamipy.extender.scheduler import Scheduler
 from hamipy.extender.settings import ExtenderSettings
 from hamipy.extender.telemetry import SERVICE_NAME, Telemetry
 from hamipy.extender.watching import Resource, model_informers, stamp_handshakes
@@ -55,222 +51,12 @@ from hamipy.kube.informer import Informer
 from hamipy.kube.leader import LeaderElector, LeaseSettings
 from hamipy.protocol.config import Config
 from hamipy.telemetry.heap import heap_trimmer, trim_heap_forever
+from hamipy.telemetry.http2 import Http2App
 from hamipy.telemetry.http_limits import BoundedServer, HttpLimits, start_bounded_site
-from hamipy.telemetry.json_bodies import BadJson, ListOf, MapOf, Shape, decode_json, shape_problem
-from hamipy.telemetry.probes import ProbeServer, metrics_response, start_probe_server
+from hamipy.telemetry.probes import ProbeServer, start_probe_server
 from hamipy.telemetry.supervision import Supervisor
 
-__all__ = ["HEALTH", "SCHEDULER", "ExtenderServer", "Health", "http_limits", "make_app"]
-
-_JSON: Final = "application/json"
-UNAVAILABLE_REASON: Final = "BackgroundTaskDied"
-"""The ``reason`` label of decisions refused because a background task died."""
-
-
-class Health:
-    """Whether this extender may decide and whether it is ready: what ``/readyz`` and the decision
-    routes consult. ``informers`` by resource (none when running without the cluster: then the
-    model counts as listed once it was fed both resources)."""
-
-    def __init__(
-        self,
-        *,
-        model: ClusterModel,
-        supervisor: Supervisor,
-        informers: Mapping[Resource, Informer] | None = None,
-    ) -> None:
-        self.model = model
-        self.supervisor = supervisor
-        self.informers = dict(informers or {})
-        self.stopping = asyncio.Event()
-        self.watching = True
-        """False while a cold standby has not led yet (its informers are not started)."""
-
-    def broken(self) -> str | None:
-        """Why decisions are refused (a background task died: the model may be stale), or None."""
-        return self.supervisor.failure
-
-    def synced(self) -> bool:
-        """Whether the model holds the cluster: every informer has listed (and, without informers,
-        the model was fed nodes and pods)."""
-        return all(i.listed.is_set() for i in self.informers.values()) and self.model.synced
-
-    def not_ready(self) -> str | None:
-        """Why ``/readyz`` fails, or None when ready."""
-        if self.stopping.is_set():
-            return "stopping"
-        failure = self.broken()
-        if failure is not None:
-            return failure
-        if not self.watching:
-            return None  # a cold standby passes requests to the leader; it lists once it leads
-        waiting = [name for name, informer in self.informers.items() if not informer.listed.is_set()]
-        if waiting or not self.model.synced:
-            return f"model not synced yet (listing {' and '.join(waiting or ['nodes', 'pods'])})"
-        return None
-
-
-SCHEDULER: Final = web.AppKey("scheduler", Scheduler)
-HEALTH: Final = web.AppKey("health", Health)
-LEADERSHIP: Final = web.AppKey("leadership", Leadership)
-MAX_BODY: Final = web.AppKey("max_body_bytes", int)
-
-_CONTAINER: Final[Shape] = {"name": str, "resources": {"limits": dict, "requests": dict}}
-_META: Final[Shape] = {
-    "name": str,
-    "namespace": str,
-    "uid": str,
-    "annotations": MapOf(str),
-    "labels": MapOf(str),
-}
-_ARGS: Final[Shape] = {
-    "Pod": {
-        "metadata": _META,
-        "spec": {
-            "containers": ListOf(_CONTAINER),
-            "initContainers": ListOf(_CONTAINER),
-            "schedulerName": str,
-            "nodeName": str,
-        },
-    },
-    "NodeNames": ListOf(str),
-    "Nodes": {"items": ListOf({"metadata": _META, "spec": dict, "status": {"allocatable": dict}})},
-}
-"""ExtenderArgs: the JSON types of the fields ``Scheduler`` reads (values of the resource maps are
-``hamipy.protocol``'s to judge, and refused with the pod's Event when malformed)."""
-_BINDING_ARGS: Final[Shape] = {"PodName": str, "PodNamespace": str, "PodUID": str, "Node": str}
-
-
-async def _json_body(request: web.Request, shape: Shape) -> Any:
-    """The request's JSON argument, its fields of ``shape`` checked; ``BadRequest`` otherwise."""
-    return _decoded(await _body(request), shape)
-
-
-async def _body(request: web.Request) -> bytes:
-    try:
-        return await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        raise BadRequest(f"request body larger than {request.app[MAX_BODY]} bytes") from None
-
-
-def _decoded(body: bytes, shape: Shape) -> Any:
-    try:
-        args = decode_json(body)
-    except BadJson as exc:
-        raise BadRequest(str(exc)) from None
-    problem = shape_problem(args, shape, "body")
-    if problem is not None:
-        raise BadRequest(problem)
-    return args
-
-
-def _bad(request: web.Request, exc: BadRequest) -> web.Response:
-    request.app[SCHEDULER].telemetry.logger.warning(
-        "bad request", path=request.path, remote=request.remote, error=str(exc)
-    )
-    request.app[SCHEDULER].telemetry.metrics.decisions.labels(
-        verb=request.path.strip("/"), result="bad-request", reason="BadRequest"
-    ).inc()
-    return web.json_response({"Error": str(exc)}, status=400)
-
-
-def _refused(request: web.Request) -> web.Response | None:
-    """HTTP 503 with the reason when a background task died (the model is no longer kept current),
-    else None. The body is a filter, prioritize or bind result with only ``Error`` set."""
-    failure = request.app[HEALTH].broken()
-    if failure is None:
-        return None
-    request.app[SCHEDULER].telemetry.metrics.decisions.labels(
-        verb=request.path.strip("/"), result="unavailable", reason=UNAVAILABLE_REASON
-    ).inc()
-    error = f"extender unavailable, its cluster model is no longer kept current: {failure}"
-    return web.json_response({"Error": error}, status=503)
-
-
-async def _to_leader(request: web.Request) -> web.Response | None:
-    """When another replica leads: its answer to this request (forwarded), else None (decide here).
-    A request already forwarded is never forwarded again (a stale view of who leads)."""
-    leadership = request.app[LEADERSHIP]
-    if leadership.deciding():
-        return None
-    if request.headers.get(FORWARDED_HEADER) or REDIRECTED_QUERY in request.query:
-        error = f"this extender ({leadership.identity}) is not the leader"
-        return web.json_response({"Error": error}, status=503)
-    if leadership.redirects:
-        # The body is never read: kube-scheduler sends it again to the leader.
-        answer = await leadership.redirect(request.path)
-        if answer.location is not None:
-            return web.Response(status=answer.status, headers={"Location": answer.location})
-        return web.Response(status=answer.status, body=answer.body, content_type=_JSON)
-    try:
-        body = await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        return _bad(request, BadRequest(f"request body larger than {request.app[MAX_BODY]} bytes"))
-    answer = await leadership.forward(request.path, body)
-    return web.Response(status=answer.status, body=answer.body, content_type=_JSON)
-
-
-async def _decide(
-    request: web.Request,
-    verb: Callable[[Scheduler, Any], Any],
-    light: Callable[[bytes, Callable[[str], bool]], Any] | None = None,
-) -> web.Response:
-    """A verb answered from the model alone (filter, prioritize, preempt), on the leader.
-    ``light``: reads the arguments when it can without decoding all of them (None: it cannot)."""
-    if (refused := _refused(request)) is not None:
-        return refused
-    if (forwarded := await _to_leader(request)) is not None:
-        return forwarded
-    scheduler = request.app[SCHEDULER]
-    try:
-        body = await _body(request)
-        args = light(body, scheduler.watches) if light is not None else None
-        if args is None:
-            args = _decoded(body, _ARGS)
-        result = verb(scheduler, args)
-    except BadRequest as exc:
-        return _bad(request, exc)
-    return web.Response(body=msgspec.json.encode(result), content_type=_JSON)
-
-
-async def _filter(request: web.Request) -> web.Response:
-    return await _decide(request, Scheduler.filter, watched_filter_args)
-
-
-async def _prioritize(request: web.Request) -> web.Response:
-    return await _decide(request, Scheduler.prioritize)
-
-
-async def _preempt(request: web.Request) -> web.Response:
-    return await _decide(request, Scheduler.preempt)
-
-
-async def _bind(request: web.Request) -> web.Response:
-    if (refused := _refused(request)) is not None:
-        return refused
-    if (forwarded := await _to_leader(request)) is not None:
-        return forwarded
-    try:
-        args = await _json_body(request, _BINDING_ARGS)
-        result = await request.app[SCHEDULER].bind(args)
-    except BadRequest as exc:
-        return _bad(request, exc)
-    return web.Response(body=msgspec.json.encode(result), content_type=_JSON)
-
-
-async def _healthz(request: web.Request) -> web.Response:
-    return web.Response(text="ok")
-
-
-async def _readyz(request: web.Request) -> web.Response:
-    reason = request.app[HEALTH].not_ready()
-    if reason is not None:
-        return web.Response(status=503, text=reason)
-    return web.Response(text="ok")
-
-
-async def _metrics(request: web.Request) -> web.StreamResponse:
-    return await metrics_response(request, await request.app[SCHEDULER].telemetry.metrics.render_chunks())
+__all__ = ["ExtenderServer", "http_limits", "lease_settings"]
 
 
 def lease_settings(settings: ExtenderSettings) -> LeaseSettings:
@@ -298,28 +84,6 @@ def http_limits(settings: ExtenderSettings) -> HttpLimits:
         max_connections=settings.max_connections,
         max_queued=settings.max_queued_connections,
     )
-
-
-def make_app(
-    scheduler: Scheduler, *, max_body_bytes: int, health: Health, leadership: Leadership | None = None
-) -> web.Application:
-    """The routes over one ``Scheduler`` (no background work: ``ExtenderServer`` adds that);
-    without ``leadership`` this is the only replica."""
-    app = web.Application(client_max_size=max_body_bytes)
-    app[SCHEDULER] = scheduler
-    app[MAX_BODY] = max_body_bytes
-    app[HEALTH] = health
-    if leadership is None:
-        leadership = Leadership(election=False, api=None, model=None, telemetry=scheduler.telemetry)
-    app[LEADERSHIP] = leadership
-    app.router.add_post("/filter", _filter)
-    app.router.add_post("/prioritize", _prioritize)
-    app.router.add_post("/bind", _bind)
-    app.router.add_post("/preempt", _preempt)
-    app.router.add_get("/healthz", _healthz)
-    app.router.add_get("/readyz", _readyz)
-    app.router.add_get("/metrics", _metrics)
-    return app
 
 
 class ExtenderServer:
@@ -514,13 +278,17 @@ class ExtenderServer:
         await asyncio.gather(elector.run(), self.leadership.run())
 
     async def start(self) -> None:
-        app = make_app(
+        routes = Routes(
             self.scheduler,
-            max_body_bytes=self.settings.max_body_bytes,
             health=self.health,
+            max_body_bytes=self.settings.max_body_bytes,
             leadership=self.leadership,
         )
+        app = make_app(routes)
         app.cleanup_ctx.extend((self._time_gc, self._background))
+        http2 = None
+        if self.ssl_context is not None and self.settings.http2:
+            http2 = Http2App(routes.respond_http2, max_body_bytes=self.settings.max_body_bytes)
         self._server = await start_bounded_site(
             app,
             host=self.host,
@@ -528,6 +296,7 @@ class ExtenderServer:
             limits=http_limits(self.settings),
             ssl_context=self.ssl_context,
             shutdown_timeout_s=self.shutdown_timeout_s,
+            http2=http2,
         )
         self.port = self._server.port
         self._serving.set()
@@ -547,6 +316,7 @@ class ExtenderServer:
             port=self.port,
             metrics_port=self.metrics_port,
             tls=self.ssl_context is not None,
+            http2=http2 is not None,
             client_certificates=self.ssl_context is not None
             and self.ssl_context.verify_mode == ssl.CERT_REQUIRED,
             cooperative=self.settings.cooperative,

@@ -75,6 +75,10 @@ class ExtenderSettings:
     and kube-scheduler sends the request there itself (Go's client repeats a POST on a 307), which
     spares the follower's hop. Over TLS, kube-scheduler must then check the extenders' certificate
     against a fixed name (its extender ``tlsConfig.serverName``), since the leader's URL is its pod IP."""
+    http2: bool = True
+    """Over TLS, offer HTTP/2 besides HTTP/1.1 in the handshake (ALPN). kube-scheduler's client then
+    sends all its requests on one connection; over HTTP/1.1 it keeps only 2 idle connections and
+    opens a new one, a full TLS handshake, for most requests of a burst (docs/extender.md)."""
     cold_standby: bool = False
     """With ``leader_election``: False (hot standby), every replica watches the cluster from the start,
     so a new leader only reads the bound pods before it decides. True, a replica starts its watches
