@@ -264,6 +264,8 @@ def test_only_the_scheduler_and_the_other_replicas_reach_the_extenders_port(
     # The extender demands a client certificate from the CA that signed the scheduler's.
     args = container(docs, "extender")["args"]
     assert "--tls-client-ca-file=/etc/hami-py/extender-tls/ca.crt" in args
+    # And offers HTTP/2, so kube-scheduler sends every call on one connection.
+    assert "--http2" in args
     server = one(docs, "Secret", "-extender-tls")["data"]
     client = one(docs, "Secret", "-extender-client-tls")["data"]
     assert server["ca.crt"] == client["ca.crt"]

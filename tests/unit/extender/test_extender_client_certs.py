@@ -71,16 +71,21 @@ def pki(tmp_path: Path) -> Pki:
     return Pki(tmp_path / "ca.crt", cert, key, *contexts)
 
 
-@pytest.fixture
-async def server(pki: Pki) -> AsyncIterator[ExtenderServer]:
-    srv = ExtenderServer(
+def tls_server(pki: Pki, settings: ExtenderSettings, *, metrics_port: int | None = None) -> ExtenderServer:
+    """An extender without the cluster, serving over TLS and demanding the scheduler's certificate."""
+    return ExtenderServer(
         config=Config(),
-        settings=ExtenderSettings(max_body_bytes=MAX_BODY),
+        settings=settings,
         telemetry=Telemetry.create(stream=io.StringIO()),
         api=None,
         ssl_context=cli.server_tls(pki.cert, pki.key, pki.ca),
-        metrics_port=0,
+        metrics_port=metrics_port,
     )
+
+
+@pytest.fixture
+async def server(pki: Pki) -> AsyncIterator[ExtenderServer]:
+    srv = tls_server(pki, ExtenderSettings(max_body_bytes=MAX_BODY), metrics_port=0)
     async with srv:
         srv.model.replace_nodes([node("a")])
         srv.model.replace_pods([])
@@ -157,13 +162,7 @@ async def test_over_http2_the_decision_port_answers_as_over_http1(server: Extend
 
 
 async def test_with_no_http2_the_decision_port_offers_http1_only(pki: Pki) -> None:
-    srv = ExtenderServer(
-        config=Config(),
-        settings=ExtenderSettings(http2=False),
-        telemetry=Telemetry.create(stream=io.StringIO()),
-        api=None,
-        ssl_context=cli.server_tls(pki.cert, pki.key, pki.ca),
-    )
+    srv = tls_server(pki, ExtenderSettings(http2=False))
     async with srv:
         pki.client.set_alpn_protocols(["h2", "http/1.1"])
         _, writer = await asyncio.open_connection("127.0.0.1", srv.port, ssl=pki.client)

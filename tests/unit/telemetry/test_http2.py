@@ -18,6 +18,7 @@ from aiohttp import web
 from extender_processes import LoopbackPki
 from http2_client import H2Client
 
+from hamipy.devcluster import wait_for
 from hamipy.telemetry.http2 import MAX_STREAMS, Http2Answer, Http2App, Http2Request
 from hamipy.telemetry.http_limits import BoundedServer, HttpLimits, start_bounded_site
 from hamipy.telemetry.tls import serving_context
@@ -101,12 +102,7 @@ async def client(
 
 
 async def until(predicate: Callable[[], bool], what: str) -> None:
-    """Poll ``predicate`` every 10 ms for up to 5 s."""
-    for _ in range(500):
-        if predicate():
-            return
-        await asyncio.sleep(0.01)
-    pytest.fail(f"timed out waiting for {what}")
+    await wait_for(predicate, timeout=5, interval=0.01, what=what)
 
 
 async def test_requests_multiplex_on_one_connection(pki: LoopbackPki) -> None:

@@ -84,6 +84,23 @@ def test_no_session_ticket_is_sent(files: dict[str, Path]) -> None:
     assert ticketed.session.has_ticket
 
 
+def test_no_session_ticket_is_sent_over_tls_1_2(files: dict[str, Path]) -> None:
+    """TLS 1.2 tickets are another switch (``OP_NO_TICKET``) than TLS 1.3's count of them."""
+    tls12 = client_context(files)
+    tls12.maximum_version = ssl.TLSVersion.TLSv1_2
+    client = talk(serving_context(files["cert"], files["key"]), tls12)
+    assert client.version() == "TLSv1.2"
+    assert client.session is not None
+    assert not client.session.has_ticket
+    default = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    default.load_cert_chain(files["cert"], files["key"])
+    tls12 = client_context(files)
+    tls12.maximum_version = ssl.TLSVersion.TLSv1_2
+    ticketed = talk(default, tls12)
+    assert ticketed.session is not None
+    assert ticketed.session.has_ticket
+
+
 @pytest.mark.parametrize("who", ["client", "stranger", None])
 def test_with_a_client_ca_only_its_client_certificates_get_in(
     files: dict[str, Path], who: str | None
