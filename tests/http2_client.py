@@ -63,8 +63,9 @@ class H2Client:
         await asyncio.wait_for(client.settings.wait(), 5)
         return client
 
-    def open(self, method: str, path: str, body: bytes = b"", *, end: bool = True) -> int:
-        """Send a request's headers (and ``body``); ``end`` False leaves the stream open."""
+    def open(self, method: str, path: str, body: bytes = b"", *, end: bool = True, flush: bool = True) -> int:
+        """Send a request's headers (and ``body``); ``end`` False leaves the stream open; ``flush``
+        False keeps the frames for the next ``flush()`` (several requests in one write)."""
         sid = self.conn.get_next_available_stream_id()
         headers = [(":method", method), (":path", path), (":scheme", "https"), (":authority", "test")]
         self.responses[sid] = H2Response()
@@ -77,7 +78,8 @@ class H2Client:
             size = min(len(view), self.conn.max_outbound_frame_size)
             self.conn.send_data(sid, view[:size].tobytes(), end_stream=end and size == len(view))
             view = view[size:]
-        self.flush()
+        if flush:
+            self.flush()
         return sid
 
     def reset(self, sid: int) -> None:

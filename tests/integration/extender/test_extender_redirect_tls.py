@@ -130,6 +130,7 @@ async def test_kube_scheduler_follows_a_followers_redirect_to_the_leader_over_tl
     assert redirected(followers, "filter") >= len(names)
     assert redirected(followers, "bind") >= len(names)
     # kube-scheduler's Go client chose HTTP/2 on every connection, to the follower and the leader.
+    assert leader is not None
     for replica in (follower, leader):
         accepted, http2 = connections(replica)
         assert accepted >= 1

@@ -38,6 +38,22 @@ def client_tls(pki: LoopbackPki) -> ssl.SSLContext:
     return context
 
 
+class Ticker:
+    """Counts the event loop's turns while it runs (a callback that puts itself back each turn)."""
+
+    turn = 0
+
+    def __init__(self) -> None:
+        self._handle = asyncio.get_running_loop().call_soon(self._tick)
+
+    def _tick(self) -> None:
+        Ticker.turn += 1
+        self._handle = asyncio.get_running_loop().call_soon(self._tick)
+
+    def stop(self) -> None:
+        self._handle.cancel()
+
+
 class App:
     """Answers ``POST /echo`` with what it got, ``/big`` with ``size`` bytes, ``/hold`` once
     ``gate`` opens, ``/fail`` by raising; records every request."""
@@ -46,10 +62,13 @@ class App:
         self.size = size
         self.gate = asyncio.Event()
         self.seen: list[Http2Request] = []
+        self.turns: list[int] = []
+        """``Ticker.turn`` when each request reached the app."""
         self.finished = 0
 
     async def respond(self, request: Http2Request) -> Http2Answer:
         self.seen.append(request)
+        self.turns.append(Ticker.turn)
         if request.path == "/hold":
             await self.gate.wait()
             self.finished += 1
@@ -246,6 +265,24 @@ async def test_shutdown_answers_requests_in_flight_and_refuses_new_ones(pki: Loo
         await asyncio.wait_for(closing, 5)
         await asyncio.wait_for(h2c.closed.wait(), 5)
         assert h2c.goaway == h2.errors.ErrorCodes.NO_ERROR
+
+
+async def test_requests_that_arrive_together_are_started_a_loop_turn_apart(pki: LoopbackPki) -> None:
+    """kube-scheduler sends its requests back to back on one connection; framing them all in one
+    step would make a filter on another connection wait for all of them."""
+    app = App()
+    async with serving(pki, app) as server, client(server, pki) as h2c:
+        ticker = Ticker()
+        # About a 1,000-node filter each (the node names), all three in one write.
+        sids = [h2c.open("POST", "/echo", b"n" * 15_000, flush=False) for _ in range(3)]
+        h2c.flush()
+        try:
+            await until(lambda: len(app.seen) == 3, "the three requests to reach the app")
+        finally:
+            ticker.stop()
+        assert len(set(app.turns)) == 3, app.turns  # each in a loop turn of its own
+        for sid in sids:
+            assert (await h2c.response(sid)).status == 200
 
 
 async def test_http2_needs_tls(pki: LoopbackPki) -> None:
