@@ -28,11 +28,14 @@ handshake itself (``loop.start_tls``) so that a connection can be cut before its
   come first served, up to ``max_queued`` of them; past that it is closed at once. A queued
   connection is not read and has no TLS state yet (a socket and about 1 KiB), and it waits at most
   the header timeout. While connections queue, a held one is closed once its answer is sent
-  (``Connection: close``), so each finished request hands its slot on. This is for kube-scheduler:
-  it sends each bind on a connection of its own and holds it until the extender's Binding is
+  (``Connection: close``), so each finished request hands its slot on. This is for kube-scheduler over
+  HTTP/1.1: it sends each bind on a connection of its own and holds it until the extender's Binding is
   written, so a burst of binds behind a slow API server fills the cap, and closing its next
   connection would fail a pod's filter or bind. The listen backlog cannot be used instead: asyncio
   only accepts or closes the listening socket.
+- HTTP/2 (``start_bounded_site(http2=...)``, TLS only): a connection whose handshake chose ``h2``
+  is handed to a ``hamipy.telemetry.http2.Http2Session`` instead of aiohttp, and held to the same
+  limits per stream (that module's docstring says how).
 """
 
 from __future__ import annotations
