@@ -54,6 +54,7 @@ class H2Client:
 
     @classmethod
     async def connect(cls, port: int, tls: ssl.SSLContext, *, window: int | None = None) -> H2Client:
+        """Connect to 127.0.0.1:``port`` offering only ``h2`` (set on ``tls``, which keeps it)."""
         tls.set_alpn_protocols(["h2"])
         reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=tls)
         ssl_object = writer.get_extra_info("ssl_object")

@@ -1,8 +1,9 @@
 """The extender's share of one TLS handshake on its decision port, by key type.
 
-kube-scheduler calls the extender over HTTP/1.1 and keeps at most two idle connections to it (Go's
-``MaxIdleConnsPerHost`` default; kube-scheduler sets no other), so in a burst most filters and binds
-arrive on a new connection: ``bench_e2e.py --tls`` counts them. Each costs the extender one server
+Over HTTP/1.1 (the extender's ``--no-http2``) kube-scheduler keeps at most two idle connections to
+it (Go's ``MaxIdleConnsPerHost`` default; kube-scheduler sets no other), so in a burst most filters
+and binds arrive on a new connection: ``bench_e2e.py --tls --extender-args=--no-http2`` counts them
+(over HTTP/2, the default, it uses one). Each costs the extender one server
 handshake, run on its event loop: the certificate's signature, the key exchange and the check of
 kube-scheduler's client certificate. This times that share alone (the server side of in-memory
 handshakes with the extender's own ``server_tls`` context; the client's work is not counted) for the

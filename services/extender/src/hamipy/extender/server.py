@@ -1,5 +1,5 @@
 """The HTTPS (or HTTP) server kube-scheduler calls, and the background work that keeps the model
-current. The routes are ``hamipy.extender.routes``'; over TLS they are served over HTTP/1.1 and,
+current. The routes are in ``hamipy.extender.routes``; over TLS they are served over HTTP/1.1 and,
 when the client offers it (kube-scheduler does), HTTP/2 (``hamipy.telemetry.http2``), which carries
 all of kube-scheduler's requests on one connection instead of a TLS handshake for most of them.
 Any pod can reach this server, so it runs under ``hamipy.telemetry.http_limits`` (header, body and
