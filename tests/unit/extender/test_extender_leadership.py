@@ -177,6 +177,27 @@ async def test_over_http2_a_follower_redirects_and_never_passes_a_request_on_twi
         assert json.loads(answer.body)["Error"].endswith("is not the leader")
 
 
+@pytest.mark.parametrize(
+    ("query", "status"),
+    [
+        (f"a=1&{REDIRECTED_QUERY}", 503),  # named without a value: redirected already
+        (f"a={REDIRECTED_QUERY}=x", 307),  # only inside another key's value: not redirected yet
+    ],
+)
+async def test_redirected_is_read_from_the_parsed_query_over_both_protocols(
+    redirecting: str, query: str, status: int
+) -> None:
+    body = {"Pod": pod("p"), "NodeNames": ["n"]}
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session,
+        session.post(f"{redirecting}/filter?{query}", json=body, allow_redirects=False) as resp,
+    ):
+        assert resp.status == status
+    follower = routes(elector=elected(leader_url="http://leader.test:8888/"), redirects=True)
+    answer = await follower.respond_http2(http2_post("/filter", json.dumps(body).encode(), query=query))
+    assert answer.status == status
+
+
 # -- cold standby (--cold-standby) ----------------------------------------------------------------
 
 

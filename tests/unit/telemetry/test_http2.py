@@ -174,6 +174,16 @@ async def test_an_answer_larger_than_the_clients_window_arrives_whole(pki: Loopb
         assert (response.status, len(response.body)) == (200, 200_000)
 
 
+async def test_a_head_request_gets_the_headers_of_a_get_and_no_body(pki: LoopbackPki) -> None:
+    app = App(size=3000)
+    async with serving(pki, app) as server, client(server, pki) as h2c:
+        response = await h2c.request("HEAD", "/big")
+        assert (response.status, response.headers["content-length"], response.body) == (200, "3000", b"")
+        assert response.reset is None
+        # The connection still serves, and a GET gets the body the HEAD did not.
+        assert len((await h2c.request("GET", "/big")).body) == 3000
+
+
 async def test_a_handler_that_raises_is_answered_500(pki: LoopbackPki) -> None:
     async with serving(pki, App()) as server, client(server, pki) as h2c:
         response = await h2c.request("GET", "/fail")

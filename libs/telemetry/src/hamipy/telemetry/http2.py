@@ -321,7 +321,7 @@ class Http2Session:
                 _log.exception("http2 handler failed", remote=self._remote, path=request.path)
                 answer = Http2Answer(500, b'{"Error": "internal error"}')
             if not stream.reset and not self._closed:
-                await self._send(sid, answer)
+                await self._send(sid, answer, head=request.method == "HEAD")
         finally:
             self._done(sid)
 
@@ -346,15 +346,18 @@ class Http2Session:
             remote=self._remote,
         )
 
-    async def _send(self, sid: int, answer: Http2Answer) -> None:
+    async def _send(self, sid: int, answer: Http2Answer, *, head: bool) -> None:
+        """Send ``answer`` on stream ``sid``; to a HEAD request, its headers alone (RFC 9110 9.3.2:
+        the length is the body's a GET would get)."""
         headers = [(":status", str(answer.status)), ("content-length", str(len(answer.body)))]
         if answer.content_type is not None:
             headers.append(("content-type", answer.content_type))
         headers.extend((name.lower(), value) for name, value in answer.headers.items())
+        body = b"" if head else answer.body
         try:
-            self._h2.send_headers(sid, headers, end_stream=not answer.body)
+            self._h2.send_headers(sid, headers, end_stream=not body)
             self._flush()
-            view = memoryview(answer.body)
+            view = memoryview(body)
             while view:
                 window = self._h2.local_flow_control_window(sid)
                 size = min(len(view), window, self._h2.max_outbound_frame_size)

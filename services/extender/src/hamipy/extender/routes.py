@@ -14,6 +14,7 @@ forward the request to the leader or redirect kube-scheduler there (``hamipy.ext
 from __future__ import annotations
 
 import dataclasses
+import urllib.parse
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
@@ -134,7 +135,8 @@ class Routes:
                     raise BadRequest(self.too_large())
                 return request.body
 
-            forwarded = FORWARDED_HEADER.lower() in request.headers or f"{REDIRECTED_QUERY}=" in request.query
+            forwarded = FORWARDED_HEADER.lower() in request.headers
+            forwarded = forwarded or _has_key(request.query, REDIRECTED_QUERY)
             call = Call(verb=verb, forwarded=forwarded, remote=request.remote, read=read)
             answer = await self.answer(call)
             location = {"location": answer.location} if answer.location is not None else {}
@@ -211,6 +213,11 @@ def _decoded(body: bytes, shape: Shape) -> Any:
     if problem is not None:
         raise BadRequest(problem)
     return args
+
+
+def _has_key(query: str, key: str) -> bool:
+    """Whether ``query`` names ``key`` (with a value or not), as aiohttp's parsed query would."""
+    return any(name == key for name, _ in urllib.parse.parse_qsl(query, keep_blank_values=True))
 
 
 def _error(status: int, error: str) -> Answer:
