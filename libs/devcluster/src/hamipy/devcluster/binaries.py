@@ -147,17 +147,17 @@ def check_proxy() -> None:
 def _go(args: list[str], *, cwd: Path, env: dict[str, str], what: str) -> None:
     """Run a go command, streaming a compact progress line per 25 packages compiled."""
     _progress(f"{what}: go {' '.join(args)}")
-    proc = subprocess.Popen(
-        ["go", *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    assert proc.stdout is not None
     tail: collections.deque[str] = collections.deque(maxlen=40)
-    for count, raw in enumerate(proc.stdout, start=1):
-        line = raw.rstrip()
-        tail.append(line)
-        if count % 25 == 0:
-            _progress(f"{what}: {count} steps ({line[:90]})")
-    if proc.wait() != 0:
+    with subprocess.Popen(
+        ["go", *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ) as proc:  # closes the pipe
+        assert proc.stdout is not None
+        for count, raw in enumerate(proc.stdout, start=1):
+            line = raw.rstrip()
+            tail.append(line)
+            if count % 25 == 0:
+                _progress(f"{what}: {count} steps ({line[:90]})")
+    if proc.returncode != 0:
         raise BinaryBuildError(f"{what} failed (go {' '.join(args)}):\n" + "\n".join(tail))
 
 
@@ -280,6 +280,18 @@ def build_fakecri(dest: Path, version: str = KUBERNETES_VERSION) -> None:
     os.replace(tmp / "fakecri", dest / "fakecri")
     (dest / "fakecri.sha256").write_text(_fakecri_stamp() + "\n")
     shutil.rmtree(tmp, ignore_errors=True)
+
+
+def run_fakecri_go_tests(version: str = KUBERNETES_VERSION) -> None:
+    """Run ``fakecri/main_test.go`` (``go test``) in the Kubernetes wrapper module, under the build
+    lock; ``BinaryBuildError`` with Go's output when a test fails."""
+    with _build_lock():
+        work = _kube_module(version)
+        package = work / "cmd" / "fakecri"
+        package.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(FAKECRI_SOURCE, package / "main.go")
+        shutil.copyfile(FAKECRI_SOURCE.with_name("main_test.go"), package / "main_test.go")
+        _go(["test", "-count=1", "./cmd/fakecri"], cwd=work, env=_go_env(work), what="test fakecri")
 
 
 def build_etcd(dest: Path, version: str = ETCD_VERSION) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Protocol, Self
 
+from hamipy.devcluster.errors import WaitTimeout
 from hamipy.devcluster.gpu_nodes import Credentials, DevicePluginAgent, FakeGpu
 from hamipy.devcluster.nodes import NamedNode, delete_node, remove_not_ready_taint
 from hamipy.devcluster.real_kubelet import ContainerConfig, RealKubelet
@@ -93,14 +94,29 @@ class KubeletNode:
     ) -> ContainerConfig:
         """The config the kubelet created that container with (the fake runtime's record), once it
         has created it."""
-        found: ContainerConfig | None = await wait_for(
-            lambda: self.kubelet.container(namespace, pod, container),
-            timeout=timeout_s,
-            interval=0.1,
-            what=f"the kubelet to create container {namespace}/{pod}/{container}",
-        )
+        try:
+            found: ContainerConfig | None = await wait_for(
+                lambda: self.kubelet.container(namespace, pod, container),
+                timeout=timeout_s,
+                interval=0.1,
+                what=f"the kubelet to create container {namespace}/{pod}/{container}",
+            )
+        except WaitTimeout as exc:
+            raise WaitTimeout(f"{exc}; {self._records_in(namespace)}") from None
         assert found is not None  # wait_for returns the first truthy value
         return found
+
+    def _records_in(self, namespace: str) -> str:
+        """What the runtime recorded in ``namespace``: why a wait for a container found none."""
+        path = self.kubelet.record_path
+        if not path.exists():
+            return f"{path} does not exist"
+        created = [
+            f"{c.pod}/{c.container}#{c.attempt}"
+            for c in self.kubelet.containers()
+            if c.namespace == namespace
+        ]
+        return f"{path} ({path.stat().st_size} bytes) holds in {namespace}: {', '.join(created) or 'nothing'}"
 
     async def start(self) -> None:
         await asyncio.to_thread(self.kubelet.start)

@@ -4,7 +4,11 @@
 //   - every CreateContainer is recorded as one JSON line in the record file (pod, container, envs,
 //     mounts, devices): how a test reads what the kubelet passed from the device plugin's Allocate;
 //   - a container whose command is exactly ["true"] exits 0 as soon as it starts (an init container
-//     that runs to completion); any other runs until the kubelet stops it.
+//     that runs to completion); any other runs until the kubelet stops it;
+//   - a container's status carries its log path (the sandbox's log directory joined with the
+//     container's), as a real runtime's does: the upstream fake leaves it empty, and the kubelet's
+//     container GC removes the glob `<log path>*`, which for "" is every file in its working
+//     directory (this runtime's record file and socket among them).
 package main
 
 import (
@@ -13,6 +17,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"sync"
 	"syscall"
 	"time"
@@ -64,6 +69,11 @@ func (r *runtime) CreateContainer(ctx context.Context, req *kubeapi.CreateContai
 		return nil, err
 	}
 	cfg, labels := req.GetConfig(), req.GetSandboxConfig().GetMetadata()
+	r.RuntimeService.Lock()
+	if c, ok := r.RuntimeService.Containers[resp.ContainerId]; ok {
+		c.LogPath = logPath(req.GetSandboxConfig().GetLogDirectory(), cfg.GetLogPath(), resp.ContainerId)
+	}
+	r.RuntimeService.Unlock()
 	rec := record{
 		ID:          resp.ContainerId,
 		Namespace:   labels.GetNamespace(),
@@ -104,6 +114,15 @@ func (r *runtime) CreateContainer(ctx context.Context, req *kubeapi.CreateContai
 		r.exiting[resp.ContainerId] = true
 	}
 	return resp, nil
+}
+
+// logPath is where a real runtime would write the container's log: always an absolute path of a
+// file of the container's own, so that the kubelet's clean-up of `<log path>*` removes nothing else.
+func logPath(directory, file, containerID string) string {
+	if filepath.IsAbs(directory) && file != "" {
+		return filepath.Join(directory, file)
+	}
+	return filepath.Join("/var/log/pods/fakecri-unnamed", containerID+".log")
 }
 
 func (r *runtime) StartContainer(ctx context.Context, req *kubeapi.StartContainerRequest) (*kubeapi.StartContainerResponse, error) {

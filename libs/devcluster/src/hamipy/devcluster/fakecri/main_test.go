@@ -1,0 +1,77 @@
+package main
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+
+	kubeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+	fakeremote "k8s.io/cri-client/pkg/fake"
+)
+
+func newRuntime(t *testing.T) *runtime {
+	t.Helper()
+	out, err := os.Create(filepath.Join(t.TempDir(), "containers.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = out.Close() })
+	return &runtime{RemoteRuntime: fakeremote.NewFakeRemoteRuntime(), out: out, exiting: map[string]bool{}}
+}
+
+func create(t *testing.T, r *runtime, logDirectory, logPath string) string {
+	t.Helper()
+	req := &kubeapi.CreateContainerRequest{
+		PodSandboxId: "sandbox-" + logPath,
+		Config: &kubeapi.ContainerConfig{
+			Metadata: &kubeapi.ContainerMetadata{Name: "main"},
+			Image:    &kubeapi.ImageSpec{Image: "busybox"},
+			LogPath:  logPath,
+		},
+		SandboxConfig: &kubeapi.PodSandboxConfig{
+			Metadata:     &kubeapi.PodSandboxMetadata{Name: "pod", Namespace: "ns", Uid: "uid"},
+			LogDirectory: logDirectory,
+		},
+	}
+	resp, err := r.CreateContainer(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	status, err := r.ContainerStatus(context.Background(), &kubeapi.ContainerStatusRequest{ContainerId: resp.ContainerId})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return status.GetStatus().GetLogPath()
+}
+
+// The kubelet reads a container's log from the path in its status, and its container GC removes
+// `<that path>*`: the path must be the container's own file under the sandbox's log directory.
+func TestAContainersStatusCarriesItsLogPath(t *testing.T) {
+	r := newRuntime(t)
+	got := create(t, r, "/var/log/pods/ns_pod_uid", "main/0.log")
+	if want := "/var/log/pods/ns_pod_uid/main/0.log"; got != want {
+		t.Fatalf("log path %q, want %q", got, want)
+	}
+}
+
+// With no log path from the kubelet, the status still names a file of the container's own: an
+// empty one made the kubelet's GC remove every file in its working directory (the glob "*").
+func TestWithoutALogPathTheKubeletsCleanUpRemovesNothingElse(t *testing.T) {
+	r := newRuntime(t)
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "containers.jsonl"), []byte("{}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Chdir(dir)
+	for _, c := range [][2]string{{"", ""}, {"relative/dir", "main/0.log"}, {"/var/log/pods/x", ""}} {
+		got := create(t, r, c[0], c[1])
+		if !filepath.IsAbs(got) {
+			t.Fatalf("log path %q for %q is not absolute", got, c)
+		}
+		matches, err := filepath.Glob(got + "*")
+		if err != nil || len(matches) != 0 {
+			t.Fatalf("the kubelet's clean-up of %q* would remove %v (%v)", got, matches, err)
+		}
+	}
+}
