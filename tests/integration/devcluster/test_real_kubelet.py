@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,11 @@ def host_state(workdir: Path) -> tuple[dict[str, str], list[str], dict[str, bool
     return sysctls, mounts, {path: Path(path).exists() for path in KUBELET_PATHS}
 
 
+def in_working_directory(kubelet: RealKubelet) -> list[Path]:
+    """What the running kubelet's working directory holds."""
+    return list(Path(os.readlink(f"/proc/{kubelet.pids()[f'kubelet-{kubelet.node}']}/cwd")).iterdir())
+
+
 async def test_a_real_kubelet_joins_and_runs_a_pod_and_leaves_the_host_alone(
     devcluster: DevCluster, kube_client: Any, namespace: str, tmp_path: Path
 ) -> None:
@@ -80,6 +86,11 @@ async def test_a_real_kubelet_joins_and_runs_a_pod_and_leaves_the_host_alone(
         await wait_for(running, timeout=60, what="the pod Running on the real kubelet")
         # The kubelet's own namespace shadows the kernel settings and the directory.
         assert host_state(tmp_path) == before
+        # A path the kubelet resolves relative to its working directory finds nothing there of the
+        # runtime's (its clean-up of a container's logs once removed the runtime's socket).
+        assert in_working_directory(kubelet) == []
+        assert kubelet.socket.exists()
+        assert kubelet.record_path.exists()
     finally:
         await asyncio.to_thread(kubelet.stop)
         with contextlib.suppress(NotFound):

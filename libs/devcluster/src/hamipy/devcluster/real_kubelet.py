@@ -283,11 +283,15 @@ class RealKubelet:
         if self._kubeconfig is None or self.runtime is None:
             raise DevClusterError(f"RealKubelet({self.node}).start_kubelet: call start() first")
         script = self.namespace_script(self.cluster.binaries.kubelet, self._kubeconfig)
+        # An empty working directory: a path the kubelet gets empty and resolves relative to it (a
+        # container's log path, once) can then remove nothing of the runtime's.
+        cwd = self.workdir / "kubelet-cwd"
+        cwd.mkdir(exist_ok=True)
         self.kubelet = ManagedProcess(
             f"kubelet-{self.node}",
             ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
             log_path=self.workdir / "kubelet.log",
-            cwd=self.workdir,
+            cwd=cwd,
         )
         self.kubelet.start()
         self.kubelet.wait_healthy(
