@@ -17,6 +17,7 @@ from typing import Any, Final
 
 import yaml
 
+from hamipy.devcluster.waiting import wait_for
 from hamipy.kube.client import RawKube
 from hamipy.kube.errors import Conflict
 
@@ -29,8 +30,10 @@ __all__ = [
     "grant_cluster_role",
     "grant_role",
     "issue_identity",
+    "rights_in_force",
 ]
 
+RBAC_TIMEOUT_S: Final = 30.0
 TOKEN_SECONDS: Final = 86_400
 """A day, as long as the dev cluster's certificates live."""
 TENANT_POD_RULES: Final = (
@@ -157,6 +160,7 @@ async def grant_role(api: Any, *, namespace: str, account: str, rules: Sequence[
             "subjects": [_subject(namespace, account)],
         },
     )
+    await rights_in_force(api, rules, [(namespace, account)], namespace=namespace)
 
 
 async def grant_cluster_role(
@@ -175,6 +179,67 @@ async def grant_cluster_role(
             "subjects": [_subject(ns, account) for ns, account in accounts],
         },
     )
+    await rights_in_force(api, rules, accounts, namespace=None)
+
+
+async def rights_in_force(
+    api: Any,
+    rules: Sequence[dict[str, Any]],
+    accounts: Sequence[tuple[str, str]],
+    *,
+    namespace: str | None,
+    timeout_s: float = RBAC_TIMEOUT_S,
+) -> None:
+    """Wait until the API server's authorizer allows each ServiceAccount ``(namespace, name)``
+    every verb on every resource ``rules`` name, in ``namespace`` (None: cluster-wide), with a
+    SubjectAccessReview each; ``WaitTimeout`` after ``timeout_s``. A new binding reaches the
+    authorizer's cache a moment after it is written, and under load a first request in between is
+    refused (``grant_role`` and ``grant_cluster_role`` wait for it)."""
+    kube = RawKube(api)
+    reviews = [
+        _review(ns, account, group, resource, verb, namespace)
+        for ns, account in accounts
+        for rule in rules
+        for group in rule.get("apiGroups", ())
+        for resource in rule.get("resources", ())
+        for verb in rule.get("verbs", ())
+    ]
+
+    async def allowed() -> bool:
+        for review in reviews:
+            answer = await kube.request(
+                "POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews", body=review
+            )
+            if not (answer.get("status") or {}).get("allowed"):
+                return False
+        return True
+
+    names = ", ".join(f"{ns}/{account}" for ns, account in accounts)
+    await wait_for(
+        allowed, timeout=timeout_s, interval=0.05, what=f"the rights granted to {names} in force"
+    )
+
+
+def _review(
+    namespace: str, account: str, group: str, resource: str, verb: str, where: str | None
+) -> dict[str, Any]:
+    resource, _, subresource = resource.partition("/")
+    attributes = {"group": group, "resource": resource, "subresource": subresource, "verb": verb}
+    if where is not None:
+        attributes["namespace"] = where
+    return {
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SubjectAccessReview",
+        "spec": {
+            "user": f"system:serviceaccount:{namespace}:{account}",
+            "groups": [
+                "system:serviceaccounts",
+                f"system:serviceaccounts:{namespace}",
+                "system:authenticated",
+            ],
+            "resourceAttributes": attributes,
+        },
+    }
 
 
 class ServiceIdentities:
