@@ -215,9 +215,7 @@ async def rights_in_force(
         return True
 
     names = ", ".join(f"{ns}/{account}" for ns, account in accounts)
-    await wait_for(
-        allowed, timeout=timeout_s, interval=0.05, what=f"the rights granted to {names} in force"
-    )
+    await wait_for(allowed, timeout=timeout_s, interval=0.05, what=f"the rights granted to {names} in force")
 
 
 def _review(
