@@ -1,12 +1,18 @@
 """The real kubelet's mount namespace shadows every kernel setting it would change and gives it its
-own directory (the behaviour on a real kubelet is in tests/integration/devcluster/test_real_kubelet.py)."""
+own directory (the behaviour on a real kubelet is in tests/integration/devcluster/test_real_kubelet.py);
+a wait for a container that never comes says what the fake runtime recorded."""
 
 from __future__ import annotations
 
+import json
 import shlex
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from hamipy.devcluster.errors import WaitTimeout
+from hamipy.devcluster.kubelet_nodes import KubeletNode
 from hamipy.devcluster.real_kubelet import KUBELET_DIR, PROTECTED_SYSCTLS, SHADOWED_DIRS, RealKubelet
 
 
@@ -32,3 +38,15 @@ def test_the_namespace_shadows_the_kernel_settings_and_the_kubelet_dirs(tmp_path
     exec_line = shlex.split(lines[-1])
     assert exec_line[:2] == ["exec", "/bin/kubelet"]
     assert "--hostname-override=n1" in exec_line
+
+
+async def test_a_wait_for_a_container_that_never_comes_says_what_the_runtime_recorded(tmp_path: Path) -> None:
+    cluster: Any = object()
+    node = KubeletNode(cluster, None, "n1", tmp_path)
+    with pytest.raises(WaitTimeout, match=r"containers\.jsonl does not exist"):
+        await node.wait_container("ns", "p", "main", timeout_s=0.05)
+    record: dict[str, object] = {"id": "c1", "namespace": "ns", "pod": "other", "pod_uid": "u"}
+    record |= {"container": "main", "attempt": 0}
+    (tmp_path / "containers.jsonl").write_text(json.dumps(record) + "\n")
+    with pytest.raises(WaitTimeout, match=r"holds in ns: other/main#0$"):
+        await node.wait_container("ns", "p", "main", timeout_s=0.05)
