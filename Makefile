@@ -27,7 +27,7 @@ $(TOOLS_DIR)/bin/uv:
 .venv/.synced: $(UV) uv.lock pyproject.toml $(wildcard libs/*/pyproject.toml services/*/pyproject.toml)
 	# Bytecode compiled once here: where PYTHONDONTWRITEBYTECODE is set, every process the tests
 	# and `make up` start (extenders, device plugins, CLIs) otherwise compiles its imports again
-	# (kubernetes_asyncio alone: 3.5 s of CPU a start on 2 cores; the images compile theirs too).
+	# (an extender's imports: 4.3 s of CPU here, 1.5 s compiled; the images compile theirs too).
 	$(UV) sync --frozen --all-packages --compile-bytecode
 	@touch $@
 

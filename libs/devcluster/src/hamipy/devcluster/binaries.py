@@ -267,8 +267,7 @@ def build_fakecri(dest: Path, version: str = KUBERNETES_VERSION) -> None:
     """Build ``fakecri/main.go`` in the Kubernetes wrapper module (it imports k8s.io/cri-client's
     fake, at `version`'s release) into `dest`."""
     work = _kube_module(version)
-    (work / "cmd" / "fakecri").mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(FAKECRI_SOURCE, work / "cmd" / "fakecri" / "main.go")
+    _place_fakecri(work, FAKECRI_SOURCE)
     tmp = Path(tempfile.mkdtemp(prefix="fakecri-", dir=work))
     _go(
         ["build", "-v", "-trimpath", "-ldflags", "-s -w", "-o", str(tmp / "fakecri"), "./cmd/fakecri"],
@@ -287,11 +286,16 @@ def run_fakecri_go_tests(version: str = KUBERNETES_VERSION) -> None:
     lock; ``BinaryBuildError`` with Go's output when a test fails."""
     with _build_lock():
         work = _kube_module(version)
-        package = work / "cmd" / "fakecri"
-        package.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(FAKECRI_SOURCE, package / "main.go")
-        shutil.copyfile(FAKECRI_SOURCE.with_name("main_test.go"), package / "main_test.go")
+        _place_fakecri(work, FAKECRI_SOURCE, FAKECRI_SOURCE.with_name("main_test.go"))
         _go(["test", "-count=1", "./cmd/fakecri"], cwd=work, env=_go_env(work), what="test fakecri")
+
+
+def _place_fakecri(work: Path, *sources: Path) -> None:
+    """Copy ``sources`` into the wrapper module's ``cmd/fakecri`` package."""
+    package = work / "cmd" / "fakecri"
+    package.mkdir(parents=True, exist_ok=True)
+    for source in sources:
+        shutil.copyfile(source, package / source.name)
 
 
 def build_etcd(dest: Path, version: str = ETCD_VERSION) -> None:

@@ -34,6 +34,7 @@ __all__ = [
 ]
 
 RBAC_TIMEOUT_S: Final = 30.0
+"""How long ``rights_in_force`` waits for the authorizer to apply a new grant."""
 TOKEN_SECONDS: Final = 86_400
 """A day, as long as the dev cluster's certificates live."""
 TENANT_POD_RULES: Final = (
@@ -194,7 +195,9 @@ async def rights_in_force(
     every verb on every resource ``rules`` name, in ``namespace`` (None: cluster-wide), with a
     SubjectAccessReview each; ``WaitTimeout`` after ``timeout_s``. A new binding reaches the
     authorizer's cache a moment after it is written, and under load a first request in between is
-    refused (``grant_role`` and ``grant_cluster_role`` wait for it)."""
+    refused (``grant_role`` and ``grant_cluster_role`` wait for it). Rules are checked without a
+    resource name: a rule limited by ``resourceNames`` is never allowed that way, and
+    ``nonResourceURLs`` are not checked."""
     kube = RawKube(api)
     reviews = [
         _review(ns, account, group, resource, verb, namespace)

@@ -109,14 +109,16 @@ class KubeletNode:
     def _records_in(self, namespace: str) -> str:
         """What the runtime recorded in ``namespace``: why a wait for a container found none."""
         path = self.kubelet.record_path
-        if not path.exists():
+        try:  # the file may go while this looks (what once removed it is why this message exists)
+            size = path.stat().st_size
+        except FileNotFoundError:
             return f"{path} does not exist"
         created = [
             f"{c.pod}/{c.container}#{c.attempt}"
             for c in self.kubelet.containers()
             if c.namespace == namespace
         ]
-        return f"{path} ({path.stat().st_size} bytes) holds in {namespace}: {', '.join(created) or 'nothing'}"
+        return f"{path} ({size} bytes) holds in {namespace}: {', '.join(created) or 'nothing'}"
 
     async def start(self) -> None:
         await asyncio.to_thread(self.kubelet.start)
