@@ -10,11 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from hamipy.kubelet_api.podresources_v1 import api_pb2 as podresources_pb2
+from hamipy.kubelet_api.podresources_v1 import api_pb2_grpc as podresources_pb2_grpc
 from hamipy.kubelet_api.v1beta1 import api_pb2, api_pb2_grpc
 
 ROOT = Path(__file__).resolve().parents[3]
 LIB = ROOT / "libs" / "kubelet-api"
-GENERATED = "hamipy/kubelet_api/v1beta1"
+GENERATED = ("hamipy/kubelet_api/v1beta1", "hamipy/kubelet_api/podresources_v1")
 
 # (message, field, number) from k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1/api.proto
 FIELD_NUMBERS = [
@@ -55,10 +57,39 @@ FIELD_NUMBERS = [
 ]
 
 
+# (message, field, number) from k8s.io/kubelet/pkg/apis/podresources/v1/api.proto
+POD_RESOURCES_FIELD_NUMBERS = [
+    ("ListPodResourcesResponse", "pod_resources", 1),
+    ("PodResources", "name", 1),
+    ("PodResources", "namespace", 2),
+    ("PodResources", "containers", 3),
+    ("ContainerResources", "name", 1),
+    ("ContainerResources", "devices", 2),
+    ("ContainerDevices", "resource_name", 1),
+    ("ContainerDevices", "device_ids", 2),
+    ("ContainerDevices", "topology", 3),
+    ("TopologyInfo", "nodes", 1),
+    ("NUMANode", "ID", 1),
+]
+
+
 @pytest.mark.parametrize(("message", "field", "number"), FIELD_NUMBERS, ids=lambda v: str(v))
 def test_field_numbers_match_the_kubelet(message: str, field: str, number: int) -> None:
     descriptor = getattr(api_pb2, message).DESCRIPTOR
     assert descriptor.fields_by_name[field].number == number
+
+
+@pytest.mark.parametrize(("message", "field", "number"), POD_RESOURCES_FIELD_NUMBERS, ids=lambda v: str(v))
+def test_pod_resources_field_numbers_match_the_kubelet(message: str, field: str, number: int) -> None:
+    descriptor = getattr(podresources_pb2, message).DESCRIPTOR
+    assert descriptor.fields_by_name[field].number == number
+
+
+def test_pod_resources_service_path_is_the_kubelets() -> None:
+    service = podresources_pb2.DESCRIPTOR.services_by_name["PodResourcesLister"]
+    assert service.full_name == "v1.PodResourcesLister"
+    assert [m.name for m in service.methods] == ["List"]
+    assert hasattr(podresources_pb2_grpc, "PodResourcesListerStub")
 
 
 def test_service_paths_are_the_kubelets() -> None:
@@ -86,7 +117,8 @@ def test_committed_stubs_are_generated_from_the_proto(
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     module.generate(tmp_path)
-    for name in ("api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py", "api_pb2_grpc.pyi"):
-        fresh = (tmp_path / GENERATED / name).read_text()
-        committed = (LIB / "src" / GENERATED / name).read_text()
-        assert fresh == committed, f"{name} is stale: run `make proto`"
+    for package in GENERATED:
+        for name in ("api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py", "api_pb2_grpc.pyi"):
+            fresh = (tmp_path / package / name).read_text()
+            committed = (LIB / "src" / package / name).read_text()
+            assert fresh == committed, f"{package}/{name} is stale: run `make proto`"
