@@ -19,8 +19,9 @@ from hamipy.devcluster import wait_for
 
 DIED = "background task died; the service stops"
 
-# Run the agent's CLI with its pod cache's change handler broken: the first watch event raises
-# TypeError in the informer's task, as a bug would. argv: module, then the CLI's arguments.
+# Run the monitor's CLI with its pod cache's change handler broken: the first watch event raises
+# TypeError in the informer's task, as a bug would. argv: module, then the CLI's arguments. (The
+# device plugin's pod cache has no handler of its own: its test breaks the informer another way.)
 INJECT_BUG = """
 import importlib, sys
 module = sys.argv[1]

@@ -4,9 +4,11 @@ Run as a script: ``.venv/bin/python tests/bench/bench_allocate.py [--pods N]``. 
 (binaries built on first use), one Node, and ``--pods`` pods bound to it that wait for their
 devices (``bind-phase=allocating``, as the extender leaves them); then the device plugin's real
 gRPC service, on a unix socket in this process, serves one Allocate per pod, called by a gRPC
-client as the kubelet would. Each Allocate reads the node (lock), finds the pod in the plugin's
-watch-fed pod cache, patches the pod, and reads the node again to release a lock: the node holds
-``--pods`` pods throughout.
+client as the kubelet would. Each Allocate asks the kubelet's PodResources API which pod it is
+admitting (a ``List`` over a unix socket, answered here as the kubelet would: the pods admitted so
+far with their devices, and the one being admitted), finds the pod in the plugin's watch-fed pod
+cache, writes its limits file, patches the pod, and reads the node again to release a lock: the
+node holds ``--pods`` pods throughout.
 """
 
 from __future__ import annotations
@@ -33,10 +35,13 @@ from hamipy.device_plugin.allocator import Allocator
 from hamipy.device_plugin.devices import Gpu
 from hamipy.device_plugin.inventory import Inventory
 from hamipy.device_plugin.kube import NodeKube, node_pods_informer
+from hamipy.device_plugin.kubelet_pods import PodResourcesClient
 from hamipy.device_plugin.pod_cache import PodCache
 from hamipy.device_plugin.servicer import DevicePluginServicer
 from hamipy.device_plugin.telemetry import Telemetry
 from hamipy.kube import InformerSettings, RawKube
+from hamipy.kubelet_api.podresources_v1 import api_pb2 as podresources_pb2
+from hamipy.kubelet_api.podresources_v1 import api_pb2_grpc as podresources_pb2_grpc
 from hamipy.kubelet_api.v1beta1 import api_pb2, api_pb2_grpc
 from hamipy.protocol import keys
 from hamipy.protocol.config import Config, load_config
@@ -82,6 +87,25 @@ def pending_pod(i: int) -> dict[str, Any]:
     }
 
 
+class Kubelet(podresources_pb2_grpc.PodResourcesListerServicer):
+    """The kubelet's PodResources ``List`` while it admits ``pod-0000``, ``pod-0001``, ... in turn:
+    ``admitted`` pods hold a device, the next one is being admitted."""
+
+    def __init__(self) -> None:
+        self.admitted = 0
+
+    async def List(
+        self, request: podresources_pb2.ListPodResourcesRequest, context: Any
+    ) -> podresources_pb2.ListPodResourcesResponse:
+        response = podresources_pb2.ListPodResourcesResponse()
+        for i in range(self.admitted + 1):
+            pod = response.pod_resources.add(name=f"pod-{i:04d}", namespace="default")
+            main = pod.containers.add(name="main")
+            if i < self.admitted:
+                main.devices.add(resource_name=keys.RESOURCE_COUNT, device_ids=[f"{GPU.uuid}-{i % 10}"])
+        return response
+
+
 async def run(pods: int) -> dict[str, Any]:
     from kubernetes_asyncio.client import CoreV1Api
 
@@ -104,9 +128,18 @@ async def run(pods: int) -> dict[str, Any]:
             )
             watch = asyncio.create_task(pods_cache.run(), name="bench-pod-watch")
             await pods_cache.synced.wait()
+            kubelet = Kubelet()
+            kubelet_server = grpc.aio.server()
+            podresources_pb2_grpc.add_PodResourcesListerServicer_to_server(kubelet, kubelet_server)
+            kubelet_server.add_insecure_port(f"unix://{tmp}/pod-resources.sock")
+            await kubelet_server.start()
+            pod_resources = PodResourcesClient(
+                Path(tmp) / "pod-resources.sock", keys.RESOURCE_COUNT, timeout_s=10
+            )
             allocator = Allocator(
                 api=node_api,
                 pods=pods_cache,
+                kubelet=pod_resources.pods,
                 nvidia=config.nvidia,
                 node_settings=config.for_node(NODE),
                 telemetry=telemetry,
@@ -131,8 +164,11 @@ async def run(pods: int) -> dict[str, Any]:
                         response = await stub.Allocate(request, timeout=10)
                         samples.append(time.perf_counter() - started)
                         assert response.container_responses[0].envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "1000m"
+                        kubelet.admitted += 1
             finally:
                 await server.stop(None)
+                await pod_resources.close()
+                await kubelet_server.stop(None)
                 watch.cancel()
     figures: dict[str, Any] = {"pods_on_node": pods, "allocations": len(samples), **percentiles_us(samples)}
     figures["target_p99_us"] = TARGET_P99_US

@@ -1,6 +1,6 @@
 """The kubelet stand-in's pure decisions: what containers ask, which devices are free and chosen,
-what the node and the pods are told; its records; and how it applies what its pod informer tells.
-No gRPC server, no cluster."""
+what the node and the pods are told; its records; how it applies what its pod informer tells; and
+what its PodResources API lists. No cluster."""
 
 from __future__ import annotations
 
@@ -8,15 +8,20 @@ import asyncio
 import datetime
 import json
 import logging
+import shutil
 import socket
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import builders
+import grpc
+import grpc.aio
 import pytest
 
 from hamipy.devcluster.kubelet_admission import (
     AdmissionError,
+    ContainerKind,
     ContainerRequest,
     NotEnoughDevices,
     PluginDevice,
@@ -41,10 +46,13 @@ from hamipy.devcluster.kubelet_standin import (
     Mount,
     ResourceAllocation,
     _PodFeed,
+    _PodResources,
     _remove_sockets,
     _StdlibLogger,
     _write_json,
 )
+from hamipy.kubelet_api.podresources_v1 import api_pb2 as podresources_pb2
+from hamipy.kubelet_api.podresources_v1 import api_pb2_grpc as podresources_pb2_grpc
 from hamipy.kubelet_api.v1beta1 import api_pb2
 
 GPU = "nvidia.com/gpu"
@@ -374,3 +382,75 @@ def test_the_informers_log_lines_go_to_the_stdlib_logger(caplog: pytest.LogCaptu
         ("WARNING", "kubelet stand-in n1: pods: list/watch failed; retrying (retry_s=0.2)"),
         ("INFO", "kubelet stand-in n1: pods: watch expired; listing again"),
     ]
+
+
+class TestPodResources:
+    async def test_lists_admitted_pods_and_the_one_being_admitted_with_their_devices(self) -> None:
+        standin = KubeletStandIn(Path("/tmp/short"))
+        spec = {
+            **POD_SPEC,
+            "initContainers": [*POD_SPEC["initContainers"], {"name": "late-init", "image": "img/x"}],
+        }
+        for uid in ("running", "rejected", "admitting", "queued", "other-running"):
+            pod = builders.pod(uid, namespace="ns", uid=uid, phase="Pending")
+            pod["spec"] = spec
+            standin._pods[uid] = pod
+        standin._served |= {"running", "rejected", "other-running"}
+        standin._rejected.add("rejected")
+        standin._admitting = "admitting"
+        records: list[tuple[str, str, ContainerKind, dict[str, tuple[str, ...]]]] = [
+            ("running", "setup", "init", {GPU: ("d0",)}),
+            ("running", "proxy", "sidecar", {GPU: ("d1",)}),
+            ("running", "main", "app", {GPU: ("d2", "d3"), OTHER: ("f0",)}),
+            ("admitting", "setup", "init", {GPU: ("d4",)}),
+            ("admitting", "proxy", "sidecar", {GPU: ("d5",)}),
+            # A record of an earlier pod of this name (another uid) is not this pod's.
+            ("other-running", "main", "app", {GPU: ("d9",)}),
+        ]
+        for uid, container, kind, parts in records:
+            owner = "a-previous-uid" if uid == "other-running" else uid
+            resources = tuple(ResourceAllocation(r, ids, {}) for r, ids in parts.items())
+            await standin._record(ContainerAllocation("ns", uid, owner, container, kind, resources))
+
+        listed = {
+            (p.namespace, p.name): [
+                (c.name, [(d.resource_name, list(d.device_ids)) for d in c.devices]) for c in p.containers
+            ]
+            for p in standin.pod_resources().pod_resources
+        }
+
+        # Sidecars, then the regular containers; a plain init container ("setup") is not listed.
+        assert listed == {
+            ("ns", "running"): [
+                ("proxy", [(GPU, ["d1"])]),
+                ("main", [(GPU, ["d2", "d3"]), (OTHER, ["f0"])]),
+                ("logger", []),
+            ],
+            ("ns", "admitting"): [("proxy", [(GPU, ["d5"])]), ("main", []), ("logger", [])],
+            ("ns", "other-running"): [("proxy", []), ("main", []), ("logger", [])],
+        }
+
+    async def test_served_over_grpc_on_its_socket(self) -> None:
+        folder = Path(tempfile.mkdtemp(prefix="ksp-", dir="/tmp"))
+        try:
+            standin = KubeletStandIn(folder / "plugins", pod_resources_socket=folder / "pr" / "kubelet.sock")
+            pod = builders.pod("p", builders.container("main", gpu=1), namespace="ns", uid="u1")
+            standin._pods["u1"] = pod
+            standin._admitting = "u1"
+            server = grpc.aio.server()
+            podresources_pb2_grpc.add_PodResourcesListerServicer_to_server(_PodResources(standin), server)
+            standin._prepare_dir()
+            server.add_insecure_port(f"unix://{standin.pod_resources_socket}")
+            await server.start()
+            try:
+                async with grpc.aio.insecure_channel(f"unix://{standin.pod_resources_socket}") as channel:
+                    answer = await podresources_pb2_grpc.PodResourcesListerStub(channel).List(
+                        podresources_pb2.ListPodResourcesRequest(), timeout=10
+                    )
+            finally:
+                await server.stop(None)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        assert [(p.namespace, p.name, [c.name for c in p.containers]) for p in answer.pod_resources] == [
+            ("ns", "p", ["main"])
+        ]

@@ -13,7 +13,9 @@ from typing import Any
 
 import builders
 import grpc
-from plugin_fakes import NODE, FakeKube, log_lines
+import grpc.aio
+import pytest
+from plugin_fakes import NODE, FakeKube, FakePodResources, log_lines
 
 from hamipy.device_plugin.allocating import ServeRules
 from hamipy.device_plugin.allocator import Allocator
@@ -24,7 +26,7 @@ from hamipy.device_plugin.pod_cache import PodCache
 from hamipy.device_plugin.servicer import DevicePluginServicer
 from hamipy.device_plugin.telemetry import Telemetry
 from hamipy.kube.informer import InformerSettings
-from hamipy.kubelet_api.v1beta1 import api_pb2_grpc
+from hamipy.kubelet_api.v1beta1 import api_pb2, api_pb2_grpc
 from hamipy.protocol import ContainerDevice, keys
 from hamipy.protocol.config import Config, load_config
 
@@ -113,8 +115,10 @@ async def make_allocator(
     log: io.StringIO | None = None,
     rules: ServeRules = RULES,
     device_ids: Callable[[], Collection[str]] | None = lambda: DEVICE_IDS,
+    kubelet: FakePodResources | None = None,
 ) -> Allocator:
-    """An allocator for NODE over ``api``, its pod cache listed once (``api.lists`` reset)."""
+    """An allocator for NODE over ``api``, its pod cache listed once (``api.lists`` reset), asking
+    ``kubelet`` (default: a kubelet admitting ``api``'s pods in bind order) which pod is admitted."""
     config = load_config(f"nvidia:\n  hookPath: {tmp_path}/vgpu\n")
     telemetry = Telemetry.create(stream=log or io.StringIO())
     cache = PodCache(node_pods_informer(api, NODE, logger=telemetry.logger, settings=InformerSettings()))
@@ -123,6 +127,7 @@ async def make_allocator(
     return Allocator(
         api=NodeKube(api, node_name=NODE),
         pods=cache,
+        kubelet=(kubelet or FakePodResources(api)).pods,
         nvidia=config.nvidia,
         node_settings=config.for_node(NODE),
         telemetry=telemetry,
@@ -153,3 +158,16 @@ async def plugin_stub(allocator: Allocator) -> AsyncIterator[api_pb2_grpc.Device
     finally:
         await server.stop(None)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def allocate_request(*ids: str) -> api_pb2.AllocateRequest:
+    """An Allocate of one container with the device IDs ``ids``, as the kubelet sends it."""
+    return api_pb2.AllocateRequest(container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=ids)])
+
+
+async def refused_over_grpc(allocator: Allocator, *ids: str) -> grpc.aio.AioRpcError:
+    """The error the plugin's gRPC service answers an Allocate of ``ids`` with."""
+    async with plugin_stub(allocator) as stub:
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stub.Allocate(allocate_request(*ids), timeout=10)
+    return caught.value

@@ -1,5 +1,5 @@
 """Fakes for the device plugin's unit tests: an API server over dicts (a ``hamipy.kube.KubeApi``),
-GPUs, a health watch, and a kubelet that accepts ``Register``."""
+GPUs, a health watch, a kubelet that accepts ``Register``, and the kubelet's PodResources view."""
 
 from __future__ import annotations
 
@@ -8,17 +8,21 @@ import copy
 import io
 import json
 import threading
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import builders
 import grpc
 
+from hamipy.device_plugin.allocating import KubeletPod, KubeletPods
 from hamipy.device_plugin.devices import Gpu
+from hamipy.device_plugin.errors import KubeletUnreachable
 from hamipy.kube.errors import Conflict, KubeError, NotFound
 from hamipy.kubelet_api import KUBELET_SOCKET
 from hamipy.kubelet_api.v1beta1 import api_pb2, api_pb2_grpc
+from hamipy.protocol import ProtocolError, keys
+from hamipy.protocol.pod_devices import decode_pod_devices
 
 NODE = "n1"
 GPU_A = Gpu(0, "GPU-aaaaaaaa-0000-4000-8000-000000000000", "NVIDIA A100", 81920, 0, "00000000:10:00.0")
@@ -169,6 +173,108 @@ class FakeKubelet:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.server.stop(None)
+
+
+HELD = frozenset({"held-by-an-earlier-allocate"})
+"""The device IDs the fake kubelet reports for a container it has allocated."""
+
+
+def _bind_time(pod: dict[str, Any]) -> int:
+    text = str(pod["metadata"].get("annotations", {}).get(keys.BIND_TIME, ""))
+    return int(text) if text.isdigit() else 2**63
+
+
+def _gpu_containers(pod: dict[str, Any]) -> list[str]:
+    spec = pod.get("spec") or {}
+    return [
+        str(c["name"])
+        for kind in ("initContainers", "containers")
+        for c in spec.get(kind) or ()
+        if keys.RESOURCE_COUNT in ((c.get("resources") or {}).get("limits") or {})
+    ]
+
+
+def kubelet_view(
+    pods: Iterable[dict[str, Any]],
+    *,
+    node: str = NODE,
+    order: Sequence[str] | None = None,
+    also: Collection[str] = (),
+) -> KubeletPods:
+    """The kubelet's PodResources ``List`` over ``pods``, as a kubelet that admits pods one at a
+    time sees them.
+
+    By default the kubelet admits the node's pods in bind order (``hami.io/bind-time``, then name):
+    each pod is listed once reached; the first one with a GPU container still to serve (its slot in
+    ``vgpu-devices-to-allocate`` not empty) is the one being admitted, and the pods after it are not
+    reached. A served GPU container holds ``HELD``. Pods bound elsewhere, failed (by the kubelet or
+    the plugin) or done are not listed. ``order`` (pod names) replaces bind order and leaves out the
+    pods it does not name; ``also`` (pod names) are listed as being admitted too (the kubelet's
+    restart race)."""
+    listed = [p for p in pods if _listed(p, node)]
+    if order is not None:
+        rank = {name: i for i, name in enumerate(order)}
+        listed = sorted(
+            (p for p in listed if p["metadata"]["name"] in rank), key=lambda p: rank[p["metadata"]["name"]]
+        )
+    else:
+        listed.sort(key=lambda p: (_bind_time(p), p["metadata"]["name"]))
+    out: dict[tuple[str, str], KubeletPod] = {}
+    admitting = False
+    for pod in listed:
+        meta = pod["metadata"]
+        if admitting and meta["name"] not in also:
+            continue
+        devices, unserved = _served(pod)
+        out[(meta["namespace"], meta["name"])] = KubeletPod(meta["namespace"], meta["name"], devices)
+        admitting = admitting or unserved
+    return out
+
+
+def _served(pod: dict[str, Any]) -> tuple[dict[str, frozenset[str]], bool]:
+    """Each GPU container's devices (HELD once served), and whether one is still to serve."""
+    annotations = pod["metadata"].get("annotations") or {}
+    containers = _gpu_containers(pod)
+    if annotations.get(keys.BIND_PHASE) != "allocating":
+        return dict.fromkeys(containers, HELD), False
+    try:
+        allocated = [s for s in decode_pod_devices(annotations.get(keys.DEVICES_ALLOCATED, "")) if s]
+        left = decode_pod_devices(annotations.get(keys.DEVICES_TO_ALLOCATE, ""))
+    except ProtocolError:
+        return dict.fromkeys(containers, frozenset()), True
+    remaining = [s for s in left if s]
+    served = len(allocated) - len(remaining)
+    devices = {name: HELD if i < served else frozenset() for i, name in enumerate(containers)}
+    return devices, bool(remaining) and bool(containers)
+
+
+def _listed(pod: dict[str, Any], node: str) -> bool:
+    status = (pod.get("status") or {}).get("phase")
+    annotations = pod["metadata"].get("annotations") or {}
+    return (
+        (pod.get("spec") or {}).get("nodeName") == node
+        and status not in ("Failed", "Succeeded")
+        and annotations.get(keys.BIND_PHASE) != "failed"
+    )
+
+
+class FakePodResources:
+    """``kubelet_view`` over the pods of a ``FakeKube`` as they are at each call (``pods`` is the
+    allocator's ``kubelet``); ``order`` and ``also`` as there; ``unreachable`` makes ``pods`` raise."""
+
+    def __init__(self, api: FakeKube) -> None:
+        self.api = api
+        self.order: list[str] | None = None
+        self.also: set[str] = set()
+        self.unreachable = False
+        self.calls = 0
+
+    async def pods(self) -> KubeletPods:
+        self.calls += 1
+        if self.unreachable:
+            raise KubeletUnreachable("the kubelet's PodResources API did not answer: UNAVAILABLE")
+        node = self.api.node["metadata"]["name"]
+        return kubelet_view(self.api.pods.values(), node=node, order=self.order, also=self.also)
 
 
 def log_lines(stream: io.StringIO) -> list[dict[str, Any]]:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import builders
 import pytest
-from plugin_fakes import NODE, FakeKube
+from plugin_fakes import NODE, FakeKube, FakePodResources
 
 from hamipy.device_plugin.allocator import Allocator
 from hamipy.device_plugin.kube import NodeKube, node_pods_informer
@@ -54,6 +54,7 @@ async def test_a_container_using_all_of_a_gpus_cores_is_served(
     allocator = Allocator(
         api=NodeKube(api, node_name=NODE),
         pods=cache,
+        kubelet=FakePodResources(api).pods,
         nvidia=config.nvidia,
         node_settings=config.for_node(NODE),
         telemetry=telemetry,

@@ -10,7 +10,7 @@ from typing import Any
 import builders
 import pytest
 from allocator_support import dev, waiting_pod
-from plugin_fakes import NODE, FakeKube
+from plugin_fakes import NODE, FakeKube, FakePodResources
 
 from hamipy.device_plugin.allocator import Allocator
 from hamipy.device_plugin.errors import AllocateError
@@ -66,6 +66,7 @@ async def make(
     allocator = Allocator(
         api=NodeKube(api, node_name=NODE),
         pods=cache,
+        kubelet=FakePodResources(api).pods,
         nvidia=config.nvidia,
         node_settings=config.for_node(NODE),
         telemetry=telemetry,
@@ -100,12 +101,12 @@ async def test_two_containers_are_served_in_order_then_the_pod_succeeds(tmp_path
 async def test_hamis_list_without_the_init_containers_empty_slot_serves_main_as_itself(
     tmp_path: Path,
 ) -> None:
-    # Issue 19: HAMi's scheduler writes init(no GPU) + main(GPU) as one slot. Served as slot 0 it
-    # was the init container's: its region directory, its CUDA_DISABLE_CONTROL (no preload mount).
+    # HAMi's scheduler writes init(no GPU) + main(GPU) as one slot: it is main's (main's region
+    # directory and limits file), not the init container's.
     hami = waiting_pod(
         "p",
         builders.container("main", gpu=1),
-        init=[builders.container("setup", env={"CUDA_DISABLE_CONTROL": "true"})],
+        init=[builders.container("setup")],
         slots=[[dev("GPU-A", 1000, 10)]],
     )
     api = fake_api([hami], lock_owner="p")
@@ -114,7 +115,7 @@ async def test_hamis_list_without_the_init_containers_empty_slot_serves_main_as_
     assert served.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-A"
     assert (tmp_path / "vgpu" / "containers" / "uid-p_main").is_dir()
     assert not (tmp_path / "vgpu" / "containers" / "uid-p_setup").exists()
-    assert "/etc/ld.so.preload" in [m.container_path for m in served.mounts], "main keeps control"
+    assert served.limits_path == f"{tmp_path}/vgpu/containers/uid-p_main/limits"
     assert annotations_of(api, "p")[keys.BIND_PHASE] == "success"
 
 
@@ -145,7 +146,9 @@ async def test_a_pod_the_cache_has_not_seen_is_found_by_a_fresh_list(tmp_path: P
 async def test_no_waiting_pod_is_a_clear_error(tmp_path: Path) -> None:
     api = fake_api([pod("p", "GPU-A,NVIDIA,1000,10:GPU-B,NVIDIA,1000,10:;;")])
     allocator, telemetry = await make(api, tmp_path)
-    with pytest.raises(AllocateError, match="no pod on node n1 is waiting for a container of 1 device"):
+    with pytest.raises(
+        AllocateError, match="no pod the kubelet is admitting on node n1 waits for a container of 1 device"
+    ):
         await allocator.allocate([["GPU-A-0"]])
     samples = telemetry.metrics.registry.get_sample_value(
         "hamipy_device_plugin_allocations_total", {"result": "failed", "reason": "NoPendingPod"}

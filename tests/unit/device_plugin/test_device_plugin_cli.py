@@ -12,6 +12,7 @@ SHARED = ("--node-name", "--config", "--kubeconfig", "--api-timeout", "--log-lev
 OWN = (
     "--plugin-dir",
     "--socket-name",
+    "--pod-resources-socket",
     "--metrics-host",
     "--metrics-port",
     "--register-interval",
@@ -54,6 +55,14 @@ def test_defaults_and_environment() -> None:
         3.0,
     )
     assert build_parser(env).parse_args(["--metrics-port", "1"]).metrics_port == 1, "a flag wins"
+
+
+def test_the_kubelets_pod_resources_socket() -> None:
+    args = build_parser({}).parse_args(["--node-name", "n1"])
+    assert str(args.pod_resources_socket) == "/var/lib/kubelet/pod-resources/kubelet.sock"
+    env = {"HAMIPY_DEVICE_PLUGIN_POD_RESOURCES_SOCKET": "/var/lib/k/pod-resources/kubelet.sock"}
+    args = build_parser(env).parse_args(["--node-name", "n1"])
+    assert str(args.pod_resources_socket) == "/var/lib/k/pod-resources/kubelet.sock"
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,5 @@
-"""The pod cache over the shared informer: the newest version of each pod whoever delivered it, our
-own writes kept across a list answered before they landed, and the order pods were bound."""
+"""The pod cache over the shared informer: the newest version of each pod whoever delivered it, and
+our own writes kept across a list answered before they landed."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from hamipy.kube.informer import InformerSettings
 from hamipy.telemetry import make_logger
 
 
-def pod(uid: str, version: int, phase: str = "allocating", *, bind_time: int | None = None) -> dict[str, Any]:
+def pod(uid: str, version: int, phase: str = "allocating") -> dict[str, Any]:
     """Version ``version`` of pod ``uid``, told apart from its other versions by its bind ``phase``."""
     return builders.pod(
         uid,
@@ -23,7 +23,7 @@ def pod(uid: str, version: int, phase: str = "allocating", *, bind_time: int | N
         namespace="ns",
         uid=uid,
         resource_version=str(version),
-        annotations=builders.allocation(phase=phase, bind_time=bind_time),
+        annotations=builders.allocation(phase=phase),
     )
 
 
@@ -34,8 +34,9 @@ def cache(api: FakeKube | None = None) -> PodCache:
     return PodCache(informer)
 
 
-def uids(c: PodCache) -> list[str]:
-    return [p["metadata"]["uid"] for p in sorted(c.pods(), key=c.bind_order)]
+def versions(c: PodCache) -> dict[str, str]:
+    """uid -> the resourceVersion the cache holds."""
+    return {p["metadata"]["uid"]: p["metadata"]["resourceVersion"] for p in c.pods()}
 
 
 async def watch(c: PodCache, api: FakeKube, *events: tuple[str, dict[str, Any]]) -> None:
@@ -76,25 +77,24 @@ async def test_once_the_watch_confirms_a_write_the_next_list_is_the_truth() -> N
     assert c.pods() == [pod("a", 12, "failed")]
 
 
-async def test_bind_order_is_the_order_the_watch_saw_pods() -> None:
-    api = FakeKube([pod("listed-late", 1, bind_time=20), pod("listed-early", 1, bind_time=10)])
+async def test_the_watch_adds_updates_and_deletes_pods() -> None:
+    api = FakeKube([pod("listed", 1)])
     c = cache(api)
     await c.informer.list_once()
     await watch(
         c,
         api,
-        ("ADDED", pod("watched-2", 5, bind_time=30)),
-        ("ADDED", pod("watched-1", 6, bind_time=30)),  # same second, seen later
-        ("MODIFIED", pod("watched-2", 9, bind_time=30)),  # an update keeps its place
+        ("ADDED", pod("watched", 5)),
+        ("MODIFIED", pod("watched", 9, "success")),
+        ("MODIFIED", pod("watched", 7, "failed")),  # older than what the cache holds
     )
-    assert uids(c) == ["listed-early", "listed-late", "watched-2", "watched-1"]
-    await watch(c, api, ("DELETED", pod("listed-early", 10)))
-    assert uids(c) == ["listed-late", "watched-2", "watched-1"]
+    assert versions(c) == {"listed": "1", "watched": "9"}
+    await watch(c, api, ("DELETED", pod("listed", 10)))
+    assert c.pods() == [pod("watched", 9, "success")]
 
 
-def test_a_fresh_read_adds_pods_new_to_us_in_bind_time_order() -> None:
+def test_a_fresh_read_adds_pods_new_to_us_and_keeps_newer_versions() -> None:
     c = cache()
-    c.remember(pod("known", 4, bind_time=50))
-    c.merge([pod("b", 3, bind_time=20), pod("a", 3, bind_time=10), pod("known", 2, bind_time=50)])
-    assert uids(c) == ["known", "a", "b"]
-    assert [p["metadata"]["resourceVersion"] for p in c.pods() if p["metadata"]["uid"] == "known"] == ["4"]
+    c.remember(pod("known", 4, "success"))
+    c.merge([pod("b", 3), pod("a", 3), pod("known", 2)])
+    assert versions(c) == {"known": "4", "b": "3", "a": "3"}

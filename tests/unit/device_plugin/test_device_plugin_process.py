@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 from agent_process import (
-    INJECT_BUG,
     AgentProcess,
     FakeApiServer,
     assert_dies_naming_the_task,
@@ -23,6 +22,23 @@ pytestmark = pytest.mark.native
 
 FAKE_DRIVER = Path(__file__).resolve().parents[3] / "native" / "build" / "fake"
 MODULE = "hamipy.device_plugin.cli"
+# Run the plugin's CLI with a broken handler on its pod informer: the first watch event raises
+# TypeError in the informer's task, as a bug would. argv: module, then the CLI's arguments.
+INJECT_BUG = """
+import importlib, sys
+from hamipy.device_plugin import pod_cache
+class Broken:
+    def listed(self, objects):
+        pass
+    def changed(self, kind, obj):
+        raise TypeError("injected")
+init = pod_cache.PodCache.__init__
+def broken_init(self, informer):
+    init(self, informer)
+    informer.subscribe(Broken())
+pod_cache.PodCache.__init__ = broken_init
+sys.exit(importlib.import_module(sys.argv[1]).main(sys.argv[2:]))
+"""
 POD = {
     "metadata": {"name": "other", "namespace": "ns", "uid": "uid-other", "resourceVersion": "6"},
     "spec": {"nodeName": NODE, "containers": [{"name": "main"}]},

@@ -1,10 +1,11 @@
-"""The device plugin serves only what the scheduler decided, to the pod it decided it for (issue 16):
-a waiting pod that asks for no GPU, that another scheduler placed, or whose allocation is not what
-it asks for is never served; the kubelet's device IDs must be ours and lie on the planned GPUs."""
+"""The device plugin serves only what the scheduler decided, to the pod it decided it for: a waiting
+pod that asks for no GPU, that another scheduler placed, or whose allocation is not what it asks
+for is never served; the kubelet's device IDs must be ours and lie on the planned GPUs."""
 
 from __future__ import annotations
 
 import io
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,22 +25,29 @@ from allocator_support import (
     logged,
     make_allocator,
     phase_of,
-    plugin_stub,
+    refused_over_grpc,
     waiting_pod,
 )
-from plugin_fakes import NODE, FakeKube
+from plugin_fakes import NODE, FakeKube, kubelet_view
 
-from hamipy.device_plugin.allocating import ServeRules, choose, problems
+from hamipy.device_plugin.allocating import Choice, ServeRules, choose, problems
 from hamipy.device_plugin.errors import AllocateError, UnknownDevice
-from hamipy.kubelet_api.v1beta1 import api_pb2
 from hamipy.protocol import keys
 from hamipy.protocol.resources import ResourceNames
 
 NOT_SERVED = "waiting pod not served: it breaks a serving rule"
 
 
+def in_line(
+    pods: list[dict[str, Any]], count: int = 1, rules: ServeRules = RULES, *, also: Sequence[str] = ()
+) -> Choice:
+    """The choice for ``count`` devices, the kubelet admitting ``pods`` in bind order (and listing
+    ``also`` as being admitted too)."""
+    return choose(pods, node=NODE, device_count=count, kubelet=kubelet_view(pods, also=also), rules=rules)
+
+
 def served_name(pods: list[dict[str, Any]], count: int = 1, rules: ServeRules = RULES) -> str | None:
-    served = choose(pods, node=NODE, device_count=count, rules=rules).served
+    served = in_line(pods, count, rules).served
     return None if served is None else served.name
 
 
@@ -50,7 +58,8 @@ def served_name(pods: list[dict[str, Any]], count: int = 1, rules: ServeRules = 
 def test_a_pod_asking_no_gpu_is_skipped_and_the_next_pod_gets_its_own_slot(scheduler: str) -> None:
     hijack = hijack_pod()
     hijack["spec"]["schedulerName"] = scheduler  # asking for no GPU is enough to be skipped
-    choice = choose([hijack, legit_pod()], node=NODE, device_count=1, rules=RULES)
+    # The kubelet lists the hijack pod (admitted: it asks for no device) and admits the next.
+    choice = in_line([hijack, legit_pod()])
     assert choice.served is not None
     assert (choice.served.name, choice.served.devices) == ("legit", [dev(UUID_B, mem=30000, cores=40)])
     assert choice.refused is None
@@ -67,7 +76,7 @@ def test_a_pod_of_another_scheduler_in_line_is_refused_not_given_the_next_pods_s
         scheduler="default-scheduler",
         bind_time=1,
     )
-    choice = choose([steal, legit_pod(bind_time=2)], node=NODE, device_count=1, rules=RULES)
+    choice = in_line([steal, legit_pod(bind_time=2)])  # the kubelet is admitting "steal"
     assert choice.served is None
     assert choice.refused is not None
     assert choice.refused[0]["metadata"]["name"] == "steal"
@@ -80,7 +89,7 @@ def test_a_pod_naming_no_scheduler_is_the_default_schedulers() -> None:
 
 
 def test_a_rule_breaker_not_in_line_for_the_request_is_skipped() -> None:
-    # It asks for 2 GPUs: the kubelet cannot be admitting it with a 1-device Allocate.
+    # Both listed; "other" asks for 2 GPUs: the kubelet cannot be allocating it with 1 device.
     other = waiting_pod(
         "other",
         builders.container("main", gpu=2),
@@ -88,7 +97,7 @@ def test_a_rule_breaker_not_in_line_for_the_request_is_skipped() -> None:
         scheduler="default-scheduler",
         bind_time=1,
     )
-    choice = choose([other, legit_pod(bind_time=2)], node=NODE, device_count=1, rules=RULES)
+    choice = in_line([other, legit_pod(bind_time=2)], also=["legit"])
     assert choice.served is not None
     assert choice.served.name == "legit"
     assert [p["metadata"]["name"] for p, _ in choice.skipped] == ["other"]
@@ -136,7 +145,7 @@ def test_an_allocation_that_is_not_what_the_container_asks_is_refused(
     pod = waiting_pod("forged", container, slots=[slot])
     assert why in problems(pod, RULES)
     asked = int(container["resources"]["limits"][keys.RESOURCE_COUNT])
-    choice = choose([pod, legit_pod()], node=NODE, device_count=asked, rules=RULES)
+    choice = in_line([pod, legit_pod()], asked)  # the kubelet is admitting "forged"
     assert choice.refused is not None
     assert choice.refused[0]["metadata"]["name"] == "forged"
     assert choice.served is None
@@ -180,7 +189,7 @@ def test_a_later_slot_that_breaks_a_rule_refuses_the_pod_at_its_first_container(
         builders.container("second"),  # asks nothing, yet planned a GPU
         slots=[[dev(UUID_A)], [dev(UUID_B)]],
     )
-    choice = choose([pod], node=NODE, device_count=1, rules=RULES)
+    choice = in_line([pod])
     assert choice.refused is not None
     assert "containers[1] 'second' asks for no nvidia.com/gpu" in choice.refused[1]
 
@@ -194,7 +203,7 @@ def test_an_init_container_and_app_containers_are_checked_in_slot_order() -> Non
         slots=[[dev(UUID_A, mem=500)], [], [dev(UUID_B, mem=2000), dev(UUID_C, mem=2000)]],
     )
     assert problems(pod, RULES) == []
-    served = choose([pod], node=NODE, device_count=1, rules=RULES).served
+    served = in_line([pod]).served
     assert served is not None
     assert (served.container, served.slot) == ("setup", 0)
 
@@ -233,7 +242,7 @@ def test_the_shape_hamis_scheduler_writes_is_served() -> None:
         node_name=NODE,
         scheduler_name="hami-scheduler",
     )
-    served = choose([pod], node=NODE, device_count=1, rules=RULES).served
+    served = in_line([pod]).served
     assert served is not None
     assert (served.container, served.devices) == ("main", [dev(UUID_A, mem=3000, cores=30)])
 
@@ -257,7 +266,7 @@ async def test_the_hijack_pod_is_never_served_and_the_legitimate_pod_gets_its_ow
     assert (line["namespace"], line["pod"], line["uid"]) == ("ns", "hijack", "uid-hijack")
     assert "asks for no nvidia.com/gpu" in line["reason"]
     # Nobody else waits: a further Allocate is refused, and the hijack pod is not logged again.
-    with pytest.raises(AllocateError, match="no pod on node n1 is waiting"):
+    with pytest.raises(AllocateError, match="no pod the kubelet is admitting on node n1"):
         await allocator.allocate([[f"{UUID_A}-0"]])
     assert len(logged(log, NOT_SERVED)) == 1
     assert phase_of(api, "hijack") == "allocating"
@@ -338,7 +347,7 @@ async def test_an_id_that_is_not_ours_is_refused_without_touching_any_pod(
     api = FakeKube([hijack_pod(), legit_pod()])
     allocator = await make_allocator(api, tmp_path)
     with pytest.raises(
-        UnknownDevice, match=f"device IDs \\['{device}'\\] are not devices of the nvidia.com/gpu"
+        UnknownDevice, match=f"device IDs \\[{device}\\] are not devices of the nvidia.com/gpu"
     ):
         await allocator.allocate([[device]])
     assert [m for m, _ in api.calls if m != "GET"] == []
@@ -349,24 +358,27 @@ async def test_an_id_that_is_not_ours_is_refused_without_touching_any_pod(
 
 
 async def test_the_kubelet_is_told_invalid_argument_for_ids_that_are_not_ours(tmp_path: Path) -> None:
-    allocator = await make_allocator(FakeKube([legit_pod()]), tmp_path)
-    async with plugin_stub(allocator) as stub:
-        request = api_pb2.AllocateRequest(
-            container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=["GPU-nope-0"])]
-        )
-        with pytest.raises(grpc.aio.AioRpcError) as caught:
-            await stub.Allocate(request, timeout=10)
-    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "GPU-nope-0" in (caught.value.details() or "")
+    refused = await refused_over_grpc(await make_allocator(FakeKube([legit_pod()]), tmp_path), "GPU-nope-0")
+    assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "GPU-nope-0" in (refused.details() or "")
+
+
+async def test_a_refusal_naming_thousands_of_unknown_ids_fits_grpcs_metadata(tmp_path: Path) -> None:
+    # The reason travels as grpc-message metadata (8 KiB by default): past it the kubelet would get
+    # a transport error instead of the reason.
+    ids = [f"GPU-{i:08d}-0000-4000-8000-000000000000-{i}" for i in range(2000)]
+    refused = await refused_over_grpc(await make_allocator(FakeKube([legit_pod()]), tmp_path), *ids)
+    assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT
+    details = refused.details() or ""
+    assert ids[0] in details
+    assert ids[19] in details
+    assert ids[20] not in details
+    assert "and 1980 more" in details
+    assert len(details.encode()) < 4096
 
 
 async def test_the_kubelet_is_told_failed_precondition_for_ids_on_the_wrong_gpu(tmp_path: Path) -> None:
     allocator = await make_allocator(FakeKube([legit_pod()]), tmp_path)
-    async with plugin_stub(allocator) as stub:
-        request = api_pb2.AllocateRequest(
-            container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=[f"{UUID_C}-0"])]
-        )
-        with pytest.raises(grpc.aio.AioRpcError) as caught:
-            await stub.Allocate(request, timeout=10)
-    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert f"{UUID_C}-0" in (caught.value.details() or "")
+    refused = await refused_over_grpc(allocator, f"{UUID_C}-0")
+    assert refused.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert f"{UUID_C}-0" in (refused.details() or "")

@@ -1,6 +1,7 @@
 """A device plugin in this process over a fake API, a fake kubelet and fake GPUs: readiness, and a
 background task that dies (a bug in the pod watch, the health thread): logged by name, ``/readyz``
-503 with the reason, ``run`` ending with it; a stop ends it cleanly."""
+503 with the reason, ``run`` ending with it; a stop ends it cleanly; an Allocate on its socket asks
+the kubelet's PodResources socket which pod it is admitting."""
 
 from __future__ import annotations
 
@@ -8,23 +9,32 @@ import asyncio
 import io
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import builders
+import grpc
+import grpc.aio
 import pytest
+from allocator_support import allocate_request
 from plugin_fakes import GPU_A, NODE, FakeHealth, FakeKube, FakeKubelet, log_lines
 
 from hamipy.devcluster import wait_for
 from hamipy.device_plugin.plugin import DevicePlugin
 from hamipy.device_plugin.settings import PluginSettings
 from hamipy.device_plugin.telemetry import Telemetry
+from hamipy.kubelet_api.podresources_v1 import api_pb2 as podresources_pb2
+from hamipy.kubelet_api.podresources_v1 import api_pb2_grpc as podresources_pb2_grpc
+from hamipy.kubelet_api.v1beta1 import api_pb2_grpc
 from hamipy.protocol import keys
 from hamipy.protocol.config import load_config
+from hamipy.protocol.devices import ContainerDevice
 
 DIED = "background task died; the service stops"
+POD_RESOURCES = "pod-resources.sock"
 
 
 @pytest.fixture
@@ -56,9 +66,9 @@ class Plugin:
 
 @pytest.fixture
 def make_plugin(plugin_dir: Path, tmp_path: Path) -> Callable[..., Plugin]:
-    def make(*, health_fails: BaseException | None = None) -> Plugin:
+    def make(*, health_fails: BaseException | None = None, pods: Sequence[dict[str, Any]] = ()) -> Plugin:
         log = io.StringIO()
-        api = FakeKube()
+        api = FakeKube(pods)
         made: list[FakeHealth] = []
 
         def health_watch(
@@ -77,6 +87,7 @@ def make_plugin(plugin_dir: Path, tmp_path: Path) -> Callable[..., Plugin]:
                 metrics_host="127.0.0.1",
                 metrics_port=0,
                 socket_check_interval_s=0.05,
+                pod_resources_socket=plugin_dir / POD_RESOURCES,
             ),
             telemetry=Telemetry.create(stream=log),
             api=api,
@@ -163,3 +174,63 @@ async def test_stop_ends_the_run_without_a_failure(
     assert await asyncio.wait_for(run, timeout=10) is None
     assert p.died() == []
     assert p.health[0].stopped.is_set()
+
+
+class _Admitting(podresources_pb2_grpc.PodResourcesListerServicer):
+    """The kubelet's PodResources ``List``: admitting ns/p, its container "main" without devices."""
+
+    async def List(
+        self,
+        request: podresources_pb2.ListPodResourcesRequest,
+        context: grpc.aio.ServicerContext[
+            podresources_pb2.ListPodResourcesRequest, podresources_pb2.ListPodResourcesResponse
+        ],
+    ) -> podresources_pb2.ListPodResourcesResponse:
+        return podresources_pb2.ListPodResourcesResponse(
+            pod_resources=[
+                podresources_pb2.PodResources(
+                    namespace="ns", name="p", containers=[podresources_pb2.ContainerResources(name="main")]
+                )
+            ]
+        )
+
+
+async def test_an_allocate_asks_the_kubelets_pod_resources_socket(
+    make_plugin: Callable[..., Plugin], kubelet: FakeKubelet, plugin_dir: Path
+) -> None:
+    slots = [[ContainerDevice(GPU_A.uuid, "NVIDIA", 2000, 20)]]
+    waiting = builders.pod(
+        "p",
+        builders.container("main", gpu=1, gpumem=2000, gpucores=20),
+        namespace="ns",
+        uid="uid-p",
+        resource_version="5",
+        annotations=builders.allocation(allocated=slots, to_allocate=slots, phase="allocating", node=NODE),
+        node_name=NODE,
+        scheduler_name="hami-scheduler",
+    )
+    p = make_plugin(pods=[waiting])
+    request = allocate_request(f"{GPU_A.uuid}-0")
+    async with p.plugin.running():
+        await ready(p)
+        server = grpc.aio.server()
+        podresources_pb2_grpc.add_PodResourcesListerServicer_to_server(_Admitting(), server)
+        server.add_insecure_port(f"unix://{plugin_dir / POD_RESOURCES}")
+        await server.start()
+        async with grpc.aio.insecure_channel(f"unix://{plugin_dir / 'hamipy-nvidia.sock'}") as channel:
+            stub = api_pb2_grpc.DevicePluginStub(channel)
+            try:
+                response = await stub.Allocate(request, timeout=20)
+            finally:
+                await server.stop(None)
+            # The kubelet's socket gone: refused, naming it.
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await stub.Allocate(request, timeout=20)
+    (answer,) = response.container_responses
+    assert answer.envs["NVIDIA_VISIBLE_DEVICES"] == GPU_A.uuid
+    assert answer.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "2000m"
+    assert p.api.pods["uid-p"]["metadata"]["annotations"][keys.BIND_PHASE] == "success"
+    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert f"PodResources API at {plugin_dir / POD_RESOURCES} did not answer" in (
+        caught.value.details() or ""
+    )

@@ -12,7 +12,8 @@ from hamipy.protocol.allocation_env import (
     Mount,
     allocation_mounts,
     container_allocation,
-    control_disabled,
+    limits_file_text,
+    limits_host_path,
     memory_limit_bytes,
     region_host_dir,
     shared_cache_path,
@@ -33,7 +34,9 @@ UNEVEN = [ContainerDevice(GPU_A, "NVIDIA", 1000, 30), ContainerDevice(GPU_B, "NV
 
 LIB = Mount("/usr/local/vgpu/libvgpu.so", "/usr/local/vgpu/libvgpu.so", read_only=True)
 REGION = Mount("/usr/local/vgpu", f"/usr/local/vgpu/containers/{POD_UID}_cuda", read_only=False)
-LOCK = Mount("/tmp/vgpulock", "/tmp/vgpulock", read_only=False)
+LIMITS_FILE = Mount(
+    "/usr/local/vgpu/limits", f"/usr/local/vgpu/containers/{POD_UID}_cuda/limits", read_only=True
+)
 PRELOAD = Mount("/etc/ld.so.preload", "/usr/local/vgpu/ld.so.preload", read_only=True)
 
 
@@ -180,20 +183,15 @@ def test_bad_settings_are_refused(kwargs: dict[str, Any], field: str) -> None:
 # mounts ------------------------------------------------------------------------------------------
 
 
-def test_mounts_in_upstream_order() -> None:
-    assert allocation_mounts(pod_uid=POD_UID, container_name="cuda") == [LIB, REGION, LOCK, PRELOAD]
+def test_mounts_put_the_limits_file_read_only_over_the_region_directory() -> None:
+    assert allocation_mounts(pod_uid=POD_UID, container_name="cuda") == [LIB, REGION, LIMITS_FILE, PRELOAD]
 
 
-def test_disable_control_drops_the_preload() -> None:
-    assert allocation_mounts(pod_uid=POD_UID, container_name="cuda", disable_control=True) == [
-        LIB,
-        REGION,
-        LOCK,
-    ]
-
-
-def test_lock_dir_can_be_left_out() -> None:
-    assert allocation_mounts(pod_uid=POD_UID, container_name="cuda", lock_dir=None) == [LIB, REGION, PRELOAD]
+def test_no_mount_is_shared_writable_across_containers() -> None:
+    # Upstream's /tmp/vgpulock is one host directory every GPU container writes: not mounted here.
+    mounts = allocation_mounts(pod_uid=POD_UID, container_name="cuda")
+    writable = [m.host_path for m in mounts if not m.read_only]
+    assert writable == [f"/usr/local/vgpu/containers/{POD_UID}_cuda"]
 
 
 def test_custom_hook_path_mounts() -> None:
@@ -201,53 +199,35 @@ def test_custom_hook_path_mounts() -> None:
     assert got == [
         Mount("/opt/vgpu/libvgpu.so", "/opt/vgpu/libvgpu.so", read_only=True),
         Mount("/opt/vgpu", f"/opt/vgpu/containers/{POD_UID}_train", read_only=False),
-        LOCK,
+        Mount("/opt/vgpu/limits", f"/opt/vgpu/containers/{POD_UID}_train/limits", read_only=True),
         Mount("/etc/ld.so.preload", "/opt/vgpu/ld.so.preload", read_only=True),
     ]
 
 
-@pytest.mark.parametrize(
-    ("env", "disabled"),
-    [
-        (None, False),
-        ([], False),
-        ([{"name": "CUDA_DISABLE_CONTROL", "value": "true"}], True),
-        ([{"name": "CUDA_DISABLE_CONTROL", "value": "1"}], True),
-        ([{"name": "CUDA_DISABLE_CONTROL", "value": "True"}], True),
-        ([{"name": "CUDA_DISABLE_CONTROL", "value": "false"}], False),
-        ([{"name": "CUDA_DISABLE_CONTROL", "value": "yes"}], False),
-        ([{"name": "CUDA_DISABLE_CONTROL"}], False),
-        (
-            [{"name": "CUDA_DISABLE_CONTROL", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}}],
-            False,
-        ),
-        ([{"name": "OTHER", "value": "true"}], False),
-        (
-            [
-                {"name": "CUDA_DISABLE_CONTROL", "value": "false"},
-                {"name": "CUDA_DISABLE_CONTROL", "value": "true"},
-            ],
-            True,
-        ),
-        (["junk", {"name": "CUDA_DISABLE_CONTROL", "value": "t"}], True),
-    ],
-    ids=[
-        "no-env",
-        "empty-env",
-        "true",
-        "one",
-        "True",
-        "false",
-        "yes-is-not-go-bool",
-        "no-value",
-        "value-from",
-        "other-name",
-        "any-true-entry",
-        "junk-entry-skipped",
-    ],
-)
-def test_control_disabled(env: list[Any] | None, disabled: bool) -> None:
-    assert control_disabled(env) is disabled
+def test_limits_host_path_is_in_the_region_directory() -> None:
+    assert (
+        limits_host_path("/usr/local/vgpu", POD_UID, "cuda")
+        == f"/usr/local/vgpu/containers/{POD_UID}_cuda/limits"
+    )
+
+
+def test_limits_file_holds_the_limits_without_devices_or_log_level() -> None:
+    env = build_env(UNEVEN, cache_id=CACHE_ID, core_policy="force", log_level=3, task_priority=0)
+    assert limits_file_text(env) == (
+        "CUDA_DEVICE_MEMORY_LIMIT_0=1000m\n"
+        "CUDA_DEVICE_MEMORY_LIMIT_1=2000m\n"
+        "CUDA_DEVICE_SM_LIMIT=30\n"
+        "CUDA_DEVICE_SM_LIMIT_0=30\n"
+        "CUDA_DEVICE_SM_LIMIT_1=60\n"
+        f"CUDA_DEVICE_MEMORY_SHARED_CACHE=/usr/local/vgpu/{CACHE_ID}.cache\n"
+        "GPU_CORE_UTILIZATION_POLICY=force\n"
+        "CUDA_TASK_PRIORITY=0\n"
+    )
+
+
+def test_task_priority_travels_with_the_limits() -> None:
+    assert build_env(ONE, cache_id=CACHE_ID, task_priority=1)["CUDA_TASK_PRIORITY"] == "1"
+    assert "CUDA_TASK_PRIORITY" not in build_env(ONE, cache_id=CACHE_ID)
 
 
 def test_region_host_dir() -> None:
@@ -280,37 +260,34 @@ def test_shared_cache_path() -> None:
 # together ----------------------------------------------------------------------------------------
 
 
-def test_container_allocation_combines_env_and_mounts() -> None:
+def test_container_allocation_combines_env_mounts_and_limits_file() -> None:
     got = container_allocation(
         TWO,
         pod_uid=POD_UID,
         container_name="cuda",
-        container_env=[{"name": "CUDA_DISABLE_CONTROL", "value": "true"}],
         cache_id=CACHE_ID,
         memory_scaling=2.0,
         core_policy="force",
         log_level=1,
+        task_priority=0,
     )
+    envs = {
+        "NVIDIA_VISIBLE_DEVICES": f"{GPU_A},{GPU_B}",
+        "CUDA_DEVICE_MEMORY_LIMIT_0": "2500m",
+        "CUDA_DEVICE_MEMORY_LIMIT_1": "2500m",
+        "CUDA_DEVICE_SM_LIMIT": "25",
+        "CUDA_DEVICE_MEMORY_SHARED_CACHE": f"/usr/local/vgpu/{CACHE_ID}.cache",
+        "CUDA_OVERSUBSCRIBE": "true",
+        "GPU_CORE_UTILIZATION_POLICY": "force",
+        "CUDA_TASK_PRIORITY": "0",
+        "LIBCUDA_LOG_LEVEL": "1",
+    }
     assert got == ContainerAllocation(
-        envs={
-            "NVIDIA_VISIBLE_DEVICES": f"{GPU_A},{GPU_B}",
-            "CUDA_DEVICE_MEMORY_LIMIT_0": "2500m",
-            "CUDA_DEVICE_MEMORY_LIMIT_1": "2500m",
-            "CUDA_DEVICE_SM_LIMIT": "25",
-            "CUDA_DEVICE_MEMORY_SHARED_CACHE": f"/usr/local/vgpu/{CACHE_ID}.cache",
-            "CUDA_OVERSUBSCRIBE": "true",
-            "GPU_CORE_UTILIZATION_POLICY": "force",
-            "LIBCUDA_LOG_LEVEL": "1",
-        },
-        mounts=(LIB, REGION, LOCK),
+        envs=envs,
+        mounts=(LIB, REGION, LIMITS_FILE, PRELOAD),
+        limits_path=f"/usr/local/vgpu/containers/{POD_UID}_cuda/limits",
+        limits_text=limits_file_text(envs),
     )
-
-
-def test_container_allocation_defaults_keep_the_preload() -> None:
-    got = container_allocation(
-        ONE, pod_uid=POD_UID, container_name="cuda", container_env=None, cache_id=CACHE_ID
-    )
-    assert got.mounts == (LIB, REGION, LOCK, PRELOAD)
 
 
 # docs/wire-format.md#interposer-environment: how the interposer reads the limits -----------------
@@ -376,7 +353,7 @@ def test_public_api_is_complete() -> None:
             "ENV_TASK_PRIORITY",
             "ENV_VISIBLE_DEVICES",
             "LD_SO_PRELOAD",
-            "LOCK_DIR",
+            "LIMITS_FILE",
             "MAX_DEVICES",
             "ContainerAllocation",
             "CorePolicy",
@@ -384,7 +361,8 @@ def test_public_api_is_complete() -> None:
             "allocation_env",
             "allocation_mounts",
             "container_allocation",
-            "control_disabled",
+            "limits_file_text",
+            "limits_host_path",
             "memory_limit_bytes",
             "parse_region_dir_name",
             "region_host_dir",

@@ -76,6 +76,7 @@ class DevicePluginAgent:
         kubeconfig: Path,
         native_build: Path,
         plugin_dir: Path,
+        pod_resources_socket: Path,
         nvidia: Mapping[str, Any] | None = None,
         register_interval_s: float = 30.0,
         env: Mapping[str, str] | None = None,
@@ -87,6 +88,7 @@ class DevicePluginAgent:
         self.credentials = credentials
         self.native_build = native_build
         self.plugin_dir = plugin_dir
+        self.pod_resources_socket = pod_resources_socket
         self.hook_path = workdir / "vgpu"
         self.nvidia = {"hookPath": str(self.hook_path), **(nvidia or {})}
         self.register_interval_s = register_interval_s
@@ -128,6 +130,8 @@ class DevicePluginAgent:
                 str(config),
                 "--plugin-dir",
                 str(self.plugin_dir),
+                "--pod-resources-socket",
+                str(self.pod_resources_socket),
                 "--metrics-host",
                 "127.0.0.1",
                 "--metrics-port",
@@ -163,6 +167,13 @@ class DevicePluginAgent:
     async def stop(self) -> None:
         if self.process is not None:
             await asyncio.to_thread(self.process.stop)
+            self.process = None
+
+    async def kill(self) -> None:
+        """SIGKILL the plugin (a crash: its socket stays behind, nothing is cleaned up); ``start``
+        runs it again, as the DaemonSet would."""
+        if self.process is not None:
+            await asyncio.to_thread(self.process.kill)
             self.process = None
 
     async def set_health(self, uuid: str, *, healthy: bool) -> None:
@@ -251,7 +262,7 @@ def gpu_node_agents(
     plugin_dir: Path | None = None,
     env: Mapping[str, str] | None = None,
     credentials: Credentials | None = None,
-) -> tuple[Any, DevicePluginAgent]:
+) -> tuple[NodeAgent, DevicePluginAgent]:
     """The two agents of a GPU node, in start order: the kubelet stand-in (it must be serving
     ``kubelet.sock`` first), then the device plugin. Pass both to ``NodePool.add(..., agents=...)``.
     ``plugin_dir`` (default ``<workdir>/device-plugins``) holds the unix sockets: keep its path short;
@@ -260,13 +271,14 @@ def gpu_node_agents(
     from hamipy.devcluster.kubelet_standin import KubeletStandIn
 
     plugin_dir = plugin_dir if plugin_dir is not None else workdir / "device-plugins"
-    standin: NodeAgent = KubeletStandIn(plugin_dir, record_dir=record_dir)
+    standin = KubeletStandIn(plugin_dir, record_dir=record_dir)
     plugin = DevicePluginAgent(
         workdir=workdir,
         gpus=gpus,
         kubeconfig=kubeconfig,
         native_build=native_build,
         plugin_dir=plugin_dir,
+        pod_resources_socket=standin.pod_resources_socket,
         nvidia=nvidia,
         env=env,
         credentials=credentials,

@@ -181,6 +181,7 @@ def gpu_kubelet_node(
         kubeconfig=Path(cluster.access.kubeconfig),
         native_build=native_build,
         plugin_dir=node.kubelet.plugin_dir,
+        pod_resources_socket=node.kubelet.pod_resources_socket,
         nvidia=nvidia,
         env=env,
         credentials=credentials,

@@ -17,6 +17,10 @@ it would talk to a kubelet:
   (``GetPreferredAllocation`` when the plugin offers it) and calls ``Allocate``, then
   ``PreStartContainer`` if asked, and reports the pod ``Running``; a pod it cannot admit is
   reported ``Failed`` with ``UnexpectedAdmissionError``;
+- it serves the PodResources API's ``List`` (``pod_resources_socket``, by default
+  ``pod-resources.sock`` in the plugin directory) as the kubelet does: the pods it admitted and has
+  not rejected, and the pod it is admitting, each regular and restartable init container with the
+  device IDs it holds;
 - a pod that finishes or is deleted frees its devices, and a deleted pod is removed (grace 0);
 - `restart` is a kubelet restart: sockets deleted, plugins must register again, and the
   allocations made so far are kept (the kubelet's checkpoint).
@@ -77,6 +81,8 @@ from hamipy.kube.errors import Conflict, KubeError, NotFound
 from hamipy.kube.informer import ChangeKind, Informer, InformerSettings
 from hamipy.kube.resources import node_pods_query, pod_path
 from hamipy.kubelet_api import HEALTHY, KUBELET_SOCKET, VERSION
+from hamipy.kubelet_api.podresources_v1 import api_pb2 as podresources_pb2
+from hamipy.kubelet_api.podresources_v1 import api_pb2_grpc as podresources_pb2_grpc
 from hamipy.kubelet_api.v1beta1 import api_pb2, api_pb2_grpc
 
 __all__ = [
@@ -301,6 +307,25 @@ class _Registration(api_pb2_grpc.RegistrationServicer):
         return api_pb2.Empty()
 
 
+class _PodResources(podresources_pb2_grpc.PodResourcesListerServicer):
+    def __init__(self, standin: KubeletStandIn) -> None:
+        self._standin = standin
+
+    async def List(
+        self,
+        request: podresources_pb2.ListPodResourcesRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> podresources_pb2.ListPodResourcesResponse:
+        return self._standin.pod_resources()
+
+
+def _listed_containers(pod: Mapping[str, Any]) -> list[str]:
+    """The containers the PodResources API lists: restartable init containers, then the regular ones."""
+    spec = pod.get("spec") or {}
+    sidecars = [c for c in spec.get("initContainers") or () if c.get("restartPolicy") == "Always"]
+    return [str(c.get("name", "")) for c in [*sidecars, *(spec.get("containers") or ())]]
+
+
 class KubeletStandIn:
     """The device-manager part of a kubelet for one simulated node (a `NodeAgent`).
 
@@ -314,13 +339,20 @@ class KubeletStandIn:
         *,
         record_dir: Path | None = None,
         settings: StandInSettings | None = None,
+        pod_resources_socket: Path | None = None,
     ) -> None:
         self.plugin_dir = Path(plugin_dir).absolute()
-        if len(os.fsencode(self.plugin_dir / KUBELET_SOCKET)) > _MAX_SOCKET_PATH:
-            raise ValueError(
-                f"KubeletStandIn: plugin_dir {str(self.plugin_dir)!r} is too long for unix sockets "
-                f"(at most {_MAX_SOCKET_PATH} bytes with {KUBELET_SOCKET!r}); use a short directory"
-            )
+        self.pod_resources_socket = (
+            Path(pod_resources_socket).absolute()
+            if pod_resources_socket is not None
+            else self.plugin_dir / "pod-resources.sock"
+        )
+        for socket in (self.plugin_dir / KUBELET_SOCKET, self.pod_resources_socket):
+            if len(os.fsencode(socket)) > _MAX_SOCKET_PATH:
+                raise ValueError(
+                    f"KubeletStandIn: socket {str(socket)!r} is too long for unix sockets "
+                    f"(at most {_MAX_SOCKET_PATH} bytes); use a short directory"
+                )
         self.record_dir = Path(record_dir) if record_dir is not None else None
         self.settings = settings or StandInSettings()
         self.registrations: collections.Counter[str] = collections.Counter()
@@ -337,6 +369,8 @@ class KubeletStandIn:
         self._pods: dict[str, dict[str, Any]] = {}
         self._seen: set[str] = set()
         self._served: set[str] = set()
+        self._rejected: set[str] = set()
+        self._admitting: str | None = None
         self._queue: asyncio.Queue[str] = asyncio.Queue()
         self._tasks: set[asyncio.Task[None]] = set()
         self._capacity_dirty = asyncio.Event()
@@ -444,7 +478,9 @@ class KubeletStandIn:
             log.info("kubelet stand-in %s: removed stale sockets %s", node.name, removed)
         server = grpc.aio.server()
         api_pb2_grpc.add_RegistrationServicer_to_server(_Registration(self), server)
+        podresources_pb2_grpc.add_PodResourcesListerServicer_to_server(_PodResources(self), server)
         server.add_insecure_port(f"unix://{self.socket_path}")
+        server.add_insecure_port(f"unix://{self.pod_resources_socket}")
         await server.start()
         self._server = server
         self._queue = asyncio.Queue()
@@ -461,6 +497,8 @@ class KubeletStandIn:
 
     def _prepare_dir(self) -> list[str]:
         self.plugin_dir.mkdir(parents=True, exist_ok=True)
+        self.pod_resources_socket.parent.mkdir(parents=True, exist_ok=True)
+        self.pod_resources_socket.unlink(missing_ok=True)
         if self.record_dir is not None:
             self.record_dir.mkdir(parents=True, exist_ok=True)
         return _remove_sockets(self.plugin_dir)
@@ -479,6 +517,7 @@ class KubeletStandIn:
             await endpoint.channel.close()
         self._pods.clear()
         self.socket_path.unlink(missing_ok=True)
+        self.pod_resources_socket.unlink(missing_ok=True)
         self._notify()
 
     def _require_node(self) -> SimulatedNode:
@@ -705,6 +744,7 @@ class KubeletStandIn:
         self._pods.pop(uid, None)
         self._seen.discard(uid)
         self._served.discard(uid)
+        self._rejected.discard(uid)
         await self._free(uid)
 
     async def _finish_deletion(self, pod: dict[str, Any]) -> None:
@@ -730,6 +770,7 @@ class KubeletStandIn:
             pod = self._pods.get(uid)
             if pod is None or uid in self._served:
                 continue
+            self._admitting = uid
             try:
                 await self._admit(uid, pod)
             except Exception as exc:
@@ -737,6 +778,8 @@ class KubeletStandIn:
                 log.exception("kubelet stand-in: pod %s/%s not served", meta["namespace"], meta["name"])
                 self.errors.append(exc)
                 self._notify()
+            finally:
+                self._admitting = None
 
     async def _admit(self, uid: str, pod: dict[str, Any]) -> None:
         meta = pod["metadata"]
@@ -759,6 +802,7 @@ class KubeletStandIn:
             log.info("kubelet stand-in: pod %s/%s rejected: %s", namespace, name, message)
             await self._free(uid)
             self._served.add(uid)
+            self._rejected.add(uid)
             await self._post_status(pod, rejected_status(message))
             return
         self._served.add(uid)
@@ -885,6 +929,27 @@ class KubeletStandIn:
                     raise
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, self.settings.max_backoff_s)
+
+    # -- the PodResources API ---------------------------------------------------------------------
+
+    def pod_resources(self) -> podresources_pb2.ListPodResourcesResponse:
+        """``List``: the pods admitted and not rejected, and the pod being admitted."""
+        active = [
+            (uid, pod)
+            for uid, pod in self._pods.items()
+            if (uid in self._served and uid not in self._rejected) or uid == self._admitting
+        ]
+        response = podresources_pb2.ListPodResourcesResponse()
+        for uid, pod in active:
+            meta = pod["metadata"]
+            namespace, name = str(meta["namespace"]), str(meta["name"])
+            entry = response.pod_resources.add(name=name, namespace=namespace)
+            for container in _listed_containers(pod):
+                listed = entry.containers.add(name=container)
+                held = self._allocations.get(ContainerKey(namespace, name, container))
+                for part in held.resources if held is not None and held.pod_uid == uid else ():
+                    listed.devices.add(resource_name=part.resource, device_ids=part.device_ids)
+        return response
 
     # -- the record -------------------------------------------------------------------------------
 

@@ -163,6 +163,16 @@ class ManagedProcess:
                 raise self.fail(f"not {what} after {timeout_s:g}s")
             time.sleep(PROBE_INTERVAL_S)
 
+    def kill(self) -> None:
+        """SIGKILL the process group at once (a crash: nothing is cleaned up) and reap the process."""
+        proc = self._proc
+        if proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10.0)
+        self._proc = None
+
     def stop(self, grace_s: float = STOP_GRACE_S) -> None:
         """SIGTERM the process group, SIGKILL it after `grace_s`, and reap the process."""
         proc = self._proc

@@ -152,6 +152,12 @@ class RealKubelet:
         return self.root_dir / "device-plugins"
 
     @property
+    def pod_resources_socket(self) -> Path:
+        """The kubelet's PodResources API socket as seen from the host (``pod-resources/kubelet.sock``
+        under its root directory), which the device plugin asks which pod is being admitted."""
+        return self.root_dir / "pod-resources" / "kubelet.sock"
+
+    @property
     def root_dir(self) -> Path:
         """The kubelet's ``/var/lib/kubelet`` as seen from the host."""
         return self._shadow(str(KUBELET_DIR))

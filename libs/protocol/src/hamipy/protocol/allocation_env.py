@@ -1,9 +1,14 @@
-"""The Allocate response for one container: env and mounts (docs/wire-format.md#allocate-response).
+"""The Allocate response for one container: env, mounts and the limits file
+(docs/wire-format.md#allocate-response).
 
-This is what makes a shared GPU a slice: the env tells the interposer (``libvgpu.so``, HAMi-core or
-ours) its limits, and the mounts put the interposer into every process of the container and give
-it a per-container directory for its shared region file. Pure: the caller makes the cache id
-(``uuid.uuid4()``) and creates the host directories.
+This is what makes a shared GPU a slice: the env carries the limits in HAMi's names, the mounts put
+the interposer into every process of the container, give it a per-container directory for its
+shared region file, and put the container's limits where its processes cannot write them: the
+limits file, written by the device plugin into that directory on the host and mounted read-only
+over ``<hook>/limits``. The interposer takes its limits from that file, never from the environment,
+which the container's own ``env`` overrides (the kubelet passes the plugin's env first and the
+container's after it). Pure: the caller makes the cache id (``uuid.uuid4()``), creates the host
+directory and writes the file.
 
 Facts taken from HAMi's device plugin (``pkg/device-plugin/nvidiadevice/nvinternal/plugin/server.go``,
 ``Allocate``), where ``HOOK_PATH`` is ``/usr/local`` and ``/vgpu`` is appended; our ``hook_path`` is
@@ -21,14 +26,21 @@ that whole directory, ``/usr/local/vgpu``:
 - ``GPU_CORE_UTILIZATION_POLICY``: ``disable`` when the node disables the core limit (upstream's
   Allocate); else the configured policy when it is not ``default`` (upstream's webhook puts it in the
   container's env; here it travels with the other limits). Unset means ``default``.
+- ``CUDA_TASK_PRIORITY``: the container's ``nvidia.com/priority`` when it names one (upstream's
+  webhook puts it in the container's env; here it travels with the other limits).
 - ``LIBCUDA_LOG_LEVEL``: set only when configured (upstream: ``libCudaLogLevel``, node-overridable).
 - Mounts: ``<hook>/libvgpu.so`` read-only at the same path; the host directory
-  ``<hook>/containers/<podUID>_<containerName>`` read-write at ``<hook>``; ``/tmp/vgpulock``
-  read-write (HAMi-core serialises device initialisation across containers with a lock file there);
-  ``<hook>/ld.so.preload`` read-only at ``/etc/ld.so.preload`` unless the container's env sets
-  ``CUDA_DISABLE_CONTROL`` to a true value (Go ``ParseBool``: ``1``, ``t``, ``true``, ...).
+  ``<hook>/containers/<podUID>_<containerName>`` read-write at ``<hook>``; the limits file
+  ``<hook>/containers/<podUID>_<containerName>/limits`` read-only at ``<hook>/limits``;
+  ``<hook>/ld.so.preload`` read-only at ``/etc/ld.so.preload``, always (upstream leaves it out when
+  the container's env sets ``CUDA_DISABLE_CONTROL``: a pod must not opt itself out of its limits).
   Container paths equal host paths under ``<hook>`` so the one ``ld.so.preload`` file names the
-  interposer correctly on both sides.
+  interposer correctly on both sides. Upstream's read-write ``/tmp/vgpulock``, a host directory
+  every GPU container shares (HAMi-core's device-initialisation lock), is not mounted: our
+  interposer takes no lock there, and a directory shared writable across tenants' containers is a
+  channel between them.
+- The limits file holds the env above, one ``NAME=value`` per line, without
+  ``NVIDIA_VISIBLE_DEVICES`` and ``LIBCUDA_LOG_LEVEL`` (``limits_file_text``).
 - Upstream also mounts a license and a validator binary when ``<hook>/license`` exists; that is a
   commercial add-on and is left out.
 
@@ -43,7 +55,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any, Final, Literal, get_args
+from typing import Final, Literal, get_args
 
 from hamipy.protocol.devices import ContainerDevice
 from hamipy.protocol.errors import ProtocolError
@@ -61,7 +73,7 @@ __all__ = [
     "ENV_TASK_PRIORITY",
     "ENV_VISIBLE_DEVICES",
     "LD_SO_PRELOAD",
-    "LOCK_DIR",
+    "LIMITS_FILE",
     "MAX_DEVICES",
     "ContainerAllocation",
     "CorePolicy",
@@ -69,7 +81,8 @@ __all__ = [
     "allocation_env",
     "allocation_mounts",
     "container_allocation",
-    "control_disabled",
+    "limits_file_text",
+    "limits_host_path",
     "memory_limit_bytes",
     "parse_region_dir_name",
     "region_host_dir",
@@ -80,8 +93,10 @@ CorePolicy = Literal["default", "force", "disable"]
 CORE_POLICIES: Final[tuple[CorePolicy, ...]] = get_args(CorePolicy)
 
 DEFAULT_HOOK_PATH: Final = "/usr/local/vgpu"
-LOCK_DIR: Final = "/tmp/vgpulock"
 LD_SO_PRELOAD: Final = "/etc/ld.so.preload"
+LIMITS_FILE: Final = "limits"
+"""The limits file's name, beside ``libvgpu.so`` in the container (``<hook>/limits``), where the
+interposer looks for it."""
 MAX_DEVICES: Final = 16
 """Devices the interposer and the region file track (``CUDA_DEVICE_MEMORY_LIMIT_0..15``)."""
 
@@ -93,14 +108,16 @@ ENV_OVERSUBSCRIBE: Final = "CUDA_OVERSUBSCRIBE"
 ENV_CORE_POLICY: Final = "GPU_CORE_UTILIZATION_POLICY"
 ENV_LOG_LEVEL: Final = "LIBCUDA_LOG_LEVEL"
 ENV_DISABLE_CONTROL: Final = "CUDA_DISABLE_CONTROL"
+"""HAMi's opt-out of the interposer; a pod may not set it (the admission policies refuse it)."""
 ENV_TASK_PRIORITY: Final = "CUDA_TASK_PRIORITY"
-"""Set by the webhook from ``nvidia.com/priority``, read by the interposer (default 1)
+"""From the container's ``nvidia.com/priority``, read by the interposer (default 1)
 (docs/wire-format.md#allocate-response)."""
+_NOT_LIMITS: Final = frozenset({ENV_VISIBLE_DEVICES, ENV_LOG_LEVEL})
+"""Allocate env the limits file leaves out: the container runtime reads the first, and the second
+is the pod's own to raise."""
 
 _LIBRARY: Final = "libvgpu.so"
 _PRELOAD: Final = "ld.so.preload"
-# Go strconv.ParseBool's true spellings, as upstream reads CUDA_DISABLE_CONTROL.
-_TRUE: Final = frozenset({"1", "t", "T", "TRUE", "true", "True"})
 # A plain file name: starts with a letter or digit (so never "." or ".."), no "/".
 _NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
 _LIMIT: Final = re.compile(r"([0-9]{1,20})([kKmMgG]?)")
@@ -118,10 +135,13 @@ class Mount:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ContainerAllocation:
-    """One ``ContainerAllocateResponse``'s env and mounts."""
+    """One ``ContainerAllocateResponse``'s env and mounts, and the limits file to write first."""
 
     envs: Mapping[str, str]
     mounts: tuple[Mount, ...]
+    limits_path: str
+    """The host path of the limits file (``limits_host_path``)."""
+    limits_text: str
 
 
 def _hook(hook_path: str) -> str:
@@ -143,6 +163,17 @@ def region_host_dir(hook_path: str, pod_uid: str, container_name: str) -> str:
     return f"{hook}/containers/{_name('pod uid', pod_uid)}_{_name('container name', container_name)}"
 
 
+def limits_host_path(hook_path: str, pod_uid: str, container_name: str) -> str:
+    """The host file holding one container's limits: ``limits`` in its region directory, mounted
+    read-only over that path in the container, so its processes cannot change it."""
+    return f"{region_host_dir(hook_path, pod_uid, container_name)}/{LIMITS_FILE}"
+
+
+def limits_file_text(env: Mapping[str, str]) -> str:
+    """The limits file of an Allocate ``env``: ``NAME=value`` lines (module docstring)."""
+    return "".join(f"{name}={value}\n" for name, value in env.items() if name not in _NOT_LIMITS)
+
+
 def parse_region_dir_name(name: str) -> tuple[str, str]:
     """The (pod UID, container name) of a directory name ``region_host_dir`` made, for the monitor
     reading the directories back. Pod UIDs and container names hold no ``_``, so the first one
@@ -156,20 +187,6 @@ def parse_region_dir_name(name: str) -> tuple[str, str]:
 def shared_cache_path(hook_path: str, cache_id: str) -> str:
     """The region file's path inside the container: ``<hook>/<cache_id>.cache``."""
     return f"{_hook(hook_path)}/{_name('cache id', cache_id)}.cache"
-
-
-def control_disabled(container_env: Sequence[Mapping[str, Any]] | None) -> bool:
-    """Whether the container's ``env`` (its list of ``{name, value}``) sets ``CUDA_DISABLE_CONTROL``
-    to a true value; an entry taking its value from elsewhere (``valueFrom``) cannot be read here
-    and does not count, as upstream."""
-    for entry in container_env or ():
-        if (
-            isinstance(entry, Mapping)
-            and entry.get("name") == ENV_DISABLE_CONTROL
-            and entry.get("value") in _TRUE
-        ):
-            return True
-    return False
 
 
 def _check_devices(devices: Sequence[ContainerDevice]) -> None:
@@ -197,6 +214,7 @@ def allocation_env(
     core_policy: CorePolicy = "default",
     disable_core_limit: bool = False,
     log_level: int | None = None,
+    task_priority: int | None = None,
 ) -> dict[str, str]:
     """The env of one container's Allocate response (module docstring has the rules)."""
     _check_devices(devices)
@@ -219,38 +237,32 @@ def allocation_env(
         env[ENV_CORE_POLICY] = "disable"
     elif core_policy != "default":
         env[ENV_CORE_POLICY] = core_policy
+    if task_priority is not None:
+        env[ENV_TASK_PRIORITY] = str(task_priority)
     if log_level is not None:
         env[ENV_LOG_LEVEL] = str(log_level)
     return env
 
 
 def allocation_mounts(
-    *,
-    hook_path: str = DEFAULT_HOOK_PATH,
-    pod_uid: str,
-    container_name: str,
-    disable_control: bool = False,
-    lock_dir: str | None = LOCK_DIR,
+    *, hook_path: str = DEFAULT_HOOK_PATH, pod_uid: str, container_name: str
 ) -> list[Mount]:
-    """The mounts of one container's Allocate response, in upstream's order.
-
-    ``disable_control`` (see ``control_disabled``) leaves out ``/etc/ld.so.preload``; ``lock_dir``
-    None leaves out the HAMi-core lock directory (an interposer that does not use it).
-    """
+    """The mounts of one container's Allocate response (module docstring)."""
     hook = _hook(hook_path)
-    mounts = [
+    return [
         Mount(container_path=f"{hook}/{_LIBRARY}", host_path=f"{hook}/{_LIBRARY}", read_only=True),
         Mount(
             container_path=hook,
             host_path=region_host_dir(hook, pod_uid, container_name),
             read_only=False,
         ),
+        Mount(
+            container_path=f"{hook}/{LIMITS_FILE}",
+            host_path=limits_host_path(hook, pod_uid, container_name),
+            read_only=True,
+        ),
+        Mount(container_path=LD_SO_PRELOAD, host_path=f"{hook}/{_PRELOAD}", read_only=True),
     ]
-    if lock_dir is not None:
-        mounts.append(Mount(container_path=lock_dir, host_path=lock_dir, read_only=False))
-    if not disable_control:
-        mounts.append(Mount(container_path=LD_SO_PRELOAD, host_path=f"{hook}/{_PRELOAD}", read_only=True))
-    return mounts
 
 
 def container_allocation(
@@ -258,17 +270,15 @@ def container_allocation(
     *,
     pod_uid: str,
     container_name: str,
-    container_env: Sequence[Mapping[str, Any]] | None,
     cache_id: str,
     hook_path: str = DEFAULT_HOOK_PATH,
     memory_scaling: float = 1.0,
     core_policy: CorePolicy = "default",
     disable_core_limit: bool = False,
     log_level: int | None = None,
-    lock_dir: str | None = LOCK_DIR,
+    task_priority: int | None = None,
 ) -> ContainerAllocation:
-    """Env and mounts together, for the container named ``container_name`` whose pod-spec ``env``
-    is ``container_env``."""
+    """Env, mounts and limits file together, for the container named ``container_name``."""
     envs = allocation_env(
         devices,
         cache_id=cache_id,
@@ -277,15 +287,15 @@ def container_allocation(
         core_policy=core_policy,
         disable_core_limit=disable_core_limit,
         log_level=log_level,
+        task_priority=task_priority,
     )
-    mounts = allocation_mounts(
-        hook_path=hook_path,
-        pod_uid=pod_uid,
-        container_name=container_name,
-        disable_control=control_disabled(container_env),
-        lock_dir=lock_dir,
+    mounts = allocation_mounts(hook_path=hook_path, pod_uid=pod_uid, container_name=container_name)
+    return ContainerAllocation(
+        envs=envs,
+        mounts=tuple(mounts),
+        limits_path=limits_host_path(hook_path, pod_uid, container_name),
+        limits_text=limits_file_text(envs),
     )
-    return ContainerAllocation(envs=envs, mounts=tuple(mounts))
 
 
 def memory_limit_bytes(value: str) -> int:

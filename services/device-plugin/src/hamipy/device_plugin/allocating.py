@@ -1,29 +1,28 @@
-"""Which pod and container an Allocate request is for, decided from the node's pods (pure).
+"""Which pod and container an Allocate request is for, decided from what the kubelet holds (pure).
 
 The kubelet's Allocate names only fake device IDs, not the pod; the scheduler's decision is in the
-pod annotations (docs/wire-format.md#pod-annotations). The pod in line for a request of n devices
-is, among the pods bound to this node with ``hami.io/bind-phase=allocating``, in the order they were
-bound (the kubelet admits pods in the order it sees them bound), the first whose next unserved
+pod annotations (docs/wire-format.md#pod-annotations). The kubelet says which pod it is admitting:
+its PodResources API lists the pods it holds as active, with each listed container's device IDs
+(``hamipy.device_plugin.kubelet_pods``). While it admits a pod, that pod is listed and the
+container being allocated has no devices yet; pods it has not reached yet, and pods it rejected,
+are not listed. So the pod *in line* for a request of n devices is, among the pods bound to this
+node with ``hami.io/bind-phase=allocating`` that the kubelet lists, the one whose next unserved
 container (first non-empty slot of ``vgpu-devices-to-allocate``; slots are init containers first,
 then regular ones, one per container as we write them, or without the empty slots ahead of a GPU
 container as HAMi's scheduler writes them, matched to the containers that ask for GPUs by
-``slot_owners``) asks for n of the GPU resource. Serving empties that slot; a pod whose slots are
-all empty is fully served.
+``slot_owners``) asks for n of the GPU resource and, when the kubelet lists that container, holds
+no devices yet. Serving empties that slot; a pod whose slots are all empty is fully served. The
+order pods were bound or created never decides: when two pods could be in line (the kubelet
+allocates from more than one goroutine only in its restart race), nobody is served
+(``ambiguous``) and the kubelet's admission fails with that reason.
 
 Anyone who may create pods can bind one to a node (``spec.nodeName``) and write these annotations,
-so a waiting pod is served only if it is what our scheduler would have written (``ServeRules``,
-``problems``): its ``schedulerName`` is ours, and every unserved slot belongs to a container that
-asks for that many GPUs, on distinct GPUs, with the memory and cores it asks for where it names
-them. A pod that breaks a rule is never served: when it is in line, the kubelet is admitting it
-(bind order is admission order), so it is ``refused`` (the caller fails it and the Allocate) rather
-than handed the slot of the pod behind it; otherwise it is ``skipped``, with why.
-
-Bind order comes from the caller (the order the plugin's watch saw the pods bound, which is the
-kubelet's); without it, ``hami.io/bind-time`` (whole seconds) then name. HAMi's plugin serves the
-node lock's owner first: right when the scheduler holds the lock until Allocate (one pod in flight
-per node, so it is also the first bound), wrong when the lock is released at bind, as our extender
-does on the nodes our device plugin serves: the owner is then often a pod bound after the one the
-kubelet is admitting, and serving it would give a container another pod's GPUs. So the lock is not consulted.
+where the admission policies do not stop it, so a waiting pod is served only if it is what our
+scheduler would have written (``ServeRules``, ``problems``): its ``schedulerName`` is ours, and
+every unserved slot belongs to a container that asks for that many GPUs, on distinct GPUs, with the
+memory and cores it asks for where it names them. A pod in line that breaks a rule is ``refused``
+(the caller fails it and the Allocate); a GPU pod the kubelet admits that carries no allocation is
+not waiting, so no pod is in line and the Allocate is refused: it never takes another pod's slot.
 
 A pod whose annotations are malformed is never guessed at: it is returned in ``broken`` so the
 caller marks it failed (HAMi silently skips it, #2958).
@@ -32,8 +31,8 @@ caller marks it failed (HAMi silently skips it, #2958).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Final
+from collections.abc import Mapping, Sequence
+from typing import Any, Final, TypeAlias
 
 from hamipy.protocol import ContainerDevice, ProtocolError, keys
 from hamipy.protocol.pod_devices import (
@@ -50,10 +49,13 @@ __all__ = [
     "PHASE_FAILED",
     "PHASE_SUCCESS",
     "Choice",
+    "KubeletPod",
+    "KubeletPods",
     "ServeRules",
     "Served",
     "choose",
     "pending_pods",
+    "pod_key",
     "problems",
 ]
 
@@ -64,6 +66,20 @@ DEFAULT_SCHEDULER: Final = "hami-scheduler"
 """``Config.scheduler_name``'s default: HAMi's name, which HAMi's scheduler uses too."""
 _API_DEFAULT_SCHEDULER: Final = "default-scheduler"
 """What the API server fills in for a pod that names no scheduler."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KubeletPod:
+    """One pod the kubelet holds as active, with the device IDs of one resource per container."""
+
+    namespace: str
+    name: str
+    devices: Mapping[str, frozenset[str]]
+    """Listed container name -> its device IDs of the resource (empty: none yet)."""
+
+
+KubeletPods: TypeAlias = Mapping[tuple[str, str], KubeletPod]
+"""The kubelet's active pods by (namespace, name), as its PodResources API lists them."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -88,8 +104,9 @@ class Served:
     uid: str
     slot: int
     container: str
-    container_env: Sequence[Mapping[str, Any]] | None
     devices: list[ContainerDevice]
+    priority: int | None
+    """The container's ``nvidia.com/priority`` (``CUDA_TASK_PRIORITY``), or None when it names none."""
     to_allocate: str
     """The pod's ``vgpu-devices-to-allocate`` after this container's slot is emptied."""
     done: bool
@@ -105,6 +122,8 @@ class Choice:
     """Pods that break a ``ServeRules`` rule but are not in line for this request, with why."""
     refused: tuple[Mapping[str, Any], str] | None = None
     """The pod in line for this request, which breaks a rule (why): nobody is served."""
+    ambiguous: list[Mapping[str, Any]] = dataclasses.field(default_factory=list)
+    """More than one pod could be in line for this request: nobody is served, nobody failed."""
 
 
 def _meta(pod: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -117,16 +136,14 @@ def _annotations(pod: Mapping[str, Any]) -> Mapping[str, str]:
     return annotations
 
 
-def _bind_time(pod: Mapping[str, Any]) -> int:
-    text = _annotations(pod).get(keys.BIND_TIME, "")
-    # ASCII only: str.isdigit() also accepts digits int() refuses ("²").
-    return int(text) if text.isascii() and text.isdigit() else 2**63
+def pod_key(pod: Mapping[str, Any]) -> tuple[str, str]:
+    """(namespace, name): how the kubelet's PodResources API names a pod."""
+    meta = _meta(pod)
+    return str(meta.get("namespace", "")), str(meta.get("name", ""))
 
 
-def pending_pods(
-    pods: Sequence[Mapping[str, Any]], node: str, bind_order: Callable[[Mapping[str, Any]], int] | None = None
-) -> list[Mapping[str, Any]]:
-    """This node's bound pods waiting for devices, in bind order (``bind_order``, else bind time)."""
+def pending_pods(pods: Sequence[Mapping[str, Any]], node: str) -> list[Mapping[str, Any]]:
+    """This node's bound pods waiting for devices, by namespace and name."""
     waiting = [
         pod
         for pod in pods
@@ -135,9 +152,7 @@ def pending_pods(
         and not _meta(pod).get("deletionTimestamp")
         and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
     ]
-    if bind_order is not None:
-        return sorted(waiting, key=bind_order)
-    return sorted(waiting, key=lambda p: (_bind_time(p), str(_meta(p).get("name"))))
+    return sorted(waiting, key=pod_key)
 
 
 def _containers(pod: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
@@ -243,9 +258,12 @@ def problems(pod: Mapping[str, Any], rules: ServeRules = ServeRules()) -> list[s
     return found
 
 
-def _served(pod: Mapping[str, Any], slots: list[list[ContainerDevice]], slot: int, owner: int) -> Served:
+def _served(
+    pod: Mapping[str, Any], slots: list[list[ContainerDevice]], slot: int, owner: int, names: ResourceNames
+) -> Served:
     remaining = clear_container_slot(slots, slot, field=keys.DEVICES_TO_ALLOCATE)
-    _, container = _containers(pod)[owner]
+    label, container = _containers(pod)[owner]
+    request = container_request(container, names=names, label=label)
     meta = _meta(pod)
     return Served(
         namespace=str(meta.get("namespace", "")),
@@ -253,11 +271,20 @@ def _served(pod: Mapping[str, Any], slots: list[list[ContainerDevice]], slot: in
         uid=str(meta.get("uid", "")),
         slot=slot,
         container=str(container.get("name", "")),
-        container_env=container.get("env"),
         devices=list(slots[slot]),
+        priority=None if request is None else request.priority,
         to_allocate=encode_pod_devices(remaining, field=keys.DEVICES_TO_ALLOCATE),
         done=not any(remaining),
     )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _InLine:
+    pod: Mapping[str, Any]
+    slots: list[list[ContainerDevice]]
+    slot: int
+    owner: int
+    why: str
 
 
 def choose(
@@ -265,13 +292,18 @@ def choose(
     *,
     node: str,
     device_count: int,
-    bind_order: Callable[[Mapping[str, Any]], int] | None = None,
+    kubelet: KubeletPods,
     rules: ServeRules = ServeRules(),
 ) -> Choice:
-    """The container an Allocate of ``device_count`` devices on ``node`` is for (module docstring)."""
+    """The container an Allocate of ``device_count`` devices on ``node`` is for, among the pods
+    the kubelet holds (``kubelet``: its PodResources view; module docstring)."""
     broken: list[tuple[Mapping[str, Any], str]] = []
     skipped: list[tuple[Mapping[str, Any], str]] = []
-    for pod in pending_pods(pods, node, bind_order):
+    in_line: list[_InLine] = []
+    for pod in pending_pods(pods, node):
+        held = kubelet.get(pod_key(pod))
+        if held is None:  # not reached yet, rejected, or gone: the kubelet is not admitting it
+            continue
         try:
             slots, owners = _slots(pod, rules.names)
             slot = next((i for i, devices in enumerate(slots) if devices), None)
@@ -280,16 +312,24 @@ def choose(
             owner = owners[slot]
             assert owner is not None  # _slots refuses a non-empty slot without a container
             label, container = _containers(pod)[owner]
+            if held.devices.get(str(container.get("name", ""))):
+                continue  # the kubelet holds this container's devices already: not allocating it
             asked = _asked_count(label, container, rules.names)
             why = "; ".join(problems(pod, rules))
         except ProtocolError as exc:
             broken.append((pod, str(exc)))
             continue
-        if asked != device_count:  # the kubelet cannot be admitting this container now
+        if asked != device_count:  # the kubelet cannot be allocating this container now
             if why:
                 skipped.append((pod, why))
             continue
-        if why:
-            return Choice(served=None, broken=broken, skipped=skipped, refused=(pod, why))
-        return Choice(served=_served(pod, slots, slot, owner), broken=broken, skipped=skipped)
-    return Choice(served=None, broken=broken, skipped=skipped)
+        in_line.append(_InLine(pod, slots, slot, owner, why))
+    if len(in_line) > 1:
+        return Choice(served=None, broken=broken, skipped=skipped, ambiguous=[c.pod for c in in_line])
+    if not in_line:
+        return Choice(served=None, broken=broken, skipped=skipped)
+    chosen = in_line[0]
+    if chosen.why:
+        return Choice(served=None, broken=broken, skipped=skipped, refused=(chosen.pod, chosen.why))
+    served = _served(chosen.pod, chosen.slots, chosen.slot, chosen.owner, rules.names)
+    return Choice(served=served, broken=broken, skipped=skipped)

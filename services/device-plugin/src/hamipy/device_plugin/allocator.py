@@ -4,17 +4,22 @@ with.
 
 For each ``ContainerAllocateRequest`` the pod and container are found (``allocating.choose``)
 among this node's pods as the watch-fed ``PodCache`` has them (a fresh list when no pod there
-fits). The request's device IDs must be this plugin's and lie on exactly the GPUs the scheduler
-planned for that container; then the response is built with ``hamipy.protocol.allocation_env``,
-the host directory for the container's region file is created, and the pod's
-``vgpu-devices-to-allocate`` slot is emptied. A fully served pod gets ``bind-phase=success`` and
+fits), restricted to what the kubelet's PodResources API says it is admitting
+(``kubelet_pods``). The request's device IDs must be this plugin's and lie on exactly the GPUs the
+scheduler planned for that container; then the response is built with
+``hamipy.protocol.allocation_env``, the host directory for the container's region file is created
+with the container's limits file in it (written before the answer, read-only to the container),
+and the pod's ``vgpu-devices-to-allocate`` slot is emptied. A fully served pod gets ``bind-phase=success`` and
 its node lock is released; on any error the pod gets ``bind-phase=failed``, its lock is released
 and the kubelet is told why (an ID that is not ours fails no pod: no pod is looked at). A waiting
 pod that breaks a serving rule but is not in line is logged once per reason and left alone.
 
-``preferred`` picks the pod the same way, without writing anything, and answers one ID on each
-planned GPU (``devices.preferred_ids``), or nothing: the kubelet then chooses itself. Allocates on
-one node are serialised, and preferences with them: each sees what the previous one wrote.
+When the kubelet could be admitting more than one waiting pod, or its PodResources API does not
+answer, nobody is served and no pod is marked: the kubelet fails the admission it was making, with
+the reason. ``preferred`` picks the pod the same way, without writing anything, and answers one ID
+on each planned GPU (``devices.preferred_ids``), or nothing: the kubelet then chooses itself.
+Allocates on one node are serialised, and preferences with them: each sees what the previous one
+wrote.
 """
 
 from __future__ import annotations
@@ -23,25 +28,36 @@ import asyncio
 import os
 import time
 import uuid
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from opentelemetry import trace
 
-from hamipy.device_plugin.allocating import PHASE_FAILED, PHASE_SUCCESS, Choice, Served, ServeRules, choose
+from hamipy.device_plugin.allocating import (
+    PHASE_FAILED,
+    PHASE_SUCCESS,
+    Choice,
+    KubeletPods,
+    Served,
+    ServeRules,
+    choose,
+)
 from hamipy.device_plugin.devices import gpu_of, preferred_ids
-from hamipy.device_plugin.errors import AllocateError, DevicePluginError, UnknownDevice
+from hamipy.device_plugin.errors import AllocateError, DevicePluginError, KubeletUnreachable, UnknownDevice
 from hamipy.device_plugin.kube import NodeKube
 from hamipy.device_plugin.pod_cache import PodCache
 from hamipy.device_plugin.telemetry import Telemetry
 from hamipy.kube.errors import KubeError
 from hamipy.protocol import ProtocolError, keys
-from hamipy.protocol.allocation_env import ContainerAllocation, container_allocation, region_host_dir
+from hamipy.protocol.allocation_env import ContainerAllocation, container_allocation
 from hamipy.protocol.config import NodeSettings, NvidiaConfig
 from hamipy.telemetry import pod_trace_context
 
 __all__ = ["Allocator", "Preference"]
+
+_NAMED_IDS = 20
+"""Unknown device IDs an Allocate's refusal names; the rest are counted."""
 
 
 class Preference(NamedTuple):
@@ -59,9 +75,16 @@ def _with_to_allocate(pod: Mapping[str, Any], value: str) -> dict[str, Any]:
     return {**pod, "metadata": meta}
 
 
-def _make_region_dir(path: Path) -> None:
-    path.mkdir(parents=True, exist_ok=True)
-    os.chmod(path, 0o777)  # the container's processes need not be root to create their region file
+def _write_limits(allocation: ContainerAllocation) -> None:
+    """The container's region directory, and its limits file in it, written whole (a new inode:
+    a container already running keeps the file it was started with)."""
+    path = Path(allocation.limits_path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.chmod(path.parent, 0o777)  # the container's processes need not be root to create their region file
+    staged = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
+    staged.write_text(allocation.limits_text)
+    os.chmod(staged, 0o444)
+    staged.replace(path)
 
 
 class Allocator:
@@ -72,6 +95,7 @@ class Allocator:
         *,
         api: NodeKube,
         pods: PodCache,
+        kubelet: Callable[[], Awaitable[KubeletPods]],
         nvidia: NvidiaConfig,
         node_settings: NodeSettings,
         telemetry: Telemetry,
@@ -79,11 +103,13 @@ class Allocator:
         device_ids: Callable[[], Collection[str]] | None = None,
         cache_id: Callable[[], str] = lambda: uuid.uuid4().hex,
     ) -> None:
-        """``rules``: who may be served (default: ``hami-scheduler`` and ``nvidia``'s resource
-        names); ``device_ids``: the IDs this plugin advertises, the only ones an Allocate may name
-        (None: not checked; the plugin always passes its inventory's)."""
+        """``kubelet``: the kubelet's active pods now (``PodResourcesClient.pods``); ``rules``: who
+        may be served (default: ``hami-scheduler`` and ``nvidia``'s resource names); ``device_ids``:
+        the IDs this plugin advertises, the only ones an Allocate may name (None: not checked; the
+        plugin always passes its inventory's)."""
         self.api = api
         self.pods = pods
+        self.kubelet = kubelet
         self.nvidia = nvidia
         self.node_settings = node_settings
         self.telemetry = telemetry
@@ -119,8 +145,8 @@ class Allocator:
             for request in requests:
                 try:
                     choice, listed = await self._choose(request.size, listed, pending)
-                except KubeError as exc:
-                    self.telemetry.logger.warning("no preferred allocation: pods not listed", error=str(exc))
+                except (KubeError, KubeletUnreachable) as exc:
+                    self.telemetry.logger.warning("no preferred allocation: pods not known", error=str(exc))
                     answers.append([])
                     continue
                 served = choice.served
@@ -158,18 +184,23 @@ class Allocator:
         return out
 
     async def _choose(self, count: int, listed: bool, pending: Mapping[str, str]) -> tuple[Choice, bool]:
-        """The choice for ``count`` devices, after one fresh read of the node's pods when the cache
-        has nobody in line (the watch may not have delivered the pod yet); and whether read."""
-        node, order = self.api.node_name, self.pods.bind_order
+        """The choice for ``count`` devices among the pods the kubelet holds now, after one fresh
+        read of the node's pods when the cache has nobody, or more than one pod, in line (the watch
+        may not have delivered the pod the kubelet is admitting yet, or another's Failed status);
+        and whether read. Raises ``KubeletUnreachable``."""
+        kubelet = await self.kubelet()
+        node = self.api.node_name
         choice = choose(
-            self._candidates(pending), node=node, device_count=count, bind_order=order, rules=self.rules
+            self._candidates(pending), node=node, device_count=count, kubelet=kubelet, rules=self.rules
         )
+        # Nobody in line, or more than one (a pod the kubelet rejected whose Failed status has not
+        # reached the cache, where the kubelet still lists terminal pods): read the pods afresh once.
         if choice.served is None and choice.refused is None and not listed:
             items, _ = await self.api.node_pods()
             self.pods.merge(items)
             listed = True
             choice = choose(
-                self._candidates(pending), node=node, device_count=count, bind_order=order, rules=self.rules
+                self._candidates(pending), node=node, device_count=count, kubelet=kubelet, rules=self.rules
             )
         self._report_skipped(choice.skipped)
         return choice, listed
@@ -197,16 +228,33 @@ class Allocator:
         if unknown:
             self._count("failed", "UnknownDevice")
             self.telemetry.logger.error("allocate names unknown device IDs", devices=unknown)
+            # The reason travels in gRPC metadata (8 KiB by default): name a few, count the rest.
+            named = ", ".join(unknown[:_NAMED_IDS])
+            more = f" and {len(unknown) - _NAMED_IDS} more" if len(unknown) > _NAMED_IDS else ""
             raise UnknownDevice(
-                f"device IDs {unknown} are not devices of the {self.nvidia.resource_count_name} plugin "
-                f"on node {self.api.node_name}"
+                f"device IDs [{named}]{more} are not devices of the {self.nvidia.resource_count_name} "
+                f"plugin on node {self.api.node_name}"
             )
         allocations = []
         listed = False
         for ids in requests:
-            choice, listed = await self._choose(len(ids), listed, {})
+            try:
+                choice, listed = await self._choose(len(ids), listed, {})
+            except KubeletUnreachable:
+                self._count("failed", "KubeletUnreachable")
+                raise
             for pod, reason in choice.broken:
                 await self._fail(pod.get("metadata") or {}, f"malformed allocation: {reason}")
+            if choice.ambiguous:
+                names = [
+                    f"{p['metadata'].get('namespace')}/{p['metadata'].get('name')}" for p in choice.ambiguous
+                ]
+                self._count("failed", "Ambiguous")
+                self.telemetry.logger.error("allocate matches more than one waiting pod", pods=names)
+                raise AllocateError(
+                    f"the kubelet could be admitting any of {names} for {len(ids)} device(s) on node "
+                    f"{self.api.node_name}: none is served rather than one given another's slot"
+                )
             if choice.refused is not None:
                 pod, reason = choice.refused
                 meta = pod.get("metadata") or {}
@@ -216,8 +264,9 @@ class Allocator:
             if choice.served is None:
                 self._count("failed", "NoPendingPod")
                 raise AllocateError(
-                    f"no pod on node {self.api.node_name} is waiting for a container of {len(ids)} "
-                    f"device(s) (bind-phase={keys.BIND_PHASE} allocating)"
+                    f"no pod the kubelet is admitting on node {self.api.node_name} waits for a container "
+                    f"of {len(ids)} device(s) ({keys.BIND_PHASE}=allocating, placed by "
+                    f"{self.rules.scheduler_name})"
                 )
             served = choice.served
             pod = next(p for p in self.pods.pods() if (p.get("metadata") or {}).get("uid") == served.uid)
@@ -254,16 +303,15 @@ class Allocator:
                     served.devices,
                     pod_uid=served.uid,
                     container_name=served.container,
-                    container_env=served.container_env,
                     cache_id=self.cache_id(),
                     hook_path=self.nvidia.hook_path,
                     memory_scaling=self.node_settings.device_memory_scaling,
                     core_policy=self.nvidia.gpu_core_policy,
                     disable_core_limit=self.node_settings.disable_core_limit,
                     log_level=self.node_settings.lib_cuda_log_level,
+                    task_priority=served.priority,
                 )
-                region_dir = Path(region_host_dir(self.nvidia.hook_path, served.uid, served.container))
-                await asyncio.to_thread(_make_region_dir, region_dir)
+                await asyncio.to_thread(_write_limits, allocation)
                 annotations = {keys.DEVICES_TO_ALLOCATE: served.to_allocate}
                 if served.done:
                     annotations[keys.BIND_PHASE] = PHASE_SUCCESS

@@ -2,6 +2,7 @@
 
     hamipy-device-plugin --node-name NODE [--config hami-py.yaml] [--kubeconfig FILE]
                          [--plugin-dir /var/lib/kubelet/device-plugins] [--metrics-port 9395]
+                         [--pod-resources-socket /var/lib/kubelet/pod-resources/kubelet.sock]
                          [--interposer /path/to/libvgpu.so]
 
 Every flag may also come from the environment (``HAMIPY_DEVICE_PLUGIN_<FLAG>``; a value that is not
@@ -29,7 +30,12 @@ from typing import Final
 
 from hamipy.device_plugin.errors import DevicePluginError
 from hamipy.device_plugin.plugin import DevicePlugin, install_interposer
-from hamipy.device_plugin.settings import DEFAULT_PLUGIN_DIR, DEFAULT_SOCKET_NAME, PluginSettings
+from hamipy.device_plugin.settings import (
+    DEFAULT_PLUGIN_DIR,
+    DEFAULT_POD_RESOURCES_SOCKET,
+    DEFAULT_SOCKET_NAME,
+    PluginSettings,
+)
 from hamipy.device_plugin.telemetry import Telemetry
 from hamipy.kube.client import RawKube, api_client
 from hamipy.kube.errors import KubeError
@@ -66,6 +72,12 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
         help="the kubelet's device-plugin directory (kubelet.sock and our socket)",
     )
     parser.add_argument("--socket-name", default=flags.text("socket-name", DEFAULT_SOCKET_NAME))
+    parser.add_argument(
+        "--pod-resources-socket",
+        type=Path,
+        default=Path(flags.text("pod-resources-socket", str(DEFAULT_POD_RESOURCES_SOCKET))),
+        help="the kubelet's PodResources API socket: which pod it is admitting, asked at every Allocate",
+    )
     parser.add_argument("--metrics-host", default=flags.text("metrics-host", defaults.metrics_host))
     parser.add_argument(
         "--metrics-port",
@@ -94,6 +106,7 @@ async def _run(args: argparse.Namespace) -> int:
         node_name=args.node_name,
         plugin_dir=args.plugin_dir,
         socket_name=args.socket_name,
+        pod_resources_socket=args.pod_resources_socket,
         register_interval_s=args.register_interval,
         api_timeout_s=args.api_timeout,
         metrics_host=args.metrics_host,

@@ -5,7 +5,9 @@
           ├── NvmlError           NVML could not be loaded or answered an error (discovery, health)
           └── AllocateError       an Allocate request cannot be served; the message is the gRPC
                │                  status detail the kubelet shows on the pod (FAILED_PRECONDITION)
-               └── UnknownDevice  it names device IDs that are not this plugin's (INVALID_ARGUMENT)
+               ├── UnknownDevice  it names device IDs that are not this plugin's (INVALID_ARGUMENT)
+               └── KubeletUnreachable  the kubelet's PodResources API did not say which pod it is
+                                  admitting: nobody is served
 
 Kubernetes errors are ``hamipy.kube.errors``' (``KubeError``, ``Conflict``, ...), shared by every
 service. Library errors (pynvml) are translated at the boundary in ``discovery``. A background task
@@ -15,7 +17,7 @@ that dies is not an exception here: the plugin's supervisor logs it and ends the
 
 from __future__ import annotations
 
-__all__ = ["AllocateError", "DevicePluginError", "NvmlError", "UnknownDevice"]
+__all__ = ["AllocateError", "DevicePluginError", "KubeletUnreachable", "NvmlError", "UnknownDevice"]
 
 
 class DevicePluginError(Exception):
@@ -32,3 +34,7 @@ class AllocateError(DevicePluginError):
 
 class UnknownDevice(AllocateError):
     """An Allocate names device IDs this plugin never advertised: no pod is looked at."""
+
+
+class KubeletUnreachable(AllocateError):
+    """The kubelet's PodResources API could not be read: the pod being admitted is not known."""

@@ -34,6 +34,7 @@ from hamipy.device_plugin.devices import Gpu
 from hamipy.device_plugin.discovery import HealthWatch, discover_gpus
 from hamipy.device_plugin.inventory import Inventory
 from hamipy.device_plugin.kube import NodeKube, node_pods_informer
+from hamipy.device_plugin.kubelet_pods import PodResourcesClient
 from hamipy.device_plugin.node_registration import register_node_forever
 from hamipy.device_plugin.pod_cache import PodCache
 from hamipy.device_plugin.servicer import DevicePluginServicer
@@ -137,9 +138,15 @@ class DevicePlugin:
         self.logger.info(
             "discovered GPUs", gpus=[(g.index, g.uuid, g.name, g.memory_mib, g.numa) for g in gpus]
         )
+        kubelet = PodResourcesClient(
+            self.settings.pod_resources_socket,
+            self.config.nvidia.resource_count_name,
+            timeout_s=self.settings.grpc_timeout_s,
+        )
         allocator = Allocator(
             api=self.kube,
             pods=self.pods,
+            kubelet=kubelet.pods,
             nvidia=self.config.nvidia,
             node_settings=self.node_settings,
             telemetry=self.telemetry,
@@ -199,6 +206,7 @@ class DevicePlugin:
             yield
         finally:
             await self.supervisor.stop()
+            await kubelet.close()
             await server.close()
             self.logger.info("stopped", failure=self.supervisor.failure)
 

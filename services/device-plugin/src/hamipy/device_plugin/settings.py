@@ -6,10 +6,13 @@ import dataclasses
 from pathlib import Path
 from typing import Final
 
-__all__ = ["DEFAULT_PLUGIN_DIR", "DEFAULT_SOCKET_NAME", "PluginSettings"]
+from hamipy.kubelet_api import POD_RESOURCES_SOCKET
+
+__all__ = ["DEFAULT_PLUGIN_DIR", "DEFAULT_POD_RESOURCES_SOCKET", "DEFAULT_SOCKET_NAME", "PluginSettings"]
 
 DEFAULT_PLUGIN_DIR: Final = Path("/var/lib/kubelet/device-plugins")
 DEFAULT_SOCKET_NAME: Final = "hamipy-nvidia.sock"
+DEFAULT_POD_RESOURCES_SOCKET: Final = Path(POD_RESOURCES_SOCKET)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -22,6 +25,8 @@ class PluginSettings:
     """The kubelet's device-plugin directory: ``kubelet.sock`` and our socket live there."""
     socket_name: str = DEFAULT_SOCKET_NAME
     """Our socket's file name in ``plugin_dir`` (the ``endpoint`` we register)."""
+    pod_resources_socket: Path = DEFAULT_POD_RESOURCES_SOCKET
+    """The kubelet's PodResources API: which pod it is admitting, asked at every Allocate."""
     register_interval_s: float = 30.0
     """How often the register annotation and a ``Reported`` handshake are written even when nothing
     changed. HAMi's scheduler counts a node dead 60 s after an unanswered ``Requesting_`` stamp, so
@@ -34,7 +39,7 @@ class PluginSettings:
     api_timeout_s: float = 10.0
     """Per Kubernetes API call."""
     grpc_timeout_s: float = 10.0
-    """Per call to the kubelet (Register)."""
+    """Per call to the kubelet (Register, PodResources List)."""
     metrics_host: str = "0.0.0.0"
     metrics_port: int = 9395
     """``/metrics``, ``/healthz``, ``/readyz``; 0 picks a free port (tests)."""
