@@ -1,4 +1,5 @@
-/* The interposer's environment (docs/wire-format.md#interposer-environment), parsed once per process.
+/* The interposer's limits (docs/wire-format.md#interposer-environment), parsed once per process from
+ * vgpu_setting: the limits file beside the library, or else the environment (settings.c).
  *
  * A malformed value is reported once on stderr and handled fail-closed: a bad memory limit
  * makes that device's limit 1 byte (every allocation is refused with CUDA_ERROR_OUT_OF_MEMORY,
@@ -57,7 +58,7 @@ static struct {
 static pthread_once_t parsed_once = PTHREAD_ONCE_INIT;
 
 static void read_limit(const char *name, int percent, uint64_t fallback, uint64_t bad, uint64_t *out) {
-    const char *text = getenv(name);
+    const char *text = vgpu_setting(name);
     if (text == NULL || *text == '\0') {
         *out = fallback;
         return;
@@ -82,8 +83,11 @@ static void parse_env(void) {
         snprintf(name, sizeof name, "CUDA_DEVICE_SM_LIMIT_%d", i);
         read_limit(name, 1, sm_all, 0, &parsed.sm[i]);
     }
+    if (vgpu_settings_broken()) {
+        for (int i = 0; i < HAMI_MAX_DEVICES; i++) parsed.mem[i] = BAD_LIMIT;
+    }
     parsed.priority = 1;
-    const char *prio = getenv("CUDA_TASK_PRIORITY");
+    const char *prio = vgpu_setting("CUDA_TASK_PRIORITY");
     if (prio != NULL && *prio != '\0') {
         char *end = NULL;
         long value = strtol(prio, &end, 10);

@@ -9,7 +9,7 @@
  *     higher priority has run on the GPU recently: launches wait until it is >= 0 again (unless
  *     GPU_CORE_UTILIZATION_POLICY=disable). A launch then marks the container active for the
  *     monitor: recent_kernel = 2, last_kernel_time = now (epoch seconds).
- *  2. The limit. A device with 0 < sm_limit < 100 in the region is limited when the policy is
+ *  2. The limit. A device with 0 < SM limit < 100 (the process's own, settings.c) is limited when the policy is
  *     `force`, or when it is anything but `disable` and the region's utilization_switch is 1
  *     (the monitor sets it while the GPU is shared). A limited launch asks the device's throttle
  *     (throttle.c) and sleeps as long as it says.
@@ -120,7 +120,7 @@ static void sleep_ns(uint64_t ns) {
 }
 
 static enum policy parse_policy(void) {
-    const char *text = getenv("GPU_CORE_UTILIZATION_POLICY");
+    const char *text = vgpu_setting("GPU_CORE_UTILIZATION_POLICY");
     if (text == NULL) return POLICY_DEFAULT;
     if (strcasecmp(text, "force") == 0) return POLICY_FORCE;
     if (strcasecmp(text, "disable") == 0) return POLICY_DISABLE;
@@ -131,8 +131,12 @@ static void setup(void) {
     L.realtime_offset_ns = realtime_us() * 1000ULL - now_ns();
     L.r = vgpu_region_map();
     L.policy = parse_policy();
+    /* This process's own limits, not the region's copy: any process of the container can write
+     * the region. */
+    uint64_t mem[HAMI_MAX_DEVICES], sm[HAMI_MAX_DEVICES];
+    vgpu_env_limits(mem, sm);
     for (int i = 0; i < HAMI_MAX_DEVICES; i++) {
-        uint64_t limit = L.r->sm_limit[i];
+        uint64_t limit = sm[i];
         L.limit[i] = (limit > 0 && limit < 100 && L.policy != POLICY_DISABLE) ? (unsigned)limit : 0;
         if (L.limit[i] != 0) L.armed = 1;
         if (L.limit[i] != 0 && (uint64_t)i < L.r->device_num) {

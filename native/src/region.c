@@ -1,5 +1,9 @@
 /* The container's shared region: limits, per-process usage slots, and the lock around them.
  *
+ * The limits written into the region are for its readers (the monitor, HAMi's tools); every
+ * process enforces its own, read from the limits file (settings.c), since any process of the
+ * container can write the region.
+ *
  * Every accounting change happens under the region lock: an in-process mutex (threads share one
  * open file description, so the file lock alone would not exclude them) plus an OFD write lock on
  * the `sem` bytes of the file (see hamipy/region.h), which the kernel releases if the holder
@@ -30,6 +34,7 @@ static struct {
     int fd;
     char path[4096];
     int slot;
+    uint64_t limit[HAMI_MAX_DEVICES]; /* this process's memory limits (0: none) */
     uint64_t last_reclaim_ns;
     /* CUDA device ordinal / NVML handle -> region index caches (-2 = not looked up yet). */
     int cuda_index[64];
@@ -294,11 +299,20 @@ static void use_private_region(void) {
 }
 
 static void region_init(void) {
-    const char *path = getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE");
+    uint64_t sm_unused[HAMI_MAX_DEVICES];
+    vgpu_env_limits(g.limit, sm_unused);
+    const char *path = vgpu_setting("CUDA_DEVICE_MEMORY_SHARED_CACHE");
     if (path == NULL || *path == '\0') path = HAMI_REGION_DEFAULT_PATH;
     snprintf(g.path, sizeof g.path, "%s", path);
     for (int i = 0; i < 64; i++) g.cuda_index[i] = -2;
     for (int i = 0; i < HAMI_MAX_DEVICES; i++) g.nvml_index[i] = -2;
+    if (vgpu_settings_broken()) {
+        /* Its limits unknown, the process shares nothing with the container's others. */
+        pthread_mutex_lock(&g.mu);
+        use_private_region();
+        pthread_mutex_unlock(&g.mu);
+        return;
+    }
 
     g.fd = open(g.path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
     if (g.fd < 0) {
@@ -332,10 +346,8 @@ static void region_init(void) {
         use_private_region();
     } else {
         g.r = r;
-        uint64_t mem_env[HAMI_MAX_DEVICES], sm_env[HAMI_MAX_DEVICES];
-        vgpu_env_limits(mem_env, sm_env);
-        if (memcmp(mem_env, r->limit, sizeof mem_env) != 0)
-            LOGW("CUDA_DEVICE_MEMORY_LIMIT differs from region %s; the region's limits apply", g.path);
+        if (memcmp(g.limit, r->limit, sizeof g.limit) != 0)
+            LOGW("the memory limits in region %s differ from this process's; its own apply", g.path);
     }
     region_unlock();
 }
@@ -449,11 +461,11 @@ static void charge(struct hami_proc_slot *s, int idx, uint64_t bytes, enum vgpu_
 
 int vgpu_reserve(int idx, uint64_t bytes, enum vgpu_charge kind, int enforce) {
     if (idx < 0 || idx >= HAMI_MAX_DEVICES) return 0;
-    struct hami_region *r = region();
+    region();
     int rc = 0;
     region_lock();
     struct hami_proc_slot *s = own_slot();
-    uint64_t limit = r->limit[idx];
+    uint64_t limit = g.limit[idx];
     if (enforce && limit != 0) {
         if (now_ns() - g.last_reclaim_ns > RECLAIM_INTERVAL_NS) reclaim_dead();
         uint64_t used = container_usage(idx);
@@ -482,8 +494,8 @@ void vgpu_release(int idx, uint64_t bytes, enum vgpu_charge kind) {
 }
 
 void vgpu_mem_view(int idx, uint64_t physical, uint64_t *total, uint64_t *free, uint64_t *used) {
-    struct hami_region *r = region();
-    uint64_t limit = (idx >= 0 && idx < HAMI_MAX_DEVICES) ? r->limit[idx] : 0;
+    region();
+    uint64_t limit = (idx >= 0 && idx < HAMI_MAX_DEVICES) ? g.limit[idx] : 0;
     uint64_t t = (limit != 0 && limit < physical) ? limit : physical;
     uint64_t u = (idx >= 0 && idx < HAMI_MAX_DEVICES) ? container_usage(idx) : 0;
     *total = t;

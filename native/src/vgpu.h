@@ -17,9 +17,20 @@ void vgpu_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 
 #define LOGI(...) vgpu_log(VGPU_INFO, __VA_ARGS__)
 #define LOGD(...) vgpu_log(VGPU_DEBUG, __VA_ARGS__)
 
+/* ---- settings (settings.c): the limits file beside the library, or else the environment */
+/* The limits file's name in the directory libvgpu.so was loaded from (hamipy.protocol's LIMITS_FILE). */
+#define HAMI_LIMITS_FILE "limits"
+/* A setting's value (NULL: unset): from the limits file while it exists, else getenv(name). */
+const char *vgpu_setting(const char *name);
+/* The limits file exists but could not be read whole: every memory limit is 1 byte. */
+int vgpu_settings_broken(void);
+/* The settings come from the limits file. */
+int vgpu_settings_from_file(void);
+
 /* ---- environment (env.c) */
 int vgpu_parse_bytes(const char *text, uint64_t *out);
-/* Limits for every device from CUDA_DEVICE_MEMORY_LIMIT[_n] / CUDA_DEVICE_SM_LIMIT[_n], parsed once. */
+/* Limits for every device from CUDA_DEVICE_MEMORY_LIMIT[_n] / CUDA_DEVICE_SM_LIMIT[_n] (vgpu_setting),
+ * parsed once. */
 void vgpu_env_limits(uint64_t mem[HAMI_MAX_DEVICES], uint64_t sm[HAMI_MAX_DEVICES]);
 int vgpu_env_priority(void);
 

@@ -25,7 +25,8 @@ def native_build() -> Path:
 
 @pytest.fixture
 def make_container(native_build: Path, tmp_path: Path) -> ContainerFactory:
-    """A factory: make_container(limits={"CUDA_DEVICE_MEMORY_LIMIT_0": "64m"}, gpus=..., preload=True)."""
+    """A factory: make_container(limits={"CUDA_DEVICE_MEMORY_LIMIT_0": "64m"}, gpus=..., preload=True,
+    limits_file="CUDA_DEVICE_MEMORY_LIMIT_0=64m\\n")."""
     counter = iter(range(1000))
 
     def factory(
@@ -34,10 +35,17 @@ def make_container(native_build: Path, tmp_path: Path) -> ContainerFactory:
         gpus: str = TWO_GPUS,
         extra_config: str = "",
         preload: bool = True,
+        limits_file: str | None = None,
     ) -> Container:
         workdir = tmp_path / f"container{next(counter)}"
         return new_container(
-            native_build, workdir, limits=limits, gpus=gpus, extra_config=extra_config, preload=preload
+            native_build,
+            workdir,
+            limits=limits,
+            gpus=gpus,
+            extra_config=extra_config,
+            preload=preload,
+            limits_file=limits_file,
         )
 
     return factory

@@ -1,6 +1,7 @@
 """Helpers for the native tests: run native/'s programs as processes of a
-simulated container (a fake GPU configuration, a region file, limits in the environment) under
-LD_PRELOAD=libvgpu.so over the fake driver.
+simulated container (a fake GPU configuration, a region file, limits in the environment or in a
+limits file beside the interposer, as the device plugin mounts it) under LD_PRELOAD=libvgpu.so
+over the fake driver.
 
 HAMIPY_NATIVE_BUILD=build-asan runs the same tests against `make -C native asan`.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import os
 import select
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Mapping
@@ -82,8 +84,12 @@ def new_container(
     gpus: str = TWO_GPUS,
     extra_config: str = "",
     preload: bool = True,
+    limits_file: str | None = None,
 ) -> Container:
-    """A container in `workdir` (created): its fake GPU configuration, region path and environment."""
+    """A container in `workdir` (created): its fake GPU configuration, region path and environment.
+    ``limits_file`` (its text): the interposer is a copy in ``<workdir>/hook`` with that text in
+    ``<workdir>/hook/limits`` beside it, as the device plugin mounts them; ``limits`` stay in the
+    environment, as a pod's own ``env`` would put them."""
     workdir.mkdir(parents=True)
     config = workdir / "gpus.conf"
     config.write_text(extra_config + gpus)
@@ -95,15 +101,23 @@ def new_container(
         "ASAN_OPTIONS": "detect_leaks=0",
         **(limits or {}),
     }
-    preloads = preload_value(build, interposer=preload)
+    interposer = build / "libvgpu.so"
+    if limits_file is not None:
+        hook = workdir / "hook"
+        hook.mkdir()
+        interposer = hook / "libvgpu.so"
+        shutil.copyfile(build / "libvgpu.so", interposer)
+        (hook / "limits").write_text(limits_file)
+    preloads = preload_value(build, interposer=preload, library=interposer)
     if preloads:
         env["LD_PRELOAD"] = preloads
     return Container(build=build, workdir=workdir, env=env)
 
 
-def preload_value(build: Path, *, interposer: bool) -> str:
-    """LD_PRELOAD for a container process (the ASan runtime first on the sanitizer build)."""
-    libs = [str(build / "libvgpu.so")] if interposer else []
+def preload_value(build: Path, *, interposer: bool, library: Path | None = None) -> str:
+    """LD_PRELOAD for a container process (the ASan runtime first on the sanitizer build);
+    ``library``: the interposer's path (default: the build's)."""
+    libs = [str(library or build / "libvgpu.so")] if interposer else []
     if build.name == "build-asan":
         asan = subprocess.run(
             ["gcc", "-print-file-name=libasan.so"], capture_output=True, text=True, check=True

@@ -206,8 +206,10 @@ RUNS: dict[str, Run] = {
     "limit-50-on-device-0": Run(env={"CUDA_DEVICE_SM_LIMIT_0": "50"}),
     "limit-only-on-device-1": Run(env={"CUDA_DEVICE_SM_LIMIT_1": "30"}),
     "policy-disable": Run(env={**LIMIT_30, "GPU_CORE_UTILIZATION_POLICY": "disable"}),
-    "switch-off": Run(switch_off_region=True),
-    "switch-off-policy-force": Run(switch_off_region=True, env={"GPU_CORE_UTILIZATION_POLICY": "force"}),
+    "switch-off": Run(switch_off_region=True, env=LIMIT_30),
+    "switch-off-policy-force": Run(
+        switch_off_region=True, env={**LIMIT_30, "GPU_CORE_UTILIZATION_POLICY": "force"}
+    ),
     # NVML numbers processes as the host does; the process learns its number at context creation
     # (it is listed once its context takes memory) ...
     "host-pids-differ": Run(env=LIMIT_30, extra_config="host_pid_offset = 100000\ncontext_memory = 1m\n"),
