@@ -74,6 +74,20 @@ def test_a_readable_region_gives_the_container_its_use() -> None:
     assert report.containers[0].state == "ok"
 
 
+def test_the_limits_are_the_allocations_not_what_the_container_wrote_into_its_region() -> None:
+    # Any process of the container can write its region file; the allocation is the system's.
+    report = usage_report(
+        pods(pod_json("p", slots=[[slice_()]])),
+        [
+            reading(
+                "uid-p", "main", limits=[40960 * MIB], sm_limits=[100], processes=[process(0, [500 * MIB])]
+            )
+        ],
+        now_s=NOW,
+    )
+    assert report.devices == (row("main", 500 * MIB),)
+
+
 def test_each_container_of_a_multi_container_pod_has_its_own_rows() -> None:
     raw = pod_json(
         "p",

@@ -3,7 +3,9 @@
 Two sources are joined on (pod UID, container name): the pod's allocation annotation (``pods``) and
 the container's region file (``region_files``). For each container of each running pod on the node:
 
-- a readable region: one row per device of the region, with its limits and its use;
+- a readable region: one row per device of the region, with its use and the limits of the
+  allocation (the region's own copy is written by the container's processes, which could put
+  anything there; a device the allocation does not name keeps the region's);
 - no region file yet (CUDA not started, or the file still being created): the limits of the
   allocation with zero use, so that slices that have not touched the GPU are seen (HAMi #1794);
 - a region that cannot be read: the limits of the allocation and *no* use values: the use is not
@@ -74,8 +76,15 @@ class UsageReport:
     orphan_dirs: int
 
 
-def _from_region(pod: PodRecord, container: str, snap: RegionSnapshot, now_s: float) -> list[DeviceRow]:
+def _from_region(
+    pod: PodRecord,
+    container: str,
+    snap: RegionSnapshot,
+    allocated: Sequence[ContainerDevice],
+    now_s: float,
+) -> list[DeviceRow]:
     elapsed = max(0.0, now_s - snap.last_kernel_time) if snap.last_kernel_time > 0 else None
+    granted = {dev.uuid: dev for dev in allocated}
     return [
         DeviceRow(
             namespace=pod.namespace,
@@ -83,8 +92,8 @@ def _from_region(pod: PodRecord, container: str, snap: RegionSnapshot, now_s: fl
             container=container,
             vdevice_index=dev.index,
             device_uuid=dev.uuid,
-            limit_bytes=dev.limit_bytes,
-            core_limit_percent=dev.sm_limit,
+            limit_bytes=granted[dev.uuid].usedmem * _MIB if dev.uuid in granted else dev.limit_bytes,
+            core_limit_percent=granted[dev.uuid].usedcores if dev.uuid in granted else dev.sm_limit,
             used_bytes=dev.used_bytes,
             context_bytes=dev.context_bytes,
             module_bytes=dev.module_bytes,
@@ -138,7 +147,7 @@ def usage_report(
             allocated = pod.allocations.get(name, ())
             state: ContainerState
             if reading is not None and reading.snapshot is not None:
-                devices += _from_region(pod, name, reading.snapshot, now_s)
+                devices += _from_region(pod, name, reading.snapshot, allocated, now_s)
                 state = "ok"
             elif reading is not None and reading.problem not in (None, "uninitialised"):
                 devices += _from_allocation(pod, name, allocated, known=False)
