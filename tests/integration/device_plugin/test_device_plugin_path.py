@@ -33,6 +33,7 @@ from hamipy.devcluster.kubeobjects import create_namespace, delete_namespace
 from hamipy.devcluster.real_kubelet import ContainerConfig
 from hamipy.device_plugin.devices import gpu_of
 from hamipy.protocol import ContainerDevice, decode_node_devices, decode_pod_devices, keys
+from hamipy.protocol.allocation_env import allocation_env, limits_file_text
 
 pytestmark = [pytest.mark.integration, NEEDS_REAL_KUBELET]
 
@@ -65,6 +66,11 @@ def assert_matches_slot(
     assert Path(region.host_path).is_dir(), "the region directory is created on the host"
     assert config.mount(str(hook / "libvgpu.so")).read_only
     assert config.mount("/etc/ld.so.preload").host_path == str(hook / "ld.so.preload")
+    # The limits the interposer enforces: the plugin's env, read-only beside the interposer.
+    limits = config.mount(str(hook / "limits"))
+    assert (limits.host_path, limits.read_only) == (f"{region.host_path}/limits", True)
+    plugin_env = allocation_env(slot, cache_id=cache.stem, hook_path=str(hook))
+    assert Path(limits.host_path).read_text() == limits_file_text(plugin_env)
 
 
 async def assert_container_matches(
