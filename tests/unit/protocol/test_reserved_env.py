@@ -98,6 +98,18 @@ def test_an_empty_prefix_cannot_be_judged() -> None:
         pytest.param(
             {"env": [{"name": 3}, "x", None], "envFrom": [{"prefix": []}]}, True, None, id="not-text"
         ),
+        pytest.param(
+            {"env": [{"name": 3}, "x", {"name": "LD_PRELOAD", "value": "/x.so"}]},
+            True,
+            "sets LD_PRELOAD,",
+            id="after-an-entry-that-is-not-text",
+        ),
+        pytest.param(
+            {"envFrom": [{"prefix": []}, {"prefix": "CUDA_"}]},
+            True,
+            "takes env from a source with prefix 'CUDA_', which could set a variable the device plugin sets",
+            id="after-a-prefix-that-is-not-text",
+        ),
         pytest.param({"env": {"LD_PRELOAD": "x"}}, True, None, id="env-not-a-list"),
     ],
 )
