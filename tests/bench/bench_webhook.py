@@ -134,7 +134,7 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=20_000)
     args = parser.parse_args()
 
-    settings = MutationSettings(gpu_core_policy="force", overwrite_env=True)
+    settings = MutationSettings(overwrite_env=True)
     pod = typical_gpu_pod()
     body = review_body(pod)
     with open(os.devnull, "w") as devnull:

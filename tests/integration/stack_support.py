@@ -53,17 +53,25 @@ MANAGED = tuple(
 
 class Webhook:
     """A webhook in this process, registered for one namespace; with ``metrics`` also serving
-    ``/metrics`` on a plain-HTTP port (``metrics_port``), as the chart runs it."""
+    ``/metrics`` on a plain-HTTP port (``metrics_port``), as the chart runs it; deciding with
+    ``settings`` (the defaults when None)."""
 
     def __init__(
-        self, api: Any, namespace: str, certs: CertificateBundle, tmp: Path, *, metrics: bool = False
+        self,
+        api: Any,
+        namespace: str,
+        certs: CertificateBundle,
+        tmp: Path,
+        *,
+        metrics: bool = False,
+        settings: MutationSettings | None = None,
     ) -> None:
         self.api = api
         self.namespace = namespace
         self.certs = certs
         self.cert_file, self.key_file, self.ca_file = write_files(certs, tmp)
         self.log = io.StringIO()
-        self.admitter = Admitter(MutationSettings(), Telemetry.create(stream=self.log))
+        self.admitter = Admitter(settings or MutationSettings(), Telemetry.create(stream=self.log))
         self.server: WebhookServer | None = None
         self.port = 0
         self.metrics = metrics
@@ -94,12 +102,14 @@ class Webhook:
         return 0.0 if value is None else value
 
 
-async def start_webhook(api: Any, namespace: str, tmp: Path, *, metrics: bool = False) -> Webhook:
+async def start_webhook(
+    api: Any, namespace: str, tmp: Path, *, metrics: bool = False, settings: MutationSettings | None = None
+) -> Webhook:
     """A webhook in this process with a certificate for 127.0.0.1, registered for `namespace` only
-    (``metrics``: see ``Webhook``). Its tracing follows this process's OTEL_* variables (a test sets
-    them with monkeypatch)."""
+    (``metrics``, ``settings``: see ``Webhook``). Its tracing follows this process's OTEL_* variables
+    (a test sets them with monkeypatch)."""
     certs = generate_certificates(dns_names=["localhost"], ip_addresses=["127.0.0.1"])
-    hook = Webhook(api, namespace, certs, tmp, metrics=metrics)
+    hook = Webhook(api, namespace, certs, tmp, metrics=metrics, settings=settings)
     await hook.start()
     try:
         await register_webhook(

@@ -27,6 +27,7 @@ from hamipy.devcluster.config import ExtenderTLS, SchedulerConfig, render_schedu
 from hamipy.devcluster.identities import SERVICE_RULES
 from hamipy.protocol import keys
 from hamipy.protocol.config import load_config
+from hamipy.protocol.resources import ResourceNames
 from hamipy.telemetry.tls import serving_context
 from hamipy.webhook.admission_policy import admission_policies
 from hamipy.webhook.registration import webhook_configuration
@@ -185,6 +186,12 @@ def test_admission_policies_are_the_ones_the_code_builds() -> None:
         f"admissionPolicy.extraSchedulers={json.dumps(heads)}",
         "--set-json",
         'admissionPolicy.extraDevicePlugins=["system:serviceaccount:kube-system:hami-device-plugin"]',
+        "--set-json",
+        'admissionPolicy.exemptNamespaces=["gpu-operator", "hami-system"]',
+        "--set",
+        "config.nvidia.resourceCountName=example.com/vgpu",
+        "--set",
+        "config.nvidia.resourceMemoryPercentageName=example.com/vgpumem-percentage",
     )
     chart = [d for d in docs if d["kind"].startswith("ValidatingAdmissionPolicy")]
     code = admission_policies(
@@ -193,6 +200,9 @@ def test_admission_policies_are_the_ones_the_code_builds() -> None:
             f"system:serviceaccount:hami-system:{RELEASE}-device-plugin",
             "system:serviceaccount:kube-system:hami-device-plugin",
         ],
+        names=ResourceNames(count="example.com/vgpu", memory_percentage="example.com/vgpumem-percentage"),
+        # The release namespace always, and once.
+        exempt_namespaces=["hami-system", "gpu-operator"],
         prefix=f"{RELEASE}-",
     )
     # helm orders the documents by kind.

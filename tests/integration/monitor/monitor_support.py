@@ -143,14 +143,6 @@ def release(proc: subprocess.Popen[str]) -> None:
     assert proc.returncode == 0, f"region_peer exited {proc.returncode}"
 
 
-def pod_env(pod: dict[str, Any], container: str) -> dict[str, str]:
-    """The literal env of a container in the pod spec (what the webhook put there)."""
-    for c in pod["spec"].get("containers", []):
-        if c["name"] == container:
-            return {e["name"]: e["value"] for e in c.get("env") or [] if "value" in e}
-    raise KeyError(container)
-
-
 GPU = FakeGpu("GPU-cccccccc-0000-4000-8000-000000000000", "NVIDIA A100-SXM4-80GB", 81920)
 RESOURCE = keys.RESOURCE_COUNT
 

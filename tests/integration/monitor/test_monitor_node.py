@@ -17,7 +17,6 @@ from monitor_support import (
     MIB,
     MonitorStack,
     SimContainer,
-    pod_env,
     release,
     sample_key,
     samples,
@@ -26,7 +25,6 @@ from monitor_support import (
 from stack_support import NEEDS_REAL_KUBELET
 
 from hamipy.devcluster import wait_for
-from hamipy.protocol.allocation_env import ENV_TASK_PRIORITY
 from hamipy.protocol.region import (
     OFFSET_RECENT_KERNEL,
     OFFSET_UTILIZATION_SWITCH,
@@ -160,11 +158,12 @@ async def test_priority_feedback_between_two_containers_on_one_gpu(monitor_stack
     """A busy high-priority container blocks a low-priority one on the same GPU and turns its compute
     limit on; once the high-priority one is idle, the low one is released and runs unlimited."""
     s = monitor_stack
-    await s.create("serve", [container("main", gpu=1, gpumem=1000, env={ENV_TASK_PRIORITY: "0"})])
-    await s.create("train", [container("main", gpu=1, gpumem=1000, env={ENV_TASK_PRIORITY: "1"})])
-    serve_pod, train_pod = await s.served("serve"), await s.served("train")
-    serve = await s.container("serve", "main", pod_env(serve_pod, "main"))
-    train = await s.container("train", "main", pod_env(train_pod, "main"))
+    await s.create("serve", [container("main", gpu=1, gpumem=1000, priority=0)])
+    await s.create("train", [container("main", gpu=1, gpumem=1000)])  # low, the default
+    await s.served("serve")
+    await s.served("train")
+    serve = await s.container("serve", "main")
+    train = await s.container("train", "main")
     holders = [serve.hold(16), train.hold(16)]
     busy = asyncio.Event()
 
@@ -175,7 +174,7 @@ async def test_priority_feedback_between_two_containers_on_one_gpu(monitor_stack
 
     try:
         regions = [parse_region(c.region_file.read_bytes()) for c in (serve, train)]
-        assert [r.priority for r in regions] == [0, 1], "the interposer took CUDA_TASK_PRIORITY"
+        assert [r.priority for r in regions] == [0, 1], "the interposer took the Allocate answer's priority"
         assert [r.uuids for r in regions] == [(GPU.uuid,), (GPU.uuid,)]
         busy.set()
         launcher = asyncio.create_task(serve_launches_kernels(), name="test:serve-kernels")

@@ -1,18 +1,20 @@
-"""The allocation-state admission policies in the real kube-apiserver, as tenants and as our services.
+"""The admission policies in the real kube-apiserver, as tenants and as our services: who writes
+allocation state, who places GPU pods, and the env a pod may not set.
 
-The policies are the shipped ones (``hamipy.webhook.admission_policy``); only their bindings are
-narrowed to this test's namespace and nodes, so the rest of the session (which writes annotations as
-admin to simulate the system) is not affected. No webhook runs here: the API server alone refuses.
+The policies are the shipped ones (``hamipy.webhook.admission_policy``), bound to this test's
+namespace and nodes only (``policy_support``). No webhook runs here: the API server alone refuses,
+as it does while the webhook is down or for a namespace the webhook skips.
 """
 
 from __future__ import annotations
 
 import contextlib
-import secrets
 from collections.abc import AsyncIterator
 from typing import Any
 
+import builders
 import pytest
+from policy_support import ADMISSION, Policies
 
 from hamipy.devcluster.cluster import DevCluster
 from hamipy.devcluster.identities import (
@@ -22,21 +24,15 @@ from hamipy.devcluster.identities import (
     grant_role,
     issue_identity,
 )
+from hamipy.devcluster.kubeobjects import create_namespace, delete_namespace
 from hamipy.devcluster.nodes import NodePool, NodeSpec
 from hamipy.devcluster.waiting import wait_for
 from hamipy.kube.client import MERGE_PATCH, RawKube
 from hamipy.kube.errors import KubeError, NotFound
 from hamipy.protocol import keys
-from hamipy.webhook.admission_policy import (
-    NODE_POLICY_NAME,
-    POD_POLICY_NAME,
-    admission_policies,
-)
-from hamipy.webhook.quota_policy import QUOTA_POLICY_NAME
 
 pytestmark = pytest.mark.integration
 
-ADMISSION = "/apis/admissionregistration.k8s.io/v1"
 BOUND = {keys.BIND_PHASE: "allocating", keys.DEVICES_TO_ALLOCATE: "GPU-a,NVIDIA,1,0:;"}
 
 
@@ -50,67 +46,6 @@ def _pod(name: str, *, node: str | None = None, annotations: dict[str, str] | No
         "metadata": {"name": name, "annotations": annotations or {}},
         "spec": spec,
     }
-
-
-class Policies:
-    """The shipped policies, bound to one namespace and the nodes labelled for this test."""
-
-    def __init__(
-        self, admin: RawKube, namespace: str, node_label: str, *, schedulers: list[str], plugins: list[str]
-    ) -> None:
-        self.admin, self.namespace, self.node_label = admin, namespace, node_label
-        # The quota policy has its own test (test_quota_policy.py): it binds to ResourceQuotas.
-        self.docs = [
-            d
-            for d in admission_policies(schedulers=schedulers, device_plugins=plugins)
-            if not d["metadata"]["name"].endswith(QUOTA_POLICY_NAME)
-        ]
-        self.suffix = secrets.token_hex(3)
-
-    def _named(self, doc: dict[str, Any]) -> dict[str, Any]:
-        doc = {**doc, "metadata": {**doc["metadata"], "name": f"{doc['metadata']['name']}-{self.suffix}"}}
-        if doc["kind"] == "ValidatingAdmissionPolicyBinding":
-            spec = dict(doc["spec"], policyName=f"{doc['spec']['policyName']}-{self.suffix}")
-            if doc["spec"]["policyName"].endswith(POD_POLICY_NAME):
-                spec["matchResources"] = {
-                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": self.namespace}}
-                }
-            else:
-                assert doc["spec"]["policyName"].endswith(NODE_POLICY_NAME)
-                spec["matchResources"] = {"objectSelector": {"matchLabels": {self.node_label: "true"}}}
-            doc["spec"] = spec
-        return doc
-
-    def _path(self, doc: dict[str, Any]) -> str:
-        plural = (
-            "validatingadmissionpolicybindings"
-            if doc["kind"].endswith("Binding")
-            else "validatingadmissionpolicies"
-        )
-        return f"{ADMISSION}/{plural}"
-
-    async def install(self) -> None:
-        for doc in map(self._named, self.docs):
-            await self.admin.request("POST", self._path(doc), body=doc)
-        # The API server reads policies through an informer: wait until this one refuses.
-        probe = _pod(f"probe-{self.suffix}", annotations={keys.BIND_PHASE: "success"})
-
-        async def refuses() -> bool:
-            try:
-                await self.admin.request("POST", f"/api/v1/namespaces/{self.namespace}/pods", body=probe)
-            except KubeError as exc:
-                return exc.status == 403
-            await self.admin.request(
-                "DELETE", f"/api/v1/namespaces/{self.namespace}/pods/{probe['metadata']['name']}"
-            )
-            return False
-
-        await wait_for(refuses, timeout=30, what="the admission policy in force")
-
-    async def remove(self) -> None:
-        for doc in reversed([self._named(d) for d in self.docs]):
-            with contextlib.suppress(NotFound):
-                await self.admin.request("DELETE", f"{self._path(doc)}/{doc['metadata']['name']}")
 
 
 @pytest.fixture
@@ -140,7 +75,13 @@ async def rig(
         kube_client,
         namespace=namespace,
         account="editor",
-        rules=[{"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "patch"]}],
+        rules=[
+            {
+                "apiGroups": [""],
+                "resources": ["pods", "pods/ephemeralcontainers"],
+                "verbs": ["create", "get", "patch"],
+            }
+        ],
     )
     scheduler = await identity("scheduler")
     plugin = await identity("plugin", bound_node=f"{namespace}-a")
@@ -159,7 +100,7 @@ async def rig(
         accounts=[(namespace, "plugin")],
     )
     policies = Policies(
-        admin, namespace, next(iter(label)), schedulers=[scheduler.user], plugins=[plugin.user]
+        admin, [namespace], next(iter(label)), schedulers=[scheduler.user], device_plugins=[plugin.user]
     )
     await policies.install()
     clients = {
@@ -209,6 +150,15 @@ async def _refused(kube: RawKube, method: str, path: str, body: Any, *, patch: b
         await kube.request(method, path, **kwargs)
     assert caught.value.status == 403, caught.value
     return str(caught.value)
+
+
+async def _answer(kube: RawKube, path: str, body: Any) -> str:
+    """``admitted``, or the refusal's status and message."""
+    try:
+        await kube.request("POST", path, body=body)
+    except KubeError as exc:
+        return f"{exc.status}: {exc}"
+    return "admitted"
 
 
 async def test_a_tenant_cannot_create_a_pod_carrying_allocation_state(rig: dict[str, Any]) -> None:
@@ -271,7 +221,7 @@ async def test_updates_by_others_cannot_set_change_or_remove_allocation_state(ri
         "PATCH",
         f"{pods}/p",
         body={"metadata": {"annotations": BOUND}},
-        content_type="application/merge-patch+json",
+        content_type=MERGE_PATCH,
     )
     assert written["metadata"]["annotations"][keys.BIND_PHASE] == "allocating"
     for change in ({keys.BIND_PHASE: "success"}, {keys.DEVICES_TO_ALLOCATE: None}):
@@ -284,7 +234,7 @@ async def test_updates_by_others_cannot_set_change_or_remove_allocation_state(ri
         "PATCH",
         f"{pods}/p",
         body={"metadata": {"annotations": {"team": "a"}}},
-        content_type="application/merge-patch+json",
+        content_type=MERGE_PATCH,
     )
     assert done["metadata"]["annotations"] == {**BOUND, "team": "a"}
 
@@ -298,14 +248,14 @@ async def test_the_device_plugin_writes_only_its_keys_on_its_own_nodes_pods(rig:
             "PATCH",
             f"{pods}/{name}",
             body={"metadata": {"annotations": BOUND}},
-            content_type="application/merge-patch+json",
+            content_type=MERGE_PATCH,
         )
     served = {keys.BIND_PHASE: "success", keys.DEVICES_TO_ALLOCATE: ";"}
     done = await plugin.request(
         "PATCH",
         f"{pods}/on-a",
         body={"metadata": {"annotations": served}},
-        content_type="application/merge-patch+json",
+        content_type=MERGE_PATCH,
     )
     assert done["metadata"]["annotations"][keys.BIND_PHASE] == "success"
     # Another node's pod: refused, naming the node the token is bound to.
@@ -330,9 +280,244 @@ async def test_the_device_plugin_writes_only_its_keys_on_its_own_nodes_pods(rig:
 async def test_a_device_plugin_updates_only_its_own_node(rig: dict[str, Any]) -> None:
     ns, plugin = rig["namespace"], rig["plugin"]
     body = {"metadata": {"annotations": {keys.NODE_HANDSHAKE: "Reported 2026-11-24T00:00:00Z"}}}
-    done = await plugin.request(
-        "PATCH", f"/api/v1/nodes/{ns}-a", body=body, content_type="application/merge-patch+json"
-    )
+    done = await plugin.request("PATCH", f"/api/v1/nodes/{ns}-a", body=body, content_type=MERGE_PATCH)
     assert done["metadata"]["annotations"][keys.NODE_HANDSHAKE].startswith("Reported")
     message = await _refused(plugin, "PATCH", f"/api/v1/nodes/{ns}-b", body, patch=True)
     assert f"node {ns}-b: a device plugin updates only its own node" in message
+
+
+# -- GPU pods are placed by a scheduler, not by their authors -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "gpu_pod",
+    [
+        pytest.param(
+            lambda node: builders.pod("pinned", builders.container(gpu=1), node_name=node), id="count"
+        ),
+        pytest.param(
+            lambda node: builders.pod(
+                "pinned", builders.container(), init=[builders.container("init", gpumem=1000)], node_name=node
+            ),
+            id="init-container-memory",
+        ),
+        pytest.param(
+            lambda node: builders.pod(
+                "pinned", builders.container(), builders.container("second", gpucores=30), node_name=node
+            ),
+            id="second-container-cores",
+        ),
+    ],
+)
+async def test_a_tenant_cannot_place_a_gpu_pod_on_a_node(rig: dict[str, Any], gpu_pod: Any) -> None:
+    """The tenant's pod of another scheduler (or none) with ``spec.nodeName``: without this rule it
+    reaches the kubelet without any scheduler of ours seeing it, and can take a waiting pod's slot."""
+    ns, tenant = rig["namespace"], rig["tenant"]
+    pods = f"/api/v1/namespaces/{ns}/pods"
+    body = gpu_pod(f"{ns}-a")
+    body["spec"]["schedulerName"] = "my-scheduler"
+    message = await _refused(tenant, "POST", pods, body)
+    for part in ("pod pinned", "spec.nodeName", f"{ns}-a", f"system:serviceaccount:{ns}:tenant may not"):
+        assert part in message
+    # A scheduler's identity may (a scheduler that creates pods already placed), and a pod asking
+    # no GPU may name its node as any pod may.
+    created = await rig["scheduler"].request("POST", pods, body=body)
+    assert created["spec"]["nodeName"] == f"{ns}-a"
+    plain = builders.pod("plain", builders.container(limits={"cpu": "100m"}), node_name=f"{ns}-a")
+    assert (await tenant.request("POST", pods, body=plain))["spec"]["nodeName"] == f"{ns}-a"
+
+
+# -- the env a pod may not set ---------------------------------------------------------------------------
+
+GPU_RESERVED = (
+    "CUDA_DEVICE_MEMORY_LIMIT",
+    "CUDA_DEVICE_MEMORY_LIMIT_0",
+    "CUDA_DEVICE_MEMORY_LIMIT_15",
+    "CUDA_DEVICE_SM_LIMIT",
+    "CUDA_DEVICE_SM_LIMIT_3",
+    "CUDA_TASK_PRIORITY",
+    "CUDA_DISABLE_CONTROL",
+    "GPU_CORE_UTILIZATION_POLICY",
+    "CUDA_DEVICE_MEMORY_SHARED_CACHE",
+    "CUDA_OVERSUBSCRIBE",
+    "LD_PRELOAD",
+)
+"""What a GPU container's own spec may not set: its limits, its priority, the interposer's switches."""
+
+
+async def test_a_gpu_container_cannot_set_its_own_limits(rig: dict[str, Any]) -> None:
+    ns, tenant = rig["namespace"], rig["tenant"]
+    pods = f"/api/v1/namespaces/{ns}/pods"
+    wrong = []
+    for i, name in enumerate(GPU_RESERVED):
+        own = {"CUDA_VISIBLE_DEVICES": "0", name: "20000m"}
+        for where, body in (
+            ("limits", builders.pod(f"own-{i}", builders.container("cuda", gpu=1, gpumem=10000, env=own))),
+            (
+                "a second container",
+                builders.pod(
+                    f"own-second-{i}", builders.container(), builders.container("cuda", gpu=2, env=own)
+                ),
+            ),
+            (
+                "init container",
+                builders.pod(
+                    f"own-init-{i}", builders.container(), init=[builders.container("cuda", gpu=1, env=own)]
+                ),
+            ),
+        ):
+            answer = await _answer(tenant, pods, body)
+            if not answer.startswith("403") or f"container cuda sets {name}" not in answer:
+                wrong.append(f"{name} in {where}: {answer}")
+    assert wrong == [], "pods that set their own GPU limits, not refused for it"
+    # Containers that ask no GPU get no slice: the same names mean nothing there.
+    sidecar = builders.container("sidecar", env=dict.fromkeys(GPU_RESERVED, "1"))
+    for body in (
+        builders.pod("with-sidecar", builders.container("cuda", gpu=1), sidecar),
+        builders.pod("no-gpu", sidecar),
+    ):
+        await tenant.request("POST", pods, body=body)
+
+
+@pytest.mark.parametrize(
+    ("gpu", "prefix", "refused"),
+    [
+        pytest.param(True, "CUDA_", True, id="gpu-CUDA_"),
+        pytest.param(True, "CUDA_DEVICE_SM_LIMIT_1", True, id="gpu-per-device"),
+        pytest.param(True, "LD_", True, id="gpu-LD_"),
+        pytest.param(True, "N", True, id="gpu-N"),
+        pytest.param(True, "CUDA_DEVICE_MEMORY_LIMIT_X", False, id="gpu-no-reserved-name-follows"),
+        pytest.param(True, "APP_", False, id="gpu-APP_"),
+        pytest.param(True, None, False, id="gpu-no-prefix"),
+        pytest.param(False, "NVIDIA_", True, id="plain-NVIDIA_"),
+        pytest.param(False, "CUDA_", False, id="plain-CUDA_"),
+    ],
+)
+async def test_env_from_with_a_prefix_that_could_make_a_reserved_name(
+    rig: dict[str, Any], gpu: bool, prefix: str | None, refused: bool
+) -> None:
+    """A ConfigMap's keys are not known at admission (and may change later), so a source is judged
+    by its prefix: one that a reserved name starts with could set it. Without a prefix it is
+    admitted (docs/security.md says why that leaves the limits safe)."""
+    ns, tenant = rig["namespace"], rig["tenant"]
+    source: dict[str, Any] = {"configMapRef": {"name": "settings"}}
+    if prefix is not None:
+        source["prefix"] = prefix
+    body = builders.pod("from", builders.container("app", gpu=1 if gpu else None, envFrom=[source]))
+    pods = f"/api/v1/namespaces/{ns}/pods"
+    if not refused:
+        await tenant.request("POST", pods, body=body)
+        return
+    message = await _refused(tenant, "POST", pods, body)
+    assert f"container app takes env from a source with prefix {prefix}" in message
+
+
+@pytest.mark.parametrize(
+    ("entry", "refused"),
+    [
+        pytest.param({"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}, True, id="all"),
+        pytest.param({"name": "NVIDIA_VISIBLE_DEVICES", "value": "GPU-0"}, True, id="a-uuid"),
+        pytest.param({"name": "NVIDIA_VISIBLE_DEVICES", "value": ""}, True, id="empty"),
+        pytest.param(
+            {"name": "NVIDIA_VISIBLE_DEVICES", "valueFrom": {"configMapKeyRef": {"name": "x", "key": "y"}}},
+            True,
+            id="value-from",
+        ),
+        pytest.param({"name": "NVIDIA_VISIBLE_DEVICES", "value": "none"}, False, id="none"),
+    ],
+)
+@pytest.mark.parametrize("kind", ["containers", "initContainers"])
+async def test_no_pod_chooses_the_gpus_the_nvidia_runtime_hands_it(
+    rig: dict[str, Any], entry: dict[str, Any], refused: bool, kind: str
+) -> None:
+    """A pod asking no GPU at all, so the webhook never sees it: under the NVIDIA container
+    toolkit's default, NVIDIA_VISIBLE_DEVICES=all would give it every GPU of its node."""
+    ns, tenant = rig["namespace"], rig["tenant"]
+    sneaky = {**builders.container("sneaky"), "env": [entry]}
+    body = (
+        builders.pod("visible", sneaky)
+        if kind == "containers"
+        else builders.pod("visible", builders.container(), init=[sneaky])
+    )
+    pods = f"/api/v1/namespaces/{ns}/pods"
+    if not refused:
+        created = await tenant.request("POST", pods, body=body)
+        assert created["spec"][kind][0]["env"] == [entry]
+        return
+    message = await _refused(tenant, "POST", pods, body)
+    assert "container sneaky sets NVIDIA_VISIBLE_DEVICES" in message
+
+
+async def test_an_ephemeral_container_cannot_choose_gpus_either(rig: dict[str, Any]) -> None:
+    ns, editor = rig["namespace"], rig["editor"]
+    pods = f"/api/v1/namespaces/{ns}/pods"
+    await editor.request("POST", pods, body=builders.pod("debugged", builders.container()))
+
+    def debug(name: str, env: dict[str, str] | None) -> dict[str, Any]:
+        ephemeral: dict[str, Any] = {"name": name, "image": builders.IMAGE}
+        if env is not None:
+            ephemeral["env"] = [{"name": k, "value": v} for k, v in env.items()]
+        return {"spec": {"ephemeralContainers": [ephemeral]}}
+
+    message = await _refused(
+        editor,
+        "PATCH",
+        f"{pods}/debugged/ephemeralcontainers",
+        debug("shell", {"NVIDIA_VISIBLE_DEVICES": "all"}),
+        patch=True,
+    )
+    assert "container shell sets NVIDIA_VISIBLE_DEVICES" in message
+    done = await editor.request(
+        "PATCH",
+        f"{pods}/debugged/ephemeralcontainers",
+        body=debug("plain-shell", None),
+        content_type=MERGE_PATCH,
+    )
+    assert [c["name"] for c in done["spec"]["ephemeralContainers"]] == ["plain-shell"]
+
+
+async def test_exempt_namespaces_may_set_nvidia_visible_devices_and_nothing_else(kube_client: Any) -> None:
+    """The chart's own DaemonSets (device plugin, monitor) take NVML through the NVIDIA runtime with
+    NVIDIA_VISIBLE_DEVICES=all: their namespace is exempt from the env rules, and only from those."""
+    admin = RawKube(kube_client)
+    system, other = await create_namespace(kube_client, prefix="sys"), await create_namespace(kube_client)
+    policies = Policies(
+        admin,
+        [system, other],
+        "hami-py.io/none",
+        schedulers=[],
+        device_plugins=[],
+        exempt_namespaces=[system],
+    )
+    try:
+        await policies.install(probe_namespace=other)
+        visible = builders.pod("agent", builders.container(env={"NVIDIA_VISIBLE_DEVICES": "all"}))
+        await admin.request("POST", f"/api/v1/namespaces/{system}/pods", body=visible)
+        await _refused(admin, "POST", f"/api/v1/namespaces/{other}/pods", visible)
+        pinned = builders.pod("pinned", builders.container(gpu=1), node_name="somewhere")
+        assert "spec.nodeName" in await _refused(admin, "POST", f"/api/v1/namespaces/{system}/pods", pinned)
+    finally:
+        await policies.remove()
+        for namespace in (system, other):
+            await delete_namespace(kube_client, namespace)
+
+
+async def test_the_policies_type_check_against_the_pod_schema(kube_client: Any) -> None:
+    """The API server type-checks each policy's validations against the Pod and Node schemas and
+    reports a field it does not know (which would be an error at admission, refusing every pod it
+    matches). Variables are not checked there: the pods admitted in the tests above show theirs."""
+    admin = RawKube(kube_client)
+    policies = Policies(admin, ["none"], "hami-py.io/none", schedulers=["s"], device_plugins=["p"])
+    try:
+        await policies.install(probe_namespace=None, wait=False)
+        for name in policies.policy_names():
+
+            async def checked(name: str = name) -> dict[str, Any] | None:
+                found = await admin.request("GET", f"{ADMISSION}/validatingadmissionpolicies/{name}")
+                status: dict[str, Any] = found.get("status") or {}
+                return status if "typeChecking" in status else None
+
+            status = await wait_for(checked, timeout=30, what=f"policy {name} type-checked")
+            assert status["typeChecking"].get("expressionWarnings") in (None, []), status
+    finally:
+        await policies.remove()

@@ -32,6 +32,7 @@ from hamipy.kube.client import RawKube
 from hamipy.protocol import keys
 from hamipy.webhook.certificate_setup import ensure_certificates
 from hamipy.webhook.certs import generate_certificates, write_files
+from hamipy.webhook.mutation import MutationSettings
 from hamipy.webhook.registration import webhook_configuration
 
 pytestmark = pytest.mark.integration
@@ -85,7 +86,7 @@ async def test_gpu_pod_gets_hami_scheduler_and_defaults(
     container = spec["containers"][0]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert container["resources"]["requests"]["nvidia.com/gpu"] == "1"  # the apiserver's defaulting
-    assert {"name": "CUDA_TASK_PRIORITY", "value": "0"} in container["env"]
+    assert "env" not in container  # the priority travels with the device plugin's limits
     traceparent = pod["metadata"]["annotations"][keys.TRACE_CONTEXT]
     assert traceparent.startswith("00-")
     assert len(traceparent.split("-")[1]) == 32
@@ -135,12 +136,31 @@ async def test_bad_memory_percentage_is_refused(webhook: Webhook, kube_client: A
     assert "150" in message
 
 
-async def test_pod_of_another_scheduler_is_left_alone(
+async def test_gpu_pod_of_another_scheduler_is_refused(
     webhook: Webhook, kube_client: Any, namespace: str
 ) -> None:
-    pod = await create(kube_client, namespace, pod_body("other", limits=GPU_LIMITS, scheduler_name="volcano"))
+    status, message = await refused(
+        kube_client, namespace, pod_body("other", limits=GPU_LIMITS, scheduler_name="volcano")
+    )
+    assert status == 403
+    assert "'volcano'" in message
+    assert "allowedSchedulers" in message
+
+
+async def test_gpu_pod_of_an_allowed_scheduler_is_left_alone(
+    kube_client: Any, namespace: str, tmp_path: Path
+) -> None:
+    settings = MutationSettings(allowed_schedulers=frozenset({"volcano"}))
+    hook = await start_webhook(kube_client, namespace, tmp_path, settings=settings)
+    try:
+        pod = await create(
+            kube_client, namespace, pod_body("other", limits=GPU_LIMITS, scheduler_name="volcano")
+        )
+    finally:
+        await stop_webhook(hook)
     assert pod["spec"]["schedulerName"] == "volcano"
     assert "nvidia.com/gpu" not in pod["spec"]["containers"][0]["resources"]["limits"]
+    assert hook.metric("hamipy_webhook_admissions_total", outcome="allowed", reason="other_scheduler") == 1
 
 
 async def test_stopped_webhook_refuses_gpu_pods_and_admits_others(

@@ -26,6 +26,7 @@ from hamipy.protocol.resources import RequestDefaults, ResourceNames
 FULL_YAML = """
 schedulerName: gpu-scheduler
 forceOverwriteDefaultScheduler: false
+allowedSchedulers: [volcano, default-scheduler]
 nodeSchedulerPolicy: spread
 gpuSchedulerPolicy: binpack,numa
 nvidia:
@@ -63,6 +64,7 @@ def test_defaults() -> None:
     cfg = Config()
     assert cfg.scheduler_name == "hami-scheduler"
     assert cfg.force_overwrite_default_scheduler is True
+    assert cfg.allowed_schedulers == ()
     assert cfg.node_scheduler_policy == "binpack"
     assert cfg.gpu_scheduler_policy == ("spread",)
     assert cfg.node_configs == ()
@@ -95,6 +97,7 @@ def test_full_yaml() -> None:
     cfg = load_config(FULL_YAML)
     assert cfg.scheduler_name == "gpu-scheduler"
     assert cfg.force_overwrite_default_scheduler is False
+    assert cfg.allowed_schedulers == ("volcano", "default-scheduler")
     assert cfg.node_scheduler_policy == "spread"
     assert cfg.gpu_scheduler_policy == ("binpack", "numa")
     nv = cfg.nvidia
@@ -375,6 +378,20 @@ BAD = [
         "'a'",
     ),
     ("node-configs-mapping", "nodeConfigs: {name: a}", "nodeConfigs", "valid tuple", "'name'"),
+    (
+        "allowed-schedulers-text",
+        "allowedSchedulers: volcano",
+        "allowedSchedulers",
+        "valid tuple",
+        "'volcano'",
+    ),
+    (
+        "allowed-scheduler-empty",
+        "allowedSchedulers: ['']",
+        "allowedSchedulers[0]",
+        "at least 1 character",
+        "''",
+    ),
 ]
 
 

@@ -5,13 +5,22 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
 from hamipy.protocol import keys
-from hamipy.webhook.admission_policy import admission_policies, chart_file
+from hamipy.protocol.reserved_env import GPU_CONTAINER_NAMES, PER_DEVICE_PATTERN
+from hamipy.protocol.resources import ResourceNames
+from hamipy.webhook.admission_policy import (
+    ENV_POLICY_NAME,
+    PLACEMENT_POLICY_NAME,
+    admission_policies,
+    chart_file,
+)
 from hamipy.webhook.cli import main
+from hamipy.webhook.registration import gpu_pod_expression
 
 CHART_FILE = (
     Path(__file__).resolve().parents[3] / "deploy" / "helm" / "hami-py" / "files" / "admission-policies.yaml"
@@ -51,3 +60,81 @@ def test_manifest_policy_prints_the_policies_for_the_users_given(capsys: pytest.
     assert main(["manifest", "--policy"], env={}) == 0
     docs = [d for d in yaml.safe_load_all(capsys.readouterr().out) if d]
     assert docs == admission_policies(schedulers=[], device_plugins=[])
+
+
+def _named(
+    docs: list[dict[str, Any]], suffix: str, kind: str = "ValidatingAdmissionPolicy"
+) -> dict[str, Any]:
+    (doc,) = [d for d in docs if d["kind"] == kind and d["metadata"]["name"].endswith(suffix)]
+    return doc
+
+
+NAMES = ResourceNames(
+    count="example.com/vgpu",
+    memory="example.com/vmem",
+    memory_percentage="example.com/vmem-pct",
+    cores="example.com/vcores",
+)
+
+
+def test_gpu_pods_created_with_a_node_only_by_schedulers() -> None:
+    docs = admission_policies(schedulers=["sched-a", "sched-b"], device_plugins=["p"], names=NAMES)
+    spec = _named(docs, PLACEMENT_POLICY_NAME)["spec"]
+    (rule,) = spec["matchConstraints"]["resourceRules"]
+    assert (rule["operations"], rule["resources"]) == (["CREATE"], ["pods"])
+    assert spec["matchConditions"] == [
+        {"name": "asks-for-hami-gpus", "expression": gpu_pod_expression(NAMES)}
+    ]
+    assert "['sched-a', 'sched-b']" in spec["validations"][0]["expression"]
+    assert spec["failurePolicy"] == "Fail"
+    binding = _named(docs, PLACEMENT_POLICY_NAME, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"]["validationActions"] == ["Deny"]
+
+
+def test_the_env_policy_reads_every_reserved_name_in_every_pod_but_the_exempt() -> None:
+    docs = admission_policies(
+        schedulers=[], device_plugins=[], names=NAMES, exempt_namespaces=["hami-system"]
+    )
+    spec = _named(docs, ENV_POLICY_NAME)["spec"]
+    rules = {(r["operations"][0], r["resources"][0]) for r in spec["matchConstraints"]["resourceRules"]}
+    assert rules == {("CREATE", "pods"), ("UPDATE", "pods/ephemeralcontainers")}
+    assert spec["matchConditions"] == [
+        {"name": "not-an-exempt-namespace", "expression": "!(request.namespace in ['hami-system'])"}
+    ]
+    variables = {v["name"]: v["expression"] for v in spec["variables"]}
+    assert "'example.com/vgpu' in c.resources.limits" in variables["gpuContainers"]
+    for name in GPU_CONTAINER_NAMES:
+        assert f"'{name}'" in variables["gpuEnv"]
+        assert f"'{name}'" in variables["gpuEnvFrom"]
+    assert PER_DEVICE_PATTERN in variables["gpuEnv"]
+    assert "object.spec.ephemeralContainers" in variables["visible"]
+    assert "object.spec.ephemeralContainers" in variables["visibleFrom"]
+    assert [v["expression"] for v in spec["validations"]] == [
+        f"size(variables.{name}) == 0" for name in ("gpuEnv", "gpuEnvFrom", "visible", "visibleFrom")
+    ]
+    assert spec["failurePolicy"] == "Fail"
+    unexempt = _named(admission_policies(schedulers=[], device_plugins=[]), ENV_POLICY_NAME)["spec"]
+    assert unexempt["matchConditions"][0]["expression"] == "!(request.namespace in [])"
+
+
+def test_configured_resource_names_reach_every_policy() -> None:
+    text = json.dumps(admission_policies(schedulers=[], device_plugins=[], names=NAMES))
+    assert "nvidia.com/" not in text
+    for name in NAMES.gpu_asks:
+        assert name in text
+
+
+def test_manifest_policy_takes_the_config_and_exempt_namespaces(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text("nvidia:\n  resourceCountName: example.com/vgpu\n")
+    argv = ["manifest", "--policy", "--format", "json", "--config", str(config)]
+    assert main([*argv, "--exempt-namespace", "a", "--exempt-namespace", "b"], env={}) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == admission_policies(
+        schedulers=[],
+        device_plugins=[],
+        names=ResourceNames(count="example.com/vgpu"),
+        exempt_namespaces=["a", "b"],
+    )

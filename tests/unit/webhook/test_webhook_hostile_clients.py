@@ -261,6 +261,21 @@ def with_field(path: tuple[str | int, ...], value: object) -> dict[str, Any]:
             "pod.spec.containers[0].env[0].name is an array, expected a string",
             id="env-name-array",
         ),
+        pytest.param(
+            with_field(("spec", "containers", 0, "env"), [{"name": "NVIDIA_VISIBLE_DEVICES", "value": 1}]),
+            "pod.spec.containers[0].env[0].value is a number, expected a string",
+            id="env-value-number",
+        ),
+        pytest.param(
+            with_field(("spec", "containers", 0, "envFrom"), [{"prefix": {"p": "CUDA_"}}]),
+            "pod.spec.containers[0].envFrom[0].prefix is an object, expected a string",
+            id="env-from-prefix-object",
+        ),
+        pytest.param(
+            with_field(("spec", "ephemeralContainers"), [{"env": "x"}]),
+            "pod.spec.ephemeralContainers[0].env is a string, expected an array",
+            id="ephemeral-env-string",
+        ),
         pytest.param(with_field(("spec",), [1]), "pod.spec is an array", id="spec-array"),
         pytest.param(
             ["not", "a", "pod"], "request.object is an array, expected an object", id="object-array"

@@ -13,11 +13,16 @@ from webhook_jsonpatch import apply_patch
 
 from hamipy.protocol import keys
 from hamipy.protocol.config import load_config
+from hamipy.protocol.reserved_env import GPU_CONTAINER_NAMES
 from hamipy.protocol.resources import ResourceNames
 from hamipy.webhook.mutation import Decision, MutationSettings, decide, pointer_token
 
 TRACE = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 DEFAULTS = MutationSettings()
+
+
+def load_settings(config: str) -> MutationSettings:
+    return MutationSettings.from_config(load_config(config))
 
 
 def mutate(p: dict[str, Any], s: MutationSettings = DEFAULTS, trace: str | None = TRACE) -> dict[str, Any]:
@@ -62,14 +67,37 @@ def test_configured_scheduler_name_is_used() -> None:
     assert out["spec"]["schedulerName"] == "gpu-sched"
 
 
-def test_default_scheduler_left_alone_when_overwrite_is_off() -> None:
+def test_default_scheduler_is_another_scheduler_when_overwrite_is_off() -> None:
     s = MutationSettings(overwrite_default_scheduler=False)
-    assert decide(GPU_POD, s) == Decision("allowed", "other_scheduler")
+    assert decide(GPU_POD, s).reason == "scheduler_not_allowed"
+    allowed = MutationSettings(
+        overwrite_default_scheduler=False, allowed_schedulers=frozenset({"default-scheduler"})
+    )
+    assert decide(GPU_POD, allowed) == Decision("allowed", "other_scheduler")
 
 
-def test_pod_naming_another_scheduler_is_left_alone() -> None:
-    p = pod("p", container(limits={"nvidia.com/gpu": "1"}), scheduler_name="volcano", node_name="n1")
-    assert decide(p, DEFAULTS) == Decision("allowed", "other_scheduler")
+def test_gpu_pod_naming_another_scheduler_is_refused_saying_how_to_allow_it() -> None:
+    p = pod("p", container(limits={"nvidia.com/gpu": "1"}), scheduler_name="my-scheduler")
+    decision = decide(p, MutationSettings(allowed_schedulers=frozenset({"volcano"})))
+    assert (decision.outcome, decision.reason, decision.patch) == ("refused", "scheduler_not_allowed", ())
+    for part in ("'my-scheduler'", "hami-scheduler", "allowedSchedulers", "allowed: volcano"):
+        assert part in decision.message
+
+
+def test_gpu_pod_of_an_allowed_scheduler_is_left_alone() -> None:
+    p = pod("p", container(limits={"nvidia.com/gpumem": "1000"}), scheduler_name="volcano")
+    s = MutationSettings(allowed_schedulers=frozenset({"volcano", "kueue"}))
+    assert decide(p, s) == Decision("allowed", "other_scheduler")
+
+
+@pytest.mark.parametrize("scheduler", ["my-scheduler", "volcano", "hami-scheduler", None])
+def test_gpu_pod_with_node_name_is_refused_whatever_scheduler_it_names(scheduler: str | None) -> None:
+    """A pod placed by its author reaches the kubelet with no scheduler of ours choosing its GPUs:
+    checked before the scheduler lets any pod through."""
+    p = pod("p", container(limits={"nvidia.com/gpu": "1"}), scheduler_name=scheduler, node_name="n1")
+    decision = decide(p, MutationSettings(allowed_schedulers=frozenset({"volcano"})))
+    assert (decision.outcome, decision.reason) == ("refused", "node_name")
+    assert "'n1'" in decision.message
 
 
 def test_pod_already_naming_our_scheduler_still_gets_defaults() -> None:
@@ -183,66 +211,158 @@ def env_of(out: dict[str, Any], index: int = 0, kind: str = "containers") -> dic
     return {e["name"]: e.get("value") for e in out["spec"][kind][index].get("env", [])}
 
 
-def test_priority_becomes_cuda_task_priority() -> None:
-    out = mutate(pod("p", container(limits={"nvidia.com/gpu": "1", "nvidia.com/priority": "0"})))
-    assert env_of(out) == {"CUDA_TASK_PRIORITY": "0"}
-
-
-def test_priority_env_is_appended_to_existing_env() -> None:
-    c = container(limits={"nvidia.com/gpu": "1", "nvidia.com/priority": "1"}, env={"A": "x"})
-    decision = decide(pod("p", c), DEFAULTS)
-    assert {
-        "op": "add",
-        "path": "/spec/containers/0/env/-",
-        "value": {"name": "CUDA_TASK_PRIORITY", "value": "1"},
-    } in decision.patch
-    assert env_of(apply_patch(pod("p", c), [dict(o) for o in decision.patch])) == {
-        "A": "x",
-        "CUDA_TASK_PRIORITY": "1",
-    }
-
-
-def test_user_priority_env_is_replaced_by_the_resource_value() -> None:
-    c = container(
-        limits={"nvidia.com/gpu": "1", "nvidia.com/priority": "0"},
-        env={"CUDA_TASK_PRIORITY": "1", "B": "y"},
+def test_priority_and_core_policy_add_no_env() -> None:
+    """They travel with the device plugin's limits; the admission policy would refuse the pod's
+    own env setting them, the webhook's mutation included."""
+    limits = {"nvidia.com/gpu": "1", "nvidia.com/priority": "0"}
+    out = mutate(
+        pod("p", container(limits=limits, env={"A": "x"})), load_settings("nvidia: {gpuCorePolicy: force}")
     )
-    out = mutate(pod("p", c))
-    assert out["spec"]["containers"][0]["env"] == [
-        {"name": "CUDA_TASK_PRIORITY", "value": "0"},
-        {"name": "B", "value": "y"},
-    ]
-
-
-@pytest.mark.parametrize("policy", ["force", "disable"])
-def test_core_policy_env_on_gpu_containers_only(policy: str) -> None:
-    p = pod("p", container("gpu", limits={"nvidia.com/gpu": "1"}), container("sidecar", limits={"cpu": "1"}))
-    out = mutate(p, MutationSettings(gpu_core_policy=policy))  # type: ignore[arg-type]
-    assert env_of(out, 0) == {"GPU_CORE_UTILIZATION_POLICY": policy}
-    assert env_of(out, 1) == {}
-
-
-def test_default_core_policy_adds_no_env() -> None:
-    out = mutate(pod("p", container(limits={"nvidia.com/gpu": "1"})))
-    assert "env" not in out["spec"]["containers"][0]
+    assert env_of(out) == {"A": "x"}
 
 
 def test_overwrite_env_hides_gpus_from_containers_without_one() -> None:
     p = pod(
         "p",
         container("gpu", limits={"nvidia.com/gpu": "1"}),
-        container("sidecar", env={"NVIDIA_VISIBLE_DEVICES": "all"}),
+        container("sidecar", env={"A": "x"}),
+        container("hidden", env={"NVIDIA_VISIBLE_DEVICES": "none"}),
         init=[container("init")],
     )
-    out = mutate(p, MutationSettings(overwrite_env=True))
+    decision = decide(p, MutationSettings(overwrite_env=True))
+    assert {
+        "op": "add",
+        "path": "/spec/containers/1/env/-",
+        "value": {"name": "NVIDIA_VISIBLE_DEVICES", "value": "none"},
+    } in decision.patch
+    out = apply_patch(p, [dict(op) for op in decision.patch])
     assert env_of(out, 0) == {}
-    assert env_of(out, 1) == {"NVIDIA_VISIBLE_DEVICES": "none"}
+    assert env_of(out, 1) == {"A": "x", "NVIDIA_VISIBLE_DEVICES": "none"}
+    assert env_of(out, 2) == {"NVIDIA_VISIBLE_DEVICES": "none"}
     assert env_of(out, 0, "initContainers") == {"NVIDIA_VISIBLE_DEVICES": "none"}
 
 
 def test_overwrite_env_off_by_default() -> None:
     out = mutate(pod("p", container("gpu", limits={"nvidia.com/gpu": "1"}), container("sidecar")))
     assert "env" not in out["spec"]["containers"][1]
+
+
+# -- the env a pod may not set (hamipy.protocol.reserved_env) --------------------------------------------
+
+GPU_RESERVED = [
+    *GPU_CONTAINER_NAMES,
+    "CUDA_DEVICE_MEMORY_LIMIT_0",
+    "CUDA_DEVICE_MEMORY_LIMIT_12",
+    "CUDA_DEVICE_SM_LIMIT_1",
+]
+
+
+def refusal(p: dict[str, Any], s: MutationSettings = DEFAULTS) -> str:
+    decision = decide(p, s)
+    assert (decision.outcome, decision.reason, decision.patch) == ("refused", "reserved_env", ())
+    return decision.message
+
+
+@pytest.mark.parametrize("name", GPU_RESERVED)
+@pytest.mark.parametrize(
+    "limits",
+    [
+        pytest.param({"nvidia.com/gpu": "1"}, id="count"),
+        pytest.param({"nvidia.com/gpumem": "1000"}, id="count-added-by-default"),
+    ],
+)
+def test_a_gpu_container_may_not_set_its_own_limits(name: str, limits: dict[str, str]) -> None:
+    p = pod("p", container("sidecar"), container("cuda", limits=limits, env={"A": "1", name: "20000m"}))
+    message = refusal(p)
+    assert f"containers[1] 'cuda' sets {name}," in message
+    assert "device plugin" in message
+
+
+@pytest.mark.parametrize(
+    "name", ["CUDA_DEVICE_MEMORY_LIMIT_X", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "A"]
+)
+def test_other_names_are_the_containers_own(name: str) -> None:
+    assert decide(pod("p", container(limits={"nvidia.com/gpu": "1"}, env={name: "1"})), DEFAULTS).allowed
+
+
+def test_containers_asking_no_gpu_may_use_the_gpu_names() -> None:
+    """They get no slice, so no limit of theirs is at stake (the admission policy reads it alike)."""
+    names = dict.fromkeys(GPU_RESERVED, "1")
+    p = pod("p", container("cuda", limits={"nvidia.com/gpu": "1"}), container("sidecar", env=names))
+    assert decide(p, DEFAULTS).allowed
+    no_count = pod("p", container(limits={"nvidia.com/gpumem": "1000"}, env=names))
+    assert decide(no_count, MutationSettings(default_gpu_count=0)) == Decision("allowed", "no_gpu_asked")
+
+
+@pytest.mark.parametrize("kind", ["containers", "initContainers", "ephemeralContainers"])
+@pytest.mark.parametrize(
+    ("entry", "shown"),
+    [
+        pytest.param({"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}, "to 'all'", id="all"),
+        pytest.param({"name": "NVIDIA_VISIBLE_DEVICES", "value": ""}, "to ''", id="empty"),
+        pytest.param({"name": "NVIDIA_VISIBLE_DEVICES"}, "empty", id="no-value"),
+        pytest.param(
+            {"name": "NVIDIA_VISIBLE_DEVICES", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            "from valueFrom",
+            id="value-from",
+        ),
+    ],
+)
+def test_no_container_of_a_gpu_pod_chooses_the_gpus_the_runtime_hands_it(
+    kind: str, entry: dict[str, Any], shown: str
+) -> None:
+    p = pod("p", container("cuda", limits={"nvidia.com/gpu": "1"}))
+    p["spec"].setdefault(kind, []).append({"name": "other", "image": "img", "env": [entry]})
+    message = refusal(p)
+    assert f"{kind}[" in message
+    assert f"'other' sets NVIDIA_VISIBLE_DEVICES {shown}:" in message
+
+
+def test_nvidia_visible_devices_none_is_allowed_anywhere() -> None:
+    hidden = {"NVIDIA_VISIBLE_DEVICES": "none"}
+    p = pod("p", container("cuda", limits={"nvidia.com/gpu": "1"}, env=hidden), container("side", env=hidden))
+    assert decide(p, DEFAULTS).allowed
+
+
+@pytest.mark.parametrize(
+    ("prefix", "gpu", "refused"),
+    [
+        pytest.param("CUDA_", True, True, id="CUDA_"),
+        pytest.param("C", True, True, id="C"),
+        pytest.param("LD_", True, True, id="LD_"),
+        pytest.param("GPU_CORE_UTILIZATION_POLICY", True, True, id="a-whole-name"),
+        pytest.param("CUDA_DEVICE_MEMORY_LIMIT_", True, True, id="per-device-base"),
+        pytest.param("CUDA_DEVICE_SM_LIMIT_1", True, True, id="per-device-digit"),
+        pytest.param("CUDA_DEVICE_MEMORY_LIMIT_X", True, False, id="past-every-name"),
+        pytest.param("APP_", True, False, id="APP_"),
+        pytest.param("", True, False, id="empty"),
+        pytest.param(None, True, False, id="none"),
+        pytest.param("NVIDIA_", False, True, id="NVIDIA_-in-a-sidecar"),
+        pytest.param("CUDA_", False, False, id="CUDA_-in-a-sidecar"),
+    ],
+)
+def test_env_from_is_judged_by_its_prefix(prefix: str | None, gpu: bool, refused: bool) -> None:
+    source: dict[str, Any] = {"secretRef": {"name": "s"}}
+    if prefix is not None:
+        source["prefix"] = prefix
+    target = container("target", limits={"nvidia.com/gpu": "1"} if gpu else None, envFrom=[source])
+    p = pod("p", container("cuda", limits={"nvidia.com/gpu": "1"}), target)
+    if not refused:
+        assert decide(p, DEFAULTS).allowed
+        return
+    message = refusal(p)
+    assert (
+        f"containers[1] 'target' takes env from secretRef 's' with prefix {prefix!r}, which could set"
+        in message
+    )
+
+
+def test_an_allowed_schedulers_pod_is_held_to_the_env_rules_too() -> None:
+    """The admission policy refuses it for every pod: the webhook says so first."""
+    p = pod(
+        "p", container(limits={"nvidia.com/gpu": "1"}, env={"LD_PRELOAD": "/x.so"}), scheduler_name="volcano"
+    )
+    assert "sets LD_PRELOAD" in refusal(p, MutationSettings(allowed_schedulers=frozenset({"volcano"})))
 
 
 # -- runtime class, trace annotation ------------------------------------------------------------------
@@ -356,9 +476,9 @@ def test_bad_quantity_in_requests_is_refused() -> None:
     assert decide(pod("p", c), DEFAULTS).reason == "invalid_resource"
 
 
-def test_bad_quantity_of_other_scheduler_pod_is_not_our_business() -> None:
+def test_bad_quantity_of_an_allowed_scheduler_pod_is_not_our_business() -> None:
     p = pod("p", container(limits={"nvidia.com/gpu": "-1"}), scheduler_name="volcano")
-    assert decide(p, DEFAULTS).reason == "other_scheduler"
+    assert decide(p, MutationSettings(allowed_schedulers=frozenset({"volcano"}))).reason == "other_scheduler"
 
 
 # -- settings from the shared configuration -------------------------------------------------------------
@@ -369,6 +489,7 @@ def test_settings_from_config() -> None:
         """
         schedulerName: my-sched
         forceOverwriteDefaultScheduler: false
+        allowedSchedulers: [volcano, kueue]
         nvidia:
           resourceCountName: example.com/vgpu
           defaultGPUNum: 2
@@ -379,9 +500,9 @@ def test_settings_from_config() -> None:
     s = MutationSettings.from_config(config, overwrite_env=True, runtime_class_name="nvidia")
     assert s.scheduler_name == "my-sched"
     assert not s.overwrite_default_scheduler
+    assert s.allowed_schedulers == {"volcano", "kueue"}
     assert s.names.count == "example.com/vgpu"
     assert s.default_gpu_count == 2
-    assert s.gpu_core_policy == "force"
     assert s.request_defaults.memory_mib == 1000
     assert s.overwrite_env
     assert s.runtime_class_name == "nvidia"
@@ -393,7 +514,7 @@ def test_default_settings_match_default_config() -> None:
 
 # -- idempotency ------------------------------------------------------------------------------------------
 
-FULL = MutationSettings(gpu_core_policy="force", overwrite_env=True, runtime_class_name="nvidia")
+FULL = MutationSettings(overwrite_env=True, runtime_class_name="nvidia")
 
 _quantity = st.sampled_from(["1", "2", "50", "100", "4096"])
 _our = st.dictionaries(

@@ -9,9 +9,11 @@
   runtime (``kubelet_nodes``), with its real device plugin process over the fake NVML driver and the
   monitor process; where real kubelets cannot run (not root), simulated nodes with the kubelet
   stand-in instead, and a warning that says why (``gpu_nodes``);
-- the admission policies that keep allocation state to the extender and the device plugins
-  (``hamipy-webhook manifest --policy``), with each service running as its own ServiceAccount with
-  the chart's rights (``identities``; the device plugins' tokens bound to their nodes).
+- the admission policies that keep allocation state to the extender and the device plugins, GPU
+  pods already placed to the extender, and the reserved env out of every pod
+  (``hamipy-webhook manifest --policy``; no namespace is exempt, since the node agents run as
+  processes), with each service running as its own ServiceAccount with the chart's rights
+  (``identities``; the device plugins' tokens bound to their nodes).
 
 The services run as their own console-script processes: devcluster is a library below the
 services and never imports them.
@@ -152,7 +154,8 @@ class LocalStack:
 
     async def install_admission_policies(self) -> None:
         """The chart's policies for this stack's identities: from here on only the extender (and
-        the device plugins, their own keys on their own nodes) write allocation state."""
+        the device plugins, their own keys on their own nodes) write allocation state or create GPU
+        pods already placed, and no pod sets the reserved env."""
         printed = await asyncio.to_thread(
             subprocess.run,
             [

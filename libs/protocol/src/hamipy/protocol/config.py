@@ -247,6 +247,11 @@ class Config(_Model):
     force_overwrite_default_scheduler: StrictBool = True
     """Whether the webhook also takes pods that name ``default-scheduler`` (which the API server
     fills in when a pod names none). On, as HAMi: otherwise almost no GPU pod would be taken."""
+    allowed_schedulers: tuple[Annotated[str, Field(min_length=1)], ...] = ()
+    """Other schedulers whose GPU pods the webhook admits untouched. Their GPUs must come from
+    another device plugin: ours serves only pods of ``schedulerName``. A GPU pod naming a scheduler
+    that is neither ours, nor ``default-scheduler`` taken over, nor listed here is refused: it would
+    reach a node without our scheduler choosing its GPUs. Empty by default."""
     node_scheduler_policy: NodePolicy = "binpack"
     """How nodes are ranked: ``binpack`` fills busy nodes first, keeping whole nodes free for big
     jobs (HAMi's default); ``spread`` prefers idle nodes."""

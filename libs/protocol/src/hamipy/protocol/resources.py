@@ -148,8 +148,8 @@ class WebhookDefaults:
 
     ``add_limits`` maps resource names to quantity strings to add to ``resources.limits``;
     ``has_resource`` says whether the container asks for a GPU afterwards (the webhook then sets the
-    pod's scheduler); ``task_priority`` is the value of ``CUDA_TASK_PRIORITY`` to add to the
-    container's env, from the ``priority`` limit, or None.
+    pod's scheduler); ``task_priority`` is the ``priority`` limit (the value the device plugin
+    gives as ``CUDA_TASK_PRIORITY``), or None.
     """
 
     add_limits: Mapping[str, str]

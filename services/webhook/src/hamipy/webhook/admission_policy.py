@@ -1,4 +1,4 @@
-"""The ValidatingAdmissionPolicies that keep GPU allocation state in the system's hands.
+"""The ValidatingAdmissionPolicies that keep GPU allocation state and placement in the system's hands.
 
 A pod's allocation annotations (``keys.ALLOCATION_STATE_ANNOTATIONS``: the node, the devices to
 allocate and allocated, the bind phase and time) and the ``hami.io/vgpu-node`` label tell the device
@@ -12,6 +12,12 @@ slice, or take a waiting pod's. So, in the API server, where it holds while the 
   removes one is refused with the key and the rule.
 - ``device-plugin-node`` (nodes, UPDATE by a device plugin identity): a device plugin updates
   only the node its token is bound to, as NodeRestriction holds kubelets to theirs.
+- ``gpu-pod-placement`` (pods, CREATE, pods naming one of our GPU resources): only the extender's
+  identities create a GPU pod with ``spec.nodeName`` already set. Anyone else's would reach the
+  kubelet without our scheduler choosing its GPUs (its own scheduler, or none at all).
+
+And two more, built beside: ``reserved-env`` (``hamipy.webhook.reserved_env_policy``: the env a pod
+may not set) and ``gpu-quota`` (``hamipy.webhook.quota_policy``).
 
 Built here once; the chart's ``admission-policy.yaml`` is checked against it by a unit test, and
 ``hamipy-webhook manifest --policy`` prints it for the dev cluster and for other installs.
@@ -24,16 +30,20 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from hamipy.protocol import keys
+from hamipy.protocol.resources import ResourceNames
+from hamipy.webhook.policy_objects import binding, cel_list, policy, rule
 from hamipy.webhook.quota_policy import quota_policy
+from hamipy.webhook.registration import gpu_pod_expression
+from hamipy.webhook.reserved_env_policy import ENV_POLICY_NAME, reserved_env_policy
 
 __all__ = [
+    "CHART_PLACEHOLDERS",
     "DEFAULT_PREFIX",
-    "DEVICE_PLUGINS_PLACEHOLDER",
+    "ENV_POLICY_NAME",
     "NODE_NAME_CLAIM",
     "NODE_POLICY_NAME",
+    "PLACEMENT_POLICY_NAME",
     "POD_POLICY_NAME",
-    "PREFIX_PLACEHOLDER",
-    "SCHEDULERS_PLACEHOLDER",
     "admission_policies",
     "chart_file",
     "service_account_user",
@@ -42,6 +52,7 @@ __all__ = [
 DEFAULT_PREFIX: Final = "hamipy-"
 POD_POLICY_NAME: Final = "allocation-state"
 NODE_POLICY_NAME: Final = "device-plugin-node"
+PLACEMENT_POLICY_NAME: Final = "gpu-pod-placement"
 """The policies' names after the prefix (``hamipy-`` here, the release's full name in the chart)."""
 NODE_NAME_CLAIM: Final = "authentication.kubernetes.io/node-name"
 """The user-info extra the API server adds for a token bound to a node, or to a pod on one."""
@@ -52,10 +63,6 @@ def service_account_user(namespace: str, name: str) -> str:
     return f"system:serviceaccount:{namespace}:{name}"
 
 
-def _cel_list(items: Sequence[str]) -> str:
-    return json.dumps(list(items)).replace('"', "'")
-
-
 def _changed(field: str, names: Sequence[str]) -> str:
     """CEL: the keys of ``names`` this request sets, changes or removes in ``metadata.<field>``."""
     new = f"has(object.metadata.{field}) && k in object.metadata.{field}"
@@ -63,68 +70,68 @@ def _changed(field: str, names: Sequence[str]) -> str:
         f"request.operation == 'UPDATE' && has(oldObject.metadata.{field}) && k in oldObject.metadata.{field}"
     )
     return (
-        f"{_cel_list(names)}.filter(k, ({new}) != ({old}) || "
+        f"{cel_list(names)}.filter(k, ({new}) != ({old}) || "
         f"(({new}) && object.metadata.{field}[k] != oldObject.metadata.{field}[k]))"
     )
 
 
-def _binding(policy: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicyBinding",
-        "metadata": {"name": policy, "labels": {"app.kubernetes.io/name": "hami-py"}},
-        "spec": {"policyName": policy, "validationActions": ["Deny"]},
-    }
-
-
-def _policy(name: str, resource: str, operations: list[str], spec: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicy",
-        "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "hami-py"}},
-        "spec": {
-            # A CEL error refuses: the policy guards the allocation chain, it fails closed.
-            "failurePolicy": "Fail",
-            "matchConstraints": {
-                "resourceRules": [
-                    {
-                        "apiGroups": [""],
-                        "apiVersions": ["v1"],
-                        "operations": operations,
-                        "resources": [resource],
-                    }
-                ]
-            },
-            **spec,
+def _placement_policy(name: str, schedulers: Sequence[str], names: ResourceNames) -> dict[str, Any]:
+    return policy(
+        name,
+        [rule("pods", "CREATE")],
+        {
+            "matchConditions": [{"name": "asks-for-hami-gpus", "expression": gpu_pod_expression(names)}],
+            "validations": [
+                {
+                    "expression": (
+                        "!has(object.spec.nodeName) || object.spec.nodeName == '' || "
+                        f"request.userInfo.username in {cel_list(schedulers)}"
+                    ),
+                    "messageExpression": (
+                        "'pod ' + object.metadata.name + ' asks for hami-py GPUs and sets spec.nodeName (' + "
+                        "object.spec.nodeName + '): a GPU pod is placed by the hami-py scheduler, which "
+                        "chooses its GPUs; ' + request.userInfo.username + ' may not place one (remove "
+                        "spec.nodeName)'"
+                    ),
+                    "reason": "Forbidden",
+                }
+            ],
         },
-    }
+    )
 
 
 def admission_policies(
-    *, schedulers: Sequence[str], device_plugins: Sequence[str], prefix: str = DEFAULT_PREFIX
+    *,
+    schedulers: Sequence[str],
+    device_plugins: Sequence[str],
+    names: ResourceNames | None = None,
+    exempt_namespaces: Sequence[str] = (),
+    prefix: str = DEFAULT_PREFIX,
 ) -> list[dict[str, Any]]:
-    """The three policies and their bindings (``admissionregistration.k8s.io/v1``), JSON-ready: the
-    two below and ``gpu-quota`` (``hamipy.webhook.quota_policy``).
+    """The five policies and their bindings (``admissionregistration.k8s.io/v1``), JSON-ready: the
+    three below, ``reserved-env`` and ``gpu-quota``.
 
-    ``schedulers``: the user names that may write all allocation state (our extender's service
-    account; add HAMi's scheduler when it runs beside ours). ``device_plugins``: those that may
-    write the device plugin's keys on their own node's pods, and update only their own node.
+    ``schedulers``: the user names that may write all allocation state and create GPU pods already
+    placed (our extender's service account; add HAMi's scheduler when it runs beside ours).
+    ``device_plugins``: those that may write the device plugin's keys on their own node's pods, and
+    update only their own node. ``names``: our resource names (the defaults when None).
+    ``exempt_namespaces``: namespaces whose pods the env rules skip (the chart's release namespace).
     """
+    names = names or ResourceNames()
     node_claim = (
         f"'{NODE_NAME_CLAIM}' in request.userInfo.extra && "
         f"size(request.userInfo.extra['{NODE_NAME_CLAIM}']) == 1 ? "
         f"request.userInfo.extra['{NODE_NAME_CLAIM}'][0] : ''"
     )
     writer = (
-        f"request.userInfo.username in {_cel_list(schedulers)} ? 'scheduler' : "
-        f"(request.userInfo.username in {_cel_list(device_plugins)} ? 'device-plugin' : 'other')"
+        f"request.userInfo.username in {cel_list(schedulers)} ? 'scheduler' : "
+        f"(request.userInfo.username in {cel_list(device_plugins)} ? 'device-plugin' : 'other')"
     )
     changed = "variables.changedAnnotations + variables.changedLabels"
-    plugin_keys = _cel_list(keys.PLUGIN_WRITTEN_ANNOTATIONS)
-    pod_policy = _policy(
+    plugin_keys = cel_list(keys.PLUGIN_WRITTEN_ANNOTATIONS)
+    pod_policy = policy(
         prefix + POD_POLICY_NAME,
-        "pods",
-        ["CREATE", "UPDATE"],
+        [rule("pods", "CREATE", "UPDATE")],
         {
             "variables": [
                 {"name": "writer", "expression": writer},
@@ -167,15 +174,14 @@ def admission_policies(
             ],
         },
     )
-    node_policy = _policy(
+    node_policy = policy(
         prefix + NODE_POLICY_NAME,
-        "nodes",
-        ["UPDATE"],
+        [rule("nodes", "UPDATE")],
         {
             "matchConditions": [
                 {
                     "name": "is-a-device-plugin",
-                    "expression": f"request.userInfo.username in {_cel_list(device_plugins)}",
+                    "expression": f"request.userInfo.username in {cel_list(device_plugins)}",
                 }
             ],
             "variables": [{"name": "nodeName", "expression": node_claim}],
@@ -192,32 +198,50 @@ def admission_policies(
             ],
         },
     )
+    placement = prefix + PLACEMENT_POLICY_NAME
     return [
         pod_policy,
-        _binding(prefix + POD_POLICY_NAME),
+        binding(prefix + POD_POLICY_NAME),
         node_policy,
-        _binding(prefix + NODE_POLICY_NAME),
-        *quota_policy(prefix),
+        binding(prefix + NODE_POLICY_NAME),
+        _placement_policy(placement, schedulers, names),
+        binding(placement),
+        *reserved_env_policy(prefix, names, exempt_namespaces),
+        *quota_policy(prefix, names),
     ]
 
 
-PREFIX_PLACEHOLDER: Final = "@PREFIX@"
-SCHEDULERS_PLACEHOLDER: Final = "@SCHEDULERS@"
-DEVICE_PLUGINS_PLACEHOLDER: Final = "@DEVICE_PLUGINS@"
+CHART_PLACEHOLDERS: Final = {
+    "prefix": "@PREFIX@",
+    "schedulers": "@SCHEDULERS@",
+    "device_plugins": "@DEVICE_PLUGINS@",
+    "exempt_namespaces": "@EXEMPT_NAMESPACES@",
+    "count": "@GPU_COUNT@",
+    "memory": "@GPU_MEMORY@",
+    "memory_percentage": "@GPU_MEMORY_PERCENTAGE@",
+    "cores": "@GPU_CORES@",
+}
+"""What the chart's admission-policy.yaml replaces in the file: the release's prefix, its lists of
+user names and namespaces (each list written as one quoted placeholder), and its resource names."""
 CHART_FILE_HEADER: Final = """\
 # The admission policies of hami-py (hamipy.webhook.admission_policy). Generated: do not edit.
 # Regenerate: python -m hamipy.webhook.admission_policy > deploy/helm/hami-py/files/admission-policies.yaml
-# The chart's admission-policy.yaml puts in its names and user names for the placeholders; a unit
-# test checks this file against the code.
+# The chart's admission-policy.yaml puts in its names, user names, exempt namespaces and resource
+# names for the placeholders; a unit test checks this file against the code.
 """
 
 
 def chart_file() -> str:
-    """The policies as the chart ships them: JSON documents with the user lists as placeholders."""
+    """The policies as the chart ships them: JSON documents with placeholders (``CHART_PLACEHOLDERS``)."""
+    p = CHART_PLACEHOLDERS
     docs = admission_policies(
-        schedulers=[SCHEDULERS_PLACEHOLDER],
-        device_plugins=[DEVICE_PLUGINS_PLACEHOLDER],
-        prefix=PREFIX_PLACEHOLDER,
+        schedulers=[p["schedulers"]],
+        device_plugins=[p["device_plugins"]],
+        names=ResourceNames(
+            count=p["count"], memory=p["memory"], memory_percentage=p["memory_percentage"], cores=p["cores"]
+        ),
+        exempt_namespaces=[p["exempt_namespaces"]],
+        prefix=p["prefix"],
     )
     return CHART_FILE_HEADER + "".join(f"---\n{json.dumps(doc, indent=2)}\n" for doc in docs)
 

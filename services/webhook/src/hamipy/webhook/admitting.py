@@ -35,7 +35,12 @@ from hamipy.webhook.telemetry import Telemetry
 
 __all__ = ["POD_SHAPE", "Admitter", "Answer", "pod_identity"]
 
-_CONTAINER: Final[Shape] = {"name": str, "env": ListOf({"name": str}), "securityContext": dict}
+_CONTAINER: Final[Shape] = {
+    "name": str,
+    "env": ListOf({"name": str, "value": str}),
+    "envFrom": ListOf({"prefix": str}),
+    "securityContext": dict,
+}
 POD_SHAPE: Final[Shape] = {
     "metadata": {
         "name": str,
@@ -47,6 +52,7 @@ POD_SHAPE: Final[Shape] = {
     "spec": {
         "containers": ListOf(_CONTAINER),
         "initContainers": ListOf(_CONTAINER),
+        "ephemeralContainers": ListOf(_CONTAINER),
         "schedulerName": str,
         "nodeName": str,
         "runtimeClassName": str,

@@ -3,7 +3,7 @@
     hamipy-webhook [serve] --cert-file tls.crt --key-file tls.key [--config hami-py.yaml] ...
     hamipy-webhook certs --namespace hami-system [--create-webhook-config] [--cert-dir DIR]
     hamipy-webhook manifest [--url https://127.0.0.1:8443/webhook --ca-file ca.crt]
-    hamipy-webhook manifest --policy --scheduler-user U --device-plugin-user U
+    hamipy-webhook manifest --policy --scheduler-user U --device-plugin-user U [--exempt-namespace NS]
 
 Every flag may also come from the environment (``HAMIPY_WEBHOOK_<FLAG>``, e.g.
 ``HAMIPY_WEBHOOK_PORT=9443``, through ``hamipy.kube.options.EnvFlags``); the shared configuration
@@ -186,6 +186,13 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
         default=[],
         help="with --policy: a device plugin's user (writes its keys on its own node only); repeat for more",
     )
+    manifest.add_argument(
+        "--exempt-namespace",
+        action="append",
+        default=[],
+        help="with --policy: a namespace whose pods may set the reserved env (where the chart's own "
+        "DaemonSets run; tenants must not create pods there); repeat for more",
+    )
     return parser
 
 
@@ -227,9 +234,9 @@ def _run_serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
         "configuration",
         scheduler_name=settings.scheduler_name,
         overwrite_default_scheduler=settings.overwrite_default_scheduler,
+        allowed_schedulers=sorted(settings.allowed_schedulers),
         resources=list(settings.names.gpu_asks),
         default_gpu_count=settings.default_gpu_count,
-        gpu_core_policy=settings.gpu_core_policy,
         overwrite_env=settings.overwrite_env,
         runtime_class_name=settings.runtime_class_name,
     )
@@ -288,8 +295,14 @@ async def _certs(args: argparse.Namespace) -> int:
 
 
 def _manifest(args: argparse.Namespace) -> int:
+    names = _load_config(args.config).nvidia.resource_names
     if args.policy:
-        docs = admission_policies(schedulers=args.scheduler_user, device_plugins=args.device_plugin_user)
+        docs = admission_policies(
+            schedulers=args.scheduler_user,
+            device_plugins=args.device_plugin_user,
+            names=names,
+            exempt_namespaces=args.exempt_namespace,
+        )
         text = (
             json.dumps(docs, indent=2) + "\n"
             if args.format == "json"
@@ -297,7 +310,6 @@ def _manifest(args: argparse.Namespace) -> int:
         )
         sys.stdout.write(text)
         return 0
-    names = _load_config(args.config).nvidia.resource_names
     ca = args.ca_file.read_bytes() if args.ca_file is not None else None
     doc = registration.webhook_configuration(
         names=names, service_name=args.service, service_namespace=args.namespace, url=args.url, ca_bundle=ca

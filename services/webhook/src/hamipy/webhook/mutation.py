@@ -1,20 +1,28 @@
 """What the webhook does to a pod: a pure function from a pod and settings to a decision.
 
 The rules follow HAMi's webhook (``pkg/scheduler/webhook.go``, NVIDIA ``MutateAdmission``) with the
-request parsing and defaulting taken from ``hamipy.protocol.resources`` (docs/wire-format.md#resources):
+request parsing and defaulting taken from ``hamipy.protocol.resources`` (docs/wire-format.md#resources),
+and the places where a GPU pod could bypass our scheduler or choose its own limits closed:
 
 1. A pod that names none of our resources (``requests_any_gpu``) is allowed unchanged.
-2. A pod naming another scheduler is left alone, except ``default-scheduler`` (what the apiserver
-   fills in when a pod names none) while ``overwrite_default_scheduler`` is on.
-3. Every container's GPU quantities must be whole, non-negative and in range, or the pod is refused
+2. A GPU pod with ``spec.nodeName`` already set is refused, whichever scheduler it names: it would
+   reach a node without our scheduler choosing its GPUs.
+3. A GPU pod naming another scheduler is refused, except ``default-scheduler`` (what the apiserver
+   fills in when a pod names none) while ``overwrite_default_scheduler`` is on, which is taken, and
+   the ``allowed_schedulers``, whose pods are allowed unchanged (their GPUs come from another
+   device plugin) once they pass rule 5.
+4. Every container's GPU quantities must be whole, non-negative and in range, or the pod is refused
    with the message ``hamipy.protocol`` gives (naming the container and the value).
-4. A pod that, after the defaults, asks for no GPU is allowed unchanged.
-5. A GPU pod with a privileged container, or with ``spec.nodeName`` already set, is refused: the
-   first would see every GPU of its node, the second would bypass the GPU-aware scheduler.
-6. Otherwise the patch sets ``schedulerName``, adds the count/exclusive-cores defaults, the
-   ``CUDA_TASK_PRIORITY`` and ``GPU_CORE_UTILIZATION_POLICY`` env of GPU containers,
+5. A container may not set the env ``hamipy.protocol.reserved_env`` reserves (a container asking
+   for the GPU count, after the defaults: the limit and interposer variables; any container:
+   ``NVIDIA_VISIBLE_DEVICES`` other than ``none``), by ``env`` or by an ``envFrom`` prefix.
+6. A pod that, after the defaults, asks for no GPU is allowed unchanged.
+7. A GPU pod with a privileged container is refused: it would see every GPU of its node.
+8. Otherwise the patch sets ``schedulerName``, adds the count/exclusive-cores defaults,
    ``NVIDIA_VISIBLE_DEVICES=none`` on containers without a GPU (``overwrite_env``), the runtime
-   class (when configured and unset), and the pod's trace context annotation (when absent).
+   class (when configured and unset), and the pod's trace context annotation (when absent). It adds
+   no other env: the priority and core policy travel with the device plugin's limits, and the
+   admission policy refuses pods whose own env sets them.
 
 Unlike upstream, which appends env entries on every admission, each change is made only when the
 pod lacks it, so mutating the mutated pod yields an empty patch (``reinvocationPolicy: IfNeeded``
@@ -29,14 +37,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final, Literal, NamedTuple
 
 from hamipy.protocol import keys
-from hamipy.protocol.allocation_env import (
-    ENV_CORE_POLICY,
-    ENV_TASK_PRIORITY,
-    ENV_VISIBLE_DEVICES,
-    CorePolicy,
-)
+from hamipy.protocol.allocation_env import ENV_VISIBLE_DEVICES
 from hamipy.protocol.config import Config
 from hamipy.protocol.errors import ProtocolError
+from hamipy.protocol.reserved_env import VISIBLE_NONE, reserved_env_use
 from hamipy.protocol.resources import (
     RequestDefaults,
     ResourceNames,
@@ -50,7 +54,6 @@ from hamipy.webhook.admission import PatchOp
 
 __all__ = [
     "DEFAULT_SCHEDULER",
-    "ENV_TASK_PRIORITY",
     "Decision",
     "MutationSettings",
     "Outcome",
@@ -60,9 +63,6 @@ __all__ = [
 ]
 
 DEFAULT_SCHEDULER: Final = "default-scheduler"
-# NVIDIA_VISIBLE_DEVICES=none: the NVIDIA runtime hands the container no GPU (``overwrite_env``). The
-# env names, CUDA_TASK_PRIORITY included, come from hamipy.protocol (docs/wire-format.md#allocate-response).
-VISIBLE_NONE: Final = "none"
 
 Outcome = Literal["mutated", "allowed", "refused"]
 Reason = Literal[
@@ -76,9 +76,12 @@ Reason = Literal[
     "invalid_resource",
     "privileged",
     "node_name",
+    "scheduler_not_allowed",
+    "reserved_env",
     "malformed_pod",  # refused before ``decide``: see ``admitting.POD_SHAPE``
 ]
 _CONTAINER_KINDS: Final = ("initContainers", "containers")
+_EPHEMERAL: Final = "ephemeralContainers"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -89,14 +92,14 @@ class MutationSettings:
     """The scheduler GPU pods are sent to (the kube-scheduler profile that calls our extender)."""
     overwrite_default_scheduler: bool = True
     """Take pods naming ``default-scheduler`` too: the apiserver fills it in for pods naming none."""
+    allowed_schedulers: frozenset[str] = frozenset()
+    """Other schedulers whose GPU pods are allowed unchanged; a GPU pod naming any other is refused."""
     names: ResourceNames = dataclasses.field(default_factory=ResourceNames)
     """Our extended resource names."""
     request_defaults: RequestDefaults = dataclasses.field(default_factory=RequestDefaults)
     """Default memory and cores, used to check a pod's asks the way the scheduler will read them."""
     default_gpu_count: int = 1
     """vGPUs added to a container asking for memory or cores without a count; 0 turns that off."""
-    gpu_core_policy: CorePolicy = "default"
-    """``GPU_CORE_UTILIZATION_POLICY`` given to GPU containers; ``default`` adds nothing (as HAMi)."""
     overwrite_env: bool = False
     """Add ``NVIDIA_VISIBLE_DEVICES=none`` to containers of a GPU pod that ask for no GPU, so the
     NVIDIA runtime does not hand them every GPU of the node. Off by default, as in HAMi."""
@@ -112,10 +115,10 @@ class MutationSettings:
         return cls(
             scheduler_name=config.scheduler_name,
             overwrite_default_scheduler=config.force_overwrite_default_scheduler,
+            allowed_schedulers=frozenset(config.allowed_schedulers),
             names=nvidia.resource_names,
             request_defaults=nvidia.request_defaults,
             default_gpu_count=nvidia.default_gpu_num,
-            gpu_core_policy=nvidia.gpu_core_policy,
             overwrite_env=overwrite_env or nvidia.overwrite_env,
             runtime_class_name=runtime_class_name or None,
         )
@@ -144,7 +147,6 @@ class _Plan(NamedTuple):
     label: str
     add_limits: Mapping[str, str]
     asks: bool
-    task_priority: int | None
 
 
 def pointer_token(key: str) -> str:
@@ -212,6 +214,49 @@ class _Patch:
                 self.ops.append({"op": "replace", "path": f"{parent}/env/{index}", "value": entry})
 
 
+def _asks_count(container: Mapping[str, Any], names: ResourceNames, added: Mapping[str, str]) -> bool:
+    """Whether the container names the GPU count (limits or requests, or among ``added``): what
+    makes it a GPU container for the reserved env, as the admission policy reads it."""
+    if names.count in added:
+        return True
+    resources = container.get("resources")
+    if not isinstance(resources, dict):
+        return False
+    return any(
+        isinstance(section, dict) and names.count in section
+        for section in (resources.get("limits"), resources.get("requests"))
+    )
+
+
+def _reserved_env_refusal(
+    spec: Mapping[str, Any], names: ResourceNames, added: Mapping[str, Mapping[str, str]]
+) -> Decision | None:
+    """The refusal for the first container that sets reserved env (``added``: the limits the
+    webhook adds, by container path), or None."""
+    for kind in (*_CONTAINER_KINDS, _EPHEMERAL):
+        for index, container in enumerate(_containers(spec, kind)):
+            path = f"/spec/{kind}/{index}"
+            gpu = _asks_count(container, names, added.get(path, {}))
+            problem = reserved_env_use(container, gpu=gpu, label=container_label(kind, index, container))
+            if problem is not None:
+                return Decision("refused", "reserved_env", message=problem)
+    return None
+
+
+def _scheduler_refusal(scheduler: str, settings: MutationSettings) -> Decision:
+    allowed = ", ".join(sorted(settings.allowed_schedulers)) or "none"
+    return Decision(
+        "refused",
+        "scheduler_not_allowed",
+        message=(
+            f"spec.schedulerName is {scheduler!r}: a pod asking for shared GPUs is placed by "
+            f"{settings.scheduler_name}, which chooses its GPUs; remove spec.schedulerName, or ask an "
+            f"admin to add {scheduler!r} to allowedSchedulers of the hami-py configuration (allowed: "
+            f"{allowed}), for pods whose GPUs come from another device plugin"
+        ),
+    )
+
+
 def decide(
     pod: Mapping[str, Any], settings: MutationSettings, *, trace_context: str | None = None
 ) -> Decision:
@@ -227,6 +272,17 @@ def decide(
     if not isinstance(spec, dict):  # requests_any_gpu found containers, so spec is a mapping
         return Decision("allowed", "not_gpu_pod")
 
+    # Before anything lets the pod through: a GPU pod that names its node bypasses every scheduler.
+    node_name = spec.get("nodeName")
+    if node_name:
+        return Decision(
+            "refused",
+            "node_name",
+            message=(
+                f"spec.nodeName is already set ({node_name!r}): a pod asking for shared GPUs must be placed "
+                f"by {settings.scheduler_name}, which chooses its GPUs; remove spec.nodeName"
+            ),
+        )
     scheduler = spec.get("schedulerName")
     if (
         isinstance(scheduler, str)
@@ -234,7 +290,9 @@ def decide(
         and scheduler != settings.scheduler_name
         and not (scheduler == DEFAULT_SCHEDULER and settings.overwrite_default_scheduler)
     ):
-        return Decision("allowed", "other_scheduler")
+        if scheduler not in settings.allowed_schedulers:
+            return _scheduler_refusal(scheduler, settings)
+        return _reserved_env_refusal(spec, names, {}) or Decision("allowed", "other_scheduler")
 
     # Validate every container and work out, per container, what it asks after the defaults.
     plans: list[_Plan] = []
@@ -250,19 +308,13 @@ def decide(
                     container_request(container, names=names, defaults=settings.request_defaults, label=label)
                     is not None
                 )
-                plans.append(
-                    _Plan(
-                        f"/spec/{kind}/{index}",
-                        container,
-                        label,
-                        defaults.add_limits,
-                        asks,
-                        defaults.task_priority,
-                    )
-                )
+                plans.append(_Plan(f"/spec/{kind}/{index}", container, label, defaults.add_limits, asks))
     except ProtocolError as exc:
         return Decision("refused", "invalid_resource", message=f"invalid GPU request: {exc}")
 
+    refusal = _reserved_env_refusal(spec, names, {plan.path: plan.add_limits for plan in plans})
+    if refusal is not None:
+        return refusal
     if not any(plan.asks for plan in plans):
         return Decision("allowed", "no_gpu_asked")
 
@@ -276,16 +328,6 @@ def decide(
                     "its node, so a pod asking for shared GPUs may not have one"
                 ),
             )
-    node_name = spec.get("nodeName")
-    if node_name:
-        return Decision(
-            "refused",
-            "node_name",
-            message=(
-                f"spec.nodeName is already set ({node_name!r}): a pod asking for shared GPUs must be placed "
-                f"by {settings.scheduler_name}, which chooses its GPUs; remove spec.nodeName"
-            ),
-        )
 
     patch = _Patch()
     if scheduler != settings.scheduler_name:
@@ -317,14 +359,8 @@ def decide(
                 patch.ops.append(
                     {"op": "add", "path": f"{path}/resources", "value": {"limits": dict(plan.add_limits)}}
                 )
-        env: dict[str, str] = {}
-        if plan.task_priority is not None:
-            env[ENV_TASK_PRIORITY] = str(plan.task_priority)
-        if plan.asks and settings.gpu_core_policy != "default":
-            env[ENV_CORE_POLICY] = settings.gpu_core_policy
         if not plan.asks and settings.overwrite_env:
-            env[ENV_VISIBLE_DEVICES] = VISIBLE_NONE
-        patch.set_env(path, plan.container, env)
+            patch.set_env(path, plan.container, {ENV_VISIBLE_DEVICES: VISIBLE_NONE})
 
     if not patch.ops:
         return Decision("allowed", "unchanged")

@@ -21,16 +21,11 @@ from __future__ import annotations
 from typing import Any, Final
 
 from hamipy.protocol.resources import ResourceNames
+from hamipy.webhook.policy_objects import binding, policy, rule
 
 __all__ = ["QUOTA_POLICY_NAME", "quota_policy"]
 
 QUOTA_POLICY_NAME: Final = "gpu-quota"
-_PODS_CREATED: Final = {
-    "apiGroups": [""],
-    "apiVersions": ["v1"],
-    "operations": ["CREATE"],
-    "resources": ["pods"],
-}
 
 
 def _ask(container: str, resource: str) -> str:
@@ -82,30 +77,18 @@ def quota_policy(prefix: str, names: ResourceNames | None = None) -> list[dict[s
                 "reason": "Forbidden",
             }
         )
-    policy = {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicy",
-        "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "hami-py"}},
-        "spec": {
-            "failurePolicy": "Ignore",
+    quota = policy(
+        name,
+        [rule("pods", "CREATE")],
+        {
             "paramKind": {"apiVersion": "v1", "kind": "ResourceQuota"},
-            "matchConstraints": {"resourceRules": [_PODS_CREATED]},
             "variables": [
                 {"name": "memory", "expression": _charge(names, names.memory)},
                 {"name": "cores", "expression": _charge(names, names.cores)},
             ],
             "validations": checks,
         },
-    }
-    binding = {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicyBinding",
-        "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "hami-py"}},
-        "spec": {
-            "policyName": name,
-            "validationActions": ["Deny"],
-            # Every ResourceQuota of the pod's own namespace; a namespace without one admits.
-            "paramRef": {"selector": {}, "parameterNotFoundAction": "Allow"},
-        },
-    }
-    return [policy, binding]
+        failure_policy="Ignore",
+    )
+    # Every ResourceQuota of the pod's own namespace; a namespace without one admits.
+    return [quota, binding(name, paramRef={"selector": {}, "parameterNotFoundAction": "Allow"})]

@@ -1,0 +1,52 @@
+"""The ValidatingAdmissionPolicy and binding objects every admission policy of ours is built from
+(``admission_policy``, ``reserved_env_policy``, ``quota_policy``): JSON-ready dicts of
+``admissionregistration.k8s.io/v1``, labelled as the chart's, and CEL list literals."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any, Final, Literal
+
+__all__ = ["binding", "cel_list", "policy", "rule"]
+
+_API: Final = "admissionregistration.k8s.io/v1"
+_LABELS: Final = {"app.kubernetes.io/name": "hami-py"}
+
+
+def cel_list(items: Sequence[str]) -> str:
+    """``items`` as a CEL list of string literals (``['a', 'b']``; the chart writes the same form)."""
+    return json.dumps(list(items)).replace('"', "'")
+
+
+def rule(resource: str, *operations: str) -> dict[str, Any]:
+    """A resource rule on a core/v1 ``resource`` (``pods``, ``pods/ephemeralcontainers``)."""
+    return {"apiGroups": [""], "apiVersions": ["v1"], "operations": list(operations), "resources": [resource]}
+
+
+def policy(
+    name: str,
+    rules: Sequence[dict[str, Any]],
+    spec: dict[str, Any],
+    *,
+    failure_policy: Literal["Fail", "Ignore"] = "Fail",
+) -> dict[str, Any]:
+    """The policy ``name`` matching ``rules``, with the rest of its ``spec`` (variables,
+    validations, ...). ``Fail`` by default: an expression that cannot be evaluated refuses."""
+    return {
+        "apiVersion": _API,
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name, "labels": dict(_LABELS)},
+        "spec": {"failurePolicy": failure_policy, "matchConstraints": {"resourceRules": list(rules)}, **spec},
+    }
+
+
+def binding(name: str, **spec: Any) -> dict[str, Any]:
+    """The binding of policy ``name``, of the same name, refusing (``Deny``); ``spec``: more of it
+    (``paramRef``)."""
+    return {
+        "apiVersion": _API,
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": name, "labels": dict(_LABELS)},
+        "spec": {"policyName": name, "validationActions": ["Deny"], **spec},
+    }

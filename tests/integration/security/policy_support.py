@@ -1,0 +1,112 @@
+"""The shipped admission policies, bound to one test's namespaces and nodes only.
+
+The policies are ``hamipy.webhook.admission_policy``'s; only their names get a suffix and their
+bindings a selector, so that the rest of the session (which writes allocation state as admin to
+simulate the system, and creates pods anywhere) is not affected. The quota policy has its own test
+(test_quota_policy.py): it binds to ResourceQuotas.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import secrets
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+import builders
+
+from hamipy.devcluster.waiting import wait_for
+from hamipy.kube.client import RawKube
+from hamipy.kube.errors import KubeError, NotFound
+from hamipy.protocol import keys
+from hamipy.webhook.admission_policy import (
+    ENV_POLICY_NAME,
+    NODE_POLICY_NAME,
+    PLACEMENT_POLICY_NAME,
+    POD_POLICY_NAME,
+    admission_policies,
+)
+from hamipy.webhook.quota_policy import QUOTA_POLICY_NAME
+
+__all__ = ["ADMISSION", "Policies"]
+
+ADMISSION: Final = "/apis/admissionregistration.k8s.io/v1"
+_PROBES: Final[Mapping[str, dict[str, Any]]] = {
+    POD_POLICY_NAME: builders.pod("probe", builders.container(), annotations={keys.BIND_PHASE: "success"}),
+    PLACEMENT_POLICY_NAME: builders.pod("probe", builders.container(gpu=1), node_name="nowhere"),
+    ENV_POLICY_NAME: builders.pod("probe", builders.container(env={"NVIDIA_VISIBLE_DEVICES": "all"})),
+}
+"""For each pod policy, a pod (created as admin) that it refuses: how a test knows it is in force."""
+
+
+class Policies:
+    """The shipped policies (``admission_policies(**options)``, the quota policy left out): the pod
+    policies bound to ``namespaces``, the node policy to the nodes labelled ``node_label``."""
+
+    def __init__(self, admin: RawKube, namespaces: Sequence[str], node_label: str, **options: Any) -> None:
+        self.admin, self.namespaces, self.node_label = admin, list(namespaces), node_label
+        self.docs = [
+            d for d in admission_policies(**options) if not d["metadata"]["name"].endswith(QUOTA_POLICY_NAME)
+        ]
+        self.suffix = secrets.token_hex(3)
+
+    def _named(self, doc: dict[str, Any]) -> dict[str, Any]:
+        doc = {**doc, "metadata": {**doc["metadata"], "name": f"{doc['metadata']['name']}-{self.suffix}"}}
+        if doc["kind"] == "ValidatingAdmissionPolicyBinding":
+            spec = dict(doc["spec"], policyName=f"{doc['spec']['policyName']}-{self.suffix}")
+            if doc["spec"]["policyName"].endswith(NODE_POLICY_NAME):
+                spec["matchResources"] = {"objectSelector": {"matchLabels": {self.node_label: "true"}}}
+            else:
+                names = {"key": "kubernetes.io/metadata.name", "operator": "In", "values": self.namespaces}
+                spec["matchResources"] = {"namespaceSelector": {"matchExpressions": [names]}}
+            doc["spec"] = spec
+        return doc
+
+    @staticmethod
+    def _path(doc: dict[str, Any]) -> str:
+        plural = (
+            "validatingadmissionpolicybindings"
+            if doc["kind"].endswith("Binding")
+            else "validatingadmissionpolicies"
+        )
+        return f"{ADMISSION}/{plural}"
+
+    def policy_names(self) -> list[str]:
+        """The names the policies are created under."""
+        return [
+            self._named(d)["metadata"]["name"] for d in self.docs if d["kind"] == "ValidatingAdmissionPolicy"
+        ]
+
+    async def install(self, *, probe_namespace: str | None = None, wait: bool = True) -> None:
+        """Create the policies and (``wait``) wait until each pod policy refuses its probe in
+        ``probe_namespace`` (the first namespace by default)."""
+        for doc in map(self._named, self.docs):
+            await self.admin.request("POST", self._path(doc), body=doc)
+        if not wait:
+            return
+        namespace = probe_namespace or self.namespaces[0]
+        pods = f"/api/v1/namespaces/{namespace}/pods"
+        # The API server reads policies through an informer: wait until each one refuses.
+        for doc in self.docs:
+            name = doc["metadata"]["name"]
+            policy = next((p for p in _PROBES if name.endswith(p)), None)
+            if doc["kind"] != "ValidatingAdmissionPolicy" or policy is None:
+                continue
+            probe = copy.deepcopy(_PROBES[policy])
+            probe["metadata"]["name"] = f"probe-{self.suffix}"
+
+            async def refuses(probe: dict[str, Any] = probe) -> bool:
+                try:
+                    await self.admin.request("POST", pods, body=probe)
+                except KubeError as exc:
+                    return exc.status == 403
+                await self.admin.request("DELETE", f"{pods}/{probe['metadata']['name']}")
+                return False
+
+            await wait_for(refuses, timeout=30, what=f"the admission policy {name} in force")
+
+    async def remove(self) -> None:
+        for doc in reversed([self._named(d) for d in self.docs]):
+            with contextlib.suppress(NotFound):
+                await self.admin.request("DELETE", f"{self._path(doc)}/{doc['metadata']['name']}")

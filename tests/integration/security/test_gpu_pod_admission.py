@@ -1,0 +1,132 @@
+"""A tenant's GPU pods through the whole admission chain of the real kube-apiserver: the webhook
+(``overwriteEnv`` on) and then the shipped admission policies, bound to the test's namespace.
+
+The webhook's mutation must pass the policies (it may not add what they refuse), and what the
+webhook refuses for GPU pods the policies refuse for every pod, so a tenant gets the same answer
+whether or not the webhook sees the pod. The tenant is a ServiceAccount with pod rights only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import builders
+import pytest
+from policy_support import Policies
+from stack_support import start_webhook, stop_webhook
+
+from hamipy.devcluster.cluster import DevCluster
+from hamipy.devcluster.identities import TENANT_POD_RULES, grant_role, issue_identity
+from hamipy.kube.client import RawKube
+from hamipy.kube.errors import KubeError
+from hamipy.protocol import keys
+from hamipy.webhook.mutation import MutationSettings
+
+pytestmark = pytest.mark.integration
+
+WEBHOOK_DENIED = 'admission webhook "vgpu.webhook.hami-py.io" denied the request'
+
+
+@pytest.fixture
+async def tenant(
+    devcluster: DevCluster, kube_client: Any, namespace: str, tmp_path: Path
+) -> AsyncIterator[RawKube]:
+    """The tenant's client, with the policies and then the webhook in force for its namespace."""
+    policies = Policies(
+        RawKube(kube_client), [namespace], "hami-py.io/none", schedulers=[], device_plugins=[]
+    )
+    await policies.install()
+    webhook = await start_webhook(
+        kube_client, namespace, tmp_path, settings=MutationSettings(overwrite_env=True)
+    )
+    access = devcluster.access
+    identity = await issue_identity(
+        kube_client, namespace=namespace, name="tenant", server=access.server, ca_file=access.ca_file
+    )
+    await grant_role(kube_client, namespace=namespace, account="tenant", rules=TENANT_POD_RULES)
+    try:
+        async with identity.api_client() as api:
+            yield RawKube(api)
+    finally:
+        await stop_webhook(webhook)
+        await policies.remove()
+
+
+async def _refused(tenant: RawKube, namespace: str, body: dict[str, Any]) -> str:
+    with pytest.raises(KubeError) as caught:
+        await tenant.request("POST", f"/api/v1/namespaces/{namespace}/pods", body=body)
+    assert caught.value.status == 403, caught.value
+    return str(caught.value)
+
+
+async def test_a_gpu_pod_is_admitted_mutated_and_passes_the_policies(tenant: RawKube, namespace: str) -> None:
+    body = builders.pod(
+        "train",
+        builders.container("cuda", gpumem=3000, priority=0),
+        builders.container("sidecar", limits={"cpu": "100m"}),
+        init=[builders.container("setup")],
+    )
+    pod = await tenant.request("POST", f"/api/v1/namespaces/{namespace}/pods", body=body)
+    spec = pod["spec"]
+    assert spec["schedulerName"] == "hami-scheduler"
+    cuda, sidecar = spec["containers"]
+    assert cuda["resources"]["limits"][keys.RESOURCE_COUNT] == "1"
+    # The device plugin gives the priority with the limits; the pod's own env stays the author's.
+    assert "env" not in cuda
+    assert sidecar["env"] == [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "none"}]
+    assert spec["initContainers"][0]["env"] == [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "none"}]
+    assert keys.TRACE_CONTEXT in pod["metadata"]["annotations"]
+
+
+async def test_a_gpu_pod_of_another_scheduler_is_refused(tenant: RawKube, namespace: str) -> None:
+    """The intruder of the issue: its own scheduler, a node of its choice, a GPU. Refused for the
+    node; and without one, for the scheduler, which only an admin can allow."""
+    gpu = builders.container(gpu=1)
+    pinned = builders.pod("intruder", gpu, scheduler_name="my-scheduler", node_name="gpu-node-1")
+    message = await _refused(tenant, namespace, pinned)
+    assert WEBHOOK_DENIED in message
+    assert "spec.nodeName" in message
+    unpinned = builders.pod("intruder", gpu, scheduler_name="my-scheduler")
+    message = await _refused(tenant, namespace, unpinned)
+    assert WEBHOOK_DENIED in message
+    assert "'my-scheduler'" in message
+    assert "allowedSchedulers" in message
+
+
+@pytest.mark.parametrize(
+    ("env", "env_from", "shown"),
+    [
+        pytest.param(
+            {"CUDA_DEVICE_MEMORY_LIMIT_0": "20000m"}, None, "CUDA_DEVICE_MEMORY_LIMIT_0", id="limit"
+        ),
+        pytest.param({"CUDA_DISABLE_CONTROL": "true"}, None, "CUDA_DISABLE_CONTROL", id="no-interposer"),
+        pytest.param(
+            {"GPU_CORE_UTILIZATION_POLICY": "disable"}, None, "GPU_CORE_UTILIZATION_POLICY", id="policy"
+        ),
+        pytest.param(None, "CUDA_DEVICE_", "prefix 'CUDA_DEVICE_'", id="env-from-prefix"),
+    ],
+)
+async def test_a_gpu_pod_cannot_set_its_own_limits(
+    tenant: RawKube, namespace: str, env: dict[str, str] | None, env_from: str | None, shown: str
+) -> None:
+    fields: dict[str, Any] = {}
+    if env_from is not None:
+        fields["envFrom"] = [{"prefix": env_from, "configMapRef": {"name": "limits"}}]
+    body = builders.pod("greedy", builders.container("cuda", gpu=1, gpumem=10000, env=env, **fields))
+    message = await _refused(tenant, namespace, body)
+    assert WEBHOOK_DENIED in message
+    assert "'cuda'" in message
+    assert shown in message
+
+
+async def test_a_pod_without_gpus_cannot_choose_the_nodes_gpus(tenant: RawKube, namespace: str) -> None:
+    """The webhook never sees this pod (it asks none of our resources): the policy refuses it."""
+    visible = builders.pod("all-gpus", builders.container(env={"NVIDIA_VISIBLE_DEVICES": "all"}))
+    message = await _refused(tenant, namespace, visible)
+    assert WEBHOOK_DENIED not in message
+    assert "NVIDIA_VISIBLE_DEVICES" in message
+    hidden = builders.pod("no-gpus", builders.container(env={"NVIDIA_VISIBLE_DEVICES": "none"}))
+    pod = await tenant.request("POST", f"/api/v1/namespaces/{namespace}/pods", body=hidden)
+    assert pod["spec"]["containers"][0]["env"] == [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "none"}]
