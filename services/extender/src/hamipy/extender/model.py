@@ -10,8 +10,9 @@ Usage on a GPU is the sum of *contributions*, one per pod UID, each either
   set; phase not Succeeded/Failed), on that node, until the pod is gone or finished: a pod being
   deleted holds its GPUs until the kubelet reports its containers stopped (the terminal phase it
   writes before the final delete), since they run through the grace period;
-- ``binding``: a bind of this extender in flight (decided under the node lock, being written), from
-  ``begin_bind`` until ``allocate`` (after the Binding) or ``release``; or
+- ``binding``: a bind of this extender in flight (decided, being written), from ``begin_bind`` until
+  ``allocate`` (after the Binding), ``release`` (refused), or ``hold_in_doubt`` (no answer: a
+  reservation then); or
 - ``reserved``: a filter decision not yet visible in the pod, dropped after a time-to-live.
 
 A pod that is not bound holds nothing, whatever its annotations say: anyone who may create pods can
@@ -871,13 +872,26 @@ class ClusterModel:
             uid,
         )
 
-    def release(self, uid: PodUid, *, only_reserved: bool = True, quiet: bool = False) -> None:
-        """Drop the pod's reservation (or, with ``only_reserved=False``, whatever it holds). With
-        ``quiet`` nothing is reported ``freed``: the caller takes the GPUs again at once (a bind of
-        the reserved pod), and reports ``freed`` itself when it does not."""
+    def release(self, uid: PodUid, *, source: Source | None = "reserved", quiet: bool = False) -> None:
+        """Drop what the pod holds when it is from ``source`` (its reservation unless told; None:
+        whatever it holds). With ``quiet`` nothing is reported ``freed``: the caller takes the GPUs
+        again at once (a bind of the reserved pod), and reports ``freed`` itself when it does not.
+
+        A failed bind drops its own record (``binding``), never an allocation: a pod's allocation
+        goes only when the API says so (its watch event, or a read of the pod)."""
         current = self.contributions.get(uid)
-        if current is not None and (current.source == "reserved" or not only_reserved):
+        if current is not None and (source is None or current.source == source):
             self._set(None, uid, quiet=quiet)
+
+    def hold_in_doubt(self, uid: PodUid, *, expires_at: float) -> None:
+        """A bind of ours whose Binding may have been written (its answer was lost: a timeout, a
+        connection cut): its GPUs stay counted, as a reservation until ``expires_at``. The pod's
+        watch event makes them an allocation if it was bound; if not, its next filter or the
+        expiry frees them."""
+        current = self.contributions.get(uid)
+        if current is not None and current.source == "binding":
+            held = dataclasses.replace(current, source="reserved", expires_at=expires_at, raw=None)
+            self._set(held, uid, quiet=True)
 
     def expire(self, now: float) -> int:
         """Drop reservations whose time is up; returns how many."""

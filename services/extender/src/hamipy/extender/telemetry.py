@@ -252,7 +252,7 @@ class Metrics:
         )
         self.bind_races = Counter(
             "hamipy_extender_bind_races",
-            "Binds whose pod another bind of it had written first (left as that bind wrote it).",
+            "Binds whose pod another bind of it had bound first (left as that bind wrote it).",
             registry=r,
         )
         self.requeue_nudges = Counter(
