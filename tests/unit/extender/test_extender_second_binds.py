@@ -222,3 +222,15 @@ async def test_a_binding_whose_answer_is_lost_keeps_its_gpus_counted_until_the_a
     else:
         r.model.expire(time.monotonic() + BIND_SETTINGS.reservation_ttl_s)
         assert P not in r.model.contributions
+
+
+async def test_a_replica_whose_binds_read_fresh_state_holds_nothing_in_doubt() -> None:
+    """Where binds take the locked path (another replica may write), the next bind on the node counts
+    the API's state under the lock, so a Binding whose answer was lost keeps nothing reserved."""
+    r = shared_rig(BIND_SETTINGS, our_node("n", [gpu("A", 0)]))
+    r.add_watched_pod(exclusive("p"))
+    r.kube.fail[("POST", "/api/v1/namespaces/ns/pods/p/binding")] = KubeError("timeout", status=0)
+    with pytest.raises(KubeError, match="timeout"):
+        await r.binder.bind(namespace="ns", name="p", uid=P, node="n")
+    assert P not in r.model.contributions
+    assert r.lock() is None

@@ -527,10 +527,11 @@ class Binder:
                     ) from None
                 version = str(_meta(current).get("resourceVersion") or "")
             except BaseException as exc:
-                if not (isinstance(exc, KubeError) and 400 <= exc.status < 500):
+                if self.exclusive() and not (isinstance(exc, KubeError) and 400 <= exc.status < 500):
                     # No answer (a timeout, a cut connection, this bind cancelled) or the storage's
                     # failure (500, 504: etcd may still commit it): the pod may be bound all the
-                    # same, so its GPUs stay counted until the API says. A 4xx wrote nothing.
+                    # same, so its GPUs stay counted until the API says. A 4xx wrote nothing. Only
+                    # while binds trust this model: otherwise they count fresh API state.
                     expires_at = self.clock() + self.settings.reservation_ttl_s
                     self.model.hold_in_doubt(PodUid(uid), expires_at=expires_at)
                 raise

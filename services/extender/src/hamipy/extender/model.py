@@ -893,6 +893,15 @@ class ClusterModel:
             held = dataclasses.replace(current, source="reserved", expires_at=expires_at, raw=None)
             self._set(held, uid, quiet=True)
 
+    def drop_reservations(self) -> int:
+        """Forget every reservation (a replica that stops deciding: they steered only its own
+        decisions, and the leader holds its own); binds in flight and allocations stay. Quietly:
+        nothing was bound or freed. Returns how many."""
+        held = [uid for uid, c in self.contributions.items() if c.source == "reserved"]
+        for uid in held:
+            self._set(None, uid, quiet=True)
+        return len(held)
+
     def expire(self, now: float) -> int:
         """Drop reservations whose time is up; returns how many."""
         dropped = 0
