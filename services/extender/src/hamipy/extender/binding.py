@@ -743,6 +743,8 @@ class Binder:
                 ):
                     pod = {**pod, "spec": {**spec, "nodeName": node}}  # counted as if bound
                 fresh.apply_pod("ADDED", pod)
+        # Other nodes registering the same GPUs: the whole cluster's model knows them.
+        self.model.claims.overlay(fresh.nodes[node])
         return fresh
 
     def _not_ours(self, pod: Mapping[str, Any], uid: str) -> str | None:

@@ -28,6 +28,10 @@ An allocation counts init containers by their peak and regular containers summed
 (``pod_usage``), as the device plugin serves them: init containers run one after the other and
 finish before the others start.
 
+A well-formed register may still name a GPU that is not offered (``Gpu.refused``): one whose UUID an
+older node registers, or with 0 MiB (``hamipy.extender.gpu_claims``); each is returned as a refused
+``Problem`` for the caller to log and report as an Event.
+
 Malformed input is never read as zero: a malformed register annotation makes the node offer nothing
 (``NodeState.problem``); a malformed allocation on a bound pod makes its node offer nothing until the
 pod is gone (``NodeState.bad_pods``), since what it holds is unknown. A malformed allocation on an
@@ -46,6 +50,7 @@ pod again (its ``resourceVersion`` guards the Binding).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import heapq
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -53,6 +58,7 @@ from datetime import UTC, datetime
 from typing import Any, Final, Literal, NewType
 
 from hamipy.extender.disruption_budgets import DisruptionBudgets
+from hamipy.extender.gpu_claims import ZERO_MEMORY, ClaimChange, GpuClaims, refusal_text
 from hamipy.extender.node_order import NodeOrder
 from hamipy.extender.quota import Quotas
 from hamipy.protocol import keys
@@ -118,10 +124,19 @@ class Gpu:
     used_slots: int = 0
     used_mem: int = 0
     used_cores: int = 0
+    node: str = ""
+    refused: str | None = None
+    """Why the node's entry for this GPU is never offered (``gpu_claims``: ``DUPLICATE_UUID``,
+    ``ZERO_MEMORY``), None when it may be."""
+    owner: Gpu | None = None
+    """For a refused duplicate, the entry that owns its UUID (on an older node): this GPU's pods
+    count there too."""
 
     @classmethod
-    def of(cls, dev: DeviceInfo, *, cordoned: bool = False) -> Gpu:
+    def of(cls, dev: DeviceInfo, *, cordoned: bool = False, node: str = "") -> Gpu:
         return cls(
+            node=node,
+            refused=ZERO_MEMORY if dev.devmem <= 0 else None,
             uuid=dev.id,
             index=dev.index,
             count=dev.count,
@@ -146,6 +161,9 @@ class NodeState:
     """
 
     name: str
+    uid: str = ""
+    created: str = ""
+    """``metadata.creationTimestamp``: the oldest node registering a GPU UUID owns it (``gpu_claims``)."""
     gpus: list[Gpu] = dataclasses.field(default_factory=list)
     by_uuid: dict[str, Gpu] = dataclasses.field(default_factory=dict)
     registered: bool = False
@@ -205,7 +223,7 @@ class NodeState:
             total_slots += gpu.count
             total_cores += gpu.devcore
             total_mem += gpu.devmem
-            if gpu.health and not gpu.cordoned and gpu.used_slots < gpu.count:
+            if gpu.health and not gpu.cordoned and gpu.refused is None and gpu.used_slots < gpu.count:
                 free_slot_gpus += 1
                 max_free_mem = max(max_free_mem, gpu.devmem - gpu.used_mem)
                 max_free_cores = max(max_free_cores, gpu.devcore - gpu.used_cores)
@@ -264,7 +282,8 @@ class Nomination:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Problem:
-    """A malformed object: ``kind`` Node or Pod, its identity, and what was wrong."""
+    """A malformed object: ``kind`` Node or Pod, its identity, and what was wrong; or, ``refused``, a
+    well-formed register entry for a GPU that is not offered (``reason`` says why: ``gpu_claims``)."""
 
     kind: Literal["Node", "Pod"]
     name: str
@@ -272,6 +291,7 @@ class Problem:
     uid: str
     field: str
     reason: str
+    refused: bool = False
 
 
 def pod_usage(
@@ -404,7 +424,12 @@ def node_from_json(
     meta = node.get("metadata") or {}
     name = str(meta.get("name", ""))
     ann = _annotations(node)
-    state = NodeState(name=name, ours=previous.ours if previous is not None else False)
+    state = NodeState(
+        name=name,
+        uid=str(meta.get("uid", "")),
+        created=str(meta.get("creationTimestamp") or ""),
+        ours=previous.ours if previous is not None else False,
+    )
     problem: Problem | None = None
     register = ann.get(keys.NODE_REGISTER)
     state.register_value = register if isinstance(register, str) else None
@@ -419,7 +444,9 @@ def node_from_json(
             problem = Problem("Node", name, "", str(meta.get("uid", "")), exc.field, str(exc))
         else:
             cordon = _cordoned(state.cordon_value)
-            state.gpus = sorted((Gpu.of(d, cordoned=d.id in cordon) for d in devices), key=lambda g: g.index)
+            state.gpus = sorted(
+                (Gpu.of(d, cordoned=d.id in cordon, node=name) for d in devices), key=lambda g: g.index
+            )
             state.by_uuid = {g.uuid: g for g in state.gpus}
             state.type_key = tuple(sorted({g.type_upper for g in state.gpus}))
     state.refresh_summary()
@@ -526,6 +553,9 @@ class ClusterModel:
         self.quotas = Quotas(names or ResourceNames(count=count_resource))
         """The namespaces' GPU quotas (from the ResourceQuota watch), charged ``namespace_usage``."""
         self.nodes: dict[str, NodeState] = {}
+        self.claims = GpuClaims()
+        """Which node each GPU UUID counts on when several register it (``gpu_claims``)."""
+        self._refused_counts: tuple[int, collections.Counter[str | None]] = (-1, collections.Counter())
         self.order = NodeOrder()
         """``nodes`` in binpack and in spread order (``hamipy.extender.node_order``): written only here."""
         self.contributions: dict[PodUid, Contribution] = {}
@@ -568,8 +598,7 @@ class ClusterModel:
         name = str((node.get("metadata") or {}).get("name", ""))
         self.generation += 1
         if event == "DELETED":
-            self.nodes.pop(name, None)
-            self.order.drop(name)
+            self._drop_node(name)
             return []
         old = self.nodes.get(name)
         ann = _annotations(node)
@@ -577,6 +606,7 @@ class ClusterModel:
             old is not None
             and old.register_value == ann.get(keys.NODE_REGISTER)
             and old.cordon_value == ann.get(keys.DEVICE_CORDON)
+            and old.created == str((node.get("metadata") or {}).get("creationTimestamp") or "")
         ):
             # Only liveness/lock fields changed: keep the GPUs and their usage.
             _read_liveness(old, node, self.count_resource)
@@ -586,8 +616,58 @@ class ClusterModel:
             state.bad_pods = old.bad_pods
         self.nodes[name] = state
         self._recount(state)
+        change = self.claims.replace(old, state)
+        self._claims_changed(change, skip=name)
+        self._summarize(state)
         self.freed(NodeName(name))
-        return [problem] if problem else []
+        was = old.by_uuid if old is not None else {}
+        refused = [
+            gpu
+            for gpu in state.gpus
+            if gpu.refused == ZERO_MEMORY
+            and ((before := was.get(gpu.uuid)) is None or before.refused != ZERO_MEMORY)
+        ]
+        return ([problem] if problem else []) + self._refusals([*refused, *change.refused])
+
+    def _drop_node(self, name: str) -> None:
+        """The node is gone: the UUIDs it registered are owned again by the nodes left."""
+        old = self.nodes.pop(name, None)
+        self.order.drop(name)
+        if old is not None:
+            self._claims_changed(self.claims.replace(old, None), skip=name)
+
+    def _claims_changed(self, change: ClaimChange, *, skip: str) -> None:
+        """Other nodes' GPUs were refused or offered again, or took on usage (``gpu_claims``)."""
+        for other in change.nodes - {skip}:
+            state = self.nodes.get(other)
+            if state is not None:
+                self._summarize(state)
+        for node in {gpu.node for gpu in change.accepted} - {skip}:
+            self.freed(NodeName(node))
+
+    def _refusals(self, gpus: Iterable[Gpu]) -> list[Problem]:
+        """One problem per node for its GPUs newly refused (one Event per node and reason)."""
+        texts: dict[str, list[str]] = {}
+        for gpu in sorted(gpus, key=lambda g: (g.node, g.index)):
+            texts.setdefault(gpu.node, []).append(refusal_text(gpu))
+        problems = []
+        for name, lines in texts.items():
+            state = self.nodes.get(name)
+            uid = state.uid if state is not None else ""
+            reason = "; ".join(lines)
+            problems.append(Problem("Node", name, "", uid, keys.NODE_REGISTER, reason, refused=True))
+        return problems
+
+    def refused_gpus(self, cause: str) -> int:
+        """How many GPU entries are refused for ``cause`` (``gpu_claims``): a metric, counted in one
+        pass over the GPUs per change of the model."""
+        at, counts = self._refused_counts
+        if at != self.generation:
+            counts = collections.Counter(
+                gpu.refused for state in self.nodes.values() for gpu in state.gpus if gpu.refused
+            )
+            self._refused_counts = (self.generation, counts)
+        return counts[cause]
 
     def replace_nodes(self, nodes: Iterable[Mapping[str, Any]]) -> list[Problem]:
         """A full list: apply each, and forget nodes not in it."""
@@ -598,12 +678,12 @@ class ClusterModel:
             problems += self.apply_node("MODIFIED", node)
         for name in list(self.nodes):
             if name not in seen:
-                del self.nodes[name]
-                self.order.drop(name)
+                self._drop_node(name)
         self.nodes_synced = True
         return problems
 
     def _recount(self, state: NodeState) -> None:
+        """``state``'s usage from its pods; before its GPUs are claimed (``claims.replace``)."""
         for gpu in state.gpus:
             gpu.used_slots = gpu.used_mem = gpu.used_cores = 0
         for uid in self._by_node.get(state.name, ()):
@@ -616,8 +696,7 @@ class ClusterModel:
         state.version += 1
         self.order.put(state.name, state.score)
 
-    @staticmethod
-    def _add_usage(state: NodeState, usage: Mapping[str, Usage], sign: int) -> None:
+    def _add_usage(self, state: NodeState, usage: Mapping[str, Usage], sign: int) -> None:
         by_uuid = state.by_uuid
         for uuid, (slots, mem, cores) in usage.items():
             gpu = by_uuid.get(uuid)
@@ -626,6 +705,14 @@ class ClusterModel:
             gpu.used_slots += sign * slots
             gpu.used_mem += sign * mem
             gpu.used_cores += sign * cores
+            owner = gpu.owner
+            if owner is not None:  # a duplicate of an older node's GPU: the same GPU's pods
+                owner.used_slots += sign * slots
+                owner.used_mem += sign * mem
+                owner.used_cores += sign * cores
+                other = self.nodes.get(owner.node)
+                if other is not None:
+                    self._summarize(other)
 
     # -- contributions --------------------------------------------------------------------------
 
