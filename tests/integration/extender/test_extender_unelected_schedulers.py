@@ -11,12 +11,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 from builders import container, gpu
-from extender_cluster import Cluster, pod_body
+from extender_cluster import Cluster, pod_body, replica_metric
 from extender_processes import ExtenderProcess, start_extender_processes, stop_extenders
-from prometheus_client.parser import text_string_to_metric_families
 from stack_support import extender_config
 
 from hamipy.devcluster import API_TIMEOUT_S, DevCluster, NodePool, SchedulerConfig, WaitTimeout, wait_for
@@ -50,18 +48,6 @@ async def placement(cluster: Cluster) -> tuple[list[Any], list[Any]]:
     pods = await cluster.core.list_namespaced_pod(cluster.namespace, _request_timeout=API_TIMEOUT_S)
     bound = [p for p in pods.items if p.spec.node_name]
     return bound, [p for p in pods.items if not p.spec.node_name]
-
-
-async def bind_races(extender: ExtenderProcess) -> float:
-    """The extender's ``hamipy_extender_bind_races_total``."""
-    async with aiohttp.ClientSession() as session:
-        text = await extender.metrics(session)
-    return sum(
-        s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-        if s.name == "hamipy_extender_bind_races_total"
-    )
 
 
 def refused(pod: Any) -> bool:
@@ -108,7 +94,7 @@ async def test_three_unelected_schedulers_never_put_a_gpu_over_capacity(
         assert report.ok, "\n".join(map(str, report.violations))
         bound, pending = await placement(cluster)
         assert (len(bound), len(pending)) == (FITTABLE, EXTRA)
-        repeats = await bind_races(extender)
+        repeats = await replica_metric(extender, "hamipy_extender_bind_races_total")
         print(f"\nunelected schedulers: {repeats:g} binds of pods another bind had bound first")
         assert repeats > 0, "no pod was bound twice: nothing was tested"
     finally:
