@@ -126,10 +126,6 @@ class _Target(NamedTuple):
     node: str
 
 
-class _Settled(BindRefused):
-    """A refusal after which the model already holds what the pod really holds (nothing to undo)."""
-
-
 @dataclasses.dataclass
 class _Session:
     """The node lock this replica still holds after a bind, and the fresh state as it wrote it."""
@@ -204,10 +200,10 @@ class Binder:
     async def bind(self, *, namespace: str, name: str, uid: str, node: str) -> None:
         """Bind ``namespace/name`` to ``node``; raises ``BindRefused`` or ``KubeError``.
 
-        Binds of one pod run one at a time here: a second one (kube-scheduler
-        retrying after its timeout, unelected kube-schedulers each binding the pod) waits for the
-        first and then finds the pod bound, or goes ahead when the first failed (``PodTurns``). It
-        never decides while the first one's GPUs are in flight, nor replaces what the model counts."""
+        Binds of one pod run one at a time here (``PodTurns``): a second one (kube-scheduler retrying
+        after its timeout, unelected kube-schedulers each binding the pod) waits for the first, then
+        finds the pod bound or, when the first failed, goes ahead. It never decides while the first
+        one's GPUs are in flight, nor replaces what the model counts."""
         async with self._turns.turn(uid, self.settings.bind_timeout_s) as turn:
             if not turn:
                 raise BindRefused(
@@ -219,15 +215,8 @@ class Binder:
     async def _bind(self, namespace: str, name: str, uid: str, node: str) -> None:
         timeout = self.settings.api_timeout_s
         counted = self.model.contributions.get(PodUid(uid))
-        if (
-            counted is not None
-            and counted.source == "allocated"
-            and (counted.namespace, counted.name)
-            == (
-                namespace,
-                name,
-            )
-        ):
+        named = counted is not None and (counted.namespace, counted.name) == (namespace, name)
+        if counted is not None and named and counted.source == "allocated":
             # Bound already (this replica's Binding, or the watch said so): answered from what the
             # model counts, which stays as it is.
             self.telemetry.metrics.bind_races.inc()
@@ -435,9 +424,8 @@ class Binder:
     ) -> bool:
         """Record the bind in flight, write the Binding carrying the allocation, then record it as
         made (in ``fresh`` too: the next bind of a lock session counts it). True when this bind
-        wrote it, False when another bind of the pod had bound it here. On any failure the model no
-        longer counts the pod, unless a Conflict showed another bind of it wrote first
-        (``_Settled``): then the model holds what the pod really holds."""
+        wrote it, False when another bind of the pod had bound it here. On any failure this bind's
+        record in flight goes; what the API says the pod holds stays counted (``release``)."""
         namespace, name, uid, node = target
         encoded = encode_pod_devices(devices, field=keys.DEVICES_ALLOCATED)
         stamp = str(int(self.wall_clock().timestamp()))
@@ -469,8 +457,8 @@ class Binder:
         except BaseException:
             # Not written by this bind: its own record goes. What the model holds otherwise stays:
             # the pod's allocation when a Conflict showed another bind of it wrote first
-            # (``_Settled``) or the watch reported it bound meanwhile, and the GPUs of a Binding
-            # whose answer was lost (``hold_in_doubt``).
+            # (``_after_conflict``) or the watch reported it bound meanwhile, and the GPUs of a
+            # Binding whose answer was lost (``hold_in_doubt``).
             self.model.release(PodUid(uid), source="binding")
             raise
         if twin is not None:
@@ -773,8 +761,8 @@ class Binder:
         still unbound (the caller may write again) or bound to our node by another bind of it (a
         retry after kube-scheduler's timeout, a leader hand-over: the bind asked for has happened,
         and the pod is left exactly as that bind wrote it). Raises ``BindRefused`` when it is gone
-        or replaced, ``_Settled`` when another bind bound it elsewhere. Once bound, the model takes
-        what the pod really holds."""
+        or replaced, or when another bind bound it elsewhere. Once bound, the model takes what the
+        pod really holds."""
         namespace, name, uid, node = target
         try:
             current = await get_pod(self.api, namespace, name, timeout_s=self.settings.api_timeout_s)
@@ -789,7 +777,7 @@ class Binder:
         self.model.apply_pod("MODIFIED", current)
         self.telemetry.metrics.bind_races.inc()
         if bound != node:
-            raise _Settled(f"pod {namespace}/{name} was bound to {bound} by another bind meanwhile")
+            raise BindRefused(f"pod {namespace}/{name} was bound to {bound} by another bind meanwhile")
         self.telemetry.logger.info(
             "pod bound by another bind of it", namespace=namespace, pod=name, node=node
         )
