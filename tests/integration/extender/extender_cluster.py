@@ -1,6 +1,6 @@
 """What the extender's integration tests share: pods for the ``hami-scheduler``, the `Cluster` a
-test works in (its namespace, simulated nodes, the invariant), and `round_robin_proxy`, several
-replicas behind one URL as a Service balances them per request."""
+test works in (its namespace, simulated nodes, the invariant), `round_robin_proxy`, several
+replicas behind one URL as a Service balances them per request, and `replica_metric`."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ import aiohttp
 import builders
 from aiohttp import web
 from builders import container
+from extender_processes import ExtenderProcess
 from kubernetes_asyncio.client import CoreV1Api
+from stack_support import samples
 
 from hamipy.devcluster import API_TIMEOUT_S, NodePool, NodeSpec, wait_for, wait_pod_bound
 from hamipy.extender.invariant import check_cluster
@@ -125,3 +127,11 @@ async def round_robin_proxy(targets: Sequence[str]) -> tuple[web.AppRunner, str]
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     return runner, f"http://127.0.0.1:{runner.addresses[-1][1]}"
+
+
+async def replica_metric(extender: ExtenderProcess, name: str, **labels: str) -> float:
+    """A replica's metric ``name`` from its ``/metrics``, summed over the series with ``labels``."""
+    async with aiohttp.ClientSession() as session:
+        text = await extender.metrics(session)
+    want = set(labels.items())
+    return sum(value for (sample, have), value in samples(text).items() if sample == name and want <= have)

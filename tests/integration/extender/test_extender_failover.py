@@ -28,14 +28,12 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 from builders import container, gpu
-from extender_cluster import Cluster, pod_body, round_robin_proxy
+from extender_cluster import Cluster, pod_body, replica_metric, round_robin_proxy
 from extender_processes import ExtenderProcess, start_extender_processes, stop_extenders
 from hami_device_plugin import add_hami_node
 from kubernetes_asyncio.client import CoordinationV1Api
-from prometheus_client.parser import text_string_to_metric_families
 from stack_support import extender_config
 
 from hamipy.devcluster import (
@@ -205,14 +203,7 @@ async def extender_leader(api: Any, namespace: str, extenders: Sequence[Extender
 
 async def held(extender: ExtenderProcess, source: str) -> float:
     """The replica's ``hamipy_extender_pods_held{source}``."""
-    async with aiohttp.ClientSession() as session:
-        text = await extender.metrics(session)
-    return sum(
-        s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-        if s.name == "hamipy_extender_pods_held" and s.labels.get("source") == source
-    )
+    return await replica_metric(extender, "hamipy_extender_pods_held", source=source)
 
 
 async def placement(cluster: Cluster) -> tuple[list[Any], list[Any]]:

@@ -229,16 +229,16 @@ async def test_a_pod_replaced_during_its_bind_is_never_touched(
     assert (lock or "").endswith(",ns,p") if bound else lock is None
 
 
-async def test_a_failed_bind_frees_an_allocation_the_watch_already_counted() -> None:
+async def test_a_refused_binding_frees_what_the_bind_held() -> None:
     r = bind_rig()
     r.kube.add_pod(pod("p"))
 
     def watch_then_fail(method: str, path: str, body: Any) -> None:
         if method == "POST" and path.endswith("/binding"):
-            # The watch delivered the annotated pod before the Binding failed.
+            # The watch delivered the pod (not bound) before the Binding was refused.
             r.model.apply_pod("MODIFIED", copy.deepcopy(r.kube.pods[("ns", "p")]))
             assert r.model.contributions[PodUid("uid-ns-p")].source == "binding"
-            raise KubeError("boom", status=500)
+            raise KubeError("boom", status=403)
 
     r.kube.on_request = watch_then_fail
     with pytest.raises(KubeError, match="boom"):

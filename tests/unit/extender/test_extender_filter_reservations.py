@@ -152,6 +152,6 @@ async def test_a_failed_bind_of_a_reserved_pod_frees_its_reservation() -> None:
     p = pod("p")
     r.add_watched_pod(p)
     [chosen] = filter_all(r, p)
-    r.kube.fail[("POST", "/api/v1/namespaces/ns/pods/p/binding")] = KubeError("boom", status=500)
+    r.kube.fail[("POST", "/api/v1/namespaces/ns/pods/p/binding")] = KubeError("boom", status=403)
     assert (await r.scheduler.bind(bind_args(p, chosen)))["Error"]
     assert r.model.contributions == {}

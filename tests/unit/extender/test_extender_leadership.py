@@ -19,12 +19,13 @@ from extender_fakes import FakeKube, bind_args, elected, our_node, pod
 
 from hamipy.devcluster import wait_for
 from hamipy.extender.leadership import FORWARDED_HEADER, REDIRECTED_QUERY, Leadership
-from hamipy.extender.model import ClusterModel, PodUid
+from hamipy.extender.model import ClusterModel, NodeName, PodUid
 from hamipy.extender.routes import Routes, make_app
 from hamipy.extender.server import ExtenderServer
 from hamipy.extender.settings import ExtenderSettings
 from hamipy.extender.telemetry import Telemetry
 from hamipy.protocol.config import Config
+from hamipy.protocol.devices import ContainerDevice
 from hamipy.telemetry.http2 import Http2Request
 
 
@@ -126,6 +127,40 @@ async def test_a_new_leader_takes_every_bound_pod_into_its_model_before_binds_de
         following.cancel()
     assert set(model.contributions) == {PodUid("uid-ns-earlier")}
     assert ("GET", "/api/v1/pods") in kube.calls
+
+
+async def test_a_replica_another_leads_drops_its_reservations_and_keeps_allocations() -> None:
+    """What it reserved while it led (a filter's choice, a Binding whose answer was lost) would hold
+    GPUs in its model for no one: a follower never filters or binds."""
+    kube = FakeKube()
+    kube.add_node(our_node("n", [gpu("A", 0, count=2)]))
+    model = ClusterModel()
+    model.replace_nodes(kube.nodes.values())
+    model.replace_pods(
+        [pod("earlier", node_name="n", annotations=allocation(allocated="A,NVIDIA,1000,0:;", node="n"))]
+    )
+    model.reserve(
+        uid=PodUid("uid-ns-p"),
+        namespace="ns",
+        name="p",
+        node=NodeName("n"),
+        devices=[[ContainerDevice("A", "NVIDIA", 1000, 0)]],
+        n_init=0,
+        expires_at=float("inf"),
+    )
+    leadership = Leadership(
+        election=True,
+        elector=elected(leader_url="http://leader.test:8888"),
+        api=kube,
+        model=model,
+        telemetry=Telemetry.create(stream=io.StringIO()),
+    )
+    following = asyncio.create_task(leadership.run())
+    try:
+        await wait_for(lambda: model.held["reserved"] == 0, timeout=5, what="reservations dropped")
+    finally:
+        following.cancel()
+    assert set(model.contributions) == {PodUid("uid-ns-earlier")}
 
 
 @pytest.fixture

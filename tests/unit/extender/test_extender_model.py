@@ -666,12 +666,13 @@ def test_release_drops_a_reservation_and_an_allocation_only_when_told() -> None:
     model = model_of(node("n", TWO_GPUS), pods=[running("held", "n", [[dev("A", 100)]])])
     reserve(model, "p", [[dev("B", 100)]], NOW + 60)
     model.release(PodUid("uid-ns-held"))
+    model.release(PodUid("uid-ns-held"), source="binding")
     assert used(model, "n")["A"] == (1, 100, 0)
     model.release(PodUid("uid-ns-p"))
     assert used(model, "n")["B"] == (0, 0, 0)
-    model.release(PodUid("uid-ns-held"), only_reserved=False)
+    model.release(PodUid("uid-ns-held"), source=None)
     assert used(model, "n")["A"] == (0, 0, 0)
-    model.release(PodUid("uid-ns-never-seen"), only_reserved=False)
+    model.release(PodUid("uid-ns-never-seen"), source=None)
     assert model.contributions == {}
 
 

@@ -149,7 +149,7 @@ async def test_a_failed_bind_drops_its_in_flight_record() -> None:
     def fail_binding(method: str, path: str, body: Any) -> None:
         if method == "POST" and path.endswith("/binding"):
             assert r.model.contributions[PodUid("uid-ns-p")].source == "binding"
-            raise KubeError("boom", status=500)
+            raise KubeError("boom", status=403)
 
     r.kube.on_request = fail_binding
     assert "boom" in (await r.scheduler.bind(bind_args(p)))["Error"]

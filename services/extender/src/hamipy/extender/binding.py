@@ -1,6 +1,7 @@
 """``/bind``: where correctness is enforced (docs/design.md#5-bind-enforces-correctness).
 
-For one pod and the node kube-scheduler chose:
+For one pod and the node kube-scheduler chose (binds of one pod take turns on this replica,
+``PodTurns``; a pod the model counts as bound is answered from the model, its count left as is):
 
 1. take the pod as the watch last saw it pending (read it from the API only when the watch has not
    delivered it) and refuse it unless it is the one kube-scheduler means (the UID of the bind), asks
@@ -50,8 +51,10 @@ never looks "done" to other replicas); if the node changed meanwhile, it checks 
 ours and re-reads the fresh state before going on, and if the lock was lost it takes the full path.
 That saves the lock round trips and the pod list per bind when pods queue on one node.
 
-On failure the lock (if ours) and the reservation are released (nothing was written to the pod), and
-``BindRefused``/``KubeError`` tells the caller why.
+On failure the lock (if ours), the reservation and the bind's own record in flight are released, and
+``BindRefused``/``KubeError`` tells the caller why; an allocation the model counts for the pod
+stays (only the API frees it), and a Binding whose answer was lost keeps its GPUs reserved
+(``ClusterModel.hold_in_doubt``): it may have bound the pod.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ import asyncio
 import collections
 import dataclasses
 import random
+import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Final, NamedTuple
@@ -78,6 +82,7 @@ from hamipy.extender.model import (
     now_epoch,
     pod_leaving,
 )
+from hamipy.extender.pod_turns import PodTurns
 from hamipy.extender.quota import QUOTA_EXCEEDED
 from hamipy.extender.settings import ExtenderSettings
 from hamipy.extender.telemetry import Telemetry
@@ -121,10 +126,6 @@ class _Target(NamedTuple):
     node: str
 
 
-class _Settled(BindRefused):
-    """A refusal after which the model already holds what the pod really holds (nothing to undo)."""
-
-
 @dataclasses.dataclass
 class _Session:
     """The node lock this replica still holds after a bind, and the fresh state as it wrote it."""
@@ -163,6 +164,7 @@ class Binder:
         telemetry: Telemetry,
         wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         exclusive: Callable[[], bool] = lambda: True,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.api = api
         self.model = model
@@ -173,9 +175,12 @@ class Binder:
         self.exclusive = exclusive
         """Whether this replica alone writes allocations now (one replica, or the leader whose
         model has caught up): only then may a bind decide from the model."""
+        self.clock = clock
+        """Monotonic seconds, as the scheduler's (a reservation's expiry)."""
         self._mutexes: dict[str, asyncio.Lock] = {}
         self._waiting: collections.Counter[str] = collections.Counter()
         self._sessions: dict[str, _Session] = {}
+        self._turns = PodTurns()
         self.sweeper = LockSweeper(
             api=api,
             model=model,
@@ -193,8 +198,31 @@ class Binder:
         return (mutex is not None and mutex.locked()) or self._waiting[node] > 0
 
     async def bind(self, *, namespace: str, name: str, uid: str, node: str) -> None:
-        """Bind ``namespace/name`` to ``node``; raises ``BindRefused`` or ``KubeError``."""
+        """Bind ``namespace/name`` to ``node``; raises ``BindRefused`` or ``KubeError``.
+
+        Binds of one pod run one at a time here (``PodTurns``): a second one (kube-scheduler retrying
+        after its timeout, unelected kube-schedulers each binding the pod) waits for the first, then
+        finds the pod bound or, when the first failed, goes ahead. It never decides while the first
+        one's GPUs are in flight, nor replaces what the model counts."""
+        async with self._turns.turn(uid, self.settings.bind_timeout_s) as turn:
+            if not turn:
+                raise BindRefused(
+                    f"another bind of pod {namespace}/{name} is in flight on this extender for more "
+                    f"than {self.settings.bind_timeout_s:g}s; kube-scheduler retries"
+                )
+            await self._bind(namespace, name, uid, node)
+
+    async def _bind(self, namespace: str, name: str, uid: str, node: str) -> None:
         timeout = self.settings.api_timeout_s
+        counted = self.model.contributions.get(PodUid(uid))
+        named = counted is not None and (counted.namespace, counted.name) == (namespace, name)
+        if counted is not None and named and counted.source == "allocated":
+            # Bound already (this replica's Binding, or the watch said so): answered from what the
+            # model counts, which stays as it is.
+            self.telemetry.metrics.bind_races.inc()
+            if counted.node == node:
+                return  # a retried bind that already happened
+            raise BindRefused(f"pod {namespace}/{name} is already bound to {counted.node}")
         pending = self._watched(namespace, name, uid)
         if pending is not None:
             pod = pending.pod
@@ -315,6 +343,7 @@ class Binder:
         locked = False
         release = False
         written = False
+        writing = False
         try:
             continued = await self._continue(self._sessions.pop(node, None), node, namespace, name, uid)
             if continued is None:
@@ -328,6 +357,7 @@ class Binder:
             preferred = reservation.devices if reservation is not None and reservation.node == node else None
             devices = self._choose(fresh.nodes[node], ask, preferred)
             self._within_quota(target, ask, devices)
+            writing = True  # from here on ``_write`` leaves the model as the outcome has it
             written = await self._write(target, pod, ask, devices, fresh=fresh)
             if self.releases_after_bind(node):
                 # Decided before the mutex is released, so the next bind finds the session.
@@ -335,9 +365,9 @@ class Binder:
                     self._sessions[node] = _Session(node_obj, fresh, (namespace, name))
                 else:
                     release = True
-        except BaseException as exc:
-            if not isinstance(exc, _Settled):
-                self.model.release(PodUid(uid), only_reserved=False)
+        except BaseException:
+            if not writing:
+                self.model.release(PodUid(uid))  # refused before anything was written
             if locked:
                 await self._release(node, namespace, name)
                 locked = False
@@ -394,9 +424,8 @@ class Binder:
     ) -> bool:
         """Record the bind in flight, write the Binding carrying the allocation, then record it as
         made (in ``fresh`` too: the next bind of a lock session counts it). True when this bind
-        wrote it, False when another bind of the pod had bound it here. On any failure the model no
-        longer counts the pod, unless a Conflict showed another bind of it wrote first
-        (``_Settled``): then the model holds what the pod really holds."""
+        wrote it, False when another bind of the pod had bound it here. On any failure this bind's
+        record in flight goes; what the API says the pod holds stays counted (``release``)."""
         namespace, name, uid, node = target
         encoded = encode_pod_devices(devices, field=keys.DEVICES_ALLOCATED)
         stamp = str(int(self.wall_clock().timestamp()))
@@ -425,10 +454,12 @@ class Binder:
         record(self.model, in_flight=True)
         try:
             twin = await self._create_binding(target, pod, ask, annotations, fenced=fenced)
-        except _Settled:
-            raise  # the model already holds what the pod really holds
         except BaseException:
-            self.model.release(PodUid(uid), only_reserved=False)
+            # Not written by this bind: its own record goes. What the model holds otherwise stays:
+            # the pod's allocation when a Conflict showed another bind of it wrote first
+            # (``_after_conflict``) or the watch reported it bound meanwhile, and the GPUs of a
+            # Binding whose answer was lost (``hold_in_doubt``).
+            self.model.release(PodUid(uid), source="binding")
             raise
         if twin is not None:
             if fresh is not None:
@@ -483,6 +514,15 @@ class Binder:
                         f"pod {namespace}/{name} changed while being bound; kube-scheduler retries it"
                     ) from None
                 version = str(_meta(current).get("resourceVersion") or "")
+            except BaseException as exc:
+                if self.exclusive() and not (isinstance(exc, KubeError) and 400 <= exc.status < 500):
+                    # No answer (a timeout, a cut connection, this bind cancelled) or the storage's
+                    # failure (500, 504: etcd may still commit it): the pod may be bound all the
+                    # same, so its GPUs stay counted until the API says. A 4xx wrote nothing. Only
+                    # while binds trust this model: otherwise they count fresh API state.
+                    expires_at = self.clock() + self.settings.reservation_ttl_s
+                    self.model.hold_in_doubt(PodUid(uid), expires_at=expires_at)
+                raise
         raise BindRefused(f"pod {namespace}/{name} kept changing while being bound; kube-scheduler retries")
 
     # -- the node lock ---------------------------------------------------------------------------
@@ -691,6 +731,8 @@ class Binder:
                 ):
                     pod = {**pod, "spec": {**spec, "nodeName": node}}  # counted as if bound
                 fresh.apply_pod("ADDED", pod)
+        # Other nodes registering the same GPUs: the whole cluster's model knows them.
+        self.model.claims.overlay(fresh.nodes[node])
         return fresh
 
     def _not_ours(self, pod: Mapping[str, Any], uid: str) -> str | None:
@@ -719,8 +761,8 @@ class Binder:
         still unbound (the caller may write again) or bound to our node by another bind of it (a
         retry after kube-scheduler's timeout, a leader hand-over: the bind asked for has happened,
         and the pod is left exactly as that bind wrote it). Raises ``BindRefused`` when it is gone
-        or replaced, ``_Settled`` when another bind bound it elsewhere. Once bound, the model takes
-        what the pod really holds."""
+        or replaced, or when another bind bound it elsewhere. Once bound, the model takes what the
+        pod really holds."""
         namespace, name, uid, node = target
         try:
             current = await get_pod(self.api, namespace, name, timeout_s=self.settings.api_timeout_s)
@@ -731,11 +773,11 @@ class Binder:
         bound = (current.get("spec") or {}).get("nodeName")
         if not bound:
             return current
-        self.model.release(PodUid(uid), only_reserved=False)
+        self.model.release(PodUid(uid), source=None)
         self.model.apply_pod("MODIFIED", current)
         self.telemetry.metrics.bind_races.inc()
         if bound != node:
-            raise _Settled(f"pod {namespace}/{name} was bound to {bound} by another bind meanwhile")
+            raise BindRefused(f"pod {namespace}/{name} was bound to {bound} by another bind meanwhile")
         self.telemetry.logger.info(
             "pod bound by another bind of it", namespace=namespace, pod=name, node=node
         )

@@ -336,6 +336,7 @@ def _explained(node: NodeState, ask: PodAsk, ever: dict[tuple[tuple[Any, ...], .
             g.numa,
             g.health,
             g.cordoned,
+            g.refused,
         )
         for g in node.gpus
     )

@@ -4,6 +4,8 @@ The checks are those of docs/wire-format.md#resources and #user-annotations, in 
 (``pkg/device/nvidia/device.go`` ``Fit``), each failing GPU counted under HAMi's reason name:
 
 =================================  ===========================================================
+``CardRefused``                    its register entry is refused (our name): an older node
+                                   registers the same UUID, or it has 0 MiB (``gpu_claims``)
 ``CardNotHealth``                  the GPU registered unhealthy
 ``CardCordoned``                   the GPU is named in ``hami.io/device-cordon`` (our name)
 ``CardTypeMismatch``               use/nouse-gputype or vgpu-mode exclude it
@@ -57,6 +59,7 @@ from hamipy.protocol.resources import (
 __all__ = [
     "ALLOCATED_INSUFFICIENT",
     "CARD_CORDONED",
+    "CARD_REFUSED",
     "NODE_INSUFFICIENT_DEVICE",
     "NODE_UNFIT_POD",
     "NUMA_NOT_FIT",
@@ -66,6 +69,7 @@ __all__ = [
     "fit_pod",
 ]
 
+CARD_REFUSED: Final = "CardRefused"
 CARD_NOT_HEALTH: Final = "CardNotHealth"
 CARD_CORDONED: Final = "CardCordoned"
 CARD_TYPE_MISMATCH: Final = "CardTypeMismatch"
@@ -184,6 +188,8 @@ class Fit:
 
 def _check(gpu: Gpu, used: list[int], req: ContainerRequest, prefs: PodPreferences) -> str | None:
     """The reason ``gpu`` cannot take ``req`` now, or None when it can."""
+    if gpu.refused is not None:
+        return CARD_REFUSED
     if not gpu.health:
         return CARD_NOT_HEALTH
     if gpu.cordoned:

@@ -4,7 +4,9 @@ allocated than it has (docs/design.md#5-bind-enforces-correctness).
 Reads every node's ``hami.io/node-nvidia-register`` and every bound, not-finished pod's
 ``hami.io/vgpu-devices-allocated`` from the API (not from any extender's model) and adds the pods'
 usage per GPU by the same peak rule the device plugin serves by (``model.pod_usage``: native
-sidecars count as running beside the app containers). A pod that is
+sidecars count as running beside the app containers). A GPU UUID several nodes register is one GPU:
+the pods on it through every one of them are added up against the owning node's entry
+(``gpu_claims``), besides each node's own. A pod that is
 not bound holds nothing, as in the model: anyone may annotate their own pending pod, and only bound
 pods are served GPUs. Used by tests and by ``hamipy-extender check``.
 """
@@ -15,6 +17,7 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from hamipy.extender.gpu_claims import Rank, rank_of
 from hamipy.extender.model import pod_finished, pod_sidecars, pod_usage
 from hamipy.kube.client import KubeApi
 from hamipy.kube.resources import list_all, node_path, pod_path
@@ -69,6 +72,7 @@ class Report:
 def check_objects(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]]) -> Report:
     """The invariant over given Node and Pod objects."""
     capacity: dict[tuple[str, str], tuple[int, int, int]] = {}
+    claims: dict[str, list[tuple[Rank, str]]] = {}
     violations: list[Violation] = []
     node_count = 0
     for node_obj in nodes:
@@ -82,8 +86,13 @@ def check_objects(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str
         except ProtocolError as exc:
             violations.append(Violation(meta.get("name", ""), "-", f"unreadable register: {exc}", 0, 0, ()))
             continue
+        name = str(meta.get("name", ""))
         for dev in registered:
-            capacity[(meta.get("name", ""), dev.id)] = (dev.count, dev.devmem, dev.devcore)
+            capacity[(name, dev.id)] = (dev.count, dev.devmem, dev.devcore)
+            if dev.devmem > 0:  # a 0 MiB entry claims nothing (``gpu_claims.ZERO_MEMORY``)
+                claims.setdefault(dev.id, []).append(
+                    (rank_of(str(meta.get("creationTimestamp") or ""), name), name)
+                )
     used: dict[tuple[str, str], list[int]] = {}
     holders: dict[tuple[str, str], list[str]] = {}
     pod_count = 0
@@ -111,13 +120,21 @@ def check_objects(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str
             acc[1] += mem
             acc[2] += cores
             holders.setdefault((node, uuid), []).append(ident)
-    for key, (slots, mem, cores) in sorted(used.items()):
-        cap = capacity.get(key)
-        if cap is None:
-            continue  # a GPU no longer registered: nothing to exceed
-        for what, got, limit in (("slots", slots, cap[0]), ("memory", mem, cap[1]), ("cores", cores, cap[2])):
-            if got > limit:
-                violations.append(Violation(key[0], key[1], what, got, limit, tuple(holders[key])))
+    checks = [(key[0], key, [key]) for key in sorted(used)]
+    for uuid, claimants in sorted(claims.items()):
+        if len(claimants) > 1:
+            ranked = [name for _, name in sorted(claimants)]
+            checks.append(("+".join(ranked), (ranked[0], uuid), [(name, uuid) for name in ranked]))
+    for label, owner, keys_ in checks:
+        cap = capacity.get(owner)
+        shared = [used[k] for k in keys_ if k in used]
+        if cap is None or not shared:
+            continue  # a GPU no longer registered, or unused: nothing to exceed
+        idents = tuple(ident for k in keys_ for ident in holders.get(k, ()))
+        for i, what in enumerate(("slots", "memory", "cores")):
+            got = sum(u[i] for u in shared)
+            if got > cap[i]:
+                violations.append(Violation(label, owner[1], what, got, cap[i], idents))
     return Report(tuple(violations), node_count, len(capacity), pod_count)
 
 

@@ -137,6 +137,12 @@ class Leadership:
         while True:
             changed = self.elector.wait_changed()  # taken first: a change during catch-up wakes it
             try:
+                if not self.elector.is_leader() and self.model is not None:
+                    # A follower decides nothing: what it reserved as leader (a filter's choice, a
+                    # Binding whose answer was lost) would hold GPUs in its model for no one.
+                    dropped = self.model.drop_reservations()
+                    if dropped:
+                        self.telemetry.logger.info("not leading; reservations dropped", count=dropped)
                 leader = self.elector.leader
                 behind = leader is not None and leader.transitions != self._caught_up_term
                 if self.elector.is_leader() and leader is not None and behind:

@@ -10,8 +10,9 @@ Usage on a GPU is the sum of *contributions*, one per pod UID, each either
   set; phase not Succeeded/Failed), on that node, until the pod is gone or finished: a pod being
   deleted holds its GPUs until the kubelet reports its containers stopped (the terminal phase it
   writes before the final delete), since they run through the grace period;
-- ``binding``: a bind of this extender in flight (decided under the node lock, being written), from
-  ``begin_bind`` until ``allocate`` (after the Binding) or ``release``; or
+- ``binding``: a bind of this extender in flight (decided, being written), from ``begin_bind`` until
+  ``allocate`` (after the Binding), ``release`` (refused), or ``hold_in_doubt`` (no answer: a
+  reservation then); or
 - ``reserved``: a filter decision not yet visible in the pod, dropped after a time-to-live.
 
 A pod that is not bound holds nothing, whatever its annotations say: anyone who may create pods can
@@ -26,6 +27,10 @@ binds on a node serialize on the node lock and each re-checks fresh API state un
 An allocation counts init containers by their peak and regular containers summed
 (``pod_usage``), as the device plugin serves them: init containers run one after the other and
 finish before the others start.
+
+A well-formed register may still name a GPU that is not offered (``Gpu.refused``): one whose UUID an
+older node registers, or with 0 MiB (``hamipy.extender.gpu_claims``); each is returned as a refused
+``Problem`` for the caller to log and report as an Event.
 
 Malformed input is never read as zero: a malformed register annotation makes the node offer nothing
 (``NodeState.problem``); a malformed allocation on a bound pod makes its node offer nothing until the
@@ -45,6 +50,7 @@ pod again (its ``resourceVersion`` guards the Binding).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import heapq
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -52,6 +58,7 @@ from datetime import UTC, datetime
 from typing import Any, Final, Literal, NewType
 
 from hamipy.extender.disruption_budgets import DisruptionBudgets
+from hamipy.extender.gpu_claims import ZERO_MEMORY, ClaimChange, GpuClaims, refusal_text
 from hamipy.extender.node_order import NodeOrder
 from hamipy.extender.quota import Quotas
 from hamipy.protocol import keys
@@ -117,10 +124,19 @@ class Gpu:
     used_slots: int = 0
     used_mem: int = 0
     used_cores: int = 0
+    node: str = ""
+    refused: str | None = None
+    """Why the node's entry for this GPU is never offered (``gpu_claims``: ``DUPLICATE_UUID``,
+    ``ZERO_MEMORY``), None when it may be."""
+    owner: Gpu | None = None
+    """For a refused duplicate, the entry that owns its UUID (on an older node): this GPU's pods
+    count there too."""
 
     @classmethod
-    def of(cls, dev: DeviceInfo, *, cordoned: bool = False) -> Gpu:
+    def of(cls, dev: DeviceInfo, *, cordoned: bool = False, node: str = "") -> Gpu:
         return cls(
+            node=node,
+            refused=ZERO_MEMORY if dev.devmem <= 0 else None,
             uuid=dev.id,
             index=dev.index,
             count=dev.count,
@@ -145,6 +161,9 @@ class NodeState:
     """
 
     name: str
+    uid: str = ""
+    created: str = ""
+    """``metadata.creationTimestamp``: the oldest node registering a GPU UUID owns it (``gpu_claims``)."""
     gpus: list[Gpu] = dataclasses.field(default_factory=list)
     by_uuid: dict[str, Gpu] = dataclasses.field(default_factory=dict)
     registered: bool = False
@@ -204,7 +223,7 @@ class NodeState:
             total_slots += gpu.count
             total_cores += gpu.devcore
             total_mem += gpu.devmem
-            if gpu.health and not gpu.cordoned and gpu.used_slots < gpu.count:
+            if gpu.health and not gpu.cordoned and gpu.refused is None and gpu.used_slots < gpu.count:
                 free_slot_gpus += 1
                 max_free_mem = max(max_free_mem, gpu.devmem - gpu.used_mem)
                 max_free_cores = max(max_free_cores, gpu.devcore - gpu.used_cores)
@@ -263,7 +282,8 @@ class Nomination:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Problem:
-    """A malformed object: ``kind`` Node or Pod, its identity, and what was wrong."""
+    """A malformed object: ``kind`` Node or Pod, its identity, and what was wrong; or, ``refused``, a
+    well-formed register entry for a GPU that is not offered (``reason`` says why: ``gpu_claims``)."""
 
     kind: Literal["Node", "Pod"]
     name: str
@@ -271,6 +291,7 @@ class Problem:
     uid: str
     field: str
     reason: str
+    refused: bool = False
 
 
 def pod_usage(
@@ -403,7 +424,12 @@ def node_from_json(
     meta = node.get("metadata") or {}
     name = str(meta.get("name", ""))
     ann = _annotations(node)
-    state = NodeState(name=name, ours=previous.ours if previous is not None else False)
+    state = NodeState(
+        name=name,
+        uid=str(meta.get("uid", "")),
+        created=str(meta.get("creationTimestamp") or ""),
+        ours=previous.ours if previous is not None else False,
+    )
     problem: Problem | None = None
     register = ann.get(keys.NODE_REGISTER)
     state.register_value = register if isinstance(register, str) else None
@@ -418,7 +444,9 @@ def node_from_json(
             problem = Problem("Node", name, "", str(meta.get("uid", "")), exc.field, str(exc))
         else:
             cordon = _cordoned(state.cordon_value)
-            state.gpus = sorted((Gpu.of(d, cordoned=d.id in cordon) for d in devices), key=lambda g: g.index)
+            state.gpus = sorted(
+                (Gpu.of(d, cordoned=d.id in cordon, node=name) for d in devices), key=lambda g: g.index
+            )
             state.by_uuid = {g.uuid: g for g in state.gpus}
             state.type_key = tuple(sorted({g.type_upper for g in state.gpus}))
     state.refresh_summary()
@@ -525,6 +553,9 @@ class ClusterModel:
         self.quotas = Quotas(names or ResourceNames(count=count_resource))
         """The namespaces' GPU quotas (from the ResourceQuota watch), charged ``namespace_usage``."""
         self.nodes: dict[str, NodeState] = {}
+        self.claims = GpuClaims()
+        """Which node each GPU UUID counts on when several register it (``gpu_claims``)."""
+        self._refused_counts: tuple[int, collections.Counter[str | None]] = (-1, collections.Counter())
         self.order = NodeOrder()
         """``nodes`` in binpack and in spread order (``hamipy.extender.node_order``): written only here."""
         self.contributions: dict[PodUid, Contribution] = {}
@@ -567,8 +598,7 @@ class ClusterModel:
         name = str((node.get("metadata") or {}).get("name", ""))
         self.generation += 1
         if event == "DELETED":
-            self.nodes.pop(name, None)
-            self.order.drop(name)
+            self._drop_node(name)
             return []
         old = self.nodes.get(name)
         ann = _annotations(node)
@@ -576,6 +606,7 @@ class ClusterModel:
             old is not None
             and old.register_value == ann.get(keys.NODE_REGISTER)
             and old.cordon_value == ann.get(keys.DEVICE_CORDON)
+            and old.created == str((node.get("metadata") or {}).get("creationTimestamp") or "")
         ):
             # Only liveness/lock fields changed: keep the GPUs and their usage.
             _read_liveness(old, node, self.count_resource)
@@ -585,8 +616,58 @@ class ClusterModel:
             state.bad_pods = old.bad_pods
         self.nodes[name] = state
         self._recount(state)
+        change = self.claims.replace(old, state)
+        self._claims_changed(change, skip=name)
+        self._summarize(state)
         self.freed(NodeName(name))
-        return [problem] if problem else []
+        was = old.by_uuid if old is not None else {}
+        refused = [
+            gpu
+            for gpu in state.gpus
+            if gpu.refused == ZERO_MEMORY
+            and ((before := was.get(gpu.uuid)) is None or before.refused != ZERO_MEMORY)
+        ]
+        return ([problem] if problem else []) + self._refusals([*refused, *change.refused])
+
+    def _drop_node(self, name: str) -> None:
+        """The node is gone: the UUIDs it registered are owned again by the nodes left."""
+        old = self.nodes.pop(name, None)
+        self.order.drop(name)
+        if old is not None:
+            self._claims_changed(self.claims.replace(old, None), skip=name)
+
+    def _claims_changed(self, change: ClaimChange, *, skip: str) -> None:
+        """Other nodes' GPUs were refused or offered again, or took on usage (``gpu_claims``)."""
+        for other in change.nodes - {skip}:
+            state = self.nodes.get(other)
+            if state is not None:
+                self._summarize(state)
+        for node in {gpu.node for gpu in change.accepted} - {skip}:
+            self.freed(NodeName(node))
+
+    def _refusals(self, gpus: Iterable[Gpu]) -> list[Problem]:
+        """One problem per node for its GPUs newly refused (one Event per node and reason)."""
+        texts: dict[str, list[str]] = {}
+        for gpu in sorted(gpus, key=lambda g: (g.node, g.index)):
+            texts.setdefault(gpu.node, []).append(refusal_text(gpu))
+        problems = []
+        for name, lines in texts.items():
+            state = self.nodes.get(name)
+            uid = state.uid if state is not None else ""
+            reason = "; ".join(lines)
+            problems.append(Problem("Node", name, "", uid, keys.NODE_REGISTER, reason, refused=True))
+        return problems
+
+    def refused_gpus(self, cause: str) -> int:
+        """How many GPU entries are refused for ``cause`` (``gpu_claims``): a metric, counted in one
+        pass over the GPUs per change of the model."""
+        at, counts = self._refused_counts
+        if at != self.generation:
+            counts = collections.Counter(
+                gpu.refused for state in self.nodes.values() for gpu in state.gpus if gpu.refused
+            )
+            self._refused_counts = (self.generation, counts)
+        return counts[cause]
 
     def replace_nodes(self, nodes: Iterable[Mapping[str, Any]]) -> list[Problem]:
         """A full list: apply each, and forget nodes not in it."""
@@ -597,12 +678,12 @@ class ClusterModel:
             problems += self.apply_node("MODIFIED", node)
         for name in list(self.nodes):
             if name not in seen:
-                del self.nodes[name]
-                self.order.drop(name)
+                self._drop_node(name)
         self.nodes_synced = True
         return problems
 
     def _recount(self, state: NodeState) -> None:
+        """``state``'s usage from its pods; before its GPUs are claimed (``claims.replace``)."""
         for gpu in state.gpus:
             gpu.used_slots = gpu.used_mem = gpu.used_cores = 0
         for uid in self._by_node.get(state.name, ()):
@@ -615,8 +696,7 @@ class ClusterModel:
         state.version += 1
         self.order.put(state.name, state.score)
 
-    @staticmethod
-    def _add_usage(state: NodeState, usage: Mapping[str, Usage], sign: int) -> None:
+    def _add_usage(self, state: NodeState, usage: Mapping[str, Usage], sign: int) -> None:
         by_uuid = state.by_uuid
         for uuid, (slots, mem, cores) in usage.items():
             gpu = by_uuid.get(uuid)
@@ -625,6 +705,14 @@ class ClusterModel:
             gpu.used_slots += sign * slots
             gpu.used_mem += sign * mem
             gpu.used_cores += sign * cores
+            owner = gpu.owner
+            if owner is not None:  # a duplicate of an older node's GPU: the same GPU's pods
+                owner.used_slots += sign * slots
+                owner.used_mem += sign * mem
+                owner.used_cores += sign * cores
+                other = self.nodes.get(owner.node)
+                if other is not None:
+                    self._summarize(other)
 
     # -- contributions --------------------------------------------------------------------------
 
@@ -871,13 +959,35 @@ class ClusterModel:
             uid,
         )
 
-    def release(self, uid: PodUid, *, only_reserved: bool = True, quiet: bool = False) -> None:
-        """Drop the pod's reservation (or, with ``only_reserved=False``, whatever it holds). With
-        ``quiet`` nothing is reported ``freed``: the caller takes the GPUs again at once (a bind of
-        the reserved pod), and reports ``freed`` itself when it does not."""
+    def release(self, uid: PodUid, *, source: Source | None = "reserved", quiet: bool = False) -> None:
+        """Drop what the pod holds when it is from ``source`` (its reservation unless told; None:
+        whatever it holds). With ``quiet`` nothing is reported ``freed``: the caller takes the GPUs
+        again at once (a bind of the reserved pod), and reports ``freed`` itself when it does not.
+
+        A failed bind drops its own record (``binding``), never an allocation: a pod's allocation
+        goes only when the API says so (its watch event, or a read of the pod)."""
         current = self.contributions.get(uid)
-        if current is not None and (current.source == "reserved" or not only_reserved):
+        if current is not None and (source is None or current.source == source):
             self._set(None, uid, quiet=quiet)
+
+    def hold_in_doubt(self, uid: PodUid, *, expires_at: float) -> None:
+        """A bind of ours whose Binding may have been written (its answer was lost: a timeout, a
+        connection cut): its GPUs stay counted, as a reservation until ``expires_at``. The pod's
+        watch event makes them an allocation if it was bound; if not, its next filter or the
+        expiry frees them."""
+        current = self.contributions.get(uid)
+        if current is not None and current.source == "binding":
+            held = dataclasses.replace(current, source="reserved", expires_at=expires_at, raw=None)
+            self._set(held, uid, quiet=True)
+
+    def drop_reservations(self) -> int:
+        """Forget every reservation (a replica that stops deciding: they steered only its own
+        decisions, and the leader holds its own); binds in flight and allocations stay. Quietly:
+        nothing was bound or freed. Returns how many."""
+        held = [uid for uid, c in self.contributions.items() if c.source == "reserved"]
+        for uid in held:
+            self._set(None, uid, quiet=True)
+        return len(held)
 
     def expire(self, now: float) -> int:
         """Drop reservations whose time is up; returns how many."""

@@ -15,7 +15,7 @@ share counters):
   (kind, field), ``hamipy_extender_events_dropped``, ``hamipy_extender_watch_restarts`` (resource,
   cause), ``hamipy_extender_lock_waits`` / ``..._lock_breaks`` (reason) / ``..._lock_releases_owed``,
   ``..._bind_paths`` (path: model or locked), ``..._bind_races``, ``..._forwarded`` (verb, result),
-  ``..._leader``, ``..._pods_held`` (source).
+  ``..._leader``, ``..._pods_held`` (source), ``..._gpus_refused`` (reason).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from hamipy.extender.gpu_claims import DUPLICATE_UUID, ZERO_MEMORY
 from hamipy.extender.model import ClusterModel, Source
 from hamipy.telemetry.exposition import GaugeText, label_text
 from hamipy.telemetry.gc_pauses import GcPauses
@@ -240,6 +241,13 @@ class Metrics:
             ["source"],
             registry=r,
         )
+        self.gpus_refused = Gauge(
+            "hamipy_extender_gpus_refused",
+            "GPU entries of node registers that are never offered, by reason: duplicate-uuid (an older "
+            "node registers the same GPU UUID), zero-memory (registered with 0 MiB).",
+            ["reason"],
+            registry=r,
+        )
         self.leader = Gauge(
             "hamipy_extender_leader",
             "1 while this replica decides (the only replica, or the Lease holder), else 0.",
@@ -252,7 +260,7 @@ class Metrics:
         )
         self.bind_races = Counter(
             "hamipy_extender_bind_races",
-            "Binds whose pod another bind of it had written first (left as that bind wrote it).",
+            "Binds whose pod another bind of it had bound first (left as that bind wrote it).",
             registry=r,
         )
         self.requeue_nudges = Counter(
@@ -309,6 +317,10 @@ class Metrics:
             self.registry.register(QuotaCollector(model))
             for source in model.held:
                 self.pods_held.labels(source=source).set_function(functools.partial(_held, model, source))
+            for reason in (DUPLICATE_UUID, ZERO_MEMORY):
+                self.gpus_refused.labels(reason=reason).set_function(
+                    functools.partial(_refused, model, reason)
+                )
 
     async def render_chunks(self) -> list[bytes]:
         """The exposition text in chunks (``hamipy.telemetry.probes.metrics_response`` writes them
@@ -325,6 +337,10 @@ class Metrics:
 
 def _held(model: ClusterModel, source: Source) -> float:
     return float(model.held[source])
+
+
+def _refused(model: ClusterModel, reason: str) -> float:
+    return float(model.refused_gpus(reason))
 
 
 class Telemetry(ServiceTelemetry[Metrics]):

@@ -39,6 +39,7 @@ from hamipy.protocol.errors import ProtocolError
 from hamipy.protocol.node_handshake import needs_request, parse_handshake, requesting
 
 __all__ = [
+    "GPU_REFUSED",
     "RESOURCES",
     "ModelFeed",
     "Resource",
@@ -59,9 +60,20 @@ _PATHS: Final[dict[Resource, str]] = {
 }
 
 
+GPU_REFUSED: Final = "GPURefused"
+"""The Event on a node whose register entry for a GPU is refused (``hamipy.extender.gpu_claims``)."""
+
+
 def report_problems(problems: list[Problem], telemetry: Telemetry, events: EventRecorder) -> None:
-    """Log, count and post an Event for each malformed object."""
+    """Log, count and post an Event for each malformed object or refused GPU."""
     for p in problems:
+        involved = {"kind": p.kind, "name": p.name, "uid": p.uid}
+        if p.namespace:
+            involved["namespace"] = p.namespace
+        if p.refused:
+            telemetry.logger.error("GPU refused; it is not offered", node=p.name, uid=p.uid, error=p.reason)
+            events.emit(involved, GPU_REFUSED, p.reason, warning=True)
+            continue
         telemetry.metrics.malformed.labels(kind=p.kind, field=p.field.split("[", 1)[0]).inc()
         telemetry.logger.error(
             "malformed annotation; its capacity is not offered",
@@ -72,9 +84,6 @@ def report_problems(problems: list[Problem], telemetry: Telemetry, events: Event
             field=p.field,
             error=p.reason,
         )
-        involved = {"kind": p.kind, "name": p.name, "uid": p.uid}
-        if p.namespace:
-            involved["namespace"] = p.namespace
         events.emit(involved, "MalformedAnnotation", f"{p.reason}; its GPUs are not scheduled", warning=True)
 
 

@@ -1,0 +1,212 @@
+"""Register entries the scheduler refuses (``hamipy.extender.gpu_claims``): a GPU UUID another,
+older node registers already, and a GPU registered with 0 MiB. A tenant cannot write node
+annotations, but a misconfigured or compromised device plugin can: such an entry is never offered,
+an Event on the node and a log line say why, and one physical GPU is never booked twice through
+two nodes. When the owning node goes, the other node's entry is offered, with every pod on that GPU
+counted."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from builders import allocation, container, gpu
+from extender_fakes import BIND_SETTINGS, bind_rig, node, our_node, pod
+
+from hamipy.extender.errors import BindRefused
+from hamipy.extender.filtering import build_ask, decide
+from hamipy.extender.gpu_claims import DUPLICATE_UUID, ZERO_MEMORY
+from hamipy.extender.invariant import check_objects
+from hamipy.extender.model import ClusterModel, Problem
+from hamipy.extender.telemetry import Telemetry
+from hamipy.extender.watching import GPU_REFUSED, report_problems
+from hamipy.kube.events import EventRecorder
+from hamipy.protocol import keys
+from hamipy.protocol.config import Config
+from hamipy.protocol.devices import DeviceInfo
+
+OLDER = "2026-01-01T00:00:00Z"
+NEWER = "2026-06-01T00:00:00Z"
+
+
+def born(obj: dict[str, Any], created: str) -> dict[str, Any]:
+    obj["metadata"]["creationTimestamp"] = created
+    return obj
+
+
+def gpu_node(name: str, devices: Sequence[DeviceInfo], created: str) -> dict[str, Any]:
+    return born(our_node(name, devices), created)
+
+
+def on(node_name: str, uuid: str, mem: int = 1000, name: str = "p") -> dict[str, Any]:
+    """A pod bound to ``node_name`` holding ``mem`` MiB of ``uuid``."""
+    return pod(
+        name,
+        node_name=node_name,
+        phase="Running",
+        annotations=allocation(allocated=f"{uuid},NVIDIA,{mem},0:;", node=node_name),
+    )
+
+
+def refused(model: ClusterModel, node_name: str) -> dict[str, str | None]:
+    return {g.uuid: g.refused for g in model.nodes[node_name].gpus}
+
+
+def chosen(model: ClusterModel, names: Sequence[str], mem: int = 1000) -> tuple[str | None, list[str]]:
+    """The node and GPUs a filter chooses for a pod asking one GPU and ``mem`` MiB."""
+    ask = build_ask(pod("q", container(gpu=1, gpumem=mem)), Config())
+    decision = decide(model, ask, list(names), now=0.0)
+    uuids = [d.uuid for slot in decision.devices or [] for d in slot]
+    return decision.node, uuids
+
+
+def test_a_gpu_registered_with_0_mib_is_refused_and_the_nodes_other_gpus_are_offered() -> None:
+    model = ClusterModel()
+    problems = model.apply_node("ADDED", node("n", [gpu("Z", 0, mem=0), gpu("A", 1)]))
+    assert refused(model, "n") == {"Z": ZERO_MEMORY, "A": None}
+    (problem,) = problems
+    assert (problem.name, problem.uid, problem.refused) == ("n", "uid-n", True)
+    assert "GPU Z (index 0) is not scheduled: it is registered with 0 MiB" in problem.reason
+    # A pod asking a percentage (0 % of 0 MiB fits in 0 MiB) or nothing but a GPU never lands on Z.
+    for mem_ask in (container(gpu=1), container(gpu=1, gpumem_percentage=10)):
+        decision = decide(model, build_ask(pod("q", mem_ask), Config()), ["n"], now=0.0)
+        assert [d.uuid for slot in decision.devices or [] for d in slot] == ["A"]
+    # The same register again reports nothing new.
+    changed = node("n", [gpu("Z", 0, mem=0), gpu("A", 1, count=5)])
+    assert model.apply_node("MODIFIED", changed) == []
+
+
+def test_a_node_of_only_0_mib_gpus_fits_nothing_and_says_why() -> None:
+    model = ClusterModel()
+    model.apply_node("ADDED", node("n", [gpu("Z", 0, mem=0)]))
+    decision = decide(model, build_ask(pod("q"), Config()), ["n"], now=0.0)
+    assert decision.node is None
+    assert "CardRefused" in decision.unresolvable["n"].text()
+
+
+@pytest.mark.parametrize("order", ["older-first", "newer-first", "listed"])
+def test_a_uuid_two_nodes_register_is_offered_only_through_the_older_node(order: str) -> None:
+    old = gpu_node("b-old", [gpu("X", 0)], OLDER)
+    new = gpu_node("a-new", [gpu("X", 0), gpu("Y", 1)], NEWER)
+    model = ClusterModel()
+    if order == "listed":  # a list comes in name order: the newer node first
+        problems = model.replace_nodes([new, old])
+    else:
+        first, second = (old, new) if order == "older-first" else (new, old)
+        problems = model.apply_node("ADDED", first) + model.apply_node("ADDED", second)
+    assert refused(model, "b-old") == {"X": None}
+    assert refused(model, "a-new") == {"X": DUPLICATE_UUID, "Y": None}
+    (problem,) = problems
+    assert (problem.name, problem.uid, problem.refused) == ("a-new", "uid-a-new", True)
+    assert "GPU X (index 0) is not scheduled: node b-old registers the same GPU UUID" in problem.reason
+    assert chosen(model, ["a-new"]) == ("a-new", ["Y"])
+    metrics = Telemetry.create(stream=io.StringIO()).metrics
+    metrics.attach(model)
+    for reason, count in ((DUPLICATE_UUID, 1), (ZERO_MEMORY, 0)):
+        sample = metrics.registry.get_sample_value("hamipy_extender_gpus_refused", {"reason": reason})
+        assert sample == count
+
+
+def test_pods_on_the_refused_entry_count_against_the_owners_gpu() -> None:
+    """The newer node registered X first and has a pod on it; then the older node registers X too
+    and owns it: that pod runs on the same GPU, so the older node's X has that much less."""
+    model = ClusterModel()
+    model.replace_nodes([gpu_node("new", [gpu("X", 0, count=2, mem=2000)], NEWER)])
+    model.replace_pods([on("new", "X", 1500)])
+    model.apply_node("ADDED", gpu_node("old", [gpu("X", 0, count=2, mem=2000)], OLDER))
+    (x_old,) = model.nodes["old"].gpus
+    assert (x_old.used_slots, x_old.used_mem) == (1, 1500)
+    assert chosen(model, ["old", "new"], mem=1000) == (None, [])
+    assert chosen(model, ["old"], mem=500) == ("old", ["X"])
+    # The pod on the duplicate goes: the owner's X is free again.
+    model.apply_pod("DELETED", on("new", "X", 1500))
+    assert (x_old.used_slots, x_old.used_mem) == (0, 0)
+
+
+@pytest.mark.parametrize("how", ["deleted", "unregistered", "relisted"])
+def test_when_the_owner_goes_the_other_nodes_entry_is_offered_with_every_pod_counted(how: str) -> None:
+    model = ClusterModel()
+    old = gpu_node("old", [gpu("X", 0, count=4, mem=4000)], OLDER)
+    new = gpu_node("new", [gpu("X", 0, count=4, mem=4000)], NEWER)
+    model.replace_nodes([old, new])
+    model.replace_pods([on("old", "X", 1000, name="a"), on("new", "X", 500, name="b")])
+    freed: list[str | None] = []
+    model.on_freed = freed.append
+    (x_old,), (x_new,) = model.nodes["old"].gpus, model.nodes["new"].gpus
+    assert (x_old.used_mem, x_new.used_mem) == (1500, 500)
+    if how == "deleted":
+        model.apply_node("DELETED", old)
+    elif how == "unregistered":
+        model.apply_node("MODIFIED", gpu_node("old", [gpu("W", 0)], OLDER))
+    else:
+        model.replace_nodes([new])
+    assert refused(model, "new") == {"X": None}
+    (x_new,) = model.nodes["new"].gpus
+    # b's 500 MiB; a (bound to the old node) counts where its node is, if that is still there.
+    assert x_new.used_mem == 500
+    assert "new" in freed
+    assert chosen(model, ["new"]) == ("new", ["X"])
+    assert model.refused_gpus(DUPLICATE_UUID) == 0
+
+
+def test_a_0_mib_entry_claims_nothing() -> None:
+    """A GPU refused for 0 MiB does not keep another node's healthy entry for it from counting."""
+    model = ClusterModel()
+    model.replace_nodes([gpu_node("old", [gpu("X", 0, mem=0)], OLDER), gpu_node("new", [gpu("X", 0)], NEWER)])
+    assert refused(model, "old") == {"X": ZERO_MEMORY}
+    assert refused(model, "new") == {"X": None}
+
+
+async def test_the_locked_bind_refuses_a_duplicate_and_counts_the_owners_twins() -> None:
+    """A bind that decides under the node lock from the Node and its pods read afresh still knows
+    what other nodes register: the duplicate is never chosen, and the owner's GPU counts the pods
+    bound on the other node's entry for it."""
+    r = bind_rig(
+        BIND_SETTINGS,
+        born(node("old", [gpu("X", 0, count=2, mem=2000)]), OLDER),
+        born(node("new", [gpu("X", 0, count=2, mem=2000), gpu("Y", 1, count=2, mem=2000)]), NEWER),
+    )
+    r.kube.add_pod(on("new", "X", 1500, name="twin"))
+    r.model.replace_pods(r.kube.pods.values())
+    r.kube.add_pod(pod("p", container(gpu=1, gpumem=1000)))
+    await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="new")
+    stored = r.kube.pods[("ns", "p")]["metadata"]["annotations"][keys.DEVICES_ALLOCATED]
+    assert stored.startswith("Y,")
+    r.kube.add_pod(pod("q", container(gpu=1, gpumem=1000)))
+    with pytest.raises(BindRefused, match="CardInsufficientMemory"):
+        await r.binder.bind(namespace="ns", name="q", uid="uid-ns-q", node="old")
+
+
+def test_a_refused_gpu_is_logged_and_reported_on_its_node() -> None:
+    log = io.StringIO()
+    telemetry = Telemetry.create(stream=log)
+    events = EventRecorder(None, component="hamipy-extender", logger=telemetry.logger)
+    reason = "GPU X (index 0) is not scheduled: node old registers the same GPU UUID"
+    report_problems(
+        [Problem("Node", "new", "", "uid-new", keys.NODE_REGISTER, reason, refused=True)], telemetry, events
+    )
+    (line,) = [json.loads(entry) for entry in log.getvalue().splitlines()]
+    assert (line["event"], line["node"], line["error"]) == ("GPU refused; it is not offered", "new", reason)
+    (pending,) = events.recorded
+    assert (pending.involved["kind"], pending.involved["name"], pending.reason) == (
+        "Node",
+        "new",
+        GPU_REFUSED,
+    )
+    assert (pending.message, pending.warning) == (reason, True)
+
+
+def test_the_invariant_counts_a_uuid_two_nodes_register_as_one_gpu() -> None:
+    nodes = [
+        born(node("old", [gpu("X", 0, count=2, mem=2000)]), OLDER),
+        born(node("new", [gpu("X", 0, count=2, mem=2000)]), NEWER),
+    ]
+    fits = check_objects(nodes, [on("old", "X", 1000, name="a"), on("new", "X", 1000, name="b")])
+    assert fits.ok, fits.violations
+    over = check_objects(nodes, [on("old", "X", 1500, name="a"), on("new", "X", 1000, name="b")])
+    (violation,) = over.violations
+    assert (violation.node, violation.device, violation.what) == ("old+new", "X", "memory")
+    assert (violation.allocated, violation.capacity) == (2500, 2000)
