@@ -47,6 +47,7 @@ MANAGED = tuple(
         keys.RESOURCE_MEMORY,
         keys.RESOURCE_MEMORY_PERCENTAGE,
         keys.RESOURCE_CORES,
+        keys.RESOURCE_PRIORITY,
     )
 )
 

@@ -58,6 +58,7 @@ MANAGED_RESOURCES: Final = (
     "nvidia.com/gpumem",
     "nvidia.com/gpumem-percentage",
     "nvidia.com/gpucores",
+    "nvidia.com/priority",
 )
 
 
