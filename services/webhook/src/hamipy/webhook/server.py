@@ -347,6 +347,7 @@ class WebhookServer:
             limits=s.limits,
             ssl_context=ssl_context,
             shutdown_timeout_s=s.shutdown_timeout_s,
+            logger=self.admitter.telemetry.logger.bind(server=name),
         )
         self._servers.append(server)
         self.admitter.telemetry.metrics.connections.add(name, server)
