@@ -333,6 +333,31 @@ async def test_a_connection_whose_body_has_arrived_is_not_evicted_while_its_hand
         await close_raw(writer)
 
 
+async def test_a_connection_evicted_before_its_handler_starts_leaves_no_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A newcomer at the cap is accepted in one turn of the event loop and admitted (evicting) in the
+    # next; a request head parsed in between has its handler start on a connection already cut.
+    steps: list[str] = []
+    async with serving(dataclasses.replace(LONG, max_connections=1), steps=steps) as server:
+        reader, writer = await open_raw(server)
+        await until(lambda: server.stats.held == 1, "the connection to be held")
+        newcomer = socket.socket()
+        newcomer.setblocking(False)
+        newcomer.connect_ex(("127.0.0.1", server.port))  # on loopback, done at once
+        await asyncio.sleep(0)  # the server accepts it in this turn, admits it in the next
+        writer.write(HEAD + b"x")
+        prompt_reader, prompt_writer = await asyncio.open_connection(sock=newcomer)
+        prompt_writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        head = await asyncio.wait_for(prompt_reader.readuntil(b"\r\n\r\n"), 5)
+        assert head.startswith(b"HTTP/1.1 200")
+        assert await closed_by_server(reader) == b""
+        assert server.stats.evicted == 1
+        for w in (writer, prompt_writer):
+            await close_raw(w)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
 @pytest.mark.parametrize(
     ("abort", "reason"),
     [

@@ -170,8 +170,10 @@ class _Guard:
         @web.middleware
         async def track_requests(request: web.Request, handler: Handler) -> web.StreamResponse:
             conn = self.by_handler.get(request.protocol)
-            if conn is None:  # not one of ours (aiohttp's test client, say)
-                return await handler(request)
+            if conn is None:
+                if request.transport is None:  # lost before its handler could start
+                    raise web.HTTPRequestTimeout()
+                return await handler(request)  # not one of ours (aiohttp's test client, say)
             conn.request_started(request)
             try:
                 response = await handler(request)
@@ -403,6 +405,10 @@ class _Connection(asyncio.Protocol):
         inner = self.http2 or self._inner
         if inner is not None:
             inner.connection_lost(exc)
+        if self._inner is not None:
+            # Only now: a request parsed before the connection was cut may reach the middleware
+            # between the cut and this, and must find its connection (and that it is lost).
+            self._guard.by_handler.pop(self._inner, None)
         unread, self._unread = self._unread, None
         if unread is not None and not unread.is_eof():
             # aiohttp drains a body its handler left unread (``lingering_time``) but is not woken
@@ -567,8 +573,6 @@ class _Connection(asyncio.Protocol):
         self._body = None
         self._request = None
         self._guard.release(self)
-        if self._inner is not None:
-            self._guard.by_handler.pop(self._inner, None)
         handshake = self._handshake
         if handshake is not None and handshake is not asyncio.current_task():
             handshake.cancel()  # start_tls then closes the socket and frees its TLS state
