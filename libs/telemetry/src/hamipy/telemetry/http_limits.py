@@ -83,7 +83,7 @@ class HttpLimits:
     max_connections: int = 256
     """Connections held at once. A TLS connection costs 300-450 KiB (asyncio's 256 KiB read buffer
     from accept on, then the SSL object and aiohttp's handler): 1,500 slow clients take the webhook
-    from 72 to 186 MiB with this cap, within the chart's 256 Mi, and to 442 MiB without it
+    from 69 to 185 MiB with this cap, within the chart's 256 Mi, and to 425 MiB without it
     (tests/bench/bench_slow_clients.py). Our callers keep a few tens open (the API servers, one
     kube-scheduler, the kubelet, Prometheus)."""
 
