@@ -10,7 +10,7 @@ import dataclasses
 import io
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,10 +53,18 @@ MANAGED = tuple(
 
 class Webhook:
     """A webhook in this process, registered for one namespace; with ``metrics`` also serving
-    ``/metrics`` on a plain-HTTP port (``metrics_port``), as the chart runs it."""
+    ``/metrics`` on a plain-HTTP port (``metrics_port``), as the chart runs it; ``limits``: further
+    ``ServerSettings`` fields (``max_connections=8``)."""
 
     def __init__(
-        self, api: Any, namespace: str, certs: CertificateBundle, tmp: Path, *, metrics: bool = False
+        self,
+        api: Any,
+        namespace: str,
+        certs: CertificateBundle,
+        tmp: Path,
+        *,
+        metrics: bool = False,
+        limits: Mapping[str, Any] | None = None,
     ) -> None:
         self.api = api
         self.namespace = namespace
@@ -67,6 +75,7 @@ class Webhook:
         self.server: WebhookServer | None = None
         self.port = 0
         self.metrics = metrics
+        self.limits = dict(limits or {})
         self.metrics_port: int | None = None
         self.configuration = f"hamipy-webhook-{namespace}"
 
@@ -78,6 +87,7 @@ class Webhook:
             port=self.port,
             metrics_port=0 if self.metrics else None,
             shutdown_timeout_s=1.0,
+            **self.limits,
         )
         self.server = WebhookServer(settings, self.admitter)
         await self.server.start()
@@ -94,12 +104,14 @@ class Webhook:
         return 0.0 if value is None else value
 
 
-async def start_webhook(api: Any, namespace: str, tmp: Path, *, metrics: bool = False) -> Webhook:
+async def start_webhook(
+    api: Any, namespace: str, tmp: Path, *, metrics: bool = False, limits: Mapping[str, Any] | None = None
+) -> Webhook:
     """A webhook in this process with a certificate for 127.0.0.1, registered for `namespace` only
-    (``metrics``: see ``Webhook``). Its tracing follows this process's OTEL_* variables (a test sets
-    them with monkeypatch)."""
+    (``metrics``, ``limits``: see ``Webhook``). Its tracing follows this process's OTEL_* variables
+    (a test sets them with monkeypatch)."""
     certs = generate_certificates(dns_names=["localhost"], ip_addresses=["127.0.0.1"])
-    hook = Webhook(api, namespace, certs, tmp, metrics=metrics)
+    hook = Webhook(api, namespace, certs, tmp, metrics=metrics, limits=limits)
     await hook.start()
     try:
         await register_webhook(
