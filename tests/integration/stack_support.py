@@ -10,7 +10,7 @@ import dataclasses
 import io
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +55,8 @@ MANAGED = tuple(
 class Webhook:
     """A webhook in this process, registered for one namespace; with ``metrics`` also serving
     ``/metrics`` on a plain-HTTP port (``metrics_port``), as the chart runs it; deciding with
-    ``settings`` (the defaults when None)."""
+    ``settings`` (the defaults when None); ``limits``: further ``ServerSettings`` fields
+    (``max_connections=8``)."""
 
     def __init__(
         self,
@@ -66,6 +67,7 @@ class Webhook:
         *,
         metrics: bool = False,
         settings: MutationSettings | None = None,
+        limits: Mapping[str, Any] | None = None,
     ) -> None:
         self.api = api
         self.namespace = namespace
@@ -76,6 +78,7 @@ class Webhook:
         self.server: WebhookServer | None = None
         self.port = 0
         self.metrics = metrics
+        self.limits = dict(limits or {})
         self.metrics_port: int | None = None
         self.configuration = f"hamipy-webhook-{namespace}"
 
@@ -87,6 +90,7 @@ class Webhook:
             port=self.port,
             metrics_port=0 if self.metrics else None,
             shutdown_timeout_s=1.0,
+            **self.limits,
         )
         self.server = WebhookServer(settings, self.admitter)
         await self.server.start()
@@ -104,13 +108,19 @@ class Webhook:
 
 
 async def start_webhook(
-    api: Any, namespace: str, tmp: Path, *, metrics: bool = False, settings: MutationSettings | None = None
+    api: Any,
+    namespace: str,
+    tmp: Path,
+    *,
+    metrics: bool = False,
+    settings: MutationSettings | None = None,
+    limits: Mapping[str, Any] | None = None,
 ) -> Webhook:
     """A webhook in this process with a certificate for 127.0.0.1, registered for `namespace` only
-    (``metrics``, ``settings``: see ``Webhook``). Its tracing follows this process's OTEL_* variables
-    (a test sets them with monkeypatch)."""
+    (``metrics``, ``settings``, ``limits``: see ``Webhook``). Its tracing follows this process's
+    OTEL_* variables (a test sets them with monkeypatch)."""
     certs = generate_certificates(dns_names=["localhost"], ip_addresses=["127.0.0.1"])
-    hook = Webhook(api, namespace, certs, tmp, metrics=metrics, settings=settings)
+    hook = Webhook(api, namespace, certs, tmp, metrics=metrics, settings=settings, limits=limits)
     await hook.start()
     try:
         await register_webhook(

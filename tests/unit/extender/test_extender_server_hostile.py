@@ -212,6 +212,7 @@ async def test_slow_clients_are_cut_and_healthz_keeps_answering(server: Extender
         "evicted": 3,
         "refused": 0,
         "queue_timeout": 0,
+        "client_gone": 0,
     }
 
 

@@ -1,15 +1,21 @@
 """The limits of our HTTP servers, against a real server on 127.0.0.1 and raw sockets: slow headers,
 slow bodies, idle connections and TLS handshakes that never start are cut in time; the connection
-cap holds, evicting the longest waiter so that a prompt request still gets in."""
+cap holds, evicting the slowest sender (or else the longest idle connection) so that a prompt
+request still gets in; a client that leaves mid-request is one log line."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime
 import gc
+import io
+import json
 import logging
+import socket
 import ssl
+import struct
 import time
 from asyncio.sslproto import SSLProtocol
 from collections.abc import AsyncIterator, Callable
@@ -20,6 +26,7 @@ import pytest
 from aiohttp import web
 
 from hamipy.kube.certs import KeyPair, issue_cert, make_ca
+from hamipy.telemetry import make_logger
 from hamipy.telemetry.http_limits import BoundedServer, HttpLimits, start_bounded_site
 
 SHORT = HttpLimits(header_timeout_s=0.5, body_timeout_s=0.5, keepalive_timeout_s=0.5, max_connections=8)
@@ -27,31 +34,57 @@ TRICKLE_S = 0.2
 HEAD = b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n"
 
 
-def make_app(gate: asyncio.Event | None = None) -> web.Application:
+def make_app(gate: asyncio.Event | None = None, steps: list[str] | None = None) -> web.Application:
+    """``steps`` records where ``/echo`` and ``/read-then-hold`` are: ``reading``, then ``read``."""
+
     async def healthz(request: web.Request) -> web.Response:
         return web.Response(text="ok")
 
+    async def read(request: web.Request) -> bytes:
+        if steps is not None:
+            steps.append("reading")
+        body = await request.read()
+        if steps is not None:
+            steps.append("read")
+        return body
+
     async def echo(request: web.Request) -> web.Response:
-        return web.Response(text=str(len(await request.read())))
+        return web.Response(text=str(len(await read(request))))
 
     async def hold(request: web.Request) -> web.Response:
         assert gate is not None
         await gate.wait()
         return web.Response(text="released")
 
+    async def read_then_hold(request: web.Request) -> web.Response:
+        await read(request)
+        return await hold(request)
+
     app = web.Application()
     app.router.add_get("/healthz", healthz)
     app.router.add_post("/echo", echo)
     app.router.add_get("/hold", hold)
+    app.router.add_post("/read-then-hold", read_then_hold)
     return app
 
 
 @contextlib.asynccontextmanager
 async def serving(
-    limits: HttpLimits = SHORT, *, tls: ssl.SSLContext | None = None, gate: asyncio.Event | None = None
+    limits: HttpLimits = SHORT,
+    *,
+    tls: ssl.SSLContext | None = None,
+    gate: asyncio.Event | None = None,
+    steps: list[str] | None = None,
+    log: io.StringIO | None = None,
 ) -> AsyncIterator[BoundedServer]:
     server = await start_bounded_site(
-        make_app(gate), host="127.0.0.1", port=0, limits=limits, ssl_context=tls, shutdown_timeout_s=1
+        make_app(gate, steps),
+        host="127.0.0.1",
+        port=0,
+        limits=limits,
+        ssl_context=tls,
+        shutdown_timeout_s=1,
+        logger=None if log is None else make_logger("test", log),
     )
     try:
         yield server
@@ -227,6 +260,148 @@ async def test_the_cap_holds_and_healthz_gets_in_by_evicting_the_longest_waiter(
         assert (await get(f"http://127.0.0.1:{server.port}/healthz")) == (200, "ok")
         for _, writer in idle:
             await close_raw(writer)
+
+
+LONG = HttpLimits(header_timeout_s=30, body_timeout_s=30, keepalive_timeout_s=30, max_connections=3)
+"""Timeouts far past any test's wait: what happens at the cap is the cap's doing."""
+
+
+async def stall_body(
+    server: BoundedServer, steps: list[str]
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection that sent its head and part of its body, and is then silent (a byte a second is
+    no different to the server), returned once the handler waits for the rest."""
+    reader, writer = await open_raw(server)
+    readers = steps.count("reading")
+    writer.write(HEAD + b"x")
+    await until(lambda: steps.count("reading") == readers + 1, "the handler to wait for the body")
+    return reader, writer
+
+
+async def test_at_the_cap_the_longest_stalled_body_is_evicted_so_a_prompt_request_gets_in() -> None:
+    steps: list[str] = []
+    async with serving(LONG, steps=steps) as server:
+        stalled = [await stall_body(server, steps) for _ in range(3)]
+        assert server.stats.held == 3
+        assert (await get(f"http://127.0.0.1:{server.port}/healthz")) == (200, "ok")
+        assert server.stats.evicted == 1
+        assert server.stats.queued_total == 0
+        assert await closed_by_server(stalled[0][0]) == b""  # the longest sender, cut unanswered
+        assert all(not reader.at_eof() for reader, _ in stalled[1:])
+        assert server.stats.body_timeouts == server.stats.client_gone == 0
+        for _, writer in stalled:
+            await close_raw(writer)
+
+
+async def test_at_the_cap_a_stalled_body_goes_before_an_idle_kept_alive_connection() -> None:
+    # An idle connection may carry the client's next request as it is cut (a POST then fails: Go
+    # does not retry it); the slowest sender has had longer than anyone.
+    steps: list[str] = []
+    limits = dataclasses.replace(LONG, max_connections=2)
+    async with serving(limits, steps=steps) as server:
+        kept_reader, kept_writer = await open_raw(server)
+        kept_writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        await asyncio.wait_for(kept_reader.readuntil(b"\r\n\r\nok"), 5)
+        stalled_reader, stalled_writer = await stall_body(server, steps)
+        assert (await get(f"http://127.0.0.1:{server.port}/healthz")) == (200, "ok")
+        assert await closed_by_server(stalled_reader) == b""
+        kept_writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        head = await asyncio.wait_for(kept_reader.readuntil(b"\r\n\r\n"), 5)
+        assert head.startswith(b"HTTP/1.1 200")
+        assert server.stats.evicted == 1
+        for writer in (kept_writer, stalled_writer):
+            await close_raw(writer)
+
+
+async def test_a_connection_whose_body_has_arrived_is_not_evicted_while_its_handler_runs() -> None:
+    gate = asyncio.Event()
+    steps: list[str] = []
+    limits = dataclasses.replace(LONG, max_connections=1)
+    async with serving(limits, gate=gate, steps=steps) as server:
+        reader, writer = await open_raw(server)
+        writer.write(b"POST /read-then-hold HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nx")
+        await until(lambda: steps == ["reading"], "the handler to wait for the body")
+        writer.write(b"y")
+        await until(lambda: steps == ["reading", "read"], "the body to arrive")
+        waiting = asyncio.create_task(get(f"http://127.0.0.1:{server.port}/healthz"))
+        await until(lambda: server.stats.queued == 1, "the new connection to queue")
+        assert server.stats.evicted == 0
+        gate.set()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        assert head.startswith(b"HTTP/1.1 200")
+        assert await waiting == (200, "ok")
+        await close_raw(writer)
+
+
+async def test_a_connection_evicted_before_its_handler_starts_leaves_no_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A newcomer at the cap is accepted in one turn of the event loop and admitted (evicting) in the
+    # next; a request head parsed in between has its handler start on a connection already cut.
+    steps: list[str] = []
+    async with serving(dataclasses.replace(LONG, max_connections=1), steps=steps) as server:
+        reader, writer = await open_raw(server)
+        await until(lambda: server.stats.held == 1, "the connection to be held")
+        newcomer = socket.socket()
+        newcomer.setblocking(False)
+        newcomer.connect_ex(("127.0.0.1", server.port))  # on loopback, done at once
+        await asyncio.sleep(0)  # the server accepts it in this turn, admits it in the next
+        writer.write(HEAD + b"x")
+        prompt_reader, prompt_writer = await asyncio.open_connection(sock=newcomer)
+        prompt_writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        head = await asyncio.wait_for(prompt_reader.readuntil(b"\r\n\r\n"), 5)
+        assert head.startswith(b"HTTP/1.1 200")
+        assert await closed_by_server(reader) == b""
+        assert server.stats.evicted == 1
+        for w in (writer, prompt_writer):
+            await close_raw(w)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+@pytest.mark.parametrize(
+    ("abort", "reason"),
+    [
+        pytest.param(False, "closed by the client", id="closed"),
+        pytest.param(True, "Connection reset by peer", id="reset"),
+    ],
+)
+async def test_a_client_gone_mid_body_is_one_log_line_and_counted(
+    caplog: pytest.LogCaptureFixture, abort: bool, reason: str
+) -> None:
+    steps: list[str] = []
+    log = io.StringIO()
+    async with serving(LONG, steps=steps, log=log) as server:
+        _, writer = await stall_body(server, steps)
+        peer = f"127.0.0.1:{writer.get_extra_info('sockname')[1]}"
+        if abort:  # a reset, not an orderly close: no lingering on close
+            sock = writer.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        await close_raw(writer)
+        await until(lambda: server.stats.client_gone == 1, "the loss to be counted")
+        assert (await get(f"http://127.0.0.1:{server.port}/healthz")) == (200, "ok")
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    lines = [json.loads(line) for line in log.getvalue().splitlines()]
+    assert len(lines) == 1, lines
+    (line,) = lines
+    assert line["event"] == "client left mid-request"
+    assert (line["peer"], line["method"], line["path"]) == (peer, "POST", "/echo")
+    assert reason in line["reason"]
+    assert "exception" not in line
+    assert (server.stats.evicted, server.stats.body_timeouts) == (0, 0)
+
+
+async def test_a_client_gone_while_its_unread_body_is_drained_leaves_no_task_behind() -> None:
+    # aiohttp drains a body the handler did not read (for up to the body timeout) so that the
+    # client gets its answer; a client that leaves meanwhile must not keep that drain waiting.
+    async with serving(LONG) as server:
+        before = len(asyncio.all_tasks())
+        reader, writer = await open_raw(server)
+        writer.write(b"POST /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\nx")
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        assert head.startswith(b"HTTP/1.1 405")
+        writer.transport.abort()
+        await until(lambda: len(asyncio.all_tasks()) == before, "the connection's task to end")
+        assert server.stats.held == server.stats.client_gone == 0
 
 
 async def test_at_the_cap_with_every_connection_busy_a_new_one_waits_for_a_slot() -> None:

@@ -9,6 +9,7 @@ import contextlib
 import copy
 import io
 import json
+import logging
 import ssl
 import time
 from collections.abc import AsyncIterator
@@ -19,6 +20,7 @@ import aiohttp
 import pytest
 
 import hamipy.webhook.cli as cli
+from hamipy.devcluster.waiting import wait_for
 from hamipy.webhook.admitting import Admitter
 from hamipy.webhook.certs import CertificateBundle, generate_certificates, write_files
 from hamipy.webhook.mutation import MutationSettings
@@ -67,6 +69,25 @@ class Running:
         status, body = await self.request("POST", "/webhook", json.dumps(doc).encode())
         return status, json.loads(body)
 
+    async def open_tls(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        return await asyncio.wait_for(
+            asyncio.open_connection(
+                "127.0.0.1", self.server.port, ssl=self.client_context(), server_hostname="127.0.0.1"
+            ),
+            5,
+        )
+
+    def closed(self, server: str) -> dict[str, float]:
+        """``hamipy_webhook_http_connections_closed_total`` of one port, by reason."""
+        registry = self.server.admitter.telemetry.metrics.registry
+        return {
+            sample.labels["reason"]: sample.value
+            for metric in registry.collect()
+            if metric.name == "hamipy_webhook_http_connections_closed"
+            for sample in metric.samples
+            if sample.name.endswith("_total") and sample.labels["server"] == server
+        }
+
     async def probe(self) -> int:
         url = f"http://127.0.0.1:{self.server.metrics_port}/healthz"
         async with (
@@ -76,8 +97,11 @@ class Running:
             return response.status
 
 
-@pytest.fixture
-async def running(tmp_path: Path) -> AsyncIterator[Running]:
+@contextlib.asynccontextmanager
+async def serving(
+    tmp_path: Path, log: io.StringIO, *, timeout_s: float, keepalive_s: float, max_connections: int
+) -> AsyncIterator[Running]:
+    """The webhook on free ports, ``timeout_s`` its header and body timeouts, logging to ``log``."""
     certs = generate_certificates(dns_names=["localhost"], ip_addresses=["127.0.0.1"])
     cert, key, _ = write_files(certs, tmp_path)
     settings = ServerSettings(
@@ -87,14 +111,20 @@ async def running(tmp_path: Path) -> AsyncIterator[Running]:
         port=0,
         metrics_port=0,
         shutdown_timeout_s=1.0,
-        header_timeout_s=0.5,
-        body_timeout_s=0.5,
-        keepalive_timeout_s=5,
-        max_connections=4,
+        header_timeout_s=timeout_s,
+        body_timeout_s=timeout_s,
+        keepalive_timeout_s=keepalive_s,
+        max_connections=max_connections,
     )
-    admitter = Admitter(MutationSettings(), Telemetry.create(stream=io.StringIO()))
+    admitter = Admitter(MutationSettings(), Telemetry.create(stream=log))
     async with WebhookServer(settings, admitter) as server:
         yield Running(server, certs)
+
+
+@pytest.fixture
+async def running(tmp_path: Path) -> AsyncIterator[Running]:
+    async with serving(tmp_path, io.StringIO(), timeout_s=0.5, keepalive_s=5, max_connections=4) as running:
+        yield running
 
 
 async def closed_by_server(reader: asyncio.StreamReader) -> bytes:
@@ -147,6 +177,56 @@ async def test_silent_tls_clients_are_cut_while_probes_and_admissions_go_on(runn
     assert closed[("api", "evicted")] + closed[("api", "header_timeout")] == 6
     assert closed[("api", "evicted")] >= 2
     assert sum(n for (server, _), n in closed.items() if server == "probes") == 0
+
+
+STALLED_HEAD = (
+    b"POST /webhook HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 4000\r\n\r\n{"
+)
+"""A request whose body then stops: a byte a second, or none, is the same to the server."""
+STALLED_PROBE = b"POST /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 4000\r\n\r\n{"
+"""The same at the probe port, whose handlers read no body (answered, then the body is drained)."""
+
+
+async def test_stalled_bodies_past_the_cap_hold_off_neither_probes_nor_admissions(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Timeouts far past the clients' own: only the cap decides who gets in.
+    log = io.StringIO()
+    async with serving(tmp_path, log, timeout_s=60, keepalive_s=60, max_connections=4) as running:
+        stalled = []
+        for _ in range(12):  # three times the cap on each port
+            _, writer = await running.open_tls()
+            writer.write(STALLED_HEAD)
+            await writer.drain()
+            stalled.append(writer)
+            _, writer = await asyncio.open_connection("127.0.0.1", running.server.metrics_port)
+            writer.write(STALLED_PROBE)
+            await writer.drain()
+            stalled.append(writer)
+        # The kubelet's probes (on their own port) and the API server's calls (on the TLS port)
+        # are answered within their clients' timeouts (10 s: the chart's timeoutSeconds), not after
+        # the stalled bodies' 60 s.
+        assert await running.probe() == 200
+        assert await running.request("GET", "/healthz") == (200, b"ok")
+        status, answer = await running.admit(review(GPU_POD))
+        assert (status, answer["response"]["allowed"]) == (200, True)
+        assert running.closed("api")["body_timeout"] == running.closed("probes")["body_timeout"] == 0
+        # The clients leave mid-body: those still held are one log line each, not a traceback.
+        for writer in stalled:
+            writer.transport.abort()
+
+        def all_closed() -> dict[str, float]:
+            closed = running.closed("api")
+            return closed if closed["evicted"] + closed["client_gone"] == 12 else {}
+
+        closed = await wait_for(all_closed, timeout=5, interval=0.01, what="12 stalled bodies closed")
+    assert closed["evicted"] >= 8  # each newcomer past the cap evicted the longest stalled body
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    lines = [json.loads(line) for line in log.getvalue().splitlines()]
+    assert not [line for line in lines if "exception" in line]
+    gone = [line for line in lines if line["event"] == "client left mid-request"]
+    assert len(gone) == closed["client_gone"] >= 1
+    assert {(line["server"], line["method"], line["path"]) for line in gone} == {("api", "POST", "/webhook")}
 
 
 @pytest.mark.parametrize(

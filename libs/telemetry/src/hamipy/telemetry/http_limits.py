@@ -19,23 +19,34 @@ handshake itself (``loop.start_tls``) so that a connection can be cut before its
 - Body timeout: from then until the body is complete; a handler still reading it then finds the
   connection cut (answered as 408 to nobody, so aiohttp logs no 500).
 - Connection cap: at most ``max_connections`` connections are held, in TLS handshake or not. At the
-  cap a new connection closes the held one that has waited longest without a request in flight (an
-  idle kept-alive one, or a slow client still sending its request). Evicting the longest waiter
-  keeps memory at the cap while a client that sends its request promptly (the kubelet, the API
-  server) still gets in; refusing every new connection at the cap would let a client that keeps
-  reopening them starve the probes.
-- Queue: when every held connection is serving a request, a new connection waits for a slot, first
-  come first served, up to ``max_queued`` of them; past that it is closed at once. A queued
-  connection is not read and has no TLS state yet (a socket and about 1 KiB), and it waits at most
-  the header timeout. While connections queue, a held one is closed once its answer is sent
-  (``Connection: close``), so each finished request hands its slot on. This is for kube-scheduler over
-  HTTP/1.1: it sends each bind on a connection of its own and holds it until the extender's Binding is
-  written, so a burst of binds behind a slow API server fills the cap, and closing its next
-  connection would fail a pod's filter or bind. The listen backlog cannot be used instead: asyncio
-  only accepts or closes the listening socket.
+  cap a new connection closes a held one that is not being served: the one that has been sending
+  its request longest (from accept, TLS handshake included, or from the first byte of a further
+  request, until its body is complete: a handler waiting for the body counts as not served), or,
+  when none is, the one idle longest between requests. Evicting keeps memory at the cap while a
+  client that sends its request promptly (the kubelet, the API server) still gets in: a newcomer is
+  the newest sender, so the cap's worth of connections must open after it before it could be cut.
+  Refusing new connections at the cap instead would let a client that keeps reopening them, or
+  trickles its body, starve the probes and the API server. Senders go before idle connections
+  because a client may be writing its next request on an idle one as it is cut, and Go's HTTP
+  client does not retry a POST it has written.
+- Connection lost mid-request (the client left with its body unfinished or its answer unsent): one
+  log line naming the peer and the reason (``start_bounded_site(logger=...)``) and a count
+  (``ConnectionStats.client_gone``); the handler's read fails as under the body timeout, with no
+  traceback. A body the handler left unread, which aiohttp drains after the answer
+  (``lingering_time``), ends with the connection.
+- Queue: when every held connection is being served (its whole request in the handler), a new
+  connection waits for a slot, first come first served, up to ``max_queued`` of them; past that it
+  is closed at once. A queued connection is not read and has no TLS state yet (a socket and about
+  1 KiB), and it waits at most the header timeout. While connections queue, a held one is closed once
+  its answer is sent (``Connection: close``), so each finished request hands its slot on. This is
+  for kube-scheduler over HTTP/1.1: it sends each bind on a connection of its own and holds it until
+  the extender's Binding is written, so a burst of binds behind a slow API server fills the cap, and
+  closing its next connection would fail a pod's filter or bind. The listen backlog cannot be used
+  instead: asyncio only accepts or closes the listening socket.
 - HTTP/2 (``start_bounded_site(http2=...)``, TLS only): a connection whose handshake chose ``h2``
   is handed to a ``hamipy.telemetry.http2.Http2Session`` instead of aiohttp, and held to the same
-  limits per stream (that module's docstring says how).
+  limits per stream (that module's docstring says how). One with a stream open is being served
+  (not evicted) even while that stream's body is still coming: the body timeout bounds it.
 """
 
 from __future__ import annotations
@@ -45,6 +56,7 @@ import dataclasses
 import ssl
 from typing import Final, Literal, cast
 
+import structlog
 from aiohttp import StreamReader, web
 from aiohttp.typedefs import Handler
 
@@ -71,7 +83,7 @@ class HttpLimits:
     max_connections: int = 256
     """Connections held at once. A TLS connection costs 300-450 KiB (asyncio's 256 KiB read buffer
     from accept on, then the SSL object and aiohttp's handler): 1,500 slow clients take the webhook
-    from 72 to 186 MiB with this cap, within the chart's 256 Mi, and to 442 MiB without it
+    from 69 to 185 MiB with this cap, within the chart's 256 Mi, and to 425 MiB without it
     (tests/bench/bench_slow_clients.py). Our callers keep a few tens open (the API servers, one
     kube-scheduler, the kubelet, Prometheus)."""
 
@@ -100,7 +112,8 @@ class ConnectionStats:
     """Of ``accepted``, those that negotiated HTTP/2 (``start_bounded_site(http2=...)``)."""
     held: int = 0
     waiting: int = 0
-    """Of ``held``, those without a request in flight (idle, or still sending their request)."""
+    """Of ``held``, those the cap may evict: idle, or still sending their request (TLS handshake,
+    head or body)."""
     queued: int = 0
     """Waiting for a slot now (not held)."""
     queued_total: int = 0
@@ -110,11 +123,14 @@ class ConnectionStats:
     queue_timeouts: int = 0
     """Closed while queued, after the header timeout."""
     evicted: int = 0
-    """Closed to make room at the cap (the longest waiter without a request in flight)."""
+    """Closed to make room at the cap (the longest sender, or else the longest idle connection)."""
     header_timeouts: int = 0
     body_timeouts: int = 0
     idle_timeouts: int = 0
     """Closed after ``keepalive_timeout_s`` without a further request (or with the answer unread)."""
+    client_gone: int = 0
+    """Closed by the client (or its network) while its request was in flight: its body unfinished,
+    or its answer not yet sent."""
 
 
 class _Guard:
@@ -128,16 +144,24 @@ class _Guard:
         *,
         http2: Http2App | None = None,
         shutdown_timeout_s: float = 60.0,
+        logger: structlog.typing.FilteringBoundLogger | None = None,
     ) -> None:
         self.limits = limits
         self.ssl_context = ssl_context
         self.http2 = http2
         self.shutdown_timeout_s = shutdown_timeout_s
+        self.logger = logger
         self.stats = ConnectionStats()
         self.server: web.Server | None = None
+        self.stopping = False
+        """Set once the server stops: the connections it closes then did not lose their clients."""
         self.held: set[_Connection] = set()
-        self.waiting: dict[_Connection, None] = {}
-        """Held connections without a request in flight, longest waiting first (insertion order)."""
+        self.sending: dict[_Connection, None] = {}
+        """Held connections whose request has not fully arrived, longest sending first (insertion
+        order): evicted first at the cap."""
+        self.idle: dict[_Connection, None] = {}
+        """Held connections kept alive between requests, longest idle first: evicted when no
+        connection is sending."""
         self.queue: dict[_Connection, None] = {}
         """Connections waiting for a slot, first come first (insertion order)."""
         self.by_handler: dict[web.RequestHandler, _Connection] = {}
@@ -146,16 +170,19 @@ class _Guard:
         @web.middleware
         async def track_requests(request: web.Request, handler: Handler) -> web.StreamResponse:
             conn = self.by_handler.get(request.protocol)
-            if conn is None:  # not one of ours (aiohttp's test client, say)
-                return await handler(request)
-            conn.request_started(request.content)
+            if conn is None:
+                if request.transport is None:  # lost before its handler could start
+                    raise web.HTTPRequestTimeout()
+                return await handler(request)  # not one of ours (aiohttp's test client, say)
+            conn.request_started(request)
             try:
                 response = await handler(request)
-            except ConnectionResetError:
-                if not conn.cut_off:
+            except OSError:  # ConnectionResetError, or the TLS layer's error, from the body's read
+                if not conn.lost:
                     raise
-                # The body deadline cut the connection under the handler: nobody is left to answer,
-                # and an HTTP error (unlike this exception) is not logged by aiohttp as a crash.
+                # A limit cut the connection under the handler, or the client left (the connection
+                # logged it): nobody is left to answer, and an HTTP error (unlike this exception)
+                # is not logged by aiohttp as a crash.
                 raise web.HTTPRequestTimeout() from None
             finally:
                 conn.request_done()
@@ -166,12 +193,13 @@ class _Guard:
         self.middleware: Final = track_requests
 
     def admit(self, conn: _Connection) -> Literal["held", "queued", "refused"]:
-        """A new connection: held (at the cap, in place of the longest waiter), queued behind
-        those already queued, or refused when the queue is full."""
+        """A new connection: held (at the cap, in place of the longest sender or else the longest
+        idle one), queued behind those already queued, or refused when the queue is full."""
         if len(self.held) >= self.limits.max_connections:
-            if self.waiting and not self.queue:
+            victim = next(iter(self.sending), None) or next(iter(self.idle), None)
+            if victim is not None and not self.queue:
                 self.stats.evicted += 1
-                next(iter(self.waiting)).cut()
+                victim.cut()
             elif len(self.queue) < self.limits.max_queued:
                 self.queue[conn] = None
                 self.stats.queued_total += 1
@@ -188,20 +216,30 @@ class _Guard:
         self.stats.accepted += 1
         self._count()
 
-    def wait(self, conn: _Connection) -> None:
-        self.waiting.pop(conn, None)
-        self.waiting[conn] = None  # to the end: it waits from now
+    def send(self, conn: _Connection) -> None:
+        """``conn`` starts sending a request (from accept, or its next request's first byte)."""
+        self.idle.pop(conn, None)
+        self.sending[conn] = None
+        self._count()
+
+    def rest(self, conn: _Connection) -> None:
+        """``conn`` was answered and is kept alive."""
+        self.sending.pop(conn, None)
+        self.idle[conn] = None
         self._count()
 
     def busy(self, conn: _Connection) -> None:
-        self.waiting.pop(conn, None)
+        """``conn``'s request is whole and in the handler (or an HTTP/2 stream is open)."""
+        self.sending.pop(conn, None)
+        self.idle.pop(conn, None)
         self._count()
 
     def release(self, conn: _Connection) -> None:
         """``conn`` is gone (or was never held): its slot goes to the longest queued connection."""
         self.queue.pop(conn, None)
         self.held.discard(conn)
-        self.waiting.pop(conn, None)
+        self.sending.pop(conn, None)
+        self.idle.pop(conn, None)
         while self.queue and len(self.held) < self.limits.max_connections:
             first = next(iter(self.queue))
             del self.queue[first]
@@ -211,13 +249,14 @@ class _Guard:
 
     def _count(self) -> None:
         self.stats.held = len(self.held)
-        self.stats.waiting = len(self.waiting)
+        self.stats.waiting = len(self.sending) + len(self.idle)
         self.stats.queued = len(self.queue)
 
     async def stop(self) -> None:
         """Cut what aiohttp does not know yet: queued connections, and those still in their TLS
         handshake (the queue first, so that no slot freed here is handed on); drain the HTTP/2
         ones (aiohttp drains its own after this)."""
+        self.stopping = True
         for conn in list(self.queue):
             conn.cut()
         for conn in [c for c in self.held if not c.serving]:
@@ -246,10 +285,21 @@ class _Connection(asyncio.Protocol):
         self._handshake: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._body: StreamReader | None = None
+        self._request: web.BaseRequest | None = None
+        """The HTTP/1.1 request in flight (for the log line if the client leaves)."""
+        self._unread: StreamReader | None = None
+        """The answered request's body, while aiohttp may still be draining it."""
+        self._in_flight = False
+        """A request (or an HTTP/2 stream) is between its head and its answer."""
         self._idle = False
         self._closed = False
         self.cut_off = False
         """We closed it (a deadline passed, or it was evicted)."""
+
+    @property
+    def lost(self) -> bool:
+        """Closed, by us or by the peer."""
+        return self._closed
 
     @property
     def serving(self) -> bool:
@@ -349,37 +399,70 @@ class _Connection(asyncio.Protocol):
             inner.resume_writing()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._in_flight and not self._closed and not self._guard.stopping:
+            self._client_gone(exc)
         self._forget()
         inner = self.http2 or self._inner
         if inner is not None:
             inner.connection_lost(exc)
+        if self._inner is not None:
+            # Only now: a request parsed before the connection was cut may reach the middleware
+            # between the cut and this, and must find its connection (and that it is lost).
+            self._guard.by_handler.pop(self._inner, None)
+        unread, self._unread = self._unread, None
+        if unread is not None and not unread.is_eof():
+            # aiohttp drains a body its handler left unread (``lingering_time``) but is not woken
+            # when the connection goes: its task would wait out the body timeout, past the slot's
+            # release and even the server's shutdown. The end of the body ends the drain.
+            unread.feed_eof()
 
     # -- the application's side (the guard's middleware) -----------------------------------------
 
-    def request_started(self, body: StreamReader) -> None:
-        """The request's line and headers are parsed: its body (if still coming) is timed now."""
+    def request_started(self, request: web.BaseRequest) -> None:
+        """The request's line and headers are parsed: its body (if still coming) is timed now, and
+        the connection stays evictable, in its place among the senders, until the body is whole."""
+        pipelined = self._idle  # parsed from bytes that came with the previous request
         self._idle = False
-        self._guard.busy(self)
+        self._in_flight = True
+        self._request = request
+        self._unread = None
         self._cancel_timer()
-        if not self._closed and not body.is_eof():
-            self._body = body
-            self._timer = self._loop.call_later(self._guard.limits.body_timeout_s, self._body_late)
+        body = request.content
+        if self._closed or body.is_eof():
+            self._guard.busy(self)
+            return
+        if pipelined:
+            self._guard.send(self)
+        self._body = body
+        self._timer = self._loop.call_later(self._guard.limits.body_timeout_s, self._body_late)
+        body.on_eof(self._body_arrived)
+
+    def _body_arrived(self) -> None:
+        if self._body is not None and not self._closed:
+            self._body = None
+            self._cancel_timer()
+            self._guard.busy(self)
 
     def request_done(self) -> None:
         """The handler returned: idle until the next request's first byte, for at most the
         keep-alive time (which also bounds a client that does not read its answer)."""
         self._cancel_timer()
         self._body = None
+        if self._request is not None and not self._request.content.is_eof():
+            self._unread = self._request.content
+        self._request = None
+        self._in_flight = False
         if not self._closed:
             self._idle = True
             self._timer = self._loop.call_later(self._guard.limits.keepalive_timeout_s, self._idle_late)
-            self._guard.wait(self)
+            self._guard.rest(self)
 
     # -- an HTTP/2 session's streams (``http2.Slot``) ----------------------------------------------
 
     def busy(self) -> None:
         """A stream opened on an idle HTTP/2 connection."""
         self._idle = False
+        self._in_flight = True
         self._cancel_timer()
         self._guard.busy(self)
 
@@ -427,7 +510,29 @@ class _Connection(asyncio.Protocol):
         self._idle = False
         self._cancel_timer()
         self._timer = self._loop.call_later(self._guard.limits.header_timeout_s, self._headers_late)
-        self._guard.wait(self)
+        self._guard.send(self)
+
+    def _client_gone(self, exc: Exception | None) -> None:
+        """The peer closed (or reset) the connection with a request in flight: counted, and one
+        line naming the peer and the reason (aiohttp would log the handler's failed read as a
+        crash, with its traceback, were it not turned into an answer to nobody)."""
+        self._guard.stats.client_gone += 1
+        logger = self._guard.logger
+        if logger is None:
+            return
+        raw = self._raw
+        request = self._request
+        what = (
+            {"method": request.method, "path": request.path, "body_complete": self._body is None}
+            if request is not None
+            else {"http2": True}
+        )
+        logger.info(
+            "client left mid-request",
+            peer=_address(raw.get_extra_info("peername") if raw is not None else None),
+            reason="closed by the client" if exc is None else f"{type(exc).__name__}: {exc}",
+            **what,
+        )
 
     def _headers_late(self) -> None:
         self._timer = None
@@ -466,12 +571,19 @@ class _Connection(asyncio.Protocol):
         self._closed = True
         self._cancel_timer()
         self._body = None
+        self._request = None
         self._guard.release(self)
-        if self._inner is not None:
-            self._guard.by_handler.pop(self._inner, None)
         handshake = self._handshake
         if handshake is not None and handshake is not asyncio.current_task():
             handshake.cancel()  # start_tls then closes the socket and frees its TLS state
+
+
+def _address(peer: object) -> str | None:
+    """``host:port`` of a socket's peer name (``[host]:port`` for IPv6)."""
+    if not isinstance(peer, tuple) or len(peer) < 2:
+        return None
+    host, port = peer[0], peer[1]
+    return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
 
 
 class BoundedSite(web.BaseSite):
@@ -544,9 +656,12 @@ async def start_bounded_site(
     ssl_context: ssl.SSLContext | None = None,
     shutdown_timeout_s: float = 60.0,
     http2: Http2App | None = None,
+    logger: structlog.typing.FilteringBoundLogger | None = None,
 ) -> BoundedServer:
     """Serve ``app`` on ``host:port`` (0: a free port) under ``limits``, over TLS with
     ``ssl_context``. ``app`` must not be started yet: a middleware of ours is put first in it.
+    ``logger`` gets a line for each client that leaves mid-request (none without it; each is
+    counted either way).
 
     With ``http2`` (and ``ssl_context``) a client may choose HTTP/2 in the handshake (ALPN, set on
     ``ssl_context`` here); its requests are then answered by ``http2`` (``hamipy.telemetry.http2``)
@@ -555,7 +670,7 @@ async def start_bounded_site(
         if ssl_context is None:
             raise ValueError("HTTP/2 is offered over TLS only (ALPN): give an ssl_context")
         ssl_context.set_alpn_protocols(["h2", "http/1.1"])
-    guard = _Guard(limits, ssl_context, http2=http2, shutdown_timeout_s=shutdown_timeout_s)
+    guard = _Guard(limits, ssl_context, http2=http2, shutdown_timeout_s=shutdown_timeout_s, logger=logger)
     app.middlewares.insert(0, guard.middleware)
     runner = web.AppRunner(
         app,

@@ -20,6 +20,7 @@ CLOSE_REASONS: tuple[tuple[str, str], ...] = (
     ("evicted", "evicted"),
     ("refused", "refused"),
     ("queue_timeout", "queue_timeouts"),
+    ("client_gone", "client_gone"),
 )
 """The ``reason`` label and the ``ConnectionStats`` field it counts."""
 
@@ -29,8 +30,9 @@ class HttpConnectionsCollector(Collector):
     (waiting for a slot now), ``<prefix>_http_connections_accepted_total``,
     ``<prefix>_http_connections_http2_total`` (of those, the ones that chose HTTP/2),
     ``<prefix>_http_connections_waited_total`` (ever waited in the queue) and
-    ``<prefix>_http_connections_closed_total{server,reason}`` (cut by a limit), read from the
-    servers' own counters at scrape time. Every reason is exported from the start, at 0."""
+    ``<prefix>_http_connections_closed_total{server,reason}`` (cut by a limit, or lost by the client
+    mid-request), read from the servers' own counters at scrape time. Every reason is exported from
+    the start, at 0."""
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
@@ -65,8 +67,9 @@ class HttpConnectionsCollector(Collector):
         )
         closed = CounterMetricFamily(
             f"{self.prefix}_http_connections_closed",
-            "Connections closed by a limit: a slow request head or body, an idle kept-alive "
-            "connection, evicted or refused at the connection cap, or queued past the header timeout.",
+            "Connections closed by a limit (a slow request head or body, an idle kept-alive "
+            "connection, evicted or refused at the connection cap, or queued past the header timeout), "
+            "or by the client before its request was answered.",
             labels=["server", "reason"],
         )
         for name, stats in sorted(self._servers.items()):
