@@ -19,6 +19,7 @@ from builders import container
 from extender_fakes import node, pod
 
 import hamipy.extender.cli as cli
+from hamipy.devcluster import wait_for
 from hamipy.extender.server import ExtenderServer, http_limits
 from hamipy.extender.settings import ExtenderSettings
 from hamipy.extender.telemetry import Telemetry
@@ -236,6 +237,26 @@ async def test_a_trickled_body_is_cut(server: ExtenderServer) -> None:
         await writer.wait_closed()
     assert 0.4 <= time.monotonic() - started < 3
     assert await healthz(server) == 200
+
+
+async def test_a_client_that_leaves_mid_body_is_one_log_line_naming_it() -> None:
+    log = io.StringIO()
+    srv = ExtenderServer(config=Config(), settings=SETTINGS, telemetry=Telemetry.create(stream=log), api=None)
+    async with srv:
+        _, writer = await asyncio.open_connection("127.0.0.1", srv.port)
+        writer.write(b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{")
+        await writer.drain()
+        peer = "127.0.0.1:{}".format(writer.get_extra_info("sockname")[1])
+
+        def gone() -> list[dict[str, Any]]:
+            lines = [json.loads(line) for line in log.getvalue().splitlines()]
+            return [line for line in lines if line["event"] == "client left mid-request"]
+
+        writer.transport.abort()
+        await wait_for(gone, timeout=5, interval=0.02, what="the client-left line")
+        (line,) = gone()
+        assert (line["server"], line["peer"], line["path"]) == ("api", peer, "/filter")
+        assert "Traceback" not in log.getvalue()
 
 
 # -- settings ---------------------------------------------------------------------------------------------

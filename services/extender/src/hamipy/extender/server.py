@@ -297,6 +297,7 @@ class ExtenderServer:
             ssl_context=self.ssl_context,
             shutdown_timeout_s=self.shutdown_timeout_s,
             http2=http2,
+            logger=self.telemetry.logger.bind(server="api"),
         )
         self.port = self._server.port
         self._serving.set()
