@@ -365,6 +365,87 @@ def test_an_allowed_schedulers_pod_is_held_to_the_env_rules_too() -> None:
     assert "sets LD_PRELOAD" in refusal(p, MutationSettings(allowed_schedulers=frozenset({"volcano"})))
 
 
+# -- the paths a GPU container's own volumes may not cover (hamipy.protocol.reserved_mounts) -------------
+
+
+GPU = {"nvidia.com/gpu": "1"}
+
+
+def mount_refusal(p: dict[str, Any], s: MutationSettings = DEFAULTS) -> str:
+    decision = decide(p, s)
+    assert (decision.outcome, decision.reason, decision.patch) == ("refused", "reserved_mount", ())
+    return decision.message
+
+
+def mounting(path: str, **limits: str) -> dict[str, Any]:
+    """A pod whose container ``cuda`` (with ``limits``) mounts volume ``v`` at ``path``."""
+    mounts = [{"name": "v", "mountPath": path}]
+    return pod("p", container("sidecar"), container("cuda", limits=limits or None, volumeMounts=mounts))
+
+
+@pytest.mark.parametrize(
+    ("path", "covers"),
+    [
+        pytest.param("/usr/local/vgpu/limits", "interposer directory", id="limits-file"),
+        pytest.param("/usr/local/vgpu", "interposer directory", id="hook-directory"),
+        pytest.param("/usr/local/vgpu/libvgpu.so", "interposer directory", id="interposer"),
+        pytest.param("/etc/ld.so.preload", "/etc/ld.so.preload", id="preload"),
+        pytest.param("/usr/local//vgpu", "another spelling", id="double-slash"),
+        pytest.param("/etc/./ld.so.preload", "another spelling", id="dot"),
+        pytest.param("/usr/x/../local/vgpu/limits", "another spelling", id="dot-dot"),
+        pytest.param("etc/ld.so.preload", "another spelling", id="relative"),
+    ],
+)
+@pytest.mark.parametrize(
+    "limits",
+    [
+        pytest.param({"nvidia.com/gpu": "1"}, id="count"),
+        pytest.param({"nvidia.com/gpumem": "1000"}, id="count-added-by-default"),
+    ],
+)
+def test_a_gpu_container_may_not_cover_the_device_plugins_mounts(
+    path: str, covers: str, limits: dict[str, str]
+) -> None:
+    message = mount_refusal(mounting(path, **limits))
+    assert f"containers[1] 'cuda' mounts volume 'v' at {path!r}:" in message
+    assert covers in message
+
+
+def test_the_configured_hook_path_is_the_one_reserved() -> None:
+    s = load_settings("nvidia:\n  hookPath: /opt/hami/vgpu\n")
+    assert s.hook_path == "/opt/hami/vgpu"
+    assert "interposer directory" in mount_refusal(mounting("/opt/hami/vgpu/limits", **GPU), s)
+    assert decide(mounting("/usr/local/vgpu/limits", **GPU), s).allowed
+
+
+@pytest.mark.parametrize("path", ["/etc", "/usr/local", "/data", "/usr/local/vgpu2", "/etc/ld.so.preload.d"])
+def test_a_gpu_container_may_mount_anywhere_else(path: str) -> None:
+    assert decide(mounting(path, **GPU), DEFAULTS).allowed
+
+
+def test_containers_asking_no_gpu_may_mount_there() -> None:
+    """They get none of the device plugin's mounts, so nothing of ours is covered."""
+    p = mounting("/etc/ld.so.preload")
+    p["spec"]["containers"][0] = container("gpu", limits=GPU)
+    assert decide(p, DEFAULTS).allowed
+    no_count = mounting("/usr/local/vgpu/limits", **{"nvidia.com/gpumem": "1000"})
+    assert decide(no_count, MutationSettings(default_gpu_count=0)) == Decision("allowed", "no_gpu_asked")
+
+
+def test_a_gpu_init_container_may_not_cover_them_either() -> None:
+    init = container("setup", limits=GPU, volumeMounts=[{"name": "v", "mountPath": "/etc/ld.so.preload"}])
+    message = mount_refusal(pod("p", container(), init=[init]))
+    assert "initContainers[0] 'setup' mounts volume 'v' at '/etc/ld.so.preload'" in message
+
+
+def test_an_allowed_schedulers_pod_is_held_to_the_mount_rules_too() -> None:
+    p = mounting("/usr/local/vgpu/limits", **GPU)
+    p["spec"]["schedulerName"] = "volcano"
+    assert "'/usr/local/vgpu/limits'" in mount_refusal(
+        p, MutationSettings(allowed_schedulers=frozenset({"volcano"}))
+    )
+
+
 # -- runtime class, trace annotation ------------------------------------------------------------------
 
 

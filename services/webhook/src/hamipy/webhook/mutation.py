@@ -15,7 +15,10 @@ and the places where a GPU pod could bypass our scheduler or choose its own limi
    with the message ``hamipy.protocol`` gives (naming the container and the value).
 5. A container may not set the env ``hamipy.protocol.reserved_env`` reserves (a container asking
    for the GPU count, after the defaults: the limit and interposer variables; any container:
-   ``NVIDIA_VISIBLE_DEVICES`` other than ``none``), by ``env`` or by an ``envFrom`` prefix.
+   ``NVIDIA_VISIBLE_DEVICES`` other than ``none``), by ``env`` or by an ``envFrom`` prefix; and a
+   container asking for the GPU count may not mount a volume where the device plugin mounts the
+   interposer and its limits (``hamipy.protocol.reserved_mounts``: under ``hook_path``, at
+   ``/etc/ld.so.preload``, or at a path that is not canonical).
 6. A pod that, after the defaults, asks for no GPU is allowed unchanged.
 7. A GPU pod with a privileged container is refused: it would see every GPU of its node.
 8. Otherwise the patch sets ``schedulerName``, adds the count/exclusive-cores defaults,
@@ -37,10 +40,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final, Literal, NamedTuple
 
 from hamipy.protocol import keys
-from hamipy.protocol.allocation_env import ENV_VISIBLE_DEVICES
+from hamipy.protocol.allocation_env import DEFAULT_HOOK_PATH, ENV_VISIBLE_DEVICES
 from hamipy.protocol.config import Config
 from hamipy.protocol.errors import ProtocolError
 from hamipy.protocol.reserved_env import VISIBLE_NONE, reserved_env_use
+from hamipy.protocol.reserved_mounts import reserved_mount_paths, reserved_mount_use
 from hamipy.protocol.resources import (
     RequestDefaults,
     ResourceNames,
@@ -78,6 +82,7 @@ Reason = Literal[
     "node_name",
     "scheduler_not_allowed",
     "reserved_env",
+    "reserved_mount",
     "malformed_pod",  # refused before ``decide``: see ``admitting.POD_SHAPE``
 ]
 _CONTAINER_KINDS: Final = ("initContainers", "containers")
@@ -105,6 +110,9 @@ class MutationSettings:
     NVIDIA runtime does not hand them every GPU of the node. Off by default, as in HAMi."""
     runtime_class_name: str | None = None
     """``runtimeClassName`` given to GPU pods that set none (e.g. ``nvidia``); None leaves it."""
+    hook_path: str = DEFAULT_HOOK_PATH
+    """Where the device plugin mounts the interposer in GPU containers (``nvidia.hookPath``): no
+    volume of theirs may go there."""
 
     @classmethod
     def from_config(
@@ -121,6 +129,7 @@ class MutationSettings:
             default_gpu_count=nvidia.default_gpu_num,
             overwrite_env=overwrite_env or nvidia.overwrite_env,
             runtime_class_name=runtime_class_name or None,
+            hook_path=nvidia.hook_path,
         )
 
 
@@ -216,7 +225,7 @@ class _Patch:
 
 def _asks_count(container: Mapping[str, Any], names: ResourceNames, added: Mapping[str, str]) -> bool:
     """Whether the container names the GPU count (limits or requests, or among ``added``): what
-    makes it a GPU container for the reserved env, as the admission policy reads it."""
+    makes it a GPU container for the reserved env and mounts, as the admission policies read it."""
     if names.count in added:
         return True
     resources = container.get("resources")
@@ -228,18 +237,22 @@ def _asks_count(container: Mapping[str, Any], names: ResourceNames, added: Mappi
     )
 
 
-def _reserved_env_refusal(
-    spec: Mapping[str, Any], names: ResourceNames, added: Mapping[str, Mapping[str, str]]
+def _reserved_refusal(
+    spec: Mapping[str, Any], settings: MutationSettings, added: Mapping[str, Mapping[str, str]]
 ) -> Decision | None:
-    """The refusal for the first container that sets reserved env (``added``: the limits the
-    webhook adds, by container path), or None."""
+    """The refusal for the first container that sets reserved env or, asking for GPUs, mounts a
+    volume over a reserved path (``added``: the limits the webhook adds, by container path), or None."""
+    reserved = reserved_mount_paths([settings.hook_path])
     for kind in (*_CONTAINER_KINDS, _EPHEMERAL):
         for index, container in enumerate(_containers(spec, kind)):
-            path = f"/spec/{kind}/{index}"
-            gpu = _asks_count(container, names, added.get(path, {}))
-            problem = reserved_env_use(container, gpu=gpu, label=container_label(kind, index, container))
+            gpu = _asks_count(container, settings.names, added.get(f"/spec/{kind}/{index}", {}))
+            label = container_label(kind, index, container)
+            problem = reserved_env_use(container, gpu=gpu, label=label)
             if problem is not None:
                 return Decision("refused", "reserved_env", message=problem)
+            problem = reserved_mount_use(container, reserved=reserved, label=label) if gpu else None
+            if problem is not None:
+                return Decision("refused", "reserved_mount", message=problem)
     return None
 
 
@@ -292,7 +305,7 @@ def decide(
     ):
         if scheduler not in settings.allowed_schedulers:
             return _scheduler_refusal(scheduler, settings)
-        return _reserved_env_refusal(spec, names, {}) or Decision("allowed", "other_scheduler")
+        return _reserved_refusal(spec, settings, {}) or Decision("allowed", "other_scheduler")
 
     # Validate every container and work out, per container, what it asks after the defaults.
     plans: list[_Plan] = []
@@ -312,7 +325,7 @@ def decide(
     except ProtocolError as exc:
         return Decision("refused", "invalid_resource", message=f"invalid GPU request: {exc}")
 
-    refusal = _reserved_env_refusal(spec, names, {plan.path: plan.add_limits for plan in plans})
+    refusal = _reserved_refusal(spec, settings, {plan.path: plan.add_limits for plan in plans})
     if refusal is not None:
         return refusal
     if not any(plan.asks for plan in plans):
