@@ -192,6 +192,8 @@ def test_admission_policies_are_the_ones_the_code_builds() -> None:
         "config.nvidia.resourceCountName=example.com/vgpu",
         "--set",
         "config.nvidia.resourceMemoryPercentageName=example.com/vgpumem-percentage",
+        "--set",
+        "config.nvidia.hookPath=/opt/hami//vgpu/",
     )
     chart = [d for d in docs if d["kind"].startswith("ValidatingAdmissionPolicy")]
     code = admission_policies(
@@ -203,6 +205,8 @@ def test_admission_policies_are_the_ones_the_code_builds() -> None:
         names=ResourceNames(count="example.com/vgpu", memory_percentage="example.com/vgpumem-percentage"),
         # The release namespace always, and once.
         exempt_namespaces=["hami-system", "gpu-operator"],
+        # Cleaned, as the container runtime cleans the device plugin's mount paths.
+        hook_paths=["/opt/hami/vgpu"],
         prefix=f"{RELEASE}-",
     )
     # helm orders the documents by kind.

@@ -1,4 +1,5 @@
-"""The shipped admission policies, bound to one test's namespaces and nodes only.
+"""The shipped admission policies, bound to one test's namespaces and nodes only, and the pods that
+try to cover the device plugin's mounts, which both security test modules send.
 
 The policies are ``hamipy.webhook.admission_policy``'s; only their names get a suffix and their
 bindings a selector, so that the rest of the session (which writes allocation state as admin to
@@ -20,8 +21,10 @@ from hamipy.devcluster.waiting import wait_for
 from hamipy.kube.client import RawKube
 from hamipy.kube.errors import KubeError, NotFound
 from hamipy.protocol import keys
+from hamipy.protocol.allocation_env import LD_SO_PRELOAD
 from hamipy.webhook.admission_policy import (
     ENV_POLICY_NAME,
+    MOUNT_POLICY_NAME,
     NODE_POLICY_NAME,
     PLACEMENT_POLICY_NAME,
     POD_POLICY_NAME,
@@ -29,15 +32,57 @@ from hamipy.webhook.admission_policy import (
 )
 from hamipy.webhook.quota_policy import QUOTA_POLICY_NAME
 
-__all__ = ["ADMISSION", "Policies"]
+__all__ = ["ADMISSION", "COVERING_MOUNTS", "Policies", "mounting_pod"]
 
 ADMISSION: Final = "/apis/admissionregistration.k8s.io/v1"
 _PROBES: Final[Mapping[str, dict[str, Any]]] = {
     POD_POLICY_NAME: builders.pod("probe", builders.container(), annotations={keys.BIND_PHASE: "success"}),
     PLACEMENT_POLICY_NAME: builders.pod("probe", builders.container(gpu=1), node_name="nowhere"),
     ENV_POLICY_NAME: builders.pod("probe", builders.container(env={"NVIDIA_VISIBLE_DEVICES": "all"})),
+    MOUNT_POLICY_NAME: builders.pod(
+        "probe",
+        builders.container(gpu=1, volumeMounts=[{"name": "v", "mountPath": LD_SO_PRELOAD}]),
+        volumes=[{"name": "v", "emptyDir": {}}],
+    ),
 }
 """For each pod policy, a pod (created as admin) that it refuses: how a test knows it is in force."""
+
+
+EMPTY: Final[Mapping[str, Any]] = {"emptyDir": {}}
+LIMITS_CONFIGMAP: Final[Mapping[str, Any]] = {"configMap": {"name": "my-limits"}}
+COVERING_MOUNTS: Final = (
+    ("limits", "/usr/local/vgpu/limits", LIMITS_CONFIGMAP, "limits"),
+    ("preload", "/etc/ld.so.preload", EMPTY, None),
+    ("hook", "/usr/local/vgpu", EMPTY, None),
+    ("double-slash", "/usr/local//vgpu", EMPTY, None),
+    ("dot", "/etc/./ld.so.preload", EMPTY, None),
+    ("dot-dot", "/usr/x/../local/vgpu/limits", LIMITS_CONFIGMAP, "limits"),
+    ("relative", "etc/ld.so.preload", EMPTY, None),
+)
+"""A tenant's volume over the device plugin's mounts (the default hook path): (case, mountPath,
+volume source, subPath). The runtime mounts a pod's volumes after the device plugin's at the same
+cleaned path, so each would choose the container's limits or leave the interposer out."""
+
+
+def mounting_pod(
+    name: str,
+    path: str,
+    source: Mapping[str, Any] = EMPTY,
+    sub_path: str | None = None,
+    *,
+    gpu: bool = True,
+    init: bool = False,
+) -> dict[str, Any]:
+    """A pod whose container ``cuda`` (asking a GPU, or none) mounts volume ``mine`` (``source``)
+    at ``path``; ``init``: ``cuda`` is an init container, beside a plain one."""
+    mount: dict[str, Any] = {"name": "mine", "mountPath": path}
+    if sub_path is not None:
+        mount["subPath"] = sub_path
+    target = builders.container("cuda", gpu=1 if gpu else None, volumeMounts=[mount])
+    volumes = [{"name": "mine", **source}]
+    if init:
+        return builders.pod(name, builders.container(), init=[target], volumes=volumes)
+    return builders.pod(name, target, volumes=volumes)
 
 
 class Policies:

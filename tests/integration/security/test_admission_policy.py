@@ -1,5 +1,6 @@
 """The admission policies in the real kube-apiserver, as tenants and as our services: who writes
-allocation state, who places GPU pods, and the env a pod may not set.
+allocation state, who places GPU pods, the env a pod may not set, and where a GPU container's own
+volumes may not go.
 
 The policies are the shipped ones (``hamipy.webhook.admission_policy``), bound to this test's
 namespace and nodes only (``policy_support``). No webhook runs here: the API server alone refuses,
@@ -14,7 +15,7 @@ from typing import Any
 
 import builders
 import pytest
-from policy_support import ADMISSION, Policies
+from policy_support import ADMISSION, COVERING_MOUNTS, Policies, mounting_pod
 
 from hamipy.devcluster.cluster import DevCluster
 from hamipy.devcluster.identities import (
@@ -474,6 +475,60 @@ async def test_an_ephemeral_container_cannot_choose_gpus_either(rig: dict[str, A
         content_type=MERGE_PATCH,
     )
     assert [c["name"] for c in done["spec"]["ephemeralContainers"]] == ["plain-shell"]
+
+
+async def test_a_gpu_container_cannot_cover_the_device_plugins_mounts(rig: dict[str, Any]) -> None:
+    """The webhook is down: the policy alone refuses each, naming the pod, container, volume and path."""
+    ns, tenant = rig["namespace"], rig["tenant"]
+    pods = f"/api/v1/namespaces/{ns}/pods"
+    wrong = []
+    for case, path, source, sub_path in COVERING_MOUNTS:
+        for init in (False, True):
+            name = f"cover-{case}{'-init' if init else ''}"
+            answer = await _answer(tenant, pods, mounting_pod(name, path, source, sub_path, init=init))
+            if (
+                not answer.startswith("403")
+                or f"pod {name}: container cuda mounts volume mine at {path}:" not in answer
+            ):
+                wrong.append(f"{case}{' (init)' if init else ''}: {answer}")
+    assert wrong == [], "GPU pods covering the device plugin's mounts, not refused for it"
+
+
+async def test_volumes_elsewhere_and_in_containers_asking_no_gpu_are_admitted(rig: dict[str, Any]) -> None:
+    """A parent of a reserved path is harmless (the device plugin's deeper mount lands on top), and a
+    container asking no GPU gets none of the device plugin's mounts to cover."""
+    ns, tenant = rig["namespace"], rig["tenant"]
+    pods = f"/api/v1/namespaces/{ns}/pods"
+    for name, body in (
+        ("etc", mounting_pod("etc", "/etc")),
+        ("data", mounting_pod("data", "/data")),
+        ("vgpu2", mounting_pod("vgpu2", "/usr/local/vgpu2")),
+        ("no-gpu", mounting_pod("no-gpu", "/etc/ld.so.preload", gpu=False)),
+        ("no-gpu-limits", mounting_pod("no-gpu-limits", "/usr/local/vgpu/limits", gpu=False)),
+    ):
+        created = await tenant.request("POST", pods, body=body)
+        assert created["metadata"]["name"] == name
+
+
+async def test_the_mount_policy_reserves_the_hook_paths_it_is_given(kube_client: Any, namespace: str) -> None:
+    admin = RawKube(kube_client)
+    policies = Policies(
+        admin,
+        [namespace],
+        "hami-py.io/none",
+        schedulers=[],
+        device_plugins=[],
+        hook_paths=["/opt/hami/vgpu", "/srv/vgpu"],
+    )
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    try:
+        await policies.install()
+        for path in ("/opt/hami/vgpu/limits", "/srv/vgpu", "/etc/ld.so.preload"):
+            message = await _refused(admin, "POST", pods, mounting_pod("cover", path))
+            assert f"mounts volume mine at {path}:" in message
+        await admin.request("POST", pods, body=mounting_pod("default-hook", "/usr/local/vgpu/limits"))
+    finally:
+        await policies.remove()
 
 
 async def test_exempt_namespaces_may_set_nvidia_visible_devices_and_nothing_else(kube_client: Any) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import builders
 import pytest
-from policy_support import Policies
+from policy_support import COVERING_MOUNTS, Policies, mounting_pod
 from stack_support import start_webhook, stop_webhook
 
 from hamipy.devcluster.cluster import DevCluster
@@ -130,3 +130,26 @@ async def test_a_pod_without_gpus_cannot_choose_the_nodes_gpus(tenant: RawKube, 
     hidden = builders.pod("no-gpus", builders.container(env={"NVIDIA_VISIBLE_DEVICES": "none"}))
     pod = await tenant.request("POST", f"/api/v1/namespaces/{namespace}/pods", body=hidden)
     assert pod["spec"]["containers"][0]["env"] == [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "none"}]
+
+
+async def test_a_gpu_pod_cannot_cover_the_device_plugins_mounts(tenant: RawKube, namespace: str) -> None:
+    """The webhook refuses first, with its own message naming the container, the volume and the path;
+    volumes elsewhere, and in pods asking no GPU, are admitted (and the GPU pod mutated)."""
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    wrong = []
+    for case, path, source, sub_path in COVERING_MOUNTS:
+        try:
+            await tenant.request("POST", pods, body=mounting_pod(f"cover-{case}", path, source, sub_path))
+        except KubeError as exc:
+            shown = f"containers[0] 'cuda' mounts volume 'mine' at {path!r}:"
+            if exc.status == 403 and WEBHOOK_DENIED in str(exc) and shown in str(exc):
+                continue
+            wrong.append(f"{case}: {exc.status} {exc}")
+        else:
+            wrong.append(f"{case}: admitted")
+    assert wrong == [], "GPU pods covering the device plugin's mounts, not refused by the webhook"
+    for name, path in (("etc", "/etc"), ("data", "/data")):
+        pod = await tenant.request("POST", pods, body=mounting_pod(name, path))
+        assert pod["spec"]["schedulerName"] == "hami-scheduler"
+    plain = await tenant.request("POST", pods, body=mounting_pod("plain", "/etc/ld.so.preload", gpu=False))
+    assert plain["spec"]["containers"][0]["volumeMounts"][0]["mountPath"] == "/etc/ld.so.preload"

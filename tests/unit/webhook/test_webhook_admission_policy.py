@@ -11,10 +11,19 @@ import pytest
 import yaml
 
 from hamipy.protocol import keys
+from hamipy.protocol.allocation_env import LD_SO_PRELOAD
 from hamipy.protocol.reserved_env import GPU_CONTAINER_NAMES, PER_DEVICE_PATTERN
+from hamipy.protocol.reserved_mounts import (
+    HOOK_REASON,
+    NOT_CANONICAL_ENDS,
+    NOT_CANONICAL_PARTS,
+    NOT_CANONICAL_REASON,
+    PRELOAD_REASON,
+)
 from hamipy.protocol.resources import ResourceNames
 from hamipy.webhook.admission_policy import (
     ENV_POLICY_NAME,
+    MOUNT_POLICY_NAME,
     PLACEMENT_POLICY_NAME,
     admission_policies,
     chart_file,
@@ -138,3 +147,58 @@ def test_manifest_policy_takes_the_config_and_exempt_namespaces(
         names=ResourceNames(count="example.com/vgpu"),
         exempt_namespaces=["a", "b"],
     )
+
+
+def test_the_mount_policy_reads_every_gpu_containers_volume_mounts_in_every_namespace() -> None:
+    docs = admission_policies(
+        schedulers=[], device_plugins=[], names=NAMES, exempt_namespaces=["hami-system"]
+    )
+    spec = _named(docs, MOUNT_POLICY_NAME)["spec"]
+    (rule,) = spec["matchConstraints"]["resourceRules"]
+    assert (rule["operations"], rule["resources"]) == (["CREATE"], ["pods"])
+    assert "matchConditions" not in spec  # no namespace is exempt
+    variables = {v["name"]: v["expression"] for v in spec["variables"]}
+    assert "object.spec.initContainers" in variables["gpuContainers"]
+    assert "'example.com/vgpu' in c.resources.limits" in variables["gpuContainers"]
+    assert "'example.com/vgpu' in c.resources.requests" in variables["gpuContainers"]
+    covering = variables["covering"]
+    for path in ("/usr/local/vgpu", LD_SO_PRELOAD):
+        assert f"m.mountPath == '{path}'" in covering
+        assert f"m.mountPath.startsWith('{path}/')" in covering
+    for part in NOT_CANONICAL_PARTS:
+        assert f"!m.mountPath.contains('{part}')" in covering
+    for end in NOT_CANONICAL_ENDS:
+        assert f"!m.mountPath.endsWith('{end}')" in covering
+    for reason in (HOOK_REASON, PRELOAD_REASON, NOT_CANONICAL_REASON):
+        assert f"'{reason}'" in covering
+    (validation,) = spec["validations"]
+    assert validation["expression"] == "size(variables.covering) == 0"
+    assert spec["failurePolicy"] == "Fail"
+    binding = _named(docs, MOUNT_POLICY_NAME, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"]["validationActions"] == ["Deny"]
+
+
+def test_the_mount_policy_reserves_every_hook_path_given_cleaned() -> None:
+    docs = admission_policies(schedulers=[], device_plugins=[], hook_paths=["/opt/a//vgpu/", "/srv/./b"])
+    covering = {v["name"]: v["expression"] for v in _named(docs, MOUNT_POLICY_NAME)["spec"]["variables"]}[
+        "covering"
+    ]
+    for path in ("/opt/a/vgpu", "/srv/b"):
+        assert f"m.mountPath == '{path}' || m.mountPath.startsWith('{path}/')" in covering
+    assert "/usr/local/vgpu" not in covering
+    with pytest.raises(ValueError, match="CEL"):
+        admission_policies(schedulers=[], device_plugins=[], hook_paths=["/it's"])
+
+
+def test_manifest_policy_takes_the_hook_path_from_the_config_or_the_flags(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text("nvidia:\n  hookPath: /opt/hami/vgpu\n")
+    argv = ["manifest", "--policy", "--format", "json", "--config", str(config)]
+    assert main(argv, env={}) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == admission_policies(schedulers=[], device_plugins=[], hook_paths=["/opt/hami/vgpu"])
+    assert main([*argv, "--hook-path", "/a", "--hook-path", "/b"], env={}) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == admission_policies(schedulers=[], device_plugins=[], hook_paths=["/a", "/b"])

@@ -10,10 +10,13 @@
   monitor process; where real kubelets cannot run (not root), simulated nodes with the kubelet
   stand-in instead, and a warning that says why (``gpu_nodes``);
 - the admission policies that keep allocation state to the extender and the device plugins, GPU
-  pods already placed to the extender, and the reserved env out of every pod
-  (``hamipy-webhook manifest --policy``; no namespace is exempt, since the node agents run as
-  processes), with each service running as its own ServiceAccount with the chart's rights
-  (``identities``; the device plugins' tokens bound to their nodes).
+  pods already placed to the extender, the reserved env out of every pod and GPU containers' own
+  volumes off the device plugins' mounts (``hamipy-webhook manifest --policy``; no namespace is
+  exempt, since the node agents run as processes), with each service running as its own
+  ServiceAccount with the chart's rights (``identities``; the device plugins' tokens bound to their
+  nodes). The nodes share one host, so each device plugin has a hook directory of its own under its
+  work directory: the policies are installed once the nodes run, reserving every node's hook path
+  and the default one the webhook (which runs without a configuration) reserves.
 
 The services run as their own console-script processes: devcluster is a library below the
 services and never imports them.
@@ -46,6 +49,7 @@ from hamipy.devcluster.processes import ManagedProcess, free_port, http_ok
 from hamipy.devcluster.real_kubelet import can_run_real_kubelets
 from hamipy.kube.certs import issue_cert, make_ca
 from hamipy.kube.client import RawKube
+from hamipy.protocol.allocation_env import DEFAULT_HOOK_PATH
 
 __all__ = ["GPU_NODE_LABELS", "GPU_NODE_MODELS", "GpuNodeModel", "LocalStack"]
 
@@ -137,11 +141,13 @@ class LocalStack:
         )
 
     async def start(self, *, models: Sequence[GpuNodeModel] = GPU_NODE_MODELS) -> None:
-        await self.install_admission_policies()
         await self.start_extender()
         await self.start_webhook()
+        hook_paths = [DEFAULT_HOOK_PATH]
         for i, model in enumerate(models):
-            await self.add_gpu_node(f"hamipy-gpu-{i}", model.gpus(i))
+            plugin = await self.add_gpu_node(f"hamipy-gpu-{i}", model.gpus(i))
+            hook_paths.append(str(plugin.hook_path))
+        await self.install_admission_policies(hook_paths)
 
     async def _run(self, process: ManagedProcess, probe_url: str, what: str) -> None:
         self.processes.append(process)
@@ -153,10 +159,11 @@ class LocalStack:
             what=what,
         )
 
-    async def install_admission_policies(self) -> None:
+    async def install_admission_policies(self, hook_paths: Sequence[str]) -> None:
         """The chart's policies for this stack's identities: from here on only the extender (and
         the device plugins, their own keys on their own nodes) write allocation state or create GPU
-        pods already placed, and no pod sets the reserved env."""
+        pods already placed, no pod sets the reserved env, and no GPU container mounts a volume
+        over ``hook_paths`` (where the device plugins mount the interposer)."""
         printed = await asyncio.to_thread(
             subprocess.run,
             [
@@ -171,6 +178,7 @@ class LocalStack:
                 self.identities.user("extender"),
                 "--device-plugin-user",
                 self.identities.user("device-plugin"),
+                *(arg for path in hook_paths for arg in ("--hook-path", path)),
             ],
             capture_output=True,
             text=True,
@@ -323,7 +331,7 @@ class LocalStack:
             json.loads(manifest.stdout), _request_timeout=API_TIMEOUT_S
         )
 
-    async def add_gpu_node(self, name: str, gpus: Sequence[FakeGpu]) -> None:
+    async def add_gpu_node(self, name: str, gpus: Sequence[FakeGpu]) -> DevicePluginAgent:
         """A GPU node with its device plugin and monitor: on the real kubelet where it can run."""
 
         def plugin_identity(node: str) -> Any:
@@ -369,6 +377,7 @@ class LocalStack:
         self.gpu_nodes.append(name)
         self.endpoints[f"device plugin {name} /metrics"] = f"http://127.0.0.1:{plugin.metrics_port}/metrics"
         self.endpoints[f"monitor {name} /metrics"] = f"{monitor.url}/metrics"
+        return plugin
 
     async def quota_enforced(self, namespace: str) -> bool:
         """Whether the extender counts ``namespace``'s GPU quota: its ``hami_resource_quota_limit``

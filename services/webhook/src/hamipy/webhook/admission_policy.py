@@ -16,8 +16,9 @@ slice, or take a waiting pod's. So, in the API server, where it holds while the 
   identities create a GPU pod with ``spec.nodeName`` already set. Anyone else's would reach the
   kubelet without our scheduler choosing its GPUs (its own scheduler, or none at all).
 
-And two more, built beside: ``reserved-env`` (``hamipy.webhook.reserved_env_policy``: the env a pod
-may not set) and ``gpu-quota`` (``hamipy.webhook.quota_policy``).
+And three more, built beside: ``reserved-env`` (``hamipy.webhook.reserved_env_policy``: the env a pod
+may not set), ``reserved-mounts`` (``hamipy.webhook.reserved_mount_policy``: the paths a GPU
+container's own volumes may not cover) and ``gpu-quota`` (``hamipy.webhook.quota_policy``).
 
 Built here once; the chart's ``admission-policy.yaml`` is checked against it by a unit test, and
 ``hamipy-webhook manifest --policy`` prints it for the dev cluster and for other installs.
@@ -30,16 +31,19 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from hamipy.protocol import keys
+from hamipy.protocol.allocation_env import DEFAULT_HOOK_PATH
 from hamipy.protocol.resources import ResourceNames
 from hamipy.webhook.policy_objects import binding, cel_list, policy, rule
 from hamipy.webhook.quota_policy import quota_policy
 from hamipy.webhook.registration import gpu_pod_expression
 from hamipy.webhook.reserved_env_policy import ENV_POLICY_NAME, reserved_env_policy
+from hamipy.webhook.reserved_mount_policy import MOUNT_POLICY_NAME, reserved_mount_policy
 
 __all__ = [
     "CHART_PLACEHOLDERS",
     "DEFAULT_PREFIX",
     "ENV_POLICY_NAME",
+    "MOUNT_POLICY_NAME",
     "NODE_NAME_CLAIM",
     "NODE_POLICY_NAME",
     "PLACEMENT_POLICY_NAME",
@@ -106,16 +110,19 @@ def admission_policies(
     device_plugins: Sequence[str],
     names: ResourceNames | None = None,
     exempt_namespaces: Sequence[str] = (),
+    hook_paths: Sequence[str] = (DEFAULT_HOOK_PATH,),
     prefix: str = DEFAULT_PREFIX,
 ) -> list[dict[str, Any]]:
-    """The five policies and their bindings (``admissionregistration.k8s.io/v1``), JSON-ready: the
-    three below, ``reserved-env`` and ``gpu-quota``.
+    """The six policies and their bindings (``admissionregistration.k8s.io/v1``), JSON-ready: the
+    three below, ``reserved-env``, ``reserved-mounts`` and ``gpu-quota``.
 
     ``schedulers``: the user names that may write all allocation state and create GPU pods already
     placed (our extender's service account; add HAMi's scheduler when it runs beside ours).
     ``device_plugins``: those that may write the device plugin's keys on their own node's pods, and
     update only their own node. ``names``: our resource names (the defaults when None).
     ``exempt_namespaces``: namespaces whose pods the env rules skip (the chart's release namespace).
+    ``hook_paths``: where the device plugins mount the interposer (``nvidia.hookPath``; more than one
+    where nodes differ), kept free of GPU containers' own volumes.
     """
     names = names or ResourceNames()
     node_claim = (
@@ -207,6 +214,7 @@ def admission_policies(
         _placement_policy(placement, schedulers, names),
         binding(placement),
         *reserved_env_policy(prefix, names, exempt_namespaces),
+        *reserved_mount_policy(prefix, names, hook_paths),
         *quota_policy(prefix, names),
     ]
 
@@ -220,9 +228,11 @@ CHART_PLACEHOLDERS: Final = {
     "memory": "@GPU_MEMORY@",
     "memory_percentage": "@GPU_MEMORY_PERCENTAGE@",
     "cores": "@GPU_CORES@",
+    "hook_path": "/@HOOK_PATH@",
 }
 """What the chart's admission-policy.yaml replaces in the file: the release's prefix, its lists of
-user names and namespaces (each list written as one quoted placeholder), and its resource names."""
+user names and namespaces (each list written as one quoted placeholder), its resource names, and its
+hook path (a path itself, so that cleaning it as one keeps it)."""
 CHART_FILE_HEADER: Final = """\
 # The admission policies of hami-py (hamipy.webhook.admission_policy). Generated: do not edit.
 # Regenerate: python -m hamipy.webhook.admission_policy > deploy/helm/hami-py/files/admission-policies.yaml
@@ -241,6 +251,7 @@ def chart_file() -> str:
             count=p["count"], memory=p["memory"], memory_percentage=p["memory_percentage"], cores=p["cores"]
         ),
         exempt_namespaces=[p["exempt_namespaces"]],
+        hook_paths=[p["hook_path"]],
         prefix=p["prefix"],
     )
     return CHART_FILE_HEADER + "".join(f"---\n{json.dumps(doc, indent=2)}\n" for doc in docs)

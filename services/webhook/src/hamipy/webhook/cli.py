@@ -4,6 +4,7 @@
     hamipy-webhook certs --namespace hami-system [--create-webhook-config] [--cert-dir DIR]
     hamipy-webhook manifest [--url https://127.0.0.1:8443/webhook --ca-file ca.crt]
     hamipy-webhook manifest --policy --scheduler-user U --device-plugin-user U [--exempt-namespace NS]
+                            [--hook-path DIR]
 
 Every flag may also come from the environment (``HAMIPY_WEBHOOK_<FLAG>``, e.g.
 ``HAMIPY_WEBHOOK_PORT=9443``, through ``hamipy.kube.options.EnvFlags``); the shared configuration
@@ -193,6 +194,13 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
         help="with --policy: a namespace whose pods may set the reserved env (where the chart's own "
         "DaemonSets run; tenants must not create pods there); repeat for more",
     )
+    manifest.add_argument(
+        "--hook-path",
+        action="append",
+        default=[],
+        help="with --policy: a directory where device plugins mount the interposer, which GPU "
+        "containers' own volumes may not cover; repeat for more (default: nvidia.hookPath of --config)",
+    )
     return parser
 
 
@@ -295,13 +303,15 @@ async def _certs(args: argparse.Namespace) -> int:
 
 
 def _manifest(args: argparse.Namespace) -> int:
-    names = _load_config(args.config).nvidia.resource_names
+    nvidia = _load_config(args.config).nvidia
+    names = nvidia.resource_names
     if args.policy:
         docs = admission_policies(
             schedulers=args.scheduler_user,
             device_plugins=args.device_plugin_user,
             names=names,
             exempt_namespaces=args.exempt_namespace,
+            hook_paths=args.hook_path or [nvidia.hook_path],
         )
         text = (
             json.dumps(docs, indent=2) + "\n"

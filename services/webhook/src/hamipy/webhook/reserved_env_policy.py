@@ -31,9 +31,19 @@ from hamipy.protocol.reserved_env import (
 from hamipy.protocol.resources import ResourceNames
 from hamipy.webhook.policy_objects import binding, cel_list, policy, rule
 
-__all__ = ["ENV_POLICY_NAME", "reserved_env_policy"]
+__all__ = ["ENV_POLICY_NAME", "asks_count", "reserved_env_policy"]
 
 ENV_POLICY_NAME: Final = "reserved-env"
+
+
+def asks_count(names: ResourceNames) -> str:
+    """CEL: container ``c`` asks for the GPU count resource (limits or requests): a GPU container,
+    the one the device plugin's Allocate answer goes to."""
+    count = names.count
+    return (
+        f"has(c.resources) && ((has(c.resources.limits) && '{count}' in c.resources.limits) || "
+        f"(has(c.resources.requests) && '{count}' in c.resources.requests))"
+    )
 
 
 def _findings(containers: str, per_entry: str, field: str) -> str:
@@ -49,11 +59,6 @@ def reserved_env_policy(
     """The policy and its binding (``admissionregistration.k8s.io/v1``); ``names``: our resource
     names (the count decides what a GPU container is)."""
     name = prefix + ENV_POLICY_NAME
-    count = names.count
-    asks_count = (
-        f"has(c.resources) && ((has(c.resources.limits) && '{count}' in c.resources.limits) || "
-        f"(has(c.resources.requests) && '{count}' in c.resources.requests))"
-    )
     reserved = cel_list(GPU_CONTAINER_NAMES)
     gpu_name = f"x.name in {reserved} || x.name.matches('{PER_DEVICE_PATTERN}')"
     gpu_prefix = (
@@ -74,7 +79,7 @@ def reserved_env_policy(
                 "(has(object.spec.initContainers) ? object.spec.initContainers : []) : []"
             ),
         },
-        {"name": "gpuContainers", "expression": f"variables.containers.filter(c, {asks_count})"},
+        {"name": "gpuContainers", "expression": f"variables.containers.filter(c, {asks_count(names)})"},
         {
             "name": "gpuEnv",
             "expression": _findings("variables.gpuContainers", f"filter(x, {gpu_name}).{sets}", "env"),
