@@ -133,19 +133,27 @@ def test_configured_resource_names_reach_every_policy() -> None:
         assert name in text
 
 
-def test_manifest_policy_takes_the_config_and_exempt_namespaces(
+def test_manifest_policy_takes_the_config_exempt_namespaces_and_hook_paths(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     config = tmp_path / "config.yaml"
-    config.write_text("nvidia:\n  resourceCountName: example.com/vgpu\n")
+    config.write_text("nvidia:\n  resourceCountName: example.com/vgpu\n  hookPath: /opt/hami/vgpu\n")
     argv = ["manifest", "--policy", "--format", "json", "--config", str(config)]
+    names = ResourceNames(count="example.com/vgpu")
     assert main([*argv, "--exempt-namespace", "a", "--exempt-namespace", "b"], env={}) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed == admission_policies(
         schedulers=[],
         device_plugins=[],
-        names=ResourceNames(count="example.com/vgpu"),
+        names=names,
         exempt_namespaces=["a", "b"],
+        hook_paths=["/opt/hami/vgpu"],
+    )
+    # Flags name every hook path in use (nodes whose device plugins differ), instead of the config's.
+    assert main([*argv, "--hook-path", "/a", "--hook-path", "/b"], env={}) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == admission_policies(
+        schedulers=[], device_plugins=[], names=names, hook_paths=["/a", "/b"]
     )
 
 
@@ -188,17 +196,3 @@ def test_the_mount_policy_reserves_every_hook_path_given_cleaned() -> None:
     assert "/usr/local/vgpu" not in covering
     with pytest.raises(ValueError, match="CEL"):
         admission_policies(schedulers=[], device_plugins=[], hook_paths=["/it's"])
-
-
-def test_manifest_policy_takes_the_hook_path_from_the_config_or_the_flags(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
-) -> None:
-    config = tmp_path / "config.yaml"
-    config.write_text("nvidia:\n  hookPath: /opt/hami/vgpu\n")
-    argv = ["manifest", "--policy", "--format", "json", "--config", str(config)]
-    assert main(argv, env={}) == 0
-    printed = json.loads(capsys.readouterr().out)
-    assert printed == admission_policies(schedulers=[], device_plugins=[], hook_paths=["/opt/hami/vgpu"])
-    assert main([*argv, "--hook-path", "/a", "--hook-path", "/b"], env={}) == 0
-    printed = json.loads(capsys.readouterr().out)
-    assert printed == admission_policies(schedulers=[], device_plugins=[], hook_paths=["/a", "/b"])
