@@ -123,7 +123,7 @@ async def created_at_least(stack: GpuStack, count: int) -> None:
     await wait_for(enough, timeout=SETTLE_S, interval=0.05, what=f"the kubelet to create {count} containers")
 
 
-def served(config: ContainerConfig, hook: Path) -> list[ContainerDevice]:
+def served(config: ContainerConfig) -> list[ContainerDevice]:
     """What one created container was given, from its env (one GPU per container here)."""
     env = config.envs
     (uuid,) = env["NVIDIA_VISIBLE_DEVICES"].split(",")
@@ -155,7 +155,7 @@ def wrong_slots(configs: list[ContainerConfig], pods: dict[str, dict[str, Any]],
                     limits.host_path != str(own_dir / "limits") or not limits.read_only,
                 ),
                 (f"limits {text!r}", text != expected),
-                (f"env {served(config, hook)}", served(config, hook) != own),
+                (f"env {served(config)}", served(config) != own),
             )
             if bad
         ]
@@ -176,7 +176,7 @@ def over_capacity(configs: list[ContainerConfig], running: list[dict[str, Any]],
     memory: collections.Counter[str] = collections.Counter()
     cores: collections.Counter[str] = collections.Counter()
     for config in latest.values():
-        for dev in served(config, hook):
+        for dev in served(config):
             memory[dev.uuid] += dev.usedmem
             cores[dev.uuid] += dev.usedcores
     return [

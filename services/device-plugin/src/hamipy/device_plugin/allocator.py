@@ -42,6 +42,7 @@ from hamipy.device_plugin.allocating import (
     Served,
     ServeRules,
     choose,
+    pod_key,
 )
 from hamipy.device_plugin.devices import gpu_of, preferred_ids
 from hamipy.device_plugin.errors import AllocateError, DevicePluginError, KubeletUnreachable, UnknownDevice
@@ -246,9 +247,7 @@ class Allocator:
             for pod, reason in choice.broken:
                 await self._fail(pod.get("metadata") or {}, f"malformed allocation: {reason}")
             if choice.ambiguous:
-                names = [
-                    f"{p['metadata'].get('namespace')}/{p['metadata'].get('name')}" for p in choice.ambiguous
-                ]
+                names = ["/".join(pod_key(p)) for p in choice.ambiguous]
                 self._count("failed", "Ambiguous")
                 self.telemetry.logger.error("allocate matches more than one waiting pod", pods=names)
                 raise AllocateError(
