@@ -5,9 +5,9 @@ the kubelet stand-in driving it (docs/design.md#2-real-nodes-one-stand-in and
 The device plugin runs as its own process (``python -m hamipy.device_plugin.cli``) with native/'s
 fake ``libnvidia-ml.so.1`` first on its library path, so its ``pynvml`` discovery, health watch and
 Allocate are the code a real node runs. Each node gets its own directory with the fake driver's
-configuration (``gpus.conf``), the device-plugin directory (the stand-in's ``kubelet.sock`` and the
-plugin's socket), the hook directory (``hookPath``: region directories of served containers), the
-plugin's configuration and its log.
+configuration (``gpus.conf``), the device-plugin directory (the stand-in's ``kubelet.sock``, its
+PodResources ``pod-resources.sock`` and the plugin's socket), the hook directory (``hookPath``:
+region directories and limits files of served containers), the plugin's configuration and its log.
 """
 
 from __future__ import annotations
