@@ -58,10 +58,16 @@ COVERING_MOUNTS: Final = (
     ("dot", "/etc/./ld.so.preload", EMPTY, None),
     ("dot-dot", "/usr/x/../local/vgpu/limits", LIMITS_CONFIGMAP, "limits"),
     ("relative", "etc/ld.so.preload", EMPTY, None),
+    ("root", "/", EMPTY, None),
+    ("etc", "/etc", EMPTY, None),
+    ("usr", "/usr", EMPTY, None),
+    ("usr-local", "/usr/local", EMPTY, None),
 )
 """A tenant's volume over the device plugin's mounts (the default hook path): (case, mountPath,
 volume source, subPath). The runtime mounts a pod's volumes after the device plugin's at the same
-cleaned path, so each would choose the container's limits or leave the interposer out."""
+cleaned path, so each would choose the container's limits or leave the interposer out; a volume at
+a parent holds what the pod put there, and a link in it could send the device plugin's mount under
+another volume of the pod."""
 
 
 def mounting_pod(

@@ -495,12 +495,12 @@ async def test_a_gpu_container_cannot_cover_the_device_plugins_mounts(rig: dict[
 
 
 async def test_volumes_elsewhere_and_in_containers_asking_no_gpu_are_admitted(rig: dict[str, Any]) -> None:
-    """A parent of a reserved path is harmless (the device plugin's deeper mount lands on top), and a
-    container asking no GPU gets none of the device plugin's mounts to cover."""
+    """Beside a reserved path (a sibling, a name it starts) is no cover, and a container asking no
+    GPU gets none of the device plugin's mounts to cover."""
     ns, tenant = rig["namespace"], rig["tenant"]
     pods = f"/api/v1/namespaces/{ns}/pods"
     for name, body in (
-        ("etc", mounting_pod("etc", "/etc")),
+        ("etc2", mounting_pod("etc2", "/etc2")),
         ("data", mounting_pod("data", "/data")),
         ("vgpu2", mounting_pod("vgpu2", "/usr/local/vgpu2")),
         ("no-gpu", mounting_pod("no-gpu", "/etc/ld.so.preload", gpu=False)),
@@ -523,10 +523,11 @@ async def test_the_mount_policy_reserves_the_hook_paths_it_is_given(kube_client:
     pods = f"/api/v1/namespaces/{namespace}/pods"
     try:
         await policies.install()
-        for path in ("/opt/hami/vgpu/limits", "/srv/vgpu", "/etc/ld.so.preload"):
+        for path in ("/opt/hami/vgpu/limits", "/srv/vgpu", "/etc/ld.so.preload", "/opt", "/opt/hami", "/srv"):
             message = await _refused(admin, "POST", pods, mounting_pod("cover", path))
             assert f"mounts volume mine at {path}:" in message
         await admin.request("POST", pods, body=mounting_pod("default-hook", "/usr/local/vgpu/limits"))
+        await admin.request("POST", pods, body=mounting_pod("usr-local", "/usr/local"))
     finally:
         await policies.remove()
 

@@ -148,7 +148,7 @@ async def test_a_gpu_pod_cannot_cover_the_device_plugins_mounts(tenant: RawKube,
         else:
             wrong.append(f"{case}: admitted")
     assert wrong == [], "GPU pods covering the device plugin's mounts, not refused by the webhook"
-    for name, path in (("etc", "/etc"), ("data", "/data")):
+    for name, path in (("etc2", "/etc2"), ("data", "/data"), ("vgpu2", "/usr/local/vgpu2")):
         pod = await tenant.request("POST", pods, body=mounting_pod(name, path))
         assert pod["spec"]["schedulerName"] == "hami-scheduler"
     plain = await tenant.request("POST", pods, body=mounting_pod("plain", "/etc/ld.so.preload", gpu=False))

@@ -14,6 +14,7 @@ from hamipy.protocol.allocation_env import DEFAULT_HOOK_PATH, LD_SO_PRELOAD, all
 from hamipy.protocol.reserved_mounts import (
     HOOK_REASON,
     NOT_CANONICAL_REASON,
+    PARENT_REASON,
     PRELOAD_REASON,
     canonical,
     reserved_mount_paths,
@@ -32,16 +33,26 @@ def _runtime_path(mount_path: str) -> str:
 
 
 def _covers_reserved(mount_path: str) -> bool:
+    """Whether the volume lands on a reserved path, under one, or on a parent of one."""
     landed = _runtime_path(mount_path)
-    return any(landed == path or landed.startswith(path + "/") for path in RESERVED)
+    return any(
+        landed == path or landed.startswith(path + "/") or path.startswith(landed.rstrip("/") + "/")
+        for path in RESERVED
+    )
 
 
 def test_the_reserved_paths_are_the_device_plugins_mounts() -> None:
-    """Every container path of the Allocate answer is refused, for each hook path."""
+    """Every container path of the Allocate answer is refused, for each hook path, and so is each
+    of its parents: a volume there is the pod's, and a link in it could send the device plugin's
+    mount under another volume of the pod."""
     assert RESERVED == (DEFAULT_HOOK_PATH, "/opt/hami/vgpu", LD_SO_PRELOAD)
     for hook in HOOKS:
         for mount in allocation_mounts(hook_path=hook, pod_uid="uid", container_name="cuda"):
             assert reserved_mount_why(mount.container_path, RESERVED) is not None, mount
+            parent = posixpath.dirname(mount.container_path)
+            while parent != "/":
+                assert reserved_mount_why(parent, RESERVED) is not None, parent
+                parent = posixpath.dirname(parent)
 
 
 def test_hook_paths_are_cleaned_and_named_once() -> None:
@@ -72,16 +83,26 @@ def test_hook_paths_are_cleaned_and_named_once() -> None:
         ("/etc/.", NOT_CANONICAL_REASON),
         ("etc/ld.so.preload", NOT_CANONICAL_REASON),
         ("usr/local/vgpu/limits", NOT_CANONICAL_REASON),
-        ("/", None),
-        ("/etc", None),
-        ("/etc/", None),
-        ("/usr/local", None),
+        ("/", PARENT_REASON),
+        ("/etc", PARENT_REASON),
+        ("/etc/", PARENT_REASON),
+        ("/usr", PARENT_REASON),
+        ("/usr/local", PARENT_REASON),
+        ("/usr/local/", PARENT_REASON),
+        ("/opt", PARENT_REASON),
+        ("/opt/hami", PARENT_REASON),
+        ("", PARENT_REASON),
+        ("/usr//", NOT_CANONICAL_REASON),
+        ("/etc2", None),
         ("/usr/local/vgpu2", None),
+        ("/usr/local/vg", None),
+        ("/opt/ham", None),
         ("/usr/local/vgpu.d/limits", None),
         ("/etc/ld.so.preload.d", None),
         ("/etc/ld.so.conf.d", None),
         ("/data", None),
         ("/data/..x/.y", None),
+        ("/srv", None),
     ],
 )
 def test_reserved_non_canonical_and_free_paths(path: str, why: str | None) -> None:
@@ -102,10 +123,14 @@ def test_every_path_that_lands_on_a_reserved_one_is_refused(absolute: bool, segm
 
 @st.composite
 def _respelled(draw: st.DrawFn) -> str:
-    """A reserved path, or one under it, written another way: doubled or ``.`` segments, a detour
-    through ``..``, relative, or with a trailing ``/``, ``/.``."""
+    """A reserved path, one under it or a parent of it, written another way: doubled or ``.``
+    segments, a detour through ``..``, relative, or with a trailing ``/``, ``/.``."""
     base = draw(st.sampled_from(RESERVED)).split("/")[1:]
-    base += draw(st.lists(st.sampled_from(["limits", "a", "libvgpu.so"]), max_size=2))
+    cut = draw(st.integers(0, len(base)))
+    if cut < len(base):
+        base = base[:cut]
+    else:
+        base += draw(st.lists(st.sampled_from(["limits", "a", "libvgpu.so"]), max_size=2))
     out: list[str] = []
     for segment in base:
         out += draw(st.lists(st.sampled_from(["", ".", "detour"]), max_size=2))

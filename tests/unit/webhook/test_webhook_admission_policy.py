@@ -18,6 +18,7 @@ from hamipy.protocol.reserved_mounts import (
     NOT_CANONICAL_ENDS,
     NOT_CANONICAL_PARTS,
     NOT_CANONICAL_REASON,
+    PARENT_REASON,
     PRELOAD_REASON,
 )
 from hamipy.protocol.resources import ResourceNames
@@ -173,11 +174,12 @@ def test_the_mount_policy_reads_every_gpu_containers_volume_mounts_in_every_name
     for path in ("/usr/local/vgpu", LD_SO_PRELOAD):
         assert f"m.mountPath == '{path}'" in covering
         assert f"m.mountPath.startsWith('{path}/')" in covering
+        assert f"'{path}/'.startsWith(" in covering  # a parent
     for part in NOT_CANONICAL_PARTS:
         assert f"!m.mountPath.contains('{part}')" in covering
     for end in NOT_CANONICAL_ENDS:
         assert f"!m.mountPath.endsWith('{end}')" in covering
-    for reason in (HOOK_REASON, PRELOAD_REASON, NOT_CANONICAL_REASON):
+    for reason in (HOOK_REASON, PRELOAD_REASON, PARENT_REASON, NOT_CANONICAL_REASON):
         assert f"'{reason}'" in covering
     (validation,) = spec["validations"]
     assert validation["expression"] == "size(variables.covering) == 0"
@@ -193,6 +195,7 @@ def test_the_mount_policy_reserves_every_hook_path_given_cleaned() -> None:
     ]
     for path in ("/opt/a/vgpu", "/srv/b"):
         assert f"m.mountPath == '{path}' || m.mountPath.startsWith('{path}/')" in covering
+        assert f"'{path}/'.startsWith(" in covering
     assert "/usr/local/vgpu" not in covering
     with pytest.raises(ValueError, match="CEL"):
         admission_policies(schedulers=[], device_plugins=[], hook_paths=["/it's"])

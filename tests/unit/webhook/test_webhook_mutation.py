@@ -369,6 +369,7 @@ def test_an_allowed_schedulers_pod_is_held_to_the_env_rules_too() -> None:
 
 
 GPU = {"nvidia.com/gpu": "1"}
+PARENT = "parent of a path the device plugin mounts"
 
 
 def mount_refusal(p: dict[str, Any], s: MutationSettings = DEFAULTS) -> str:
@@ -411,14 +412,28 @@ def test_a_gpu_container_may_not_cover_the_device_plugins_mounts(
     assert covers in message
 
 
+@pytest.mark.parametrize("path", ["/", "/etc", "/etc/", "/usr", "/usr/local", "/usr/local/"])
+def test_a_gpu_container_may_not_mount_a_parent_of_them(path: str) -> None:
+    """The pod chooses what is in its volume: a link there, which the runtime follows, could send
+    the device plugin's deeper mount under another volume of the pod."""
+    message = mount_refusal(mounting(path, **GPU))
+    assert f"containers[1] 'cuda' mounts volume 'v' at {path!r}:" in message
+    assert PARENT in message
+
+
 def test_the_configured_hook_path_is_the_one_reserved() -> None:
     s = load_settings("nvidia:\n  hookPath: /opt/hami/vgpu\n")
     assert s.hook_path == "/opt/hami/vgpu"
     assert "interposer directory" in mount_refusal(mounting("/opt/hami/vgpu/limits", **GPU), s)
-    assert decide(mounting("/usr/local/vgpu/limits", **GPU), s).allowed
+    for parent in ("/opt", "/opt/hami", "/etc", "/"):
+        assert PARENT in mount_refusal(mounting(parent, **GPU), s)
+    for path in ("/usr/local/vgpu/limits", "/usr/local", "/opt/hami2"):
+        assert decide(mounting(path, **GPU), s).allowed, path
 
 
-@pytest.mark.parametrize("path", ["/etc", "/usr/local", "/data", "/usr/local/vgpu2", "/etc/ld.so.preload.d"])
+@pytest.mark.parametrize(
+    "path", ["/data", "/etc2", "/usr/local/vgpu2", "/usr/local/cuda", "/etc/ld.so.preload.d", "/etc/ssl"]
+)
 def test_a_gpu_container_may_mount_anywhere_else(path: str) -> None:
     assert decide(mounting(path, **GPU), DEFAULTS).allowed
 

@@ -6,13 +6,18 @@ container's region directory and its limits file at ``<hook>`` and the loader's 
 them, and the runtime mounts them sorted by the depth of the cleaned path, keeping that order
 between equals: a pod volume at one of those paths lands on top of ours. Over the limits file it
 chooses the container's limits; over ``/etc/ld.so.preload`` or ``<hook>`` it leaves the interposer
-out. A volume at a parent (``/etc``, ``/usr/local``) is harmless: ours is deeper, mounted over it.
+out. A volume at a parent (``/``, ``/etc``, ``/usr/local``) is mounted before ours, but the pod
+chooses what is in it, and the runtime follows links in a mount's destination: a link
+``ld.so.preload -> /a/b/c/d`` in a volume at ``/etc`` sends our ``/etc/ld.so.preload`` to
+``/a/b/c/d``, where the pod's deeper volume at ``/a/b/c`` lands on top of it.
 
 So in a container that asks for the GPU count resource (limits or requests: the containers the
 device plugin's mounts go to) a ``volumeMounts`` entry is refused when its ``mountPath``
 
 - is a reserved path (``<hook>``, ``/etc/ld.so.preload``) or under one (it starts with the path and
-  ``/``); or
+  ``/``);
+- is a parent of one (the path and ``/`` starts with it, a ``/`` added where it has none; ``/`` is
+  a parent of every path); or
 - is not canonical: relative (the kubelet makes ``etc/ld.so.preload`` absolute), holding ``//``,
   ``/./`` or ``/../``, or ending in ``/.`` or ``/..``. The runtime cleans the path, so such a path
   may be another spelling of a reserved one (``/usr/local//vgpu/limits``, ``/etc/./ld.so.preload``),
@@ -36,12 +41,13 @@ __all__ = [
     "NOT_CANONICAL_ENDS",
     "NOT_CANONICAL_PARTS",
     "NOT_CANONICAL_REASON",
+    "PARENT_REASON",
     "PRELOAD_REASON",
     "canonical",
+    "folder",
     "reserved_mount_paths",
     "reserved_mount_use",
     "reserved_mount_why",
-    "subtree",
 ]
 
 NOT_CANONICAL_PARTS: Final = ("//", "/./", "/../")
@@ -55,6 +61,11 @@ HOOK_REASON: Final = (
 PRELOAD_REASON: Final = (
     f"it would cover {LD_SO_PRELOAD}, which the device plugin mounts to load the interposer into every "
     "process of the container; a pod may not replace it"
+)
+PARENT_REASON: Final = (
+    "it is a parent of a path the device plugin mounts (the interposer directory or /etc/ld.so.preload), "
+    "and the pod chooses what is in that volume: a link there could send that mount under another volume "
+    "of the pod"
 )
 NOT_CANONICAL_REASON: Final = (
     "the path is not canonical (relative, or holding //, /./ or /..), and the container runtime cleans "
@@ -75,9 +86,10 @@ def reserved_mount_paths(hook_paths: Sequence[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys([*(_clean(hook) for hook in hook_paths), LD_SO_PRELOAD]))
 
 
-def subtree(path: str) -> str:
-    """What every path under ``path`` starts with: ``path`` and ``/`` (``/`` for ``/``)."""
-    return path.rstrip("/") + "/"
+def folder(path: str) -> str:
+    """``path`` with a ``/`` added where it does not end in one: what every canonical path under it
+    starts with (``/`` for ``/``). The admission policy writes the same in CEL."""
+    return path if path.endswith("/") else path + "/"
 
 
 def canonical(mount_path: str) -> bool:
@@ -94,8 +106,10 @@ def reserved_mount_why(mount_path: str, reserved: Sequence[str]) -> str | None:
     """Why a GPU container may not mount at ``mount_path`` (``reserved``: ``reserved_mount_paths``),
     or None when it may."""
     for path in reserved:
-        if mount_path == path or mount_path.startswith(subtree(path)):
+        if mount_path == path or mount_path.startswith(folder(path)):
             return PRELOAD_REASON if path == LD_SO_PRELOAD else HOOK_REASON
+    if any(folder(path).startswith(folder(mount_path)) for path in reserved):
+        return PARENT_REASON
     if not canonical(mount_path):
         return NOT_CANONICAL_REASON
     return None

@@ -17,8 +17,8 @@ and the places where a GPU pod could bypass our scheduler or choose its own limi
    for the GPU count, after the defaults: the limit and interposer variables; any container:
    ``NVIDIA_VISIBLE_DEVICES`` other than ``none``), by ``env`` or by an ``envFrom`` prefix; and a
    container asking for the GPU count may not mount a volume where the device plugin mounts the
-   interposer and its limits (``hamipy.protocol.reserved_mounts``: under ``hook_path``, at
-   ``/etc/ld.so.preload``, or at a path that is not canonical).
+   interposer and its limits (``hamipy.protocol.reserved_mounts``: at or under ``hook_path`` or
+   ``/etc/ld.so.preload``, at a parent of either, or at a path that is not canonical).
 6. A pod that, after the defaults, asks for no GPU is allowed unchanged.
 7. A GPU pod with a privileged container is refused: it would see every GPU of its node.
 8. Otherwise the patch sets ``schedulerName``, adds the count/exclusive-cores defaults,
@@ -112,7 +112,7 @@ class MutationSettings:
     """``runtimeClassName`` given to GPU pods that set none (e.g. ``nvidia``); None leaves it."""
     hook_path: str = DEFAULT_HOOK_PATH
     """Where the device plugin mounts the interposer in GPU containers (``nvidia.hookPath``): no
-    volume of theirs may go there."""
+    volume of theirs may go there, nor at a parent of it."""
 
     @classmethod
     def from_config(

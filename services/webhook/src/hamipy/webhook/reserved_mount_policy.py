@@ -3,8 +3,8 @@
 The paths and why they are reserved are ``hamipy.protocol.reserved_mounts``'s; this is the same rule
 in CEL, test for test, for the API server, so that it holds while the webhook is down: a container
 or init container asking for the GPU count resource (limits or requests) may not have a
-``volumeMounts`` entry at or under a hook path or ``/etc/ld.so.preload``, nor at a path that is not
-canonical. At a pod's CREATE only: volume mounts never change afterwards, and ephemeral containers
+``volumeMounts`` entry at, under or above a hook path or ``/etc/ld.so.preload``, nor at a path
+that is not canonical. At a pod's CREATE only: volume mounts never change afterwards, and ephemeral containers
 ask for no resources, so they get none of the device plugin's mounts to cover.
 
 No namespace is exempt: no pod of ours is a GPU container, so none needs a volume there.
@@ -21,9 +21,10 @@ from hamipy.protocol.reserved_mounts import (
     NOT_CANONICAL_ENDS,
     NOT_CANONICAL_PARTS,
     NOT_CANONICAL_REASON,
+    PARENT_REASON,
     PRELOAD_REASON,
+    folder,
     reserved_mount_paths,
-    subtree,
 )
 from hamipy.protocol.resources import ResourceNames
 from hamipy.webhook.policy_objects import binding, policy, rule
@@ -52,10 +53,13 @@ def _why(reserved: Sequence[str]) -> str:
         ]
     )
     why = f"({canonical}) ? '' : {_literal(NOT_CANONICAL_REASON)}"
+    as_folder = f"({path}.endsWith('/') ? {path} : {path} + '/')"  # folder(m.mountPath)
+    parent = " || ".join(f"{_literal(folder(p))}.startsWith({as_folder})" for p in reserved)
+    why = f"({parent}) ? {_literal(PARENT_REASON)} : ({why})"
     for reserved_path in reversed(reserved):
         reason = PRELOAD_REASON if reserved_path == LD_SO_PRELOAD else HOOK_REASON
         covered = (
-            f"{path} == {_literal(reserved_path)} || {path}.startsWith({_literal(subtree(reserved_path))})"
+            f"{path} == {_literal(reserved_path)} || {path}.startsWith({_literal(folder(reserved_path))})"
         )
         why = f"({covered}) ? {_literal(reason)} : ({why})"
     return why
