@@ -31,6 +31,7 @@ from hamipy.devcluster.waiting import wait_for
 from hamipy.kube.client import MERGE_PATCH, RawKube
 from hamipy.kube.errors import KubeError, NotFound
 from hamipy.protocol import keys
+from hamipy.protocol.allocation_env import LD_SO_PRELOAD
 
 pytestmark = pytest.mark.integration
 
@@ -534,7 +535,8 @@ async def test_the_mount_policy_reserves_the_hook_paths_it_is_given(kube_client:
 
 async def test_exempt_namespaces_may_set_nvidia_visible_devices_and_nothing_else(kube_client: Any) -> None:
     """The chart's own DaemonSets (device plugin, monitor) take NVML through the NVIDIA runtime with
-    NVIDIA_VISIBLE_DEVICES=all: their namespace is exempt from the env rules, and only from those."""
+    NVIDIA_VISIBLE_DEVICES=all: pods of their namespace may set it, by env or by prefix, and nothing
+    else the policies refuse."""
     admin = RawKube(kube_client)
     system, other = await create_namespace(kube_client, prefix="sys"), await create_namespace(kube_client)
     policies = Policies(
@@ -545,13 +547,28 @@ async def test_exempt_namespaces_may_set_nvidia_visible_devices_and_nothing_else
         device_plugins=[],
         exempt_namespaces=[system],
     )
+    pods = f"/api/v1/namespaces/{system}/pods"
     try:
         await policies.install(probe_namespace=other)
         visible = builders.pod("agent", builders.container(env={"NVIDIA_VISIBLE_DEVICES": "all"}))
-        await admin.request("POST", f"/api/v1/namespaces/{system}/pods", body=visible)
+        await admin.request("POST", pods, body=visible)
         await _refused(admin, "POST", f"/api/v1/namespaces/{other}/pods", visible)
+        from_source = builders.container(envFrom=[{"prefix": "NVIDIA_", "configMapRef": {"name": "gpus"}}])
+        await admin.request("POST", pods, body=builders.pod("agent-from", from_source))
+        # Everything else is refused there as anywhere: a GPU container's limits and interposer
+        # switches (by env and by prefix), its mounts, a GPU pod placed on a node.
+        for name, limit in (("limit", "CUDA_DEVICE_MEMORY_LIMIT"), ("preload", "LD_PRELOAD")):
+            greedy = builders.pod(name, builders.container("cuda", gpu=1, env={limit: "1"}))
+            assert f"container cuda sets {limit}" in await _refused(admin, "POST", pods, greedy)
+        prefixed = builders.container(
+            "cuda", gpu=1, envFrom=[{"prefix": "CUDA_", "configMapRef": {"name": "limits"}}]
+        )
+        message = await _refused(admin, "POST", pods, builders.pod("prefixed", prefixed))
+        assert "container cuda takes env from a source with prefix CUDA_" in message
+        covering = mounting_pod("covering", LD_SO_PRELOAD)
+        assert f"mounts volume mine at {LD_SO_PRELOAD}:" in await _refused(admin, "POST", pods, covering)
         pinned = builders.pod("pinned", builders.container(gpu=1), node_name="somewhere")
-        assert "spec.nodeName" in await _refused(admin, "POST", f"/api/v1/namespaces/{system}/pods", pinned)
+        assert "spec.nodeName" in await _refused(admin, "POST", pods, pinned)
     finally:
         await policies.remove()
         for namespace in (system, other):

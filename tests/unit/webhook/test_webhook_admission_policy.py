@@ -101,17 +101,20 @@ def test_gpu_pods_created_with_a_node_only_by_schedulers() -> None:
     assert binding["spec"]["validationActions"] == ["Deny"]
 
 
-def test_the_env_policy_reads_every_reserved_name_in_every_pod_but_the_exempt() -> None:
+def test_the_env_policy_reads_every_reserved_name_in_every_pod() -> None:
+    """Every namespace: the exempt ones only may set NVIDIA_VISIBLE_DEVICES."""
     docs = admission_policies(
         schedulers=[], device_plugins=[], names=NAMES, exempt_namespaces=["hami-system"]
     )
     spec = _named(docs, ENV_POLICY_NAME)["spec"]
     rules = {(r["operations"][0], r["resources"][0]) for r in spec["matchConstraints"]["resourceRules"]}
     assert rules == {("CREATE", "pods"), ("UPDATE", "pods/ephemeralcontainers")}
-    assert spec["matchConditions"] == [
-        {"name": "not-an-exempt-namespace", "expression": "!(request.namespace in ['hami-system'])"}
-    ]
+    assert "matchConditions" not in spec
     variables = {v["name"]: v["expression"] for v in spec["variables"]}
+    assert variables["exempt"] == "request.namespace in ['hami-system']"
+    for name, expression in variables.items():
+        exempted = expression.startswith("variables.exempt ? [] : (")
+        assert exempted is (name in ("visible", "visibleFrom")), name
     assert "'example.com/vgpu' in c.resources.limits" in variables["gpuContainers"]
     for name in GPU_CONTAINER_NAMES:
         assert f"'{name}'" in variables["gpuEnv"]
@@ -124,7 +127,7 @@ def test_the_env_policy_reads_every_reserved_name_in_every_pod_but_the_exempt() 
     ]
     assert spec["failurePolicy"] == "Fail"
     unexempt = _named(admission_policies(schedulers=[], device_plugins=[]), ENV_POLICY_NAME)["spec"]
-    assert unexempt["matchConditions"][0]["expression"] == "!(request.namespace in [])"
+    assert {"name": "exempt", "expression": "request.namespace in []"} in unexempt["variables"]
 
 
 def test_configured_resource_names_reach_every_policy() -> None:

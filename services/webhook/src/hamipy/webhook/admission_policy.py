@@ -120,7 +120,8 @@ def admission_policies(
     placed (our extender's service account; add HAMi's scheduler when it runs beside ours).
     ``device_plugins``: those that may write the device plugin's keys on their own node's pods, and
     update only their own node. ``names``: our resource names (the defaults when None).
-    ``exempt_namespaces``: namespaces whose pods the env rules skip (the chart's release namespace).
+    ``exempt_namespaces``: namespaces whose pods may set ``NVIDIA_VISIBLE_DEVICES`` (the chart's
+    release namespace).
     ``hook_paths``: where the device plugins mount the interposer (``nvidia.hookPath``; more than one
     where nodes differ), kept free of GPU containers' own volumes.
     """

@@ -9,9 +9,10 @@ CEL, for the API server, so that it holds for every pod, GPU or not, and while t
 - no container, init container or ephemeral container (``pods/ephemeralcontainers``) sets
   ``NVIDIA_VISIBLE_DEVICES`` to anything but ``none``, by ``env`` or by a prefix it starts with.
 
-Pods of the exempt namespaces are not checked: the chart's own DaemonSets take NVML through the
-NVIDIA runtime with ``NVIDIA_VISIBLE_DEVICES=all``. On a pod's CREATE every container is checked; on
-an ephemeral-container update only the ephemeral ones (the others cannot change).
+Pods of the exempt namespaces may set ``NVIDIA_VISIBLE_DEVICES``, and nothing else reserved: the
+chart's own DaemonSets take NVML through the NVIDIA runtime with ``NVIDIA_VISIBLE_DEVICES=all``, and
+none of them is a GPU container. On a pod's CREATE every container is checked; on an
+ephemeral-container update only the ephemeral ones (the others cannot change).
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ def reserved_env_policy(
     prefix: str, names: ResourceNames, exempt_namespaces: Sequence[str]
 ) -> list[dict[str, Any]]:
     """The policy and its binding (``admissionregistration.k8s.io/v1``); ``names``: our resource
-    names (the count decides what a GPU container is)."""
+    names (the count decides what a GPU container is); ``exempt_namespaces``: where pods may set
+    ``NVIDIA_VISIBLE_DEVICES``."""
     name = prefix + ENV_POLICY_NAME
     reserved = cel_list(GPU_CONTAINER_NAMES)
     gpu_name = f"x.name in {reserved} || x.name.matches('{PER_DEVICE_PATTERN}')"
@@ -88,20 +90,25 @@ def reserved_env_policy(
             "name": "gpuEnvFrom",
             "expression": _findings("variables.gpuContainers", f"filter(x, {gpu_prefix}).{takes}", "envFrom"),
         },
+        {"name": "exempt", "expression": f"request.namespace in {cel_list(exempt_namespaces)}"},
         {
             "name": "visible",
             "expression": (
-                _findings("variables.containers", f"filter(x, {visible}).{sets}", "env")
+                "variables.exempt ? [] : ("
+                + _findings("variables.containers", f"filter(x, {visible}).{sets}", "env")
                 + " + "
                 + _findings(ephemeral, f"filter(x, {visible}).{sets}", "env")
+                + ")"
             ),
         },
         {
             "name": "visibleFrom",
             "expression": (
-                _findings("variables.containers", f"filter(x, {visible_prefix}).{takes}", "envFrom")
+                "variables.exempt ? [] : ("
+                + _findings("variables.containers", f"filter(x, {visible_prefix}).{takes}", "envFrom")
                 + " + "
                 + _findings(ephemeral, f"filter(x, {visible_prefix}).{takes}", "envFrom")
+                + ")"
             ),
         },
     ]
@@ -119,12 +126,6 @@ def reserved_env_policy(
         name,
         [rule("pods", "CREATE"), rule("pods/ephemeralcontainers", "UPDATE")],
         {
-            "matchConditions": [
-                {
-                    "name": "not-an-exempt-namespace",
-                    "expression": f"!(request.namespace in {cel_list(exempt_namespaces)})",
-                }
-            ],
             "variables": variables,
             "validations": [
                 {
