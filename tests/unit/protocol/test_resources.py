@@ -502,6 +502,7 @@ WEBHOOK_CASES: list[tuple[str, dict[str, Any] | None, dict[str, Any] | None, int
     ("count-in-requests-with-memory", None, {GPU: "1", MEM: "10"}, 1, {}, False),
     ("memory-in-requests-stays-shared", {GPU: "1"}, {MEM: "3000"}, 1, {}, True),
     ("cores-in-requests-kept", {GPU: "1"}, {CORES: "10"}, 1, {}, True),
+    ("priority-adds-nothing", {GPU: "1", MEM: "10", PRIO: "0"}, None, 1, {}, True),
     ("no-gpu", {"cpu": "1"}, None, 1, {}, False),
     ("nothing", None, None, 1, {}, False),
 ]
@@ -522,13 +523,7 @@ def test_webhook_container_defaults(
     got = webhook_container_defaults(
         ctr(limits=limits, requests=requests), default_gpu_count=default_gpu_count
     )
-    assert got == WebhookDefaults(add_limits=added, has_resource=has_resource, task_priority=None)
-
-
-def test_webhook_reads_priority_from_limits() -> None:
-    got = webhook_container_defaults(ctr(limits={GPU: "1", MEM: "10", PRIO: "0"}))
-    assert got.task_priority == 0
-    assert webhook_container_defaults(ctr(limits={GPU: "1"}, requests={PRIO: "1"})).task_priority is None
+    assert got == WebhookDefaults(add_limits=added, has_resource=has_resource)
 
 
 def test_webhook_uses_configured_names() -> None:

@@ -148,13 +148,11 @@ class WebhookDefaults:
 
     ``add_limits`` maps resource names to quantity strings to add to ``resources.limits``;
     ``has_resource`` says whether the container asks for a GPU afterwards (the webhook then sets the
-    pod's scheduler); ``task_priority`` is the ``priority`` limit (the value the device plugin
-    gives as ``CUDA_TASK_PRIORITY``), or None.
+    pod's scheduler).
     """
 
     add_limits: Mapping[str, str]
     has_resource: bool
-    task_priority: int | None
 
 
 def container_label(kind: str, index: int, container: Mapping[str, Any]) -> str:
@@ -382,8 +380,8 @@ def webhook_container_defaults(
        a whole-GPU ask gets the GPU alone. (Upstream adds 100, not the configured default cores.)
 
     The upstream webhook runs this for ``spec.containers`` only (not init containers) and skips
-    privileged containers; that choice is the caller's. Only the values read here (percentage,
-    priority) are parsed; ``validate_webhook_container`` refuses malformed ones first.
+    privileged containers; that choice is the caller's. Only the value read here (percentage) is
+    parsed; ``validate_webhook_container`` refuses malformed ones first.
     """
     limits, requests = _resource_maps(container, label)
     add: dict[str, str] = {}
@@ -405,10 +403,4 @@ def webhook_container_defaults(
         if exclusive:
             add[names.cores] = str(FULL_CORES)
             has_resource = True
-
-    priority = (
-        parse_quantity(limits[names.priority], resource=names.priority, container=label)
-        if names.priority in limits
-        else None
-    )
-    return WebhookDefaults(add_limits=add, has_resource=has_resource, task_priority=priority)
+    return WebhookDefaults(add_limits=add, has_resource=has_resource)
