@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from builders import allocation, container, gpu
-from extender_fakes import BIND_SETTINGS, BindRig, bind_rig, our_node, pod, shared_rig
+from extender_fakes import BIND_SETTINGS, BindRig, bind_rig, node, our_node, pod, shared_rig
 
 from hamipy.extender.errors import BindRefused, LockTimeout
 from hamipy.extender.invariant import check_cluster
@@ -194,15 +194,8 @@ async def test_a_failed_bind_leaves_the_allocation_the_watch_reported_meanwhile(
     assert r.model.nodes["m"].gpus[0].used_cores == 100
 
 
-@pytest.mark.parametrize("written", [True, False])
-async def test_a_binding_whose_answer_is_lost_keeps_its_gpus_counted_until_the_api_says(
-    written: bool,
-) -> None:
-    """The Binding's answer never comes (a timeout): it may have been written. ``p``'s GPU stays
-    counted, as a reservation: the watch event of ``p`` bound makes it an allocation; if ``p`` was
-    not bound, the reservation expires."""
-    r = two_nodes()
-    r.add_watched_pod(exclusive("p"))
+def lose_binding_answers(r: BindRig, *, written: bool) -> None:
+    """``p``'s next Binding gets no answer (a timeout); with ``written`` the API server stored it."""
 
     async def lose_answer(method: str, path: str, body: Any) -> None:
         if method == "POST" and path.endswith("/p/binding"):
@@ -212,6 +205,18 @@ async def test_a_binding_whose_answer_is_lost_keeps_its_gpus_counted_until_the_a
             raise KubeError("POST binding: TimeoutError", status=0)
 
     r.kube.on_request = lose_answer
+
+
+@pytest.mark.parametrize("written", [True, False])
+async def test_a_binding_whose_answer_is_lost_keeps_its_gpus_counted_until_the_api_says(
+    written: bool,
+) -> None:
+    """The Binding's answer never comes (a timeout): it may have been written. ``p``'s GPU stays
+    counted, as a reservation: the watch event of ``p`` bound makes it an allocation; if ``p`` was
+    not bound, the reservation expires."""
+    r = two_nodes()
+    r.add_watched_pod(exclusive("p"))
+    lose_binding_answers(r, written=written)
     with pytest.raises(KubeError, match="TimeoutError"):
         await r.binder.bind(namespace="ns", name="p", uid=P, node="n")
     assert held_on(r) == ("reserved", "n", ["A"])
@@ -222,6 +227,81 @@ async def test_a_binding_whose_answer_is_lost_keeps_its_gpus_counted_until_the_a
     else:
         r.model.expire(time.monotonic() + BIND_SETTINGS.reservation_ttl_s)
         assert P not in r.model.contributions
+
+
+async def test_a_binding_in_doubt_on_the_locked_path_stays_counted() -> None:
+    """On a node HAMi's device plugin serves, binds take the node lock and decide from fresh API
+    state; this replica still decides alone, so a Binding whose answer was lost keeps its GPUs
+    counted there too."""
+    r = bind_rig(BIND_SETTINGS, node("n", [gpu("A", 0)]))
+    r.add_watched_pod(exclusive("p"))
+    r.kube.fail[("POST", "/api/v1/namespaces/ns/pods/p/binding")] = KubeError("timeout", status=0)
+    with pytest.raises(KubeError, match="timeout"):
+        await r.binder.bind(namespace="ns", name="p", uid=P, node="n")
+    assert held_on(r) == ("reserved", "n", ["A"])
+    assert r.model.in_doubt(P)
+
+
+async def test_the_pods_next_filter_leaves_a_binding_in_doubt_counted() -> None:
+    """``p``'s Binding to ``n`` is written but its answer lost, and an API stall keeps the watch from
+    reporting ``p`` bound. kube-scheduler filters ``p`` again (it retries after a second): ``p``'s
+    GPU on ``n`` stays counted, so ``q`` is never placed on it."""
+    r = two_nodes()
+    r.add_watched_pod(exclusive("p"))
+    lose_binding_answers(r, written=True)
+    with pytest.raises(KubeError, match="TimeoutError"):
+        await r.binder.bind(namespace="ns", name="p", uid=P, node="n")
+    assert r.scheduler.filter({"Pod": exclusive("p"), "NodeNames": ["n", "m"]})["NodeNames"] == ["m"]
+    assert held_on(r) == ("reserved", "n", ["A"]), "the filter replaced the hold in doubt"
+    assert filter_chooses(r, "q") == "m", "p's GPU on n was offered to q"
+    with pytest.raises(BindRefused, match="no longer fits node n"):
+        await r.binder.bind(namespace="ns", name="q", uid="uid-ns-q", node="n")
+    assert (await check_cluster(r.kube)).ok
+
+
+@pytest.mark.parametrize("written", [True, False])
+async def test_a_retried_bind_reads_whether_the_binding_in_doubt_was_written(written: bool) -> None:
+    """kube-scheduler binds ``p`` again (to ``m``, as its filter now answers) while its first Binding
+    (to ``n``) is in doubt: one read of ``p`` settles it. Written: ``p`` is bound to ``n``, counted
+    there, and the retry is refused naming ``n``. Not written: the hold goes and ``p`` is bound to ``m``."""
+    r = two_nodes()
+    r.add_watched_pod(exclusive("p"))
+    lose_binding_answers(r, written=written)
+    with pytest.raises(KubeError, match="TimeoutError"):
+        await r.binder.bind(namespace="ns", name="p", uid=P, node="n")
+    first = len(r.kube.calls)
+    if written:
+        with pytest.raises(BindRefused, match="already bound to n"):
+            await r.binder.bind(namespace="ns", name="p", uid=P, node="m")
+        assert held_on(r) == ("allocated", "n", ["A"])
+        assert r.kube.calls[first:] == [("GET", "/api/v1/namespaces/ns/pods/p")], "not just one read"
+    else:
+        await r.binder.bind(namespace="ns", name="p", uid=P, node="m")
+        assert held_on(r) == ("allocated", "m", ["B"])
+        assert r.model.nodes["n"].gpus[0].used_cores == 0
+    assert r.kube.pods[("ns", "p")]["spec"]["nodeName"] == ("n" if written else "m")
+    assert (await check_cluster(r.kube)).ok
+
+
+async def test_a_pod_whose_binding_is_in_doubt_preempts_nothing() -> None:
+    """``p`` may already run on ``n``; a filter of it that fits nowhere neither evicts pods for it
+    nor moves its hold to the preemption's node."""
+    r = two_nodes()
+    low = pod("low", container(gpu=1, gpumem=1000, gpucores=100), node_name="m", phase="Running")
+    low["metadata"]["annotations"] = allocation(allocated="B,NVIDIA,1000,100:;", node="m")
+    r.add_watched_pod(low)
+    important = exclusive("p")
+    important["spec"]["priority"] = 1000
+    r.add_watched_pod(important)
+    lose_binding_answers(r, written=True)
+    with pytest.raises(KubeError, match="TimeoutError"):
+        await r.binder.bind(namespace="ns", name="p", uid=P, node="n")
+    assert r.scheduler.filter({"Pod": important, "NodeNames": ["n", "m"]})["NodeNames"] == []
+    assert r.evictor is not None
+    await r.evictor.idle()
+    assert r.kube.deleted == []
+    assert held_on(r) == ("reserved", "n", ["A"])
+    assert P not in r.model.nominations
 
 
 async def test_a_replica_whose_binds_read_fresh_state_holds_nothing_in_doubt() -> None:

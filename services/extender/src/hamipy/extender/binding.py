@@ -1,7 +1,8 @@
 """``/bind``: where correctness is enforced (docs/design.md#5-bind-enforces-correctness).
 
 For one pod and the node kube-scheduler chose (binds of one pod take turns on this replica,
-``PodTurns``; a pod the model counts as bound is answered from the model, its count left as is):
+``PodTurns``; a pod the model counts as bound is answered from the model, its count left as is, and
+one whose earlier Binding lost its answer is read once to learn whether it is bound, ``_settle``):
 
 1. take the pod as the watch last saw it pending (read it from the API only when the watch has not
    delivered it) and refuse it unless it is the one kube-scheduler means (the UID of the bind), asks
@@ -216,13 +217,18 @@ class Binder:
         timeout = self.settings.api_timeout_s
         counted = self.model.contributions.get(PodUid(uid))
         named = counted is not None and (counted.namespace, counted.name) == (namespace, name)
-        if counted is not None and named and counted.source == "allocated":
+        bound_to: str | None = None
+        if counted is not None and named and counted.in_doubt:
+            bound_to = await self._settle(namespace, name, uid)
+        elif counted is not None and named and counted.source == "allocated":
             # Bound already (this replica's Binding, or the watch said so): answered from what the
             # model counts, which stays as it is.
+            bound_to = counted.node
+        if bound_to is not None:
             self.telemetry.metrics.bind_races.inc()
-            if counted.node == node:
+            if bound_to == node:
                 return  # a retried bind that already happened
-            raise BindRefused(f"pod {namespace}/{name} is already bound to {counted.node}")
+            raise BindRefused(f"pod {namespace}/{name} is already bound to {bound_to}")
         pending = self._watched(namespace, name, uid)
         if pending is not None:
             pod = pending.pod
@@ -260,6 +266,33 @@ class Binder:
         else:
             self.telemetry.metrics.bind_paths.labels(path="locked").inc()
             await self._bind_locked(target, pod, ask)
+
+    async def _settle(self, namespace: str, name: str, uid: str) -> str | None:
+        """An earlier bind of this pod lost its Binding's answer, so it may be bound (the model holds
+        its GPUs in doubt, ``ClusterModel.hold_in_doubt``): one read says. Bound, the model takes
+        what the pod holds and its node is returned; not bound (or gone), the hold is an ordinary
+        reservation again, which this bind takes over or drops, and None is returned."""
+        try:
+            current: Mapping[str, Any] | None = await get_pod(
+                self.api, namespace, name, timeout_s=self.settings.api_timeout_s
+            )
+        except NotFound:
+            current = None
+        if (
+            current is None
+            or _meta(current).get("uid") != uid
+            or not (current.get("spec") or {}).get("nodeName")
+        ):
+            self.model.clear_doubt(PodUid(uid))
+            return None
+        self._count_bound(uid, current)
+        return str(current["spec"]["nodeName"])
+
+    def _count_bound(self, uid: str, current: Mapping[str, Any]) -> None:
+        """The model counts what ``current``, the pod read bound from the API, holds, in place of
+        whatever it counted for it."""
+        self.model.release(PodUid(uid), source=None)
+        self.model.apply_pod("MODIFIED", current)
 
     def _watched(self, namespace: str, name: str, uid: str) -> PendingPod | None:
         """The pod as the watch last saw it pending, if that is the pod this bind names."""
@@ -343,7 +376,6 @@ class Binder:
         locked = False
         release = False
         written = False
-        writing = False
         try:
             continued = await self._continue(self._sessions.pop(node, None), node, namespace, name, uid)
             if continued is None:
@@ -357,7 +389,6 @@ class Binder:
             preferred = reservation.devices if reservation is not None and reservation.node == node else None
             devices = self._choose(fresh.nodes[node], ask, preferred)
             self._within_quota(target, ask, devices)
-            writing = True  # from here on ``_write`` leaves the model as the outcome has it
             written = await self._write(target, pod, ask, devices, fresh=fresh)
             if self.releases_after_bind(node):
                 # Decided before the mutex is released, so the next bind finds the session.
@@ -366,8 +397,9 @@ class Binder:
                 else:
                     release = True
         except BaseException:
-            if not writing:
-                self.model.release(PodUid(uid))  # refused before anything was written
+            # Its reservation goes; ``_write`` left what the API may hold (an allocation read after
+            # a Conflict, a hold in doubt), which ``release`` never drops.
+            self.model.release(PodUid(uid))
             if locked:
                 await self._release(node, namespace, name)
                 locked = False
@@ -773,8 +805,7 @@ class Binder:
         bound = (current.get("spec") or {}).get("nodeName")
         if not bound:
             return current
-        self.model.release(PodUid(uid), source=None)
-        self.model.apply_pod("MODIFIED", current)
+        self._count_bound(uid, current)
         self.telemetry.metrics.bind_races.inc()
         if bound != node:
             raise BindRefused(f"pod {namespace}/{name} was bound to {bound} by another bind meanwhile")

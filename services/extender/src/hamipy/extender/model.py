@@ -15,6 +15,12 @@ Usage on a GPU is the sum of *contributions*, one per pod UID, each either
   reservation then); or
 - ``reserved``: a filter decision not yet visible in the pod, dropped after a time-to-live.
 
+A reservation from ``hold_in_doubt`` (``Contribution.in_doubt``) stands for a Binding that may have
+bound the pod: until the pod's watch event or a read of the pod says (``clear_doubt``, or
+``release`` of whatever the pod holds), only its time-to-live drops it. A filter of the pod or a
+failed bind, which drop the pod's own reservation, leave it: in an API stall the watch may not
+report the pod bound for longer than kube-scheduler takes to filter it again.
+
 A pod that is not bound holds nothing, whatever its annotations say: anyone who may create pods can
 write ``hami.io/vgpu-node`` and ``vgpu-devices-allocated``, and only a bound pod is ever served GPUs
 by the device plugin. So an unbound pod's events never add, change or drop a contribution: our own
@@ -255,6 +261,9 @@ class Contribution:
     """The annotation an allocation was decoded from (to skip unchanged pods)."""
     sidecars: frozenset[int] = frozenset()
     """Init slots that are native sidecars (``pod_usage``)."""
+    in_doubt: bool = False
+    """A reservation held for a Binding whose answer was lost (``hold_in_doubt``): the pod may be
+    bound through it."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -961,24 +970,42 @@ class ClusterModel:
 
     def release(self, uid: PodUid, *, source: Source | None = "reserved", quiet: bool = False) -> None:
         """Drop what the pod holds when it is from ``source`` (its reservation unless told; None:
-        whatever it holds). With ``quiet`` nothing is reported ``freed``: the caller takes the GPUs
-        again at once (a bind of the reserved pod), and reports ``freed`` itself when it does not.
+        whatever it holds, as the API has just said). With ``quiet`` nothing is reported ``freed``:
+        the caller takes the GPUs again at once (a bind of the reserved pod), and reports ``freed``
+        itself when it does not.
 
         A failed bind drops its own record (``binding``), never an allocation: a pod's allocation
-        goes only when the API says so (its watch event, or a read of the pod)."""
+        goes only when the API says so (its watch event, or a read of the pod). A hold in doubt
+        stays unless ``source`` is None (``hold_in_doubt``)."""
         current = self.contributions.get(uid)
-        if current is not None and (source is None or current.source == source):
+        if current is None:
+            return
+        if source is None or (current.source == source and not current.in_doubt):
             self._set(None, uid, quiet=quiet)
 
     def hold_in_doubt(self, uid: PodUid, *, expires_at: float) -> None:
         """A bind of ours whose Binding may have been written (its answer was lost: a timeout, a
-        connection cut): its GPUs stay counted, as a reservation until ``expires_at``. The pod's
-        watch event makes them an allocation if it was bound; if not, its next filter or the
-        expiry frees them."""
+        connection cut): its GPUs stay counted, as a reservation in doubt until ``expires_at``. The
+        pod's watch event makes them an allocation if it was bound; the pod's next bind reads the
+        pod and settles it (``clear_doubt`` when it is not bound); else the expiry frees them."""
         current = self.contributions.get(uid)
         if current is not None and current.source == "binding":
-            held = dataclasses.replace(current, source="reserved", expires_at=expires_at, raw=None)
+            held = dataclasses.replace(
+                current, source="reserved", expires_at=expires_at, raw=None, in_doubt=True
+            )
             self._set(held, uid, quiet=True)
+
+    def in_doubt(self, uid: PodUid) -> bool:
+        """Whether the pod's GPUs are held for a Binding whose answer was lost (``hold_in_doubt``)."""
+        current = self.contributions.get(uid)
+        return current is not None and current.in_doubt
+
+    def clear_doubt(self, uid: PodUid) -> None:
+        """A read found the pod of a hold in doubt not bound: the hold is an ordinary reservation
+        again, for the bind that read it to take over or drop."""
+        current = self.contributions.get(uid)
+        if current is not None and current.in_doubt:
+            self.contributions[uid] = dataclasses.replace(current, in_doubt=False)  # the same GPUs
 
     def drop_reservations(self) -> int:
         """Forget every reservation (a replica that stops deciding: they steered only its own

@@ -231,7 +231,8 @@ class Scheduler:
         now_mono = self.clock()
         self.model.expire(now_mono)
         if watched is not None:
-            # Being (re)scheduled: its previous reservation is replaced by this decision. Quietly:
+            # Being (re)scheduled: its previous reservation is replaced by this decision (not a hold
+            # in doubt: its Binding may have placed the pod, ``ClusterModel.hold_in_doubt``). Quietly:
             # a pod retried while it waits usually takes the same GPUs again, and reporting them
             # freed woke every refused pod for nothing (``filter`` reports them when it does not).
             self.model.release(uid, quiet=True)
@@ -272,7 +273,10 @@ class Scheduler:
                 chose,
             )
         failed = dict(decision.failed)
-        preempting = self._preempt(watched, uid, ask, names, now_mono) if watched is not None else None
+        # A pod whose Binding is in doubt may be running already: nothing is evicted for it.
+        preempting = None
+        if watched is not None and not self.model.in_doubt(uid):
+            preempting = self._preempt(watched, uid, ask, names, now_mono)
         if preempting is not None:
             failed[preempting[0]] = NodeReasons.of_node(PREEMPTING, preempting[1])
         if watched is not None and self.on_refused is not None:
