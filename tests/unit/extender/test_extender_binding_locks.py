@@ -143,6 +143,27 @@ async def test_a_held_lock_is_polled_with_doubling_backoff_until_the_deadline(
     assert sum(1 for call in r.kube.calls if call == ("GET", "/api/v1/namespaces/ns/pods/holder")) == 7
 
 
+async def test_a_bind_waits_for_its_turn_and_the_lock_within_one_bind_timeout(
+    virtual_time: VirtualTime,
+) -> None:
+    """Two binds of one pod on a held node: the second waits for the first's turn, then for the lock
+    until the same deadline, so neither waits longer than ``--bind-timeout`` in all (it stays below
+    kube-scheduler's ``httpTimeout``, which would otherwise give up on the bind first)."""
+    r = bind_rig()
+    held_by_a_live_pod(r, datetime.now(UTC))
+    r.kube.add_pod(pod("p"))
+
+    async def waited() -> float:
+        started = virtual_time.now
+        with pytest.raises(LockTimeout):
+            await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+        return virtual_time.now - started
+
+    first, second = await asyncio.gather(waited(), waited())
+    assert first <= BIND_SETTINGS.bind_timeout_s
+    assert second <= BIND_SETTINGS.bind_timeout_s, "the lock was waited for a second bind timeout"
+
+
 async def test_no_sleep_is_started_that_would_end_at_the_deadline(virtual_time: VirtualTime) -> None:
     slept = 0.0
     for delay in DELAYS[:4]:

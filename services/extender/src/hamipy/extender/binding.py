@@ -204,16 +204,21 @@ class Binder:
         Binds of one pod run one at a time here (``PodTurns``): a second one (kube-scheduler retrying
         after its timeout, unelected kube-schedulers each binding the pod) waits for the first, then
         finds the pod bound or, when the first failed, goes ahead. It never decides while the first
-        one's GPUs are in flight, nor replaces what the model counts."""
+        one's GPUs are in flight, nor replaces what the model counts.
+
+        Waiting for the pod's turn and for the node's lock share one deadline, ``bind_timeout_s``
+        from now: the bind is answered before kube-scheduler's ``httpTimeout`` gives up on it."""
+        deadline = asyncio.get_running_loop().time() + self.settings.bind_timeout_s
         async with self._turns.turn(uid, self.settings.bind_timeout_s) as turn:
             if not turn:
                 raise BindRefused(
                     f"another bind of pod {namespace}/{name} is in flight on this extender for more "
                     f"than {self.settings.bind_timeout_s:g}s; kube-scheduler retries"
                 )
-            await self._bind(namespace, name, uid, node)
+            await self._bind(_Target(namespace, name, uid, node), deadline)
 
-    async def _bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+    async def _bind(self, target: _Target, deadline: float) -> None:
+        namespace, name, uid, node = target
         timeout = self.settings.api_timeout_s
         counted = self.model.contributions.get(PodUid(uid))
         named = counted is not None and (counted.namespace, counted.name) == (namespace, name)
@@ -259,13 +264,12 @@ class Binder:
             # (managedResources), and it takes nothing on the node.
             await create_binding(self.api, namespace, name, uid, node, timeout_s=timeout)
             return
-        target = _Target(namespace, name, uid, node)
         if self._fast(node):
             self.telemetry.metrics.bind_paths.labels(path="model").inc()
             await self._bind_from_model(target, pod, ask)
         else:
             self.telemetry.metrics.bind_paths.labels(path="locked").inc()
-            await self._bind_locked(target, pod, ask)
+            await self._bind_locked(target, pod, ask, deadline)
 
     async def _settle(self, namespace: str, name: str, uid: str) -> str | None:
         """An earlier bind of this pod lost its Binding's answer, so it may be bound (the model holds
@@ -355,12 +359,13 @@ class Binder:
         # serve this node; a second write of every pod was a third of the API cost of a bind.
         await self._write(target, pod, ask, devices, fresh=None, fenced=True)
 
-    async def _bind_locked(self, target: _Target, pod: Mapping[str, Any], ask: PodAsk) -> None:
+    async def _bind_locked(
+        self, target: _Target, pod: Mapping[str, Any], ask: PodAsk, deadline: float
+    ) -> None:
         """HAMi's discipline: take the node lock, rebuild the node from fresh API state, decide
-        there and write the Binding under the lock (see the module docstring)."""
+        there and write the Binding under the lock (see the module docstring). The waits for this
+        replica's binds on the node and for the lock end at ``deadline`` (the bind's, ``bind``)."""
         namespace, name, uid, node = target
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.settings.bind_timeout_s
         mutex = self._mutexes.setdefault(node, asyncio.Lock())
         self._waiting[node] += 1
         try:

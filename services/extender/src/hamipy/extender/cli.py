@@ -134,7 +134,8 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
         "--bind-timeout",
         type=float,
         default=flags.number("bind-timeout", _DEFAULTS.bind_timeout_s),
-        help="seconds a bind waits for a locked node (keep below the scheduler's httpTimeout)",
+        help="seconds a bind waits in all, for an earlier bind of its pod and a locked node "
+        "(keep below the scheduler's httpTimeout)",
     )
     serve.add_argument(
         "--lock-expiry",

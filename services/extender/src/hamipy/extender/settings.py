@@ -28,8 +28,9 @@ class ExtenderSettings:
     milliseconds. False: leave it for the device plugin to release after Allocate there too. On
     nodes HAMi's device plugin serves the lock is always left for it (``Binder.releases_after_bind``)."""
     bind_timeout_s: float = 20.0
-    """How long a bind may wait for a node lock held by another pod. Keep it below the scheduler's
-    extender ``httpTimeout`` (HAMi deploys 30 s) so the answer, not a timeout, reaches it."""
+    """How long a bind may wait in all: for an earlier bind of its pod, then for a node lock held by
+    another pod (one deadline). Keep it below the scheduler's extender ``httpTimeout`` (HAMi deploys
+    30 s) so the answer, not a timeout, reaches it."""
     lock_expiry: timedelta = NODE_LOCK_TIMEOUT
     """Age past which a lock is broken whoever holds it (upstream: 5 minutes)."""
     lock_sweep_interval_s: float = 2.0
