@@ -582,6 +582,7 @@ def test_public_api_is_complete() -> None:
             "NodeConfig",
             "NodeSettings",
             "NvidiaConfig",
+            "checked_hook_path",
             "load_config",
             "load_config_file",
         ]

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
+from hamipy.kube.options import EXIT_USAGE
 from hamipy.protocol import keys
 from hamipy.protocol.allocation_env import LD_SO_PRELOAD
 from hamipy.protocol.reserved_env import GPU_CONTAINER_NAMES, PER_DEVICE_PATTERN
@@ -159,6 +160,26 @@ def test_manifest_policy_takes_the_config_exempt_namespaces_and_hook_paths(
     assert printed == admission_policies(
         schedulers=[], device_plugins=[], names=names, hook_paths=["/a", "/b"]
     )
+
+
+@pytest.mark.parametrize(
+    ("path", "why"),
+    [
+        pytest.param("/it's", "may not hold ' or \\", id="quote"),
+        pytest.param("/a\\b", "may not hold ' or \\", id="backslash"),
+        pytest.param("opt/vgpu", "must be an absolute path without '..'", id="relative"),
+        pytest.param("/opt/../vgpu", "must be an absolute path without '..'", id="dot-dot"),
+    ],
+)
+def test_manifest_policy_refuses_a_hook_path_it_cannot_use(
+    capsys: pytest.CaptureFixture[str], path: str, why: str
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["manifest", "--policy", "--hook-path", path], env={})
+    assert exited.value.code == EXIT_USAGE
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert f"argument --hook-path: {path!r}: {why}" in captured.err
 
 
 def test_the_mount_policy_reads_every_gpu_containers_volume_mounts_in_every_namespace() -> None:

@@ -48,6 +48,7 @@ __all__ = [
     "NodeConfig",
     "NodeSettings",
     "NvidiaConfig",
+    "checked_hook_path",
     "load_config",
     "load_config_file",
 ]
@@ -66,6 +67,14 @@ LogLevel = Annotated[int, pydantic.Strict(), Field(ge=0, le=4)]
 
 class ConfigError(ProtocolError):
     """The configuration is malformed; ``field`` is the key path (``nvidia.deviceSplitCount``)."""
+
+
+def checked_hook_path(value: str) -> str:
+    """``value`` as ``nvidia.hookPath`` takes it: an absolute path without ``..``, its trailing ``/``
+    dropped; ValueError otherwise. ``hamipy-webhook manifest --hook-path`` takes the same."""
+    if not value.startswith("/") or "/../" in f"{value}/" or "\0" in value:
+        raise ValueError("must be an absolute path without '..'")
+    return value.rstrip("/") or "/"
 
 
 def _log_level(value: Any) -> Any:
@@ -160,9 +169,7 @@ class NvidiaConfig(_Model):
     @field_validator("hook_path")
     @classmethod
     def _absolute(cls, value: str) -> str:
-        if not value.startswith("/") or "/../" in f"{value}/" or "\0" in value:
-            raise ValueError("must be an absolute path without '..'")
-        return value.rstrip("/") or "/"
+        return checked_hook_path(value)
 
     @model_validator(mode="after")
     def _distinct_names(self) -> Self:

@@ -14,7 +14,8 @@ refused, naming it.
 
 Exit status: 0 after SIGTERM/SIGINT; 1 when ``serve`` cannot start or one of its supervised tasks
 died (logged: "background task died; the service stops"), or ``certs`` cannot reach or write the
-API; 2 for a bad configuration, environment or OpenTelemetry setting.
+API; 2 for a bad flag (a ``--hook-path`` that is not absolute, or holds ``..``, ``'`` or a backslash),
+configuration, environment or OpenTelemetry setting.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from hamipy.kube.options import (
     run_command,
     with_default_command,
 )
-from hamipy.protocol.config import Config, load_config_file
+from hamipy.protocol.config import Config, checked_hook_path, load_config_file
 from hamipy.telemetry import TracingConfigError
 from hamipy.telemetry.limit_options import add_limit_options
 from hamipy.telemetry.supervision import serve_until_signal
@@ -48,6 +49,7 @@ from hamipy.webhook.admission_policy import admission_policies
 from hamipy.webhook.admitting import Admitter
 from hamipy.webhook.certificate_setup import CertificateSetupError, ensure_certificates
 from hamipy.webhook.mutation import MutationSettings
+from hamipy.webhook.policy_objects import cel_string
 from hamipy.webhook.server import CertificateError, ServerSettings, WebhookServer
 from hamipy.webhook.telemetry import Telemetry
 
@@ -57,6 +59,20 @@ ENV_PREFIX: Final = "HAMIPY_WEBHOOK_"
 _SERVER: Final = ServerSettings(cert_file=Path(), key_file=Path())
 """The defaults of the server settings the flags set."""
 _COMMANDS: Final = ("serve", "certs", "manifest")
+
+
+def _hook_path(value: str) -> str:
+    """``--hook-path``: what ``nvidia.hookPath`` takes (cleaned as it is), and nothing the
+    reserved-mounts policy cannot write into a CEL string."""
+    try:
+        path = checked_hook_path(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{value!r}: {exc}") from exc
+    try:
+        cel_string(path)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+    return path
 
 
 def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
@@ -198,6 +214,7 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
         "--hook-path",
         action="append",
         default=[],
+        type=_hook_path,
         help="with --policy: a directory where device plugins mount the interposer, which GPU "
         "containers' own volumes may not cover; repeat for more (default: nvidia.hookPath of --config)",
     )

@@ -1,6 +1,6 @@
 """The ValidatingAdmissionPolicy and binding objects every admission policy of ours is built from
 (``admission_policy``, ``reserved_env_policy``, ``quota_policy``): JSON-ready dicts of
-``admissionregistration.k8s.io/v1``, labelled as the chart's, and CEL list literals."""
+``admissionregistration.k8s.io/v1``, labelled as the chart's, and CEL string and list literals."""
 
 from __future__ import annotations
 
@@ -8,10 +8,18 @@ import json
 from collections.abc import Sequence
 from typing import Any, Final, Literal
 
-__all__ = ["binding", "cel_list", "policy", "rule"]
+__all__ = ["binding", "cel_list", "cel_string", "policy", "rule"]
 
 _API: Final = "admissionregistration.k8s.io/v1"
 _LABELS: Final = {"app.kubernetes.io/name": "hami-py"}
+
+
+def cel_string(text: str) -> str:
+    """``text`` as a CEL string literal. What goes in (paths from the configuration, reasons from
+    code) needs no escaping: ValueError for text holding ``'`` or ``\\``."""
+    if "'" in text or "\\" in text:
+        raise ValueError(f"{text!r}: may not hold ' or \\ (it goes into a CEL string)")
+    return f"'{text}'"
 
 
 def cel_list(items: Sequence[str]) -> str:

@@ -27,19 +27,12 @@ from hamipy.protocol.reserved_mounts import (
     reserved_mount_paths,
 )
 from hamipy.protocol.resources import ResourceNames
-from hamipy.webhook.policy_objects import binding, policy, rule
+from hamipy.webhook.policy_objects import binding, cel_string, policy, rule
 from hamipy.webhook.reserved_env_policy import asks_count
 
 __all__ = ["MOUNT_POLICY_NAME", "reserved_mount_policy"]
 
 MOUNT_POLICY_NAME: Final = "reserved-mounts"
-
-
-def _literal(text: str) -> str:
-    """``text`` as a CEL string literal; the paths come from the configuration, the reasons from code."""
-    if "'" in text or "\\" in text:
-        raise ValueError(f"{text!r}: a reserved path or reason may not hold ' or \\ (it goes into CEL)")
-    return f"'{text}'"
 
 
 def _why(reserved: Sequence[str]) -> str:
@@ -48,20 +41,20 @@ def _why(reserved: Sequence[str]) -> str:
     canonical = " && ".join(
         [
             f"{path}.startsWith('/')",
-            *(f"!{path}.contains({_literal(part)})" for part in NOT_CANONICAL_PARTS),
-            *(f"!{path}.endsWith({_literal(end)})" for end in NOT_CANONICAL_ENDS),
+            *(f"!{path}.contains({cel_string(part)})" for part in NOT_CANONICAL_PARTS),
+            *(f"!{path}.endsWith({cel_string(end)})" for end in NOT_CANONICAL_ENDS),
         ]
     )
-    why = f"({canonical}) ? '' : {_literal(NOT_CANONICAL_REASON)}"
+    why = f"({canonical}) ? '' : {cel_string(NOT_CANONICAL_REASON)}"
     as_folder = f"({path}.endsWith('/') ? {path} : {path} + '/')"  # folder(m.mountPath)
-    parent = " || ".join(f"{_literal(folder(p))}.startsWith({as_folder})" for p in reserved)
-    why = f"({parent}) ? {_literal(PARENT_REASON)} : ({why})"
+    parent = " || ".join(f"{cel_string(folder(p))}.startsWith({as_folder})" for p in reserved)
+    why = f"({parent}) ? {cel_string(PARENT_REASON)} : ({why})"
     for reserved_path in reversed(reserved):
         reason = PRELOAD_REASON if reserved_path == LD_SO_PRELOAD else HOOK_REASON
         covered = (
-            f"{path} == {_literal(reserved_path)} || {path}.startsWith({_literal(folder(reserved_path))})"
+            f"{path} == {cel_string(reserved_path)} || {path}.startsWith({cel_string(folder(reserved_path))})"
         )
-        why = f"({covered}) ? {_literal(reason)} : ({why})"
+        why = f"({covered}) ? {cel_string(reason)} : ({why})"
     return why
 
 
