@@ -68,8 +68,13 @@ def test_configured_scheduler_name_is_used() -> None:
 
 
 def test_default_scheduler_is_another_scheduler_when_overwrite_is_off() -> None:
+    """Removing spec.schedulerName cannot help here (the API server fills in default-scheduler):
+    the refusal says which name to set."""
     s = MutationSettings(overwrite_default_scheduler=False)
-    assert decide(GPU_POD, s).reason == "scheduler_not_allowed"
+    decision = decide(GPU_POD, s)
+    assert decision.reason == "scheduler_not_allowed"
+    assert "set spec.schedulerName to hami-scheduler," in decision.message
+    assert "remove" not in decision.message
     allowed = MutationSettings(
         overwrite_default_scheduler=False, allowed_schedulers=frozenset({"default-scheduler"})
     )
@@ -80,7 +85,12 @@ def test_gpu_pod_naming_another_scheduler_is_refused_saying_how_to_allow_it() ->
     p = pod("p", container(limits={"nvidia.com/gpu": "1"}), scheduler_name="my-scheduler")
     decision = decide(p, MutationSettings(allowed_schedulers=frozenset({"volcano"})))
     assert (decision.outcome, decision.reason, decision.patch) == ("refused", "scheduler_not_allowed", ())
-    for part in ("'my-scheduler'", "hami-scheduler", "allowedSchedulers", "allowed: volcano"):
+    for part in (
+        "'my-scheduler'",
+        "set spec.schedulerName to hami-scheduler (or remove it),",
+        "allowedSchedulers",
+        "allowed: volcano",
+    ):
         assert part in decision.message
 
 

@@ -258,14 +258,17 @@ def _reserved_refusal(
 
 def _scheduler_refusal(scheduler: str, settings: MutationSettings) -> Decision:
     allowed = ", ".join(sorted(settings.allowed_schedulers)) or "none"
+    # Without a name the API server fills in default-scheduler: removing it helps only where that is taken.
+    remove = " (or remove it)" if settings.overwrite_default_scheduler else ""
     return Decision(
         "refused",
         "scheduler_not_allowed",
         message=(
             f"spec.schedulerName is {scheduler!r}: a pod asking for shared GPUs is placed by "
-            f"{settings.scheduler_name}, which chooses its GPUs; remove spec.schedulerName, or ask an "
-            f"admin to add {scheduler!r} to allowedSchedulers of the hami-py configuration (allowed: "
-            f"{allowed}), for pods whose GPUs come from another device plugin"
+            f"{settings.scheduler_name}, which chooses its GPUs; set spec.schedulerName to "
+            f"{settings.scheduler_name}{remove}, or ask an admin to add {scheduler!r} to allowedSchedulers "
+            f"of the hami-py configuration (allowed: {allowed}), for pods whose GPUs come from another "
+            "device plugin"
         ),
     )
 
