@@ -79,6 +79,24 @@ def test_a_gpu_registered_with_0_mib_is_refused_and_the_nodes_other_gpus_are_off
     assert model.apply_node("MODIFIED", changed) == []
 
 
+def test_a_new_refusal_names_every_gpu_refused_on_the_node() -> None:
+    """A node has one ``GPURefused`` Event, whose message each new refusal replaces: it names every
+    GPU refused there, not only the one refused last."""
+    model = ClusterModel()
+    model.apply_node("ADDED", gpu_node("new", [gpu("Z", 0, mem=0), gpu("X", 1), gpu("A", 2)], NEWER))
+    (problem,) = model.apply_node("ADDED", gpu_node("old", [gpu("X", 0)], OLDER))
+    assert problem.name == "new"
+    assert problem.reason == "; ".join(
+        [
+            "GPU Z (index 0) is not scheduled: it is registered with 0 MiB of memory, the size every "
+            "slice is cut from",
+            "GPU X (index 1) is not scheduled: node old registers the same GPU UUID and its Node is "
+            "older; one GPU is never offered through two nodes, and the pods bound here on it count "
+            "against old's",
+        ]
+    )
+
+
 def test_a_node_of_only_0_mib_gpus_fits_nothing_and_says_why() -> None:
     model = ClusterModel()
     model.apply_node("ADDED", node("n", [gpu("Z", 0, mem=0)]))

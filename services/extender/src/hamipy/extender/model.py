@@ -655,16 +655,15 @@ class ClusterModel:
             self.freed(NodeName(node))
 
     def _refusals(self, gpus: Iterable[Gpu]) -> list[Problem]:
-        """One problem per node for its GPUs newly refused (one Event per node and reason)."""
-        texts: dict[str, list[str]] = {}
-        for gpu in sorted(gpus, key=lambda g: (g.node, g.index)):
-            texts.setdefault(gpu.node, []).append(refusal_text(gpu))
+        """One problem per node with GPUs newly refused, naming every GPU refused there: a node has
+        one Event per reason, whose message the latest report replaces."""
         problems = []
-        for name, lines in texts.items():
+        for name in sorted({gpu.node for gpu in gpus}):
             state = self.nodes.get(name)
-            uid = state.uid if state is not None else ""
-            reason = "; ".join(lines)
-            problems.append(Problem("Node", name, "", uid, keys.NODE_REGISTER, reason, refused=True))
+            if state is None:
+                continue
+            reason = "; ".join(refusal_text(gpu) for gpu in state.gpus if gpu.refused is not None)
+            problems.append(Problem("Node", name, "", state.uid, keys.NODE_REGISTER, reason, refused=True))
         return problems
 
     def refused_gpus(self, cause: str) -> int:
