@@ -81,8 +81,8 @@ async def test_a_gpu_pod_is_admitted_mutated_and_passes_the_policies(tenant: Raw
 
 
 async def test_a_gpu_pod_of_another_scheduler_is_refused(tenant: RawKube, namespace: str) -> None:
-    """The intruder of the issue: its own scheduler, a node of its choice, a GPU. Refused for the
-    node; and without one, for the scheduler, which only an admin can allow."""
+    """An intruder with its own scheduler, a node of its choice and a GPU: refused for the node;
+    and without one, for the scheduler, which only an admin can allow."""
     gpu = builders.container(gpu=1)
     pinned = builders.pod("intruder", gpu, scheduler_name="my-scheduler", node_name="gpu-node-1")
     message = await _refused(tenant, namespace, pinned)

@@ -1,4 +1,4 @@
-"""The GPU quota admission policy in the real kube-apiserver (issue 21, item 1).
+"""The GPU quota admission policy in the real kube-apiserver.
 
 The shipped policy (``hamipy.webhook.quota_policy``) is bound to this test's namespace only; its
 parameters are the namespace's own ResourceQuotas. A pod whose ask alone is over a quota's limit is

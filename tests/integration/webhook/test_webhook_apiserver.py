@@ -1,4 +1,4 @@
-"""The webhook served to the real kube-apiserver (issue 4, "Done when").
+"""The webhook served to the real kube-apiserver.
 
 The webhook runs in the test process (or as the ``hamipy-webhook`` console script) on
 ``https://127.0.0.1:<port>/webhook`` with a certificate for 127.0.0.1, and is registered with the

@@ -1,6 +1,7 @@
 """The ValidatingAdmissionPolicy and binding objects every admission policy of ours is built from
-(``admission_policy``, ``reserved_env_policy``, ``quota_policy``): JSON-ready dicts of
-``admissionregistration.k8s.io/v1``, labelled as the chart's, and CEL string and list literals."""
+(``admission_policy``, ``reserved_env_policy``, ``reserved_mount_policy``, ``quota_policy``):
+JSON-ready dicts of ``admissionregistration.k8s.io/v1``, labelled as the chart's, and CEL string and
+list literals."""
 
 from __future__ import annotations
 
