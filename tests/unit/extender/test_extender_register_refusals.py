@@ -170,6 +170,50 @@ def test_when_the_owner_goes_the_other_nodes_entry_is_offered_with_every_pod_cou
     assert model.refused_gpus(DUPLICATE_UUID) == 0
 
 
+def test_a_duplicates_register_changing_leaves_the_owners_usage_as_it_is() -> None:
+    """Each change of the younger node's register re-forms the UUID's claim: its pods' usage leaves
+    the owner's entry and is added again, never twice."""
+    model = ClusterModel()
+    model.replace_nodes(
+        [
+            gpu_node("old", [gpu("X", 0, count=4, mem=4000)], OLDER),
+            gpu_node("new", [gpu("X", 0, count=4, mem=4000)], NEWER),
+        ]
+    )
+    model.replace_pods([on("old", "X", 1000, name="a"), on("new", "X", 500, name="b")])
+    for count in (5, 6, 7):
+        model.apply_node("MODIFIED", gpu_node("new", [gpu("X", 0, count=count, mem=4000)], NEWER))
+    (x_old,), (x_new,) = model.nodes["old"].gpus, model.nodes["new"].gpus
+    assert (x_old.used_slots, x_old.used_mem) == (2, 1500)
+    assert (x_new.used_slots, x_new.used_mem, x_new.refused) == (1, 500, DUPLICATE_UUID)
+
+
+def test_a_node_re_created_under_its_name_is_younger_though_only_a_re_list_shows_it() -> None:
+    """A Node deleted and created again under the same name while the watch was down comes back
+    only in the re-list, its register unchanged: it is a new Node, younger than the other node
+    registering the UUID, which owns it from then on."""
+    model = ClusterModel()
+    model.replace_nodes([gpu_node("a", [gpu("X", 0)], OLDER), gpu_node("b", [gpu("X", 0)], NEWER)])
+    assert (refused(model, "a"), refused(model, "b")) == ({"X": None}, {"X": DUPLICATE_UUID})
+    model.replace_nodes(
+        [gpu_node("a", [gpu("X", 0)], "2026-09-01T00:00:00Z"), gpu_node("b", [gpu("X", 0)], NEWER)]
+    )
+    assert (refused(model, "a"), refused(model, "b")) == ({"X": DUPLICATE_UUID}, {"X": None})
+
+
+def test_a_refused_entry_never_fits_where_a_full_one_of_the_same_shape_may() -> None:
+    """Whether a node could fit the pod if it were empty is worked out once per GPU shape: a refused
+    entry is a shape of its own. The owner's full X fails the pod for now (kube-scheduler may preempt
+    there); the duplicate of it never fits, so it is unresolvable."""
+    model = ClusterModel()
+    model.replace_nodes(
+        [gpu_node("old", [gpu("X", 0, mem=2000)], OLDER), gpu_node("new", [gpu("X", 0, mem=2000)], NEWER)]
+    )
+    model.replace_pods([on("old", "X", 2000)])
+    decision = decide(model, build_ask(pod("q"), Config()), ["old", "new"], now=0.0)
+    assert (list(decision.failed), list(decision.unresolvable)) == (["old"], ["new"])
+
+
 def test_a_0_mib_entry_claims_nothing() -> None:
     """A GPU refused for 0 MiB does not keep another node's healthy entry for it from counting."""
     model = ClusterModel()
@@ -185,17 +229,21 @@ async def test_the_locked_bind_refuses_a_duplicate_and_counts_the_owners_twins()
     r = bind_rig(
         BIND_SETTINGS,
         born(node("old", [gpu("X", 0, count=2, mem=2000)]), OLDER),
-        born(node("new", [gpu("X", 0, count=2, mem=2000), gpu("Y", 1, count=2, mem=2000)]), NEWER),
+        born(node("new", [gpu("X", 0, count=2, mem=2000), gpu("Y", 1, count=2, mem=500)]), NEWER),
     )
-    r.kube.add_pod(on("new", "X", 1500, name="twin"))
+    r.kube.add_pod(on("new", "X", 500, name="twin"))
     r.model.replace_pods(r.kube.pods.values())
+    # The duplicate X on new has 1500 MiB free, Y too little: p fits only if X were offered.
     r.kube.add_pod(pod("p", container(gpu=1, gpumem=1000)))
-    await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="new")
-    stored = r.kube.pods[("ns", "p")]["metadata"]["annotations"][keys.DEVICES_ALLOCATED]
-    assert stored.startswith("Y,")
-    r.kube.add_pod(pod("q", container(gpu=1, gpumem=1000)))
+    with pytest.raises(BindRefused, match="CardRefused"):
+        await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="new")
+    assert "nodeName" not in r.kube.pods[("ns", "p")]["spec"]
+    # The owner's X has 2000 MiB less the twin's 500.
+    r.kube.add_pod(pod("q", container(gpu=1, gpumem=1600)))
     with pytest.raises(BindRefused, match="CardInsufficientMemory"):
         await r.binder.bind(namespace="ns", name="q", uid="uid-ns-q", node="old")
+    r.kube.add_pod(pod("s", container(gpu=1, gpumem=1500)))
+    await r.binder.bind(namespace="ns", name="s", uid="uid-ns-s", node="old")
 
 
 def test_a_refused_gpu_is_logged_and_reported_on_its_node() -> None:
