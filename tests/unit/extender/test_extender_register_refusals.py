@@ -155,6 +155,7 @@ def test_when_the_owner_goes_the_other_nodes_entry_is_offered_with_every_pod_cou
     model.on_freed = freed.append
     (x_old,), (x_new,) = model.nodes["old"].gpus, model.nodes["new"].gpus
     assert (x_old.used_mem, x_new.used_mem) == (1500, 500)
+    assert model.refused_gpus(DUPLICATE_UUID) == 1
     if how == "deleted":
         model.apply_node("DELETED", old)
     elif how == "unregistered":
