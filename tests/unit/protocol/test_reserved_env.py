@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hamipy.protocol import allocation_env
+from hamipy.protocol.devices import ContainerDevice
 from hamipy.protocol.reserved_env import (
     GPU_CONTAINER_NAMES,
     PER_DEVICE_NAMES,
@@ -21,21 +22,26 @@ from hamipy.protocol.reserved_env import (
 _ENV_NAME = st.text(st.sampled_from("ABCDEFGLMNOPRSTUVX_0123456789"), min_size=1, max_size=40)
 
 
-def test_the_names_are_the_device_plugins() -> None:
-    """Each limit, switch and path the Allocate answer or the interposer reads is reserved, by
-    the one name ``allocation_env`` gives it."""
-    for name in (
-        allocation_env.ENV_MEMORY_LIMIT,
-        allocation_env.ENV_SM_LIMIT,
-        allocation_env.ENV_TASK_PRIORITY,
-        allocation_env.ENV_DISABLE_CONTROL,
-        allocation_env.ENV_CORE_POLICY,
-        allocation_env.ENV_SHARED_CACHE,
-        allocation_env.ENV_OVERSUBSCRIBE,
-        "LD_PRELOAD",
-    ):
-        assert name in GPU_CONTAINER_NAMES
-    assert allocation_env.ENV_VISIBLE_DEVICES not in GPU_CONTAINER_NAMES  # reserved in every container
+NOT_GPU_RESERVED = {allocation_env.ENV_VISIBLE_DEVICES, allocation_env.ENV_LOG_LEVEL}
+"""The Allocate env a GPU container may set among its own: ``NVIDIA_VISIBLE_DEVICES`` is reserved in
+every container instead, and the log level is the pod's own to raise."""
+
+
+def test_every_variable_of_the_allocate_answer_is_reserved() -> None:
+    """Taken from the Allocate env with every option on (per-device SM limits, oversubscription,
+    a core policy, a priority, a log level), so a variable added there is reserved or listed above."""
+    uneven = [ContainerDevice("GPU-a", "NVIDIA", 1000, 30), ContainerDevice("GPU-b", "NVIDIA", 2000, 60)]
+    env = allocation_env.allocation_env(
+        uneven, cache_id="c", memory_scaling=2.0, core_policy="force", log_level=3, task_priority=0
+    )
+    assert {name for name in env if not gpu_reserved(name)} == NOT_GPU_RESERVED
+    assert allocation_env.ENV_VISIBLE_DEVICES not in GPU_CONTAINER_NAMES
+
+
+def test_the_switches_the_interposer_reads_are_reserved_too() -> None:
+    """Not in the Allocate answer: HAMi's opt-out of the interposer, and another preloaded library."""
+    assert gpu_reserved(allocation_env.ENV_DISABLE_CONTROL)
+    assert gpu_reserved("LD_PRELOAD")
 
 
 @pytest.mark.parametrize(

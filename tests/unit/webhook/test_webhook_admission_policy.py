@@ -31,6 +31,7 @@ from hamipy.webhook.admission_policy import (
     chart_file,
 )
 from hamipy.webhook.cli import main
+from hamipy.webhook.policy_objects import container_asks
 from hamipy.webhook.registration import gpu_pod_expression
 
 CHART_FILE = (
@@ -87,6 +88,9 @@ NAMES = ResourceNames(
     cores="example.com/vcores",
 )
 
+GPU_CONTAINER = container_asks("c", ["example.com/vgpu"])
+"""What makes ``c`` a GPU container with ``NAMES``: the count, in limits or requests."""
+
 
 def test_gpu_pods_created_with_a_node_only_by_schedulers() -> None:
     docs = admission_policies(schedulers=["sched-a", "sched-b"], device_plugins=["p"], names=NAMES)
@@ -116,7 +120,7 @@ def test_the_env_policy_reads_every_reserved_name_in_every_pod() -> None:
     for name, expression in variables.items():
         exempted = expression.startswith("variables.exempt ? [] : (")
         assert exempted is (name in ("visible", "visibleFrom")), name
-    assert "'example.com/vgpu' in c.resources.limits" in variables["gpuContainers"]
+    assert f".filter(c, {GPU_CONTAINER})" in variables["gpuContainers"]
     for name in GPU_CONTAINER_NAMES:
         assert f"'{name}'" in variables["gpuEnv"]
         assert f"'{name}'" in variables["gpuEnvFrom"]
@@ -192,8 +196,9 @@ def test_the_mount_policy_reads_every_gpu_containers_volume_mounts_in_every_name
     assert "matchConditions" not in spec  # no namespace is exempt
     variables = {v["name"]: v["expression"] for v in spec["variables"]}
     assert "object.spec.initContainers" in variables["gpuContainers"]
-    assert "'example.com/vgpu' in c.resources.limits" in variables["gpuContainers"]
-    assert "'example.com/vgpu' in c.resources.requests" in variables["gpuContainers"]
+    assert f".filter(c, {GPU_CONTAINER})" in variables["gpuContainers"]
+    for section in ("limits", "requests"):
+        assert f"['example.com/vgpu'].exists(r, r in c.resources.{section})" in GPU_CONTAINER
     covering = variables["covering"]
     for path in ("/usr/local/vgpu", LD_SO_PRELOAD):
         assert f"m.mountPath == '{path}'" in covering

@@ -1,7 +1,7 @@
 """The ValidatingAdmissionPolicy and binding objects every admission policy of ours is built from
 (``admission_policy``, ``reserved_env_policy``, ``reserved_mount_policy``, ``quota_policy``):
 JSON-ready dicts of ``admissionregistration.k8s.io/v1``, labelled as the chart's, and CEL string and
-list literals."""
+list literals, and the CEL test of a container asking for resources."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import json
 from collections.abc import Sequence
 from typing import Any, Final, Literal
 
-__all__ = ["binding", "cel_list", "cel_string", "policy", "rule"]
+__all__ = ["binding", "cel_list", "cel_string", "container_asks", "policy", "rule"]
 
 _API: Final = "admissionregistration.k8s.io/v1"
 _LABELS: Final = {"app.kubernetes.io/name": "hami-py"}
@@ -26,6 +26,16 @@ def cel_string(text: str) -> str:
 def cel_list(items: Sequence[str]) -> str:
     """``items`` as a CEL list of string literals (``['a', 'b']``; the chart writes the same form)."""
     return json.dumps(list(items)).replace('"', "'")
+
+
+def container_asks(var: str, names: Sequence[str]) -> str:
+    """CEL: the container ``var`` names one of ``names`` in its limits or requests."""
+    wanted = cel_list(names)
+    return (
+        f"has({var}.resources) && ("
+        f"(has({var}.resources.limits) && {wanted}.exists(r, r in {var}.resources.limits)) || "
+        f"(has({var}.resources.requests) && {wanted}.exists(r, r in {var}.resources.requests)))"
+    )
 
 
 def rule(resource: str, *operations: str) -> dict[str, Any]:

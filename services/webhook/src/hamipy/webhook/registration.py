@@ -14,12 +14,12 @@ Every other pod never reaches the webhook, so it is admitted whether the webhook
 from __future__ import annotations
 
 import base64
-import json
 from typing import Any, Final
 
 import yaml
 
 from hamipy.protocol.resources import ResourceNames
+from hamipy.webhook.policy_objects import container_asks
 
 __all__ = [
     "CONFIGURATION_NAME",
@@ -47,19 +47,9 @@ default) only matters when the webhook is unreachable, which then fails GPU pods
 _DEFAULT_NAMES: Final = ResourceNames()
 
 
-def _container_clause(var: str, names: list[str]) -> str:
-    wanted = json.dumps(names).replace('"', "'")
-    return (
-        f"has({var}.resources) && ("
-        f"(has({var}.resources.limits) && {wanted}.exists(r, r in {var}.resources.limits)) || "
-        f"(has({var}.resources.requests) && {wanted}.exists(r, r in {var}.resources.requests)))"
-    )
-
-
 def gpu_pod_expression(names: ResourceNames = _DEFAULT_NAMES) -> str:
     """CEL that is true for a pod naming any of our GPU resources (as ``requests_any_gpu``)."""
-    wanted = list(names.gpu_asks)
-    clause = _container_clause("c", wanted)
+    clause = container_asks("c", names.gpu_asks)
     return (
         f"object.spec.containers.exists(c, {clause}) || "
         f"(has(object.spec.initContainers) && object.spec.initContainers.exists(c, {clause}))"

@@ -30,7 +30,7 @@ from hamipy.protocol.reserved_env import (
     VISIBLE_RESERVED_REASON,
 )
 from hamipy.protocol.resources import ResourceNames
-from hamipy.webhook.policy_objects import binding, cel_list, policy, rule
+from hamipy.webhook.policy_objects import binding, cel_list, container_asks, policy, rule
 
 __all__ = ["ENV_POLICY_NAME", "asks_count", "reserved_env_policy"]
 
@@ -40,11 +40,7 @@ ENV_POLICY_NAME: Final = "reserved-env"
 def asks_count(names: ResourceNames) -> str:
     """CEL: container ``c`` asks for the GPU count resource (limits or requests): a GPU container,
     the one the device plugin's Allocate answer goes to."""
-    count = names.count
-    return (
-        f"has(c.resources) && ((has(c.resources.limits) && '{count}' in c.resources.limits) || "
-        f"(has(c.resources.requests) && '{count}' in c.resources.requests))"
-    )
+    return container_asks("c", [names.count])
 
 
 def _findings(containers: str, per_entry: str, field: str) -> str:
