@@ -326,6 +326,13 @@ BAD = [
         "without '..'",
         "'/usr/../etc'",
     ),
+    (
+        "hook-path-quote",
+        'nvidia:\n  hookPath: "/opt/it\'s"',
+        "nvidia.hookPath",
+        "CEL strings",
+        "/opt/it's",
+    ),
     ("unknown-nvidia-key", "nvidia:\n  deviceSplitcount: 3", "nvidia.deviceSplitcount", "unknown key", "3"),
     ("snake-case-key", "nvidia:\n  device_split_count: 3", "nvidia.device_split_count", "unknown key", "3"),
     ("unknown-top-key", "schedulername: x", "schedulername", "unknown key", "'x'"),

@@ -70,10 +70,13 @@ class ConfigError(ProtocolError):
 
 
 def checked_hook_path(value: str) -> str:
-    """``value`` as ``nvidia.hookPath`` takes it: an absolute path without ``..``, its trailing ``/``
-    dropped; ValueError otherwise. ``hamipy-webhook manifest --hook-path`` takes the same."""
+    """``value`` as ``nvidia.hookPath`` takes it: an absolute path without ``..``, ``'`` or ``\\``
+    (the admission policies hold it in CEL strings), its trailing ``/`` dropped; ValueError
+    otherwise. ``hamipy-webhook manifest --hook-path`` takes the same."""
     if not value.startswith("/") or "/../" in f"{value}/" or "\0" in value:
         raise ValueError("must be an absolute path without '..'")
+    if "'" in value or "\\" in value:
+        raise ValueError("may not hold ' or \\ (the admission policies hold it in CEL strings)")
     return value.rstrip("/") or "/"
 
 

@@ -49,7 +49,6 @@ from hamipy.webhook.admission_policy import admission_policies
 from hamipy.webhook.admitting import Admitter
 from hamipy.webhook.certificate_setup import CertificateSetupError, ensure_certificates
 from hamipy.webhook.mutation import MutationSettings
-from hamipy.webhook.policy_objects import cel_string
 from hamipy.webhook.server import CertificateError, ServerSettings, WebhookServer
 from hamipy.webhook.telemetry import Telemetry
 
@@ -62,17 +61,11 @@ _COMMANDS: Final = ("serve", "certs", "manifest")
 
 
 def _hook_path(value: str) -> str:
-    """``--hook-path``: what ``nvidia.hookPath`` takes (cleaned as it is), and nothing the
-    reserved-mounts policy cannot write into a CEL string."""
+    """``--hook-path``: what ``nvidia.hookPath`` takes (cleaned as it is)."""
     try:
-        path = checked_hook_path(value)
+        return checked_hook_path(value)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"{value!r}: {exc}") from exc
-    try:
-        cel_string(path)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
-    return path
 
 
 def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
