@@ -1,7 +1,7 @@
 """The limits of our HTTP servers, against a real server on 127.0.0.1 and raw sockets: slow headers,
 slow bodies, idle connections and TLS handshakes that never start are cut in time; the connection
-cap holds, evicting the slowest sender (or else the longest idle connection) so that a prompt
-request still gets in; a client that leaves mid-request is one log line."""
+cap holds, evicting an idle connection or the longest sender so that a prompt request still gets
+in; a client that leaves mid-request is one log line."""
 
 from __future__ import annotations
 
@@ -295,21 +295,51 @@ async def test_at_the_cap_the_longest_stalled_body_is_evicted_so_a_prompt_reques
 
 async def test_at_the_cap_a_stalled_body_goes_before_an_idle_kept_alive_connection() -> None:
     # An idle connection may carry the client's next request as it is cut (a POST then fails: Go
-    # does not retry it); the slowest sender has had longer than anyone.
+    # does not retry it); a stalled body that the cap's worth of connections came after has had
+    # longer than anyone.
     steps: list[str] = []
-    limits = dataclasses.replace(LONG, max_connections=2)
+    limits = dataclasses.replace(LONG, max_connections=3)
     async with serving(limits, steps=steps) as server:
+        url = f"http://127.0.0.1:{server.port}/healthz"
         kept_reader, kept_writer = await open_raw(server)
         kept_writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
         await asyncio.wait_for(kept_reader.readuntil(b"\r\n\r\nok"), 5)
         stalled_reader, stalled_writer = await stall_body(server, steps)
-        assert (await get(f"http://127.0.0.1:{server.port}/healthz")) == (200, "ok")
+        for _ in range(2):  # answered and gone, below the cap
+            assert (await get(url)) == (200, "ok")
+            await until(lambda: server.stats.held == 2, "the answered connection to go")
+        _, silent_writer = await open_raw(server)
+        await until(lambda: server.stats.held == 3, "the cap's worth of connections after the body")
+        assert (await get(url)) == (200, "ok")
         assert await closed_by_server(stalled_reader) == b""
         kept_writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
         head = await asyncio.wait_for(kept_reader.readuntil(b"\r\n\r\n"), 5)
         assert head.startswith(b"HTTP/1.1 200")
         assert server.stats.evicted == 1
-        for writer in (kept_writer, stalled_writer):
+        for writer in (kept_writer, stalled_writer, silent_writer):
+            await close_raw(writer)
+
+
+async def test_at_the_cap_idle_connections_go_before_a_newcomer_still_sending() -> None:
+    # A client holding all but one slot idle must not make a prompt newcomer (a probe, the API
+    # server's new connection) the only one the next connection can evict.
+    async with serving(dataclasses.replace(LONG, max_connections=4)) as server:
+        idle = []
+        for _ in range(3):
+            reader, writer = await open_raw(server)
+            writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            await asyncio.wait_for(reader.readuntil(b"\r\n\r\nok"), 5)
+            idle.append((reader, writer))
+        prompt_reader, prompt_writer = await open_raw(server)
+        await until(lambda: server.stats.held == 4, "the newcomer to be held")
+        _, late_writer = await open_raw(server)
+        await until(lambda: server.stats.evicted == 1, "one eviction")
+        prompt_writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        head = await asyncio.wait_for(prompt_reader.readuntil(b"\r\n\r\n"), 5)
+        assert head.startswith(b"HTTP/1.1 200")
+        assert await closed_by_server(idle[0][0]) == b""  # the longest idle made room
+        assert all(not reader.at_eof() for reader, _ in idle[1:])
+        for writer in [w for _, w in idle] + [prompt_writer, late_writer]:
             await close_raw(writer)
 
 

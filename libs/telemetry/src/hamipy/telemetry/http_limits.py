@@ -19,16 +19,20 @@ handshake itself (``loop.start_tls``) so that a connection can be cut before its
 - Body timeout: from then until the body is complete; a handler still reading it then finds the
   connection cut (answered as 408 to nobody, so aiohttp logs no 500).
 - Connection cap: at most ``max_connections`` connections are held, in TLS handshake or not. At the
-  cap a new connection closes a held one that is not being served: the one that has been sending
-  its request longest (from accept, TLS handshake included, or from the first byte of a further
-  request, until its body is complete: a handler waiting for the body counts as not served), or,
-  when none is, the one idle longest between requests. Evicting keeps memory at the cap while a
-  client that sends its request promptly (the kubelet, the API server) still gets in: a newcomer is
-  the newest sender, so the cap's worth of connections must open after it before it could be cut.
-  Refusing new connections at the cap instead would let a client that keeps reopening them, or
-  trickles its body, starve the probes and the API server. Senders go before idle connections
-  because a client may be writing its next request on an idle one as it is cut, and Go's HTTP
-  client does not retry a POST it has written.
+  cap a new connection closes a held one that is not being served: one sending its request (from
+  accept, TLS handshake included, or from the first byte of a further request, until its body is
+  complete: a handler waiting for the body counts as not served) or one idle between requests. The
+  one sending longest goes if the cap's worth of connections have been accepted since it began;
+  else the one idle longest; else, when none is idle, the one sending longest. Evicting keeps
+  memory at the cap while a client that sends its request promptly (the kubelet, the API server)
+  still gets in: a newcomer is the newest sender, so it is cut before the cap's worth of
+  connections have opened after it only if none is idle and every other held connection is being
+  served or began its request after it. Refusing new connections at the cap instead would let a
+  client that keeps reopening them, or trickles its body, starve the probes and the API server.
+  Idle connections go before a sender younger than that, or a client holding all slots but one
+  idle would leave a newcomer the only one the next connection can cut; an older sender goes
+  before them because a client may be writing its next request on an idle one as it is cut, and
+  Go's HTTP client does not retry a POST it has written.
 - Connection lost mid-request (the client left with its body unfinished or its answer unsent): one
   log line naming the peer and the reason (``start_bounded_site(logger=...)``) and a count
   (``ConnectionStats.client_gone``); the handler's read fails as under the body timeout, with no
@@ -79,7 +83,7 @@ class HttpLimits:
     keepalive_timeout_s: float = 75.0
     """An idle kept-alive connection is closed after this long (nginx's default). Below Go's 90 s
     ``IdleConnTimeout`` the client may find a connection closed under it, which Go retries when
-    nothing was written yet; idle connections are the first to go at the cap anyway."""
+    nothing was written yet; idle connections may go sooner at the cap anyway."""
     max_connections: int = 256
     """Connections held at once. A TLS connection costs 300-450 KiB (asyncio's 256 KiB read buffer
     from accept on, then the SSL object and aiohttp's handler): 1,500 slow clients take the webhook
@@ -123,7 +127,7 @@ class ConnectionStats:
     queue_timeouts: int = 0
     """Closed while queued, after the header timeout."""
     evicted: int = 0
-    """Closed to make room at the cap (the longest sender, or else the longest idle connection)."""
+    """Closed to make room at the cap (an idle connection, or the longest sender)."""
     header_timeouts: int = 0
     body_timeouts: int = 0
     idle_timeouts: int = 0
@@ -156,12 +160,11 @@ class _Guard:
         self.stopping = False
         """Set once the server stops: the connections it closes then did not lose their clients."""
         self.held: set[_Connection] = set()
-        self.sending: dict[_Connection, None] = {}
+        self.sending: dict[_Connection, int] = {}
         """Held connections whose request has not fully arrived, longest sending first (insertion
-        order): evicted first at the cap."""
+        order), each with ``stats.accepted`` as it began: how many connections came after it."""
         self.idle: dict[_Connection, None] = {}
-        """Held connections kept alive between requests, longest idle first: evicted when no
-        connection is sending."""
+        """Held connections kept alive between requests, longest idle first."""
         self.queue: dict[_Connection, None] = {}
         """Connections waiting for a slot, first come first (insertion order)."""
         self.by_handler: dict[web.RequestHandler, _Connection] = {}
@@ -193,10 +196,10 @@ class _Guard:
         self.middleware: Final = track_requests
 
     def admit(self, conn: _Connection) -> Literal["held", "queued", "refused"]:
-        """A new connection: held (at the cap, in place of the longest sender or else the longest
-        idle one), queued behind those already queued, or refused when the queue is full."""
+        """A new connection: held (at the cap, in place of ``_victim``), queued behind those
+        already queued, or refused when the queue is full."""
         if len(self.held) >= self.limits.max_connections:
-            victim = next(iter(self.sending), None) or next(iter(self.idle), None)
+            victim = self._victim()
             if victim is not None and not self.queue:
                 self.stats.evicted += 1
                 victim.cut()
@@ -211,6 +214,15 @@ class _Guard:
         self._hold(conn)
         return "held"
 
+    def _victim(self) -> _Connection | None:
+        """Who makes room at the cap (the module docstring says why): the longest sender once the
+        cap's worth of connections have been accepted after it began, else the longest idle one,
+        else the longest sender."""
+        sender, began = next(iter(self.sending.items()), (None, 0))
+        if sender is not None and self.stats.accepted - began >= self.limits.max_connections:
+            return sender
+        return next(iter(self.idle), None) or sender
+
     def _hold(self, conn: _Connection) -> None:
         self.held.add(conn)
         self.stats.accepted += 1
@@ -219,7 +231,7 @@ class _Guard:
     def send(self, conn: _Connection) -> None:
         """``conn`` starts sending a request (from accept, or its next request's first byte)."""
         self.idle.pop(conn, None)
-        self.sending[conn] = None
+        self.sending[conn] = self.stats.accepted
         self._count()
 
     def rest(self, conn: _Connection) -> None:

@@ -21,10 +21,10 @@ reason (``admitting.Admitter.bad_request``); the server keeps serving.
 Any pod can reach this server, so both ports run under ``hamipy.telemetry.http_limits``: a client
 that is slow to send its request (TLS handshake included) or its body is cut after
 ``header_timeout_s`` / ``body_timeout_s``, an idle one after ``keepalive_timeout_s``, and at most
-``max_connections`` are held per port, the slowest sender making room for a newcomer (so the API
-server's calls never wait behind slow bodies). A client that leaves mid-request is one log line
-(``client left mid-request``, with the port's name as ``server``). The kubelet's probes belong on
-the plain ``metrics_port``, apart from the port tenants can flood.
+``max_connections`` are held per port, a newcomer closing an idle connection or the longest sender
+(so slow or idle clients cannot keep the API server's calls out). A client that leaves mid-request
+is one log line (``client left mid-request``, with the port's name as ``server``). The kubelet's
+probes belong on the plain ``metrics_port``, apart from the port tenants can flood.
 """
 
 from __future__ import annotations
