@@ -305,8 +305,6 @@ class _Connection(asyncio.Protocol):
         """A request (or an HTTP/2 stream) is between its head and its answer."""
         self._idle = False
         self._closed = False
-        self.cut_off = False
-        """We closed it (a deadline passed, or it was evicted)."""
 
     @property
     def lost(self) -> bool:
@@ -492,7 +490,6 @@ class _Connection(asyncio.Protocol):
 
     def cut(self) -> None:
         """Close now, dropping whatever is unsent; the slot is free at once."""
-        self.cut_off = True
         self._forget()
         if self._raw is not None:
             self._raw.abort()
