@@ -383,6 +383,7 @@ async def test_a_connection_evicted_before_its_handler_starts_leaves_no_tracebac
         assert head.startswith(b"HTTP/1.1 200")
         assert await closed_by_server(reader) == b""
         assert server.stats.evicted == 1
+        assert steps == []  # no handler ran: it was not already reading the body when cut
         for w in (writer, prompt_writer):
             await close_raw(w)
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
