@@ -24,7 +24,8 @@ that is slow to send its request (TLS handshake included) or its body is cut aft
 ``max_connections`` are held per port, a newcomer closing an idle connection or the longest sender
 (so slow or idle clients cannot keep the API server's calls out). A client that leaves mid-request
 is one log line (``client left mid-request``, with the port's name as ``server``). The kubelet's
-probes belong on the plain ``metrics_port``, apart from the port tenants can flood.
+probes belong on the plain ``metrics_port``: any pod can reach it too, but it has its own cap, apart
+from the TLS port's.
 """
 
 from __future__ import annotations
