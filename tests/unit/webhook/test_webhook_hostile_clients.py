@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import connection_metrics
 import pytest
 
 import hamipy.webhook.cli as cli
@@ -79,14 +80,9 @@ class Running:
 
     def closed(self, server: str) -> dict[str, float]:
         """``hamipy_webhook_http_connections_closed_total`` of one port, by reason."""
-        registry = self.server.admitter.telemetry.metrics.registry
-        return {
-            sample.labels["reason"]: sample.value
-            for metric in registry.collect()
-            if metric.name == "hamipy_webhook_http_connections_closed"
-            for sample in metric.samples
-            if sample.name.endswith("_total") and sample.labels["server"] == server
-        }
+        return connection_metrics.closed(
+            self.server.admitter.telemetry.metrics.registry, "hamipy_webhook", server
+        )
 
     async def probe(self) -> int:
         url = f"http://127.0.0.1:{self.server.metrics_port}/healthz"
@@ -166,17 +162,10 @@ async def test_silent_tls_clients_are_cut_while_probes_and_admissions_go_on(runn
         await close(writer)
     assert await running.probe() == 200
     # Exported per port: the TLS port cut the silent clients; the probe port cut nobody.
-    metrics = running.server.admitter.telemetry.metrics.render().decode()
-    closed = {
-        (line.split('server="')[1].split('"')[0], line.split('reason="')[1].split('"')[0]): float(
-            line.split()[-1]
-        )
-        for line in metrics.splitlines()
-        if line.startswith("hamipy_webhook_http_connections_closed_total{")
-    }
-    assert closed[("api", "evicted")] + closed[("api", "header_timeout")] == 6
-    assert closed[("api", "evicted")] >= 2
-    assert sum(n for (server, _), n in closed.items() if server == "probes") == 0
+    closed = running.closed("api")
+    assert closed["evicted"] + closed["header_timeout"] == 6
+    assert closed["evicted"] >= 2
+    assert set(running.closed("probes").values()) == {0}
 
 
 STALLED_HEAD = (
