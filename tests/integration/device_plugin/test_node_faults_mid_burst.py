@@ -3,14 +3,16 @@ its own pod's slot, never another's, and no GPU is served past its capacity
 (docs/device-plugin.md#what-the-guarantee-rests-on).
 
 Three Deployments of differently sized slices (so that a slot served to the wrong pod shows in its
-values as well as in its paths) are created at once on one GPU node run by the real kubelet; once
-the kubelet has created a few of their containers, the fault strikes:
+values as well as in its paths) run on one GPU node run by the real kubelet. The first is scaled up;
+once the kubelet has created one of its containers the plugin is frozen (SIGSTOP), so the kubelet's
+next Allocate waits unanswered and no further GPU container can start; the other two are scaled up
+and every pod is bound; then the fault strikes, with the burst certainly unfinished:
 
 - **the device plugin is killed** (SIGKILL) and started again, as its DaemonSet would: the
   kubelet's Allocates in flight fail and their pods fail admission (``UnexpectedAdmissionError``),
   while their allocation annotations still say ``allocating``;
-- **the kubelet restarts**: it then takes every pod bound to the node in one batch and admits them
-  in creation order, not in the order they were bound.
+- **the kubelet restarts** (and the plugin is thawed): the new kubelet takes every pod bound to the
+  node in one batch and admits them in creation order, not in the order they were bound.
 
 Pods that fail are visible (phase ``Failed`` with the kubelet's reason) and their ReplicaSets make
 new ones, which are placed and served. Each fault runs twice (the Deployments scaled to zero and up
@@ -22,7 +24,7 @@ file's text, its env; and the latest containers of the running pods against each
 from __future__ import annotations
 
 import collections
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +52,7 @@ SHAPES = {"small": (6000, 15), "medium": (8000, 20), "large": (10000, 25)}
 the node's four GPUs (163840 MiB, 400 %) however the extender spreads them."""
 REPLICAS = 4
 FAULT_AFTER = 1
-"""Containers the kubelet has created in a round when the fault strikes."""
+"""Containers the kubelet has created in a round when the plugin is frozen."""
 SETTLE_S = 240.0
 APPS = "/apis/apps/v1"
 
@@ -65,10 +67,10 @@ def deployment(stack: GpuStack, name: str, replicas: int) -> dict[str, Any]:
     return builders.deployment(name, replicas, spec)
 
 
-async def scale(stack: GpuStack, replicas: int) -> None:
+async def scale(stack: GpuStack, replicas: int, names: Iterable[str] = SHAPES) -> None:
     kube = RawKube(stack.api)
     base = f"{APPS}/namespaces/{stack.namespace}/deployments"
-    for name in SHAPES:
+    for name in names:
         await kube.request(
             "PATCH", f"{base}/{name}/scale", body={"spec": {"replicas": replicas}}, content_type=MERGE_PATCH
         )
@@ -114,6 +116,14 @@ async def emptied(stack: GpuStack) -> None:
         return not active(await all_pods(stack))
 
     await wait_for(none_left, timeout=SETTLE_S, interval=0.5, what="every replica gone")
+
+
+async def all_bound(stack: GpuStack, count: int) -> None:
+    async def bound() -> bool:
+        live = active(await all_pods(stack))
+        return len(live) == count and all(p["spec"].get("nodeName") for p in live)
+
+    await wait_for(bound, timeout=SETTLE_S, interval=0.2, what=f"{count} pods bound")
 
 
 async def created_at_least(stack: GpuStack, count: int) -> None:
@@ -192,15 +202,20 @@ async def run_rounds(stack: GpuStack, fault: Callable[[], Awaitable[None]]) -> N
     base = f"{APPS}/namespaces/{stack.namespace}/deployments"
     for name in SHAPES:
         await kube.request("POST", base, body=deployment(stack, name, 0))
+    first, *rest = SHAPES
     for _ in range(2):
         before = len(stack.kubelet_node.kubelet.containers())
-        await scale(stack, REPLICAS)
+        await scale(stack, REPLICAS, [first])
         await created_at_least(stack, before + FAULT_AFTER)
+        stack.plugin.pause()
+        frozen_at = len(stack.kubelet_node.kubelet.containers())
+        await scale(stack, REPLICAS, rest)
+        await all_bound(stack, REPLICAS * len(SHAPES))
         await fault()
-        struck_at = len(stack.kubelet_node.kubelet.containers())
+        stack.plugin.resume()  # the kubelet fault leaves the plugin frozen; a killed one is new
         running = await settled(stack, REPLICAS)
-        # The fault struck mid-burst: containers were still being created after it.
-        assert len(stack.kubelet_node.kubelet.containers()) > struck_at
+        # The fault struck mid-burst: most containers were created after it.
+        assert len(stack.kubelet_node.kubelet.containers()) >= before + REPLICAS * len(SHAPES) > frozen_at
         pods = {p["metadata"]["uid"]: p for p in await all_pods(stack)}
         # The containers of this round's pods (those of the round before are gone with their pods).
         configs = [c for c in stack.kubelet_node.kubelet.containers() if c.pod_uid in pods]

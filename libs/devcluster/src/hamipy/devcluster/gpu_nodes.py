@@ -176,6 +176,16 @@ class DevicePluginAgent:
             await asyncio.to_thread(self.process.kill)
             self.process = None
 
+    def pause(self) -> None:
+        """Freeze the plugin (SIGSTOP): the kubelet's calls to it wait, unanswered, until ``resume``
+        or ``kill``."""
+        if self.process is not None:
+            self.process.pause()
+
+    def resume(self) -> None:
+        if self.process is not None:
+            self.process.resume()
+
     async def set_health(self, uuid: str, *, healthy: bool) -> None:
         """Flip a GPU's health in the fake driver: NVML then reports an XID error for it."""
         self.gpus = [dataclasses.replace(g, healthy=healthy) if g.uuid == uuid else g for g in self.gpus]

@@ -173,6 +173,16 @@ class ManagedProcess:
         proc.wait(10.0)
         self._proc = None
 
+    def pause(self) -> None:
+        """SIGSTOP the process group: it holds its sockets open but answers nothing (a hung process)."""
+        if self._proc is not None:
+            os.killpg(self._proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT the process group after ``pause``."""
+        if self._proc is not None:
+            os.killpg(self._proc.pid, signal.SIGCONT)
+
     def stop(self, grace_s: float = STOP_GRACE_S) -> None:
         """SIGTERM the process group, SIGKILL it after `grace_s`, and reap the process."""
         proc = self._proc
