@@ -56,6 +56,7 @@ static void default_gpu(struct fake_gpu *gpu, int index) {
     snprintf(gpu->pci, sizeof gpu->pci, "00000000:%02X:00.0", index + 1);
     gpu->healthy = 1;
     gpu->xid = 79;
+    gpu->slot = index;
 }
 
 static int fail(const struct fake_config *cfg, int line, const char *what, const char *text) {
@@ -105,6 +106,11 @@ static int parse_gpu(struct fake_config *cfg, int lineno, char *rest) {
             snprintf(gpu->pci, sizeof gpu->pci, "%s", value);
         } else if (strcmp(key, "healthy") == 0) {
             gpu->healthy = strcmp(value, "false") != 0 && strcmp(value, "0") != 0;
+        } else if (strcmp(key, "slot") == 0) {
+            char *end = NULL;
+            long slot = strtol(value, &end, 10);
+            if (*value == '\0' || *end != '\0' || slot < 0 || slot >= FAKE_MAX_GPUS) return fail(cfg, lineno, "bad slot", value);
+            gpu->slot = (int)slot;
         } else if (strcmp(key, "xid") == 0) {
             gpu->xid = (unsigned)strtoul(value, NULL, 10);
         } else {

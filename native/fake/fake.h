@@ -27,7 +27,9 @@
  * cuDeviceGetAttribute answers the multiprocessor count (108) and cooperative launch (1) only.
  * fakecuda_executed_ns(dev) is this process's executed GPU time.
  *
- * One `gpu` line per GPU, in NVML index order; every key is optional. healthy=false makes NVML
+ * One `gpu` line per GPU, in NVML index order; every key is optional. slot=N (default: the line's
+ * position) is the GPU's index in the shared state: a container's configuration lists only the
+ * GPUs it was given, each with the host's slot, so usage lands on the host's GPU. healthy=false makes NVML
  * deliver one XID critical-error event (eventData = xid, default 79) per event set that watches
  * the GPU; the file is re-read while an event set waits, so a test can flip it at run time. */
 #ifndef HAMIPY_FAKE_H
@@ -47,6 +49,7 @@ struct fake_gpu {
     char pci[32];
     int healthy;
     unsigned xid;
+    int slot; /* its index in the shared state: the host's index when a container sees a subset */
 };
 
 struct fake_config {

@@ -19,6 +19,9 @@
 #define STATE_MAGIC 0x46414b46u /* bumped when the layout changes */
 
 static int own = -1;
+static const struct fake_config *conf; /* maps a device index to its slot in the state */
+
+static int slot(int dev) { return conf != NULL && dev >= 0 && dev < conf->count ? conf->gpus[dev].slot : dev; }
 
 static uint64_t start_time(pid_t pid, int *gone) {
     char path[64], buf[1024];
@@ -60,6 +63,7 @@ static void lock(struct fake_state *st) {
 static void unlock(struct fake_state *st) { pthread_mutex_unlock(&st->mu); }
 
 struct fake_state *fake_state_attach(const struct fake_config *cfg, int claim) {
+    conf = cfg;
     int fd = open(cfg->state_path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
     if (fd < 0) {
         fprintf(stderr, "hami-py fake driver: cannot open state %s: %s\n", cfg->state_path, strerror(errno));
@@ -111,6 +115,7 @@ struct fake_state *fake_state_attach(const struct fake_config *cfg, int claim) {
 }
 
 int fake_state_charge(struct fake_state *st, int dev, uint64_t bytes, uint64_t physical) {
+    dev = slot(dev);
     if (own < 0) return -1;
     lock(st);
     uint64_t used = 0;
@@ -124,6 +129,7 @@ int fake_state_charge(struct fake_state *st, int dev, uint64_t bytes, uint64_t p
 }
 
 void fake_state_uncharge(struct fake_state *st, int dev, uint64_t bytes) {
+    dev = slot(dev);
     if (own < 0) return;
     lock(st);
     uint64_t *used = &st->procs[own].used[dev];
@@ -140,6 +146,7 @@ void fake_state_leave(struct fake_state *st) {
 }
 
 uint64_t fake_state_used(struct fake_state *st, int dev) {
+    dev = slot(dev);
     uint64_t used = 0;
     lock(st);
     for (int i = 0; i < FAKE_MAX_PROCS; i++) {
@@ -150,6 +157,7 @@ uint64_t fake_state_used(struct fake_state *st, int dev) {
 }
 
 unsigned fake_state_procs(struct fake_state *st, int dev, unsigned max, unsigned *pids, uint64_t *used) {
+    dev = slot(dev);
     unsigned n = 0;
     lock(st);
     for (int i = 0; i < FAKE_MAX_PROCS; i++) {
@@ -171,6 +179,7 @@ uint64_t fake_now_ns(void) {
 }
 
 uint64_t fake_state_launch(struct fake_state *st, int dev, uint64_t ns, uint64_t queue_ns) {
+    dev = slot(dev);
     if (own < 0) return 0;
     lock(st);
     uint64_t now = fake_now_ns(), wait = 0;
@@ -193,6 +202,7 @@ static uint64_t executed(const struct fake_state *st, int i, int dev, uint64_t n
 }
 
 uint64_t fake_state_executed(struct fake_state *st, int dev) {
+    dev = slot(dev);
     if (own < 0) return 0;
     lock(st);
     uint64_t done = executed(st, own, dev, fake_now_ns());
@@ -201,6 +211,7 @@ uint64_t fake_state_executed(struct fake_state *st, int dev) {
 }
 
 unsigned fake_state_executed_all(struct fake_state *st, int dev, unsigned max, unsigned *pids, uint64_t *done) {
+    dev = slot(dev);
     unsigned n = 0;
     lock(st);
     uint64_t now = fake_now_ns();

@@ -80,3 +80,28 @@ def test_bad_config_is_reported(make_container: ContainerFactory) -> None:
     proc = run_python(container, "import pynvml; pynvml.nvmlInit()")
     assert proc.returncode != 0
     assert "gpus.conf:1: bad memory: lots" in proc.stderr
+
+
+def test_a_container_given_one_gpu_charges_the_hosts_gpu(make_container: ContainerFactory) -> None:
+    """A container's configuration lists only its GPU (as its device 0), with the host's slot and
+    the host's state: what it allocates shows on that GPU in the host's NVML, not on GPU 0."""
+    host = make_container(preload=False)
+    inside = make_container(
+        preload=False,
+        gpus=f"state = {host.env['HAMIPY_FAKE_GPU_CONFIG']}.state\ngpu uuid={GPU1_UUID} memory=2g slot=1\n",
+    )
+    holder = inside.popen("region_peer", "hold", "40")
+    try:
+        wait_for_line(holder, "held")
+        lines = expect_ok(run_python(host, DISCOVERY)).splitlines()
+        assert f"{1024 * MiB} 0 " in lines[1]
+        assert f"{2048 * MiB} {40 * MiB} " in lines[2]
+    finally:
+        stop(holder)
+
+
+def test_a_slot_past_the_last_gpu_is_refused(make_container: ContainerFactory) -> None:
+    container = make_container(preload=False, gpus=f"gpu uuid={GPU0_UUID} slot=99\n")
+    proc = run_python(container, DISCOVERY)
+    assert proc.returncode != 0
+    assert "bad slot: 99" in proc.stderr
