@@ -298,7 +298,9 @@ static void release_all(int count) {
         struct device *d = &devices[i];
         if (cuCtxSetCurrent(d->ctx) != CUDA_SUCCESS) continue;
         for (size_t c = 0; c < d->nchunks; c++) cuMemFree_v2(d->chunks[c]);
-        d->nchunks = 0;
+        free(d->chunks);
+        d->chunks = NULL;
+        d->nchunks = d->cap = 0;
         cuCtxDestroy_v2(d->ctx);
     }
 }

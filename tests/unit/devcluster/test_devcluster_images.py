@@ -84,12 +84,12 @@ class Layout:
         return data
 
     @property
-    def manifest(self) -> dict[str, Any]:
+    def manifest(self) -> Any:
         first, *_ = self.json("index.json")["manifests"]  # every entry names the same manifest
         return json.loads(self.blob(first))
 
     @property
-    def config(self) -> dict[str, Any]:
+    def config(self) -> Any:
         return json.loads(self.blob(self.manifest["config"]))
 
     def layer(self) -> dict[str, tuple[tarfile.TarInfo, bytes]]:
