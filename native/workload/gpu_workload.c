@@ -8,19 +8,20 @@
  * Usage: gpu-workload [--chunk-mib N] [--max-mib N] [--kernel-seconds S] [--exit]
  *
  *   --chunk-mib N       allocation size (MiB, default 256)
- *   --max-mib N         allocate at most N MiB per device and try nothing past it (default: no
- *                       bound of its own: fill what cuMemGetInfo reports free, then go past it)
+ *   --max-mib N         allocate at most N MiB per device; below the free figure, try nothing
+ *                       past it (default: no bound of its own: fill what cuMemGetInfo reports
+ *                       free, then go past it)
  *   --kernel-seconds S  launch kernels for S seconds (a decimal; default 0: none)
  *   --exit              exit after "ready" instead of holding the memory until SIGTERM/SIGINT
  *
- * What it does, on every device in turn: creates a context, reports the device (cuMemGetInfo's
- * total and free); allocates with cuMemAlloc in chunks of N MiB up to the free it was told
- * (the last chunk is what is left, so it reaches that figure exactly), then one chunk past it,
- * and reports what it was granted and the CUresult of the first refusal (a CUDA application
- * meets CUDA_ERROR_OUT_OF_MEMORY there). Then it launches a no-op kernel on every device in turn
- * for S seconds, reports "ready", and holds its memory (the pod stays Running, a monitor sees its
- * usage) until SIGTERM or SIGINT, when it frees everything and exits 0. PID 1 of a container
- * gets no default SIGTERM action, hence the handler.
+ * What it does: creates a context on every device and reports the device (cuMemGetInfo's total
+ * and free). Then, on each device in turn, allocates with cuMemAlloc in chunks of N MiB up to the
+ * free it was told (the last chunk is what is left, so it reaches that figure exactly), then one
+ * chunk past it, and reports what it was granted and the CUresult of the first refusal (a CUDA
+ * application meets CUDA_ERROR_OUT_OF_MEMORY there). Then it launches a no-op kernel on every
+ * device in turn for S seconds, reports "ready", and holds its memory (the pod stays Running, a
+ * monitor sees its usage) until SIGTERM or SIGINT, when it frees everything and exits 0. PID 1 of
+ * a container gets no default SIGTERM action, hence the handler.
  *
  * Output, on stdout, flushed line by line: for each fact a human-readable line, then the same
  * fact as one line of JSON after the prefix "HAMIPY-WORKLOAD " (for tests that read kubectl logs):
