@@ -5,7 +5,9 @@ kube-scheduler runs), `NodePool`/`SimulatedNode`/`NodeSpec` (nodes the scheduler
 `NodeAgent` as the plug-in point for a device plugin + kubelet stand-in), `KubeletStandIn` (the
 kubelet's device-manager role over the real device plugin gRPC API, and what it allocated:
 `ContainerAllocation`, `ResourceAllocation`, `ContainerKey`, `PluginDevice`, `StandInSettings`), the
-namespace helpers and the wait helpers. Heavy imports (kubernetes_asyncio, grpc) happen only when
+namespace helpers and the wait helpers, the container images the nodes run (`ensure_images`:
+OCI archives of the pause and GPU workload images) and the workload's report
+(`parse_workload_log`). Heavy imports (kubernetes_asyncio, grpc) happen only when
 a client is made or the stand-in is first named.
 
 Importing the package is cheap (the pytest plugin loads it in every session): names are imported
@@ -38,8 +40,16 @@ if TYPE_CHECKING:
         BinaryBuildError,
         ClusterStateError,
         DevClusterError,
+        ImageBuildError,
         StartupError,
         WaitTimeout,
+    )
+    from hamipy.devcluster.images import (
+        GPU_WORKLOAD_IMAGE,
+        PAUSE_IMAGE,
+        DevImages,
+        ImageArchive,
+        ensure_images,
     )
     from hamipy.devcluster.kubelet_admission import PluginDevice
     from hamipy.devcluster.kubelet_standin import (
@@ -58,6 +68,7 @@ if TYPE_CHECKING:
     )
     from hamipy.devcluster.nodes import NodeAgent, NodePool, NodeSpec, SimulatedNode
     from hamipy.devcluster.waiting import wait_annotation, wait_for, wait_pod_bound
+    from hamipy.devcluster.workload_log import WorkloadLog, parse_workload_log
 
 _EXPORTS: dict[str, str] = {
     "API_TIMEOUT_S": "hamipy.devcluster.kubeobjects",
@@ -71,16 +82,21 @@ _EXPORTS: dict[str, str] = {
     "DEFAULT_SCHEDULER_NAME": "hamipy.devcluster.config",
     "DevCluster": "hamipy.devcluster.cluster",
     "DevClusterError": "hamipy.devcluster.errors",
+    "DevImages": "hamipy.devcluster.images",
     "ETCD_VERSION": "hamipy.devcluster.binaries",
     "ExtenderConfig": "hamipy.devcluster.config",
     "ExtenderTLS": "hamipy.devcluster.config",
+    "GPU_WORKLOAD_IMAGE": "hamipy.devcluster.images",
     "HAMI_SCHEDULER_NAME": "hamipy.devcluster.config",
+    "ImageArchive": "hamipy.devcluster.images",
+    "ImageBuildError": "hamipy.devcluster.errors",
     "KUBERNETES_VERSION": "hamipy.devcluster.binaries",
     "KubeletStandIn": "hamipy.devcluster.kubelet_standin",
     "ManagedResource": "hamipy.devcluster.config",
     "NodeAgent": "hamipy.devcluster.nodes",
     "NodePool": "hamipy.devcluster.nodes",
     "NodeSpec": "hamipy.devcluster.nodes",
+    "PAUSE_IMAGE": "hamipy.devcluster.images",
     "PluginDevice": "hamipy.devcluster.kubelet_admission",
     "ResourceAllocation": "hamipy.devcluster.kubelet_standin",
     "SchedulerConfig": "hamipy.devcluster.config",
@@ -89,11 +105,14 @@ _EXPORTS: dict[str, str] = {
     "StandInSettings": "hamipy.devcluster.kubelet_standin",
     "StartupError": "hamipy.devcluster.errors",
     "WaitTimeout": "hamipy.devcluster.errors",
+    "WorkloadLog": "hamipy.devcluster.workload_log",
     "create_namespace": "hamipy.devcluster.kubeobjects",
     "delete_namespace": "hamipy.devcluster.kubeobjects",
     "ensure_binaries": "hamipy.devcluster.binaries",
+    "ensure_images": "hamipy.devcluster.images",
     "wait_for_default_service_account": "hamipy.devcluster.kubeobjects",
     "ensure_namespace": "hamipy.devcluster.kubeobjects",
+    "parse_workload_log": "hamipy.devcluster.workload_log",
     "wait_annotation": "hamipy.devcluster.waiting",
     "wait_for": "hamipy.devcluster.waiting",
     "wait_pod_bound": "hamipy.devcluster.waiting",
@@ -103,8 +122,10 @@ __all__ = [
     "API_TIMEOUT_S",
     "DEFAULT_SCHEDULER_NAME",
     "ETCD_VERSION",
+    "GPU_WORKLOAD_IMAGE",
     "HAMI_SCHEDULER_NAME",
     "KUBERNETES_VERSION",
+    "PAUSE_IMAGE",
     "BinaryBuildError",
     "ClusterAccess",
     "ClusterSettings",
@@ -114,8 +135,11 @@ __all__ = [
     "ControlPlaneBinaries",
     "DevCluster",
     "DevClusterError",
+    "DevImages",
     "ExtenderConfig",
     "ExtenderTLS",
+    "ImageArchive",
+    "ImageBuildError",
     "KubeletStandIn",
     "ManagedResource",
     "NodeAgent",
@@ -129,10 +153,13 @@ __all__ = [
     "StandInSettings",
     "StartupError",
     "WaitTimeout",
+    "WorkloadLog",
     "create_namespace",
     "delete_namespace",
     "ensure_binaries",
+    "ensure_images",
     "ensure_namespace",
+    "parse_workload_log",
     "wait_annotation",
     "wait_for",
     "wait_for_default_service_account",

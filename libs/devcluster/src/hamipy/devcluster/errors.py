@@ -3,6 +3,7 @@
     RuntimeError
      └── DevClusterError          something about the local control plane went wrong
           ├── BinaryBuildError    the binaries could not be found or built (proxy, Go, version)
+          ├── ImageBuildError     a container image could not be made (a missing tool, file or package)
           ├── StartupError        a process exited or never became healthy; carries its log tail
           ├── ClusterStateError   `up` while already up, `down` with nothing up, stale state
           └── WaitTimeout         a wait helper's condition did not hold before its deadline
@@ -19,6 +20,10 @@ class DevClusterError(RuntimeError):
 
 class BinaryBuildError(DevClusterError):
     """The control-plane binaries could not be found or built; the message says why."""
+
+
+class ImageBuildError(DevClusterError):
+    """A container image of the dev cluster could not be made; the message names what is missing."""
 
 
 class StartupError(DevClusterError):
