@@ -21,8 +21,10 @@ from kubernetes_asyncio.client import CoreV1Api
 from prometheus_client.parser import text_string_to_metric_families
 
 from hamipy.devcluster import DevCluster, ExtenderConfig, ManagedResource, wait_for
+from hamipy.devcluster.containerd_runtime import NVIDIA_HANDLER
 from hamipy.devcluster.gpu_nodes import DevicePluginAgent, FakeGpu
 from hamipy.devcluster.kubelet_nodes import KubeletNode, gpu_kubelet_node
+from hamipy.devcluster.kubeobjects import ensure_runtime_class
 from hamipy.devcluster.real_kubelet import ContainerConfig, can_run_real_kubelets
 from hamipy.extender.invariant import check_cluster
 from hamipy.extender.server import ExtenderServer
@@ -388,10 +390,12 @@ async def gpu_node(
     *,
     gpus: Sequence[FakeGpu],
     extra_agents: Callable[[DevicePluginAgent], Sequence[Any]] = lambda _plugin: (),
+    real_runtime: bool = False,
 ) -> AsyncIterator[tuple[KubeletNode, DevicePluginAgent]]:
     """A GPU node ``<namespace>-gpu`` labelled ``gpu-test=<namespace>``: the real kubelet over the
     fake runtime, the device plugin process (and ``extra_agents(plugin)``, the monitor), Ready with
-    its GPUs advertised. Its tracing follows this process's OTEL_* variables."""
+    its GPUs advertised. Its tracing follows this process's OTEL_* variables. With ``real_runtime``,
+    over containerd and runc instead: its pods' containers really run."""
     node, plugin = gpu_kubelet_node(
         devcluster,
         api,
@@ -400,6 +404,7 @@ async def gpu_node(
         gpus=gpus,
         native_build=NATIVE_BUILD,
         labels={"gpu-test": namespace},
+        real_runtime=real_runtime,
     )
     node.agents.extend(extra_agents(plugin))
     async with node:
@@ -416,22 +421,40 @@ async def running_gpu_stack(
     hami_scheduler: Callable[..., Any],
     *,
     gpus: Sequence[FakeGpu],
+    real_runtime: bool = False,
+    extra_agents: Callable[[DevicePluginAgent], Sequence[Any]] = lambda _plugin: (),
 ) -> AsyncIterator[GpuStack]:
     """The webhook and one extender in this process, the hami-scheduler using it, and one GPU node
-    (``gpu_node``). On exit the cluster must hold the GPU invariant."""
+    (``gpu_node``, over containerd with ``real_runtime``). On exit the cluster must hold the GPU
+    invariant."""
+    # On real containers GPU pods get the node's NVIDIA runtime as the chart's webhook gives it.
+    settings = None
+    if real_runtime:
+        await ensure_runtime_class(api, NVIDIA_HANDLER, NVIDIA_HANDLER)
+        settings = MutationSettings(runtime_class_name=NVIDIA_HANDLER)
     # Unix socket paths must stay short (about 100 bytes): a directory under /tmp, not tmp_path.
     workdir = Path(tempfile.mkdtemp(prefix="hamipy-gpu-", dir="/tmp"))
-    webhook = await start_webhook(api, namespace, workdir / "webhook")
     try:
-        (extender,) = await start_extenders(api)
+        webhook = await start_webhook(api, namespace, workdir / "webhook", settings=settings)
         try:
-            await use_extender(hami_scheduler, extender.url)
-            async with gpu_node(devcluster, api, namespace, workdir / "node", gpus=gpus) as (node, plugin):
-                yield GpuStack(api, namespace, node, plugin, extender)
-            report = await check_cluster(RawKube(api))
-            assert report.ok, report.violations
+            (extender,) = await start_extenders(api)
+            try:
+                await use_extender(hami_scheduler, extender.url)
+                async with gpu_node(
+                    devcluster,
+                    api,
+                    namespace,
+                    workdir / "node",
+                    gpus=gpus,
+                    real_runtime=real_runtime,
+                    extra_agents=extra_agents,
+                ) as (node, plugin):
+                    yield GpuStack(api, namespace, node, plugin, extender)
+                report = await check_cluster(RawKube(api))
+                assert report.ok, report.violations
+            finally:
+                await extender.stop()
         finally:
-            await extender.stop()
+            await stop_webhook(webhook)
     finally:
-        await stop_webhook(webhook)
         shutil.rmtree(workdir, ignore_errors=True)

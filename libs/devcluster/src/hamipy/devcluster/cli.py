@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from hamipy.devcluster.binaries import KUBERNETES_VERSION
+from hamipy.devcluster.containerd_runtime import sweep_orphans
 from hamipy.devcluster.errors import ClusterStateError, DevClusterError
 from hamipy.devcluster.processes import kill_group, pid_alive, port_is_listening, tail
 
@@ -364,6 +365,7 @@ def cmd_down(state_dir: Path) -> int:
     if _is_our_daemon(state.daemon_pid):
         kill_group(state.daemon_pid, grace_s=DOWN_GRACE_S)
     _stop_leftovers(state)
+    sweep_orphans()
     busy = [port for port in state.ports if port_is_listening(port)]
     _remove_state(state_dir)
     if busy:

@@ -44,6 +44,7 @@ from hamipy.devcluster.config import (
     render_kubeconfig,
     render_scheduler_config,
 )
+from hamipy.devcluster.containerd_runtime import sweep_orphans
 from hamipy.devcluster.errors import DevClusterError
 from hamipy.devcluster.pki import CERT_VALIDITY, ClusterPKI, make_cluster_pki
 from hamipy.devcluster.processes import ManagedProcess, free_port, http_ok, https_ok, pid_alive
@@ -198,6 +199,7 @@ class DevCluster:
         began = time.monotonic()
         bins = self._binaries or _binaries.ensure_binaries()
         self._binaries = bins
+        sweep_orphans()  # real-runtime nodes of a killed run: their containers, cgroups, bridges
         if self.settings.workdir is not None:
             workdir = self.settings.workdir
             workdir.mkdir(parents=True, exist_ok=True)
@@ -345,6 +347,8 @@ class DevCluster:
         _write(certs / "apiserver.key", pki.apiserver_serving.key_pem, private=True)
         _write(certs / "sa.key", pki.service_account_key_pem, private=True)
         _write(certs / "sa.pub", pki.service_account_pub_pem)
+        _write(certs / "kubelet-client.crt", pki.kubelet_client.cert_pem)
+        _write(certs / "kubelet-client.key", pki.kubelet_client.key_pem, private=True)
         admin_crt = _write(certs / "admin.crt", pki.admin_client.cert_pem)
         admin_key = _write(certs / "admin.key", pki.admin_client.key_pem, private=True)
 

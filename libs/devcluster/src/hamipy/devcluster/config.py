@@ -252,7 +252,8 @@ def apiserver_args(
 ) -> list[str]:
     """kube-apiserver flags: loopback TLS only, client certs + SA tokens, Node,RBAC authorization.
 
-    `cert_dir` must hold the files `cluster` writes: ca.crt, apiserver.crt/.key, sa.key/.pub.
+    `cert_dir` must hold the files `cluster` writes: ca.crt, apiserver.crt/.key, sa.key/.pub,
+    kubelet-client.crt/.key (what it shows kubelets for logs and exec; kubelets serve on loopback).
     """
     return [
         f"--etcd-servers={etcd_url}",
@@ -267,6 +268,9 @@ def apiserver_args(
         f"--service-account-signing-key-file={cert_dir}/sa.key",
         "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
         "--authorization-mode=Node,RBAC",
+        f"--kubelet-client-certificate={cert_dir}/kubelet-client.crt",
+        f"--kubelet-client-key={cert_dir}/kubelet-client.key",
+        "--kubelet-preferred-address-types=InternalIP",
         f"--service-cluster-ip-range={service_cluster_ip_range}",
         "--allow-privileged=true",
         "--profiling=false",

@@ -98,11 +98,13 @@ class DevicePluginAgent:
 
     @property
     def gpu_config_path(self) -> Path:
-        return self.workdir / "gpus.conf"
+        """The node's fake driver configuration (its state beside it, ``gpus.conf.state``)."""
+        return self.workdir / "driver" / "gpus.conf"
 
     def _write_files(self) -> Path:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.hook_path.mkdir(exist_ok=True)
+        self.gpu_config_path.parent.mkdir(exist_ok=True)
         self.gpu_config_path.write_text(fake_gpu_config(self.gpus))
         config = self.workdir / "hami-py.yaml"
         config.write_text(yaml.safe_dump({"nvidia": dict(self.nvidia)}))
@@ -138,6 +140,10 @@ class DevicePluginAgent:
                 str(self.metrics_port),
                 "--register-interval",
                 str(self.register_interval_s),
+                # Installed into the hook directory, as the chart's image does: a real runtime
+                # mounts it into GPU containers.
+                "--interposer",
+                str(self.native_build / "libvgpu.so"),
             ],
             log_path=self.workdir / "device-plugin.log",
             env=env,

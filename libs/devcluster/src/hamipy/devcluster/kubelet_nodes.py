@@ -18,8 +18,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Protocol, Self
 
+from hamipy.devcluster.containerd_runtime import NVIDIA_HANDLER, ContainerdRuntime, fake_nvidia_runtime_argv
 from hamipy.devcluster.errors import WaitTimeout
 from hamipy.devcluster.gpu_nodes import Credentials, DevicePluginAgent, FakeGpu
+from hamipy.devcluster.images import ensure_images
+from hamipy.devcluster.kubeobjects import ensure_runtime_class
 from hamipy.devcluster.nodes import NamedNode, delete_node, remove_not_ready_taint
 from hamipy.devcluster.real_kubelet import ContainerConfig, RealKubelet
 from hamipy.devcluster.waiting import wait_for
@@ -61,9 +64,13 @@ class KubeletNode:
         labels: Mapping[str, str] | None = None,
         taints: Sequence[str] = (),
         agents: Sequence[KubeletAgent] = (),
+        containerd: ContainerdRuntime | None = None,
     ) -> None:
+        self.api = api
         self.kube = RawKube(api)
-        self.kubelet = RealKubelet(cluster, name, workdir, labels=labels, taints=taints)
+        self.kubelet = RealKubelet(
+            cluster, name, workdir, labels=labels, taints=taints, containerd=containerd
+        )
         self.agents = list(agents)
         self._started: list[KubeletAgent] = []
 
@@ -121,6 +128,9 @@ class KubeletNode:
         return f"{path} ({size} bytes) holds in {namespace}: {', '.join(created) or 'nothing'}"
 
     async def start(self) -> None:
+        containerd = self.kubelet.containerd
+        if containerd is not None and containerd.nvidia_runtime:
+            await ensure_runtime_class(self.api, NVIDIA_HANDLER, NVIDIA_HANDLER)
         await asyncio.to_thread(self.kubelet.start)
         await self.wait_ready()
         for agent in self.agents:
@@ -168,15 +178,30 @@ def gpu_kubelet_node(
     nvidia: Mapping[str, Any] | None = None,
     env: Mapping[str, str] | None = None,
     credentials: Credentials | None = None,
+    real_runtime: bool = False,
 ) -> tuple[KubeletNode, DevicePluginAgent]:
     """A kubelet node with the real device plugin process over the fake driver's `gpus`. Add more
     agents (the monitor) to ``node.agents`` before starting it. `workdir` holds the plugin's and the
     kubelet's unix sockets: keep its path short (about 60 bytes at most). ``credentials`` (default:
     the cluster's admin kubeconfig) gives the plugin its own identity; ``env`` is added to its
-    environment."""
-    node = KubeletNode(cluster, api, name, workdir / "kubelet", labels=labels)
+    environment. With ``real_runtime`` the node runs containerd and runc (``ContainerdRuntime``,
+    with the pause and GPU workload images), its ``nvidia`` runtime putting the fake driver into GPU
+    containers; without, the fake runtime."""
+    plugin_dir = workdir / "plugin"
+    containerd = None
+    if real_runtime:
+        images = ensure_images(native_build)
+        containerd = ContainerdRuntime(
+            workdir / "kubelet",
+            node=name,
+            image_archives=(images.pause.archive, images.gpu_workload.archive),
+            nvidia_runtime=fake_nvidia_runtime_argv(
+                plugin_dir / "driver" / "gpus.conf", native_build / "fake"
+            ),
+        )
+    node = KubeletNode(cluster, api, name, workdir / "kubelet", labels=labels, containerd=containerd)
     plugin = DevicePluginAgent(
-        workdir=workdir / "plugin",
+        workdir=plugin_dir,
         gpus=gpus,
         kubeconfig=Path(cluster.access.kubeconfig),
         native_build=native_build,

@@ -62,6 +62,18 @@ async def ensure_namespace(api: Any, name: str, *, labels: dict[str, str] | None
     await wait_for_default_service_account(api, name)
 
 
+async def ensure_runtime_class(api: Any, name: str, handler: str) -> None:
+    """Create RuntimeClass ``name`` for the runtime ``handler`` (if missing)."""
+    body = {
+        "apiVersion": "node.k8s.io/v1",
+        "kind": "RuntimeClass",
+        "metadata": {"name": name},
+        "handler": handler,
+    }
+    with contextlib.suppress(Conflict):
+        await RawKube(api).request("POST", "/apis/node.k8s.io/v1/runtimeclasses", body=body)
+
+
 async def create_namespace(api: Any, *, prefix: str = "test") -> str:
     """Create a uniquely named namespace (``<prefix>-<8 hex>``) ready for pods; return its name."""
     name = f"{prefix}-{secrets.token_hex(4)}"

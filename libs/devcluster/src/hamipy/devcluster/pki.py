@@ -40,6 +40,8 @@ class ClusterPKI:
     admin_client: KeyPair
     scheduler_client: KeyPair
     controller_manager_client: KeyPair
+    kubelet_client: KeyPair
+    """The apiserver's identity to kubelets (logs, exec, port-forward)."""
     service_account_key_pem: bytes
     service_account_pub_pem: bytes
 
@@ -67,6 +69,12 @@ def make_cluster_pki(*, service_ip: str) -> ClusterPKI:
     controller_manager = issue_cert(
         ca, common_name="system:kube-controller-manager", validity=CERT_VALIDITY, client=True
     )
+    kubelet_client = issue_cert(
+        ca,
+        common_name="kube-apiserver-kubelet-client",
+        validity=CERT_VALIDITY,
+        client=True,
+    )
     sa_key = new_key_pem()
     return ClusterPKI(
         ca=ca,
@@ -74,6 +82,7 @@ def make_cluster_pki(*, service_ip: str) -> ClusterPKI:
         admin_client=admin,
         scheduler_client=scheduler,
         controller_manager_client=controller_manager,
+        kubelet_client=kubelet_client,
         service_account_key_pem=sa_key,
         service_account_pub_pem=public_key_pem(sa_key),
     )

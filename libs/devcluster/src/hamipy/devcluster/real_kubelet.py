@@ -39,6 +39,7 @@ from hamipy.devcluster.processes import ManagedProcess, free_port, http_ok
 
 if TYPE_CHECKING:
     from hamipy.devcluster.cluster import DevCluster
+    from hamipy.devcluster.containerd_runtime import ContainerdRuntime
 
 __all__ = [
     "KUBELET_DIR",
@@ -117,8 +118,9 @@ class ContainerConfig:
 
 
 class RealKubelet:
-    """One node's kubelet and fake runtime; ``start()`` returns once the kubelet is healthy (the
-    Node then registers and turns Ready on its own), ``stop()`` ends both."""
+    """One node's kubelet and runtime (the fake one, or ``containerd`` when given);
+    ``start()`` returns once the kubelet is healthy (the Node then registers and turns Ready on its
+    own), ``stop()`` ends both."""
 
     def __init__(
         self,
@@ -128,8 +130,10 @@ class RealKubelet:
         *,
         labels: Mapping[str, str] | None = None,
         taints: Sequence[str] = (),
+        containerd: ContainerdRuntime | None = None,
     ) -> None:
         self.cluster = cluster
+        self.containerd = containerd
         self.node = node
         self.workdir = workdir
         self.labels = dict(labels or {})
@@ -143,7 +147,7 @@ class RealKubelet:
 
     @property
     def socket(self) -> Path:
-        return self.workdir / "cri.sock"
+        return self.workdir / "cri.sock" if self.containerd is None else self.containerd.socket
 
     @property
     def plugin_dir(self) -> Path:
@@ -164,6 +168,8 @@ class RealKubelet:
 
     def _shadow(self, path: str) -> Path:
         """Where the namespace's ``path`` (under one of ``SHADOWED_DIRS``) lies on the host."""
+        if self.containerd is not None:
+            return self.containerd.shadow(path)
         return self.workdir / "fs" / path.lstrip("/")
 
     @property
@@ -216,7 +222,7 @@ class RealKubelet:
         for name in PROTECTED_SYSCTLS:
             (sysctls / name.replace("/", ".")).write_text(Path("/proc/sys", name).read_text())
         self.healthz_port = free_port()
-        config = {
+        config: dict[str, Any] = {
             "apiVersion": "kubelet.config.k8s.io/v1beta1",
             "kind": "KubeletConfiguration",
             "authentication": {
@@ -242,6 +248,9 @@ class RealKubelet:
             "evictionHard": {"memory.available": "1Mi", "nodefs.available": "1%", "imagefs.available": "1%"},
             "protectKernelDefaults": False,
         }
+        if self.containerd is not None:
+            config.update(self.containerd.kubelet_config())
+            del config["enforceNodeAllocatable"]
         path = w / "kubelet-config.yaml"
         path.write_text(yaml.safe_dump(config, sort_keys=False))
         return kubeconfig
@@ -261,10 +270,14 @@ class RealKubelet:
             f"--hostname-override={self.node}",
             "--v=2",
         ]
+        if self.containerd is not None:  # the apiserver reaches the kubelet (logs, exec) there
+            argv.append(f"--node-ip={self.containerd.names.gateway}")
         if self.labels:
             argv.append("--node-labels=" + ",".join(f"{k}={v}" for k, v in sorted(self.labels.items())))
         if self.taints:
             argv.append("--register-with-taints=" + ",".join(self.taints))
+        if self.containerd is not None:  # its namespace has the node's directories already
+            mounts = []
         return "set -e\n" + "\n".join(mounts) + "\nexec " + shlex.join(argv) + "\n"
 
     def start(self) -> None:
@@ -273,6 +286,11 @@ class RealKubelet:
         if why is not None:
             raise DevClusterError(why)
         self.workdir.mkdir(parents=True, exist_ok=True)
+        if self.containerd is not None:
+            self.containerd.start()
+            self._kubeconfig = self._write_files()
+            self.start_kubelet()
+            return
         self._kubeconfig = self._write_files()
         self.runtime = ManagedProcess(
             f"fakecri-{self.node}",
@@ -286,16 +304,21 @@ class RealKubelet:
 
     def start_kubelet(self) -> None:
         """Start (or start again, after ``stop_kubelet``) the kubelet over the running runtime."""
-        if self._kubeconfig is None or self.runtime is None:
+        if self._kubeconfig is None or (self.runtime is None and self.containerd is None):
             raise DevClusterError(f"RealKubelet({self.node}).start_kubelet: call start() first")
         script = self.namespace_script(self.cluster.binaries.kubelet, self._kubeconfig)
+        namespace = (
+            ["unshare", "--mount", "--propagation", "private"]
+            if self.containerd is None
+            else self.containerd.enter()
+        )
         # An empty working directory: a path the kubelet gets empty and resolves relative to it (a
         # container's log path, once) can then remove nothing of the runtime's.
         cwd = self.workdir / "kubelet-cwd"
         cwd.mkdir(exist_ok=True)
         self.kubelet = ManagedProcess(
             f"kubelet-{self.node}",
-            ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+            [*namespace, "sh", "-c", script],
             log_path=self.workdir / "kubelet.log",
             cwd=cwd,
         )
@@ -316,10 +339,13 @@ class RealKubelet:
     def pids(self) -> dict[str, int]:
         """The kubelet's and the runtime's processes by name, while they run."""
         procs = (self.kubelet, self.runtime)
-        return {p.name: p.pid for p in procs if p is not None and p.pid}
+        found = {p.name: p.pid for p in procs if p is not None and p.pid}
+        return found | (self.containerd.pids() if self.containerd is not None else {})
 
     def running(self) -> bool:
         """Both the kubelet and the runtime are up (neither exited under us)."""
+        if self.containerd is not None:
+            return self.kubelet is not None and self.kubelet.running() and self.containerd.running()
         return all(p is not None and p.running() for p in (self.kubelet, self.runtime))
 
     def restart_kubelet(self) -> None:
@@ -331,3 +357,5 @@ class RealKubelet:
         if self.runtime is not None:
             self.runtime.stop()
             self.runtime = None
+        if self.containerd is not None:
+            self.containerd.stop()

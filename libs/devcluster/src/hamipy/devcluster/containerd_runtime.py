@@ -1,0 +1,438 @@
+"""A real container runtime for one dev-cluster node: containerd (``binaries.ensure_containerd``)
+with Debian's runc and a bridge CNI network of the node's own.
+
+containerd runs in a mount namespace of its own (``unshare -m``, private propagation) where the
+node's directories are bind-mounted over ``/var/lib``, ``/var/log`` and ``/run`` (its state, the
+kubelet's, the pods' network namespaces and the CNI's address leases all live there), and over the
+sysctls the kubelet would set. The kubelet enters that namespace (``nsenter``): it hands containerd
+paths (pod volumes, logs) that exist only there. Everything mounted dies with the namespace.
+
+What lives in the host's namespaces is named after the node's workdir, so two clusters on one
+machine (``make up`` beside ``make test``) never meet: the bridge ``hp-<id>``, the cgroup root
+``/hamipy-<id>`` in every cgroup hierarchy, a /24 of 10.128.0.0/9 no host route uses; the bridge's
+address is the node's InternalIP, where its kubelet serves. ``stop`` and, after a killed run,
+``sweep_orphans`` (from ``REGISTRY``) remove the containers, the shims, the cgroups and the bridge;
+the CNI is set up without masquerading, so no firewall chain is ever made.
+
+The handler ``nvidia`` (RuntimeClass ``nvidia``, which the webhook gives GPU pods) runs runc through
+``fake_nvidia_runtime``, which puts the node's fake driver into containers that ask for GPUs, as the
+NVIDIA container toolkit does with the real one; other pods run on plain runc.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import ipaddress
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Final
+
+import tomli_w
+
+from hamipy.devcluster import binaries
+from hamipy.devcluster.errors import DevClusterError
+from hamipy.devcluster.host_packages import RUNTIME_PACKAGES, ensure_host_packages
+from hamipy.devcluster.images import PAUSE_IMAGE
+from hamipy.devcluster.processes import ManagedProcess, free_port, pid_alive
+
+__all__ = [
+    "NVIDIA_HANDLER",
+    "REGISTRY",
+    "SHADOWED_DIRS",
+    "ContainerdRuntime",
+    "NodeNames",
+    "fake_nvidia_runtime_argv",
+    "sweep",
+    "sweep_orphans",
+]
+
+SHADOWED_DIRS: Final = ("/var/lib", "/var/log", "/run")
+"""Host directories the node writes under, each replaced by the node's own in its namespace."""
+PROTECTED_SYSCTLS: Final = ("vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops")
+"""What the kubelet would set on the host; each is shadowed by a file in the namespace."""
+NVIDIA_HANDLER: Final = "nvidia"
+REGISTRY: Final = Path("/run/hamipy-devcluster/nodes")
+"""One record per running node (its names, workdir and owner's pid), for ``sweep_orphans`` after a
+killed run. On /run: a reboot clears the records with what they describe."""
+CGROUP_FS: Final = Path("/sys/fs/cgroup")
+RUNC: Final = Path("/usr/sbin/runc")
+CNI_BIN: Final = Path("/usr/lib/cni")
+START_TIMEOUT_S: Final = 60.0
+CTR_TIMEOUT_S: Final = 120.0
+KILL_ROUNDS: Final = 50
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeNames:
+    """The node's names in the host's namespaces, derived from its workdir."""
+
+    id: str
+    bridge: str
+    cgroup_root: str
+    subnet: str
+
+    @classmethod
+    def for_workdir(cls, workdir: Path) -> NodeNames:
+        digest = hashlib.sha256(str(workdir.resolve()).encode()).hexdigest()
+        node_id = digest[:8]
+        return cls(node_id, f"hp-{node_id}", f"/hamipy-{node_id}", _free_subnet(int(digest[8:16], 16)))
+
+    @property
+    def gateway(self) -> str:
+        """The bridge's address: the pods' gateway and the node's InternalIP, where its kubelet
+        serves (the apiserver reaches kubelets by InternalIP, which may not be loopback)."""
+        return str(ipaddress.IPv4Network(self.subnet).network_address + 1)
+
+
+def _host_routes() -> list[ipaddress.IPv4Network]:
+    out = subprocess.run(["ip", "-4", "-j", "route"], capture_output=True, text=True, timeout=10, check=False)
+    nets = []
+    for route in json.loads(out.stdout or "[]"):
+        dst = route.get("dst", "")
+        if dst and dst != "default":
+            with contextlib.suppress(ValueError):
+                nets.append(ipaddress.IPv4Network(dst, strict=False))
+    return nets
+
+
+def _free_subnet(seed: int) -> str:
+    """A /24 in 10.128.0.0/9 that no host route overlaps, chosen from ``seed``."""
+    used = _host_routes()
+    for step in range(32768):
+        n = (seed + step * 7919) % 32768
+        candidate = ipaddress.IPv4Network(f"10.{128 + n // 256}.{n % 256}.0/24")
+        if not any(candidate.overlaps(u) for u in used):
+            return str(candidate)
+    raise DevClusterError("no free /24 left in 10.128.0.0/9 for a node's pod network")
+
+
+class ContainerdRuntime:
+    """One node's containerd; ``start()`` returns once its CRI socket serves, with the images in
+    ``image_archives`` imported."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        node: str,
+        image_archives: Sequence[Path] = (),
+        nvidia_runtime: Sequence[str] = (),
+    ) -> None:
+        self.workdir = workdir
+        self.node = node
+        self.image_archives = tuple(image_archives)
+        self.nvidia_runtime = tuple(nvidia_runtime)
+        """argv of the ``nvidia`` handler's OCI runtime (runc's arguments follow); runc itself when empty."""
+        self.names = NodeNames.for_workdir(workdir)
+        self.process: ManagedProcess | None = None
+        self.bin_dir: Path | None = None
+        self.stream_port = 0
+
+    @property
+    def socket(self) -> Path:
+        return self.workdir / "containerd.sock"
+
+    @property
+    def record(self) -> Path:
+        return REGISTRY / f"{self.names.id}.json"
+
+    @property
+    def cdi_dir(self) -> Path:
+        """The node's CDI spec directory (the same path inside the namespace)."""
+        return self.workdir / "cdi"
+
+    def shadow(self, path: str) -> Path:
+        """Where the namespace's ``path`` (under one of ``SHADOWED_DIRS``) lies on the host."""
+        return self.workdir / "fs" / path.lstrip("/")
+
+    def _write_cni(self) -> None:
+        net = ipaddress.IPv4Network(self.names.subnet)
+        conf = {
+            "cniVersion": "1.0.0",
+            "name": self.names.bridge,
+            "plugins": [
+                {
+                    "type": "bridge",
+                    "bridge": self.names.bridge,
+                    "isGateway": True,
+                    "ipMasq": False,  # no firewall chains: pods talk to the host and each other only
+                    "hairpinMode": True,
+                    "ipam": {
+                        "type": "host-local",
+                        "ranges": [[{"subnet": str(net), "gateway": self.names.gateway}]],
+                        # The CNI result needs a default route for the kubelet's pod IP checks.
+                        "routes": [{"dst": "0.0.0.0/0"}],
+                    },
+                },
+                {"type": "loopback"},
+            ],
+        }
+        conf_dir = self.workdir / "cni"
+        conf_dir.mkdir(parents=True, exist_ok=True)
+        (conf_dir / "10-bridge.conflist").write_text(json.dumps(conf, indent=2))
+
+    def _write_config(self) -> Path:
+        w = self.workdir
+        self.stream_port = free_port()
+        runtimes: dict[str, object] = {
+            "runc": {
+                "runtime_type": "io.containerd.runc.v2",
+                "options": {"BinaryName": str(RUNC), "SystemdCgroup": False},
+            },
+        }
+        if self.nvidia_runtime:
+            wrapper = w / "nvidia-container-runtime"
+            wrapper.write_text(f'#!/bin/sh\nexec {shlex.join(self.nvidia_runtime)} "$@"\n')
+            wrapper.chmod(0o755)
+            runtimes[NVIDIA_HANDLER] = {
+                "runtime_type": "io.containerd.runc.v2",
+                "options": {"BinaryName": str(wrapper), "SystemdCgroup": False},
+            }
+        config = {
+            "version": 3,
+            "root": "/var/lib/containerd",
+            "state": "/run/containerd",
+            "grpc": {"address": str(self.socket)},
+            "ttrpc": {"address": str(self.socket) + ".ttrpc"},
+            "plugins": {
+                "io.containerd.cri.v1.runtime": {
+                    "enable_cdi": True,
+                    "cdi_spec_dirs": [str(self.cdi_dir)],
+                    # Root here lacks CAP_SYS_RESOURCE: no container may ask a lower OOM score.
+                    "restrict_oom_score_adj": True,
+                    "containerd": {
+                        "default_runtime_name": "runc",
+                        "runtimes": runtimes,
+                    },
+                    "cni": {"bin_dirs": [str(CNI_BIN)], "conf_dir": str(w / "cni")},
+                },
+                "io.containerd.cri.v1.images": {
+                    "snapshotter": "overlayfs",
+                    "pinned_images": {"sandbox": PAUSE_IMAGE},
+                },
+                "io.containerd.grpc.v1.cri": {
+                    "stream_server_address": "127.0.0.1",
+                    "stream_server_port": str(self.stream_port),
+                },
+            },
+        }
+        path = w / "containerd.toml"
+        path.write_text(tomli_w.dumps(config))
+        return path
+
+    def _namespace_script(self, config: Path, bin_dir: Path) -> str:
+        mounts = [f"mount --bind {shlex.quote(str(self.shadow(d)))} {d}" for d in SHADOWED_DIRS]
+        for name in PROTECTED_SYSCTLS:
+            shadow = self.workdir / "sysctl" / name.replace("/", ".")
+            mounts.append(f"mount --bind {shlex.quote(str(shadow))} /proc/sys/{name}")
+        path = f"{bin_dir}:{os.environ.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}"
+        return (
+            "set -e\n"
+            + "\n".join(mounts)
+            + f"\nexport PATH={shlex.quote(path)}\nexec containerd --config {shlex.quote(str(config))}\n"
+        )
+
+    def _prepare(self) -> Path:
+        w = self.workdir
+        for d in SHADOWED_DIRS:
+            self.shadow(d).mkdir(parents=True, exist_ok=True)
+        sysctls = w / "sysctl"
+        sysctls.mkdir(exist_ok=True)
+        for name in PROTECTED_SYSCTLS:
+            (sysctls / name.replace("/", ".")).write_text(Path("/proc/sys", name).read_text())
+        self.cdi_dir.mkdir(exist_ok=True)
+        REGISTRY.mkdir(parents=True, exist_ok=True)
+        self.record.write_text(
+            json.dumps({**dataclasses.asdict(self.names), "workdir": str(w), "owner": os.getpid()})
+        )
+        for controller in _cgroup_controllers():
+            (controller / self.names.cgroup_root.lstrip("/")).mkdir(exist_ok=True)
+        self._write_cni()
+        self._make_bridge()
+        return self._write_config()
+
+    def _make_bridge(self) -> None:
+        """The node's bridge, up with the gateway address before any pod (the kubelet serves there)."""
+        bridge, prefix = self.names.bridge, ipaddress.IPv4Network(self.names.subnet).prefixlen
+        for args in (
+            ["link", "add", "name", bridge, "type", "bridge"],
+            ["addr", "add", f"{self.names.gateway}/{prefix}", "dev", bridge],
+            ["link", "set", bridge, "up"],
+        ):
+            done = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=10, check=False)
+            if done.returncode != 0 and "File exists" not in done.stderr:
+                raise DevClusterError(f"ip {' '.join(args)} failed: {done.stderr.strip()}")
+
+    def start(self) -> None:
+        """Start containerd and import the images. Blocking (run it in a thread from async code)."""
+        ensure_host_packages(RUNTIME_PACKAGES)
+        self.bin_dir = binaries.ensure_containerd()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        config = self._prepare()
+        script = self._namespace_script(config, self.bin_dir)
+        self.process = ManagedProcess(
+            f"containerd-{self.node}",
+            ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+            log_path=self.workdir / "containerd.log",
+            cwd=self.workdir,
+        )
+        self.process.start()
+        self.process.wait_healthy(self.socket.exists, timeout_s=START_TIMEOUT_S, what="serving its socket")
+        for archive in self.image_archives:
+            self.ctr("images", "import", str(archive))
+
+    def ctr(self, *args: str) -> str:
+        """Run ``ctr`` against this node's containerd in the Kubernetes namespace; its output."""
+        if self.bin_dir is None:
+            raise DevClusterError(f"containerd of {self.node} is not started")
+        done = subprocess.run(
+            [str(self.bin_dir / "ctr"), "--address", str(self.socket), "--namespace", "k8s.io", *args],
+            capture_output=True,
+            text=True,
+            timeout=CTR_TIMEOUT_S,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise DevClusterError(
+                f"ctr {' '.join(args)} on {self.node} failed: {done.stderr.strip()[-1000:]}"
+            )
+        return done.stdout
+
+    def enter(self) -> list[str]:
+        """The argv prefix that runs a command in containerd's mount namespace (the kubelet's)."""
+        if self.process is None or self.process.pid is None:
+            raise DevClusterError(f"containerd of {self.node} is not running")
+        return ["nsenter", f"--mount=/proc/{self.process.pid}/ns/mnt", "--"]
+
+    def kubelet_config(self) -> dict[str, object]:
+        """What the kubelet's configuration needs to run pods on this runtime."""
+        return {
+            "address": self.names.gateway,
+            "containerRuntimeEndpoint": f"unix://{self.socket}",
+            "imageServiceEndpoint": f"unix://{self.socket}",
+            "cgroupDriver": "cgroupfs",
+            "cgroupsPerQOS": True,
+            "cgroupRoot": self.names.cgroup_root,
+            "failCgroupV1": False,
+            # Images are made here and cannot be pulled again: never collect them.
+            "imageGCHighThresholdPercent": 100,
+            "imageGCLowThresholdPercent": 99,
+        }
+
+    def pids(self) -> dict[str, int]:
+        return {self.process.name: self.process.pid} if self.process is not None and self.process.pid else {}
+
+    def running(self) -> bool:
+        return self.process is not None and self.process.running()
+
+    def stop(self) -> None:
+        """Stop containerd, then remove what the node left in the host's namespaces."""
+        if self.process is not None:
+            self.process.stop()
+            self.process = None
+        sweep(self.record)
+
+
+def fake_nvidia_runtime_argv(gpu_config: Path, driver_libs: Path) -> list[str]:
+    """The ``nvidia`` handler's runtime on a node whose fake driver is configured by ``gpu_config``."""
+    script = Path(__file__).with_name("fake_nvidia_runtime.py")
+    return [
+        sys.executable,
+        str(script),
+        f"--config={gpu_config}",
+        f"--libs={driver_libs}",
+        f"--runc={RUNC}",
+        "--",
+    ]
+
+
+def _cgroup_controllers() -> list[Path]:
+    """The mounted cgroup v1 hierarchies (or the v2 root): where a node's cgroup root is made."""
+    if (CGROUP_FS / "cgroup.controllers").exists():
+        return [CGROUP_FS]
+    return sorted(p for p in CGROUP_FS.iterdir() if p.is_dir() and not p.is_symlink())
+
+
+def _procs_in(cgroup_dirs: Iterable[Path]) -> set[int]:
+    pids: set[int] = set()
+    for top in cgroup_dirs:
+        for procs in top.rglob("cgroup.procs"):
+            with contextlib.suppress(OSError, ValueError):
+                pids.update(int(line) for line in procs.read_text().split())
+    return pids
+
+
+def _procs_naming(text: str) -> set[int]:
+    """Processes whose command line names ``text`` (containerd, its shims, the kubelet)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        with contextlib.suppress(OSError):
+            if text.encode() in (entry / "cmdline").read_bytes():
+                found.add(int(entry.name))
+    return found
+
+
+def _rmdir_tree(top: Path) -> None:
+    if not top.is_dir():
+        return
+    for d in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+        with contextlib.suppress(OSError):
+            d.rmdir()
+    with contextlib.suppress(OSError):
+        top.rmdir()
+
+
+def sweep(record: Path) -> None:
+    """Remove what the real-runtime node of ``record`` left in the host's namespaces: processes
+    (containerd, shims, containers, a kubelet), cgroups and the bridge; then the record. Idempotent."""
+    try:
+        data = json.loads(record.read_text())
+        names = NodeNames(data["id"], data["bridge"], data["cgroup_root"], data["subnet"])
+        workdir = str(data["workdir"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    cgroups = [c / names.cgroup_root.lstrip("/") for c in _cgroup_controllers()]
+    pids: set[int] = set()
+    for _ in range(KILL_ROUNDS):
+        pids = _procs_in(cgroups) | _procs_naming(workdir)
+        if not pids:
+            break
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.1)  # the kernel reaps killed processes asynchronously; poll until none is left
+    else:
+        raise DevClusterError(f"processes of the node in {workdir} survive SIGKILL: {sorted(pids)}")
+    for top in cgroups:
+        _rmdir_tree(top)
+    subprocess.run(["ip", "link", "delete", names.bridge], capture_output=True, timeout=10, check=False)
+    record.unlink(missing_ok=True)
+
+
+def sweep_orphans() -> list[str]:
+    """``sweep`` every node whose owning process is gone (a run killed before it could stop its
+    nodes); the workdirs of those swept."""
+    swept = []
+    for record in sorted(REGISTRY.glob("*.json")) if REGISTRY.is_dir() else ():
+        try:
+            data = json.loads(record.read_text())
+            owner, workdir = int(data["owner"]), str(data["workdir"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if not pid_alive(owner):
+            sweep(record)
+            swept.append(workdir)
+    return swept
+
+
