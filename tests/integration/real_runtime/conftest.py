@@ -1,0 +1,22 @@
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+from runtime_support import RuntimeStack, running_runtime_stack
+
+from hamipy.devcluster import DevCluster
+
+
+@pytest.fixture
+async def runtime_stack(
+    request: pytest.FixtureRequest,
+    devcluster: DevCluster,
+    kube_client: Any,
+    namespace: str,
+    hami_scheduler: Callable[..., Any],
+) -> AsyncIterator[RuntimeStack]:
+    gpus = request.module.GPUS
+    async with running_runtime_stack(devcluster, kube_client, namespace, hami_scheduler, gpus=gpus) as stack:
+        yield stack

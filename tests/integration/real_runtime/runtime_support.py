@@ -1,0 +1,114 @@
+"""A GPU node on the real runtime (containerd + runc, ``gpu_node(real_runtime=True)``) with the
+monitor on it, and what the tests read from its pods: ``kubectl logs`` parsed as gpu-workload's
+facts, ``kubectl exec``, the monitor's metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import subprocess
+from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from stack_support import NEEDS_REAL_KUBELET, GpuStack, Samples, running_gpu_stack, samples, scrape_text
+
+from hamipy.devcluster import DevCluster, wait_for
+from hamipy.devcluster.gpu_nodes import FakeGpu, MonitorAgent
+from hamipy.devcluster.images import GPU_WORKLOAD_IMAGE
+from hamipy.devcluster.workload_log import WorkloadLog, parse_workload_log
+
+__all__ = ["NEEDS_REAL_KUBELET", "RuntimeStack", "running_runtime_stack", "workload"]
+
+MiB = 1 << 20
+KUBECTL_TIMEOUT_S = 60.0
+STARTED_TIMEOUT_S = 120.0
+
+
+def workload(
+    name: str = "main", *, args: Sequence[str] = ("--chunk-mib", "256"), **fields: Any
+) -> dict[str, Any]:
+    """A container running gpu-workload (``fields``: ``builders.container`` keywords)."""
+    import builders
+
+    return builders.container(
+        name, image=GPU_WORKLOAD_IMAGE, imagePullPolicy="Never", args=list(args), **fields
+    )
+
+
+class RuntimeStack:
+    """The GPU stack on real containers, the monitor on its node, and kubectl for it."""
+
+    def __init__(self, stack: GpuStack, devcluster: DevCluster, monitor: MonitorAgent) -> None:
+        self.stack = stack
+        self.devcluster = devcluster
+        self.monitor = monitor
+
+    def kubectl(self, *args: str, kubeconfig: Path | None = None) -> subprocess.CompletedProcess[str]:
+        """``kubectl`` (the cluster's own version) in the stack's namespace, as the admin or as
+        ``kubeconfig``'s user."""
+        return subprocess.run(
+            [
+                str(self.devcluster.binaries.kubectl),
+                "--kubeconfig",
+                str(kubeconfig or self.devcluster.access.kubeconfig),
+                "--namespace",
+                self.stack.namespace,
+                *args,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=KUBECTL_TIMEOUT_S,
+            check=False,
+        )
+
+    async def logs(self, pod: str) -> WorkloadLog:
+        done = await asyncio.to_thread(self.kubectl, "logs", pod)
+        assert done.returncode == 0, f"kubectl logs {pod}: {done.stderr}"
+        return parse_workload_log(done.stdout)
+
+    async def ready(self, pod: str) -> WorkloadLog:
+        """gpu-workload's facts once it reports ``ready`` (its allocations done, holding them)."""
+
+        async def printed() -> WorkloadLog | None:
+            status = (await self.stack.pod(pod))["status"]
+            assert status.get("phase") not in ("Failed", "Succeeded"), f"{pod} ended: {status}"
+            if status.get("phase") != "Running":
+                return None
+            log = await self.logs(pod)
+            return log if log.ready else None
+
+        found: WorkloadLog | None = await wait_for(
+            printed, timeout=STARTED_TIMEOUT_S, interval=0.5, what=f"{pod} to report ready"
+        )
+        assert found is not None
+        return found
+
+    async def exec(self, pod: str, *command: str) -> str:
+        done = await asyncio.to_thread(self.kubectl, "exec", pod, "--", *command)
+        assert done.returncode == 0, f"kubectl exec {pod} -- {' '.join(command)}: {done.stderr}"
+        return done.stdout
+
+    async def metrics(self) -> Samples:
+        return samples(await scrape_text(f"{self.monitor.url}/metrics"))
+
+
+@contextlib.asynccontextmanager
+async def running_runtime_stack(
+    devcluster: DevCluster,
+    api: Any,
+    namespace: str,
+    hami_scheduler: Callable[..., Any],
+    *,
+    gpus: Sequence[FakeGpu],
+) -> AsyncIterator[RuntimeStack]:
+    monitors: list[MonitorAgent] = []
+
+    def monitor(plugin: Any) -> Sequence[MonitorAgent]:
+        monitors.append(MonitorAgent(plugin))
+        return monitors
+
+    async with running_gpu_stack(
+        devcluster, api, namespace, hami_scheduler, gpus=gpus, real_runtime=True, extra_agents=monitor
+    ) as stack:
+        yield RuntimeStack(stack, devcluster, monitors[0])
