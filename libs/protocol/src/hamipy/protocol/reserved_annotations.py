@@ -24,7 +24,7 @@ __all__ = ["CDI_ANNOTATION_PREFIX", "CDI_RESERVED_REASON", "reserved_annotation_
 CDI_ANNOTATION_PREFIX: Final = "cdi.k8s.io/"
 """CDI's annotation prefix (``tags.cncf.io/container-device-interface/pkg/cdi.AnnotationPrefix``)."""
 CDI_RESERVED_REASON: Final = (
-    "a runtime can take CDI devices from it (another pod's GPU slice, or a whole GPU with no limit), "
+    "a runtime can take CDI devices from it (the GPU slice of another pod, or a whole GPU with no limit), "
     "which only the device plugin hands out; remove the annotation"
 )
 
