@@ -21,7 +21,7 @@ from kubernetes_asyncio.client import CoreV1Api
 from prometheus_client.parser import text_string_to_metric_families
 
 from hamipy.devcluster import DevCluster, ExtenderConfig, ManagedResource, wait_for
-from hamipy.devcluster.gpu_nodes import DevicePluginAgent, FakeGpu
+from hamipy.devcluster.gpu_nodes import DevicePluginAgent, FakeGpu, MonitorAgent
 from hamipy.devcluster.kubelet_nodes import KubeletNode, gpu_kubelet_node
 from hamipy.devcluster.real_kubelet import ContainerConfig, can_run_real_kubelets
 from hamipy.extender.invariant import check_cluster
@@ -388,16 +388,19 @@ async def gpu_node(
     *,
     gpus: Sequence[FakeGpu],
     extra_agents: Callable[[DevicePluginAgent], Sequence[Any]] = lambda _plugin: (),
+    nvidia: Mapping[str, Any] | None = None,
 ) -> AsyncIterator[tuple[KubeletNode, DevicePluginAgent]]:
     """A GPU node ``<namespace>-gpu`` labelled ``gpu-test=<namespace>``: the real kubelet over the
-    fake runtime, the device plugin process (and ``extra_agents(plugin)``, the monitor), Ready with
-    its GPUs advertised. Its tracing follows this process's OTEL_* variables."""
+    fake runtime, the device plugin process (with ``nvidia`` over its own hook and CDI directories)
+    (and ``extra_agents(plugin)``, the monitor), Ready with its GPUs advertised. Its tracing follows
+    this process's OTEL_* variables."""
     node, plugin = gpu_kubelet_node(
         devcluster,
         api,
         f"{namespace}-gpu",
         workdir=workdir,
         gpus=gpus,
+        nvidia=nvidia,
         native_build=NATIVE_BUILD,
         labels={"gpu-test": namespace},
     )
@@ -416,9 +419,12 @@ async def running_gpu_stack(
     hami_scheduler: Callable[..., Any],
     *,
     gpus: Sequence[FakeGpu],
+    nvidia: Mapping[str, Any] | None = None,
+    monitor_args: Sequence[str] | None = None,
 ) -> AsyncIterator[GpuStack]:
     """The webhook and one extender in this process, the hami-scheduler using it, and one GPU node
-    (``gpu_node``). On exit the cluster must hold the GPU invariant."""
+    (``gpu_node``, its plugin's ``nvidia`` settings; with the monitor when ``monitor_args`` are
+    given). On exit the cluster must hold the GPU invariant."""
     # Unix socket paths must stay short (about 100 bytes): a directory under /tmp, not tmp_path.
     workdir = Path(tempfile.mkdtemp(prefix="hamipy-gpu-", dir="/tmp"))
     webhook = await start_webhook(api, namespace, workdir / "webhook")
@@ -426,7 +432,13 @@ async def running_gpu_stack(
         (extender,) = await start_extenders(api)
         try:
             await use_extender(hami_scheduler, extender.url)
-            async with gpu_node(devcluster, api, namespace, workdir / "node", gpus=gpus) as (node, plugin):
+
+            def monitor(plugin: DevicePluginAgent) -> list[MonitorAgent]:
+                return [] if monitor_args is None else [MonitorAgent(plugin, extra_args=monitor_args)]
+
+            async with gpu_node(
+                devcluster, api, namespace, workdir / "node", gpus=gpus, nvidia=nvidia, extra_agents=monitor
+            ) as (node, plugin):
                 yield GpuStack(api, namespace, node, plugin, extender)
             report = await check_cluster(RawKube(api))
             assert report.ok, report.violations
