@@ -348,6 +348,7 @@ class Allocator:
                 "allocated",
                 slot=served.slot,
                 devices=[d.uuid for d in served.devices],
+                cdi_devices=list(answer.cdi_devices),
                 pod_done=served.done,
             )
         self._count("success", "Allocated")
