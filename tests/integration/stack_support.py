@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from hamipy.devcluster import DevCluster, ExtenderConfig, ManagedResource, wait_for
 from hamipy.devcluster.containerd_runtime import NVIDIA_HANDLER
-from hamipy.devcluster.gpu_nodes import DevicePluginAgent, FakeGpu
+from hamipy.devcluster.gpu_nodes import DevicePluginAgent, FakeGpu, MonitorAgent
 from hamipy.devcluster.kubelet_nodes import KubeletNode, gpu_kubelet_node
 from hamipy.devcluster.kubeobjects import ensure_runtime_class
 from hamipy.devcluster.real_kubelet import ContainerConfig, can_run_real_kubelets
@@ -390,18 +390,21 @@ async def gpu_node(
     *,
     gpus: Sequence[FakeGpu],
     extra_agents: Callable[[DevicePluginAgent], Sequence[Any]] = lambda _plugin: (),
+    nvidia: Mapping[str, Any] | None = None,
     real_runtime: bool = False,
 ) -> AsyncIterator[tuple[KubeletNode, DevicePluginAgent]]:
     """A GPU node ``<namespace>-gpu`` labelled ``gpu-test=<namespace>``: the real kubelet over the
-    fake runtime, the device plugin process (and ``extra_agents(plugin)``, the monitor), Ready with
-    its GPUs advertised. Its tracing follows this process's OTEL_* variables. With ``real_runtime``,
-    over containerd and runc instead: its pods' containers really run."""
+    fake runtime, the device plugin process (with ``nvidia`` over its own hook and CDI directories)
+    (and ``extra_agents(plugin)``, the monitor), Ready with its GPUs advertised. Its tracing follows
+    this process's OTEL_* variables. With ``real_runtime``, over containerd and runc instead: its
+    pods' containers really run."""
     node, plugin = gpu_kubelet_node(
         devcluster,
         api,
         f"{namespace}-gpu",
         workdir=workdir,
         gpus=gpus,
+        nvidia=nvidia,
         native_build=NATIVE_BUILD,
         labels={"gpu-test": namespace},
         real_runtime=real_runtime,
@@ -422,10 +425,12 @@ async def running_gpu_stack(
     *,
     gpus: Sequence[FakeGpu],
     real_runtime: bool = False,
-    extra_agents: Callable[[DevicePluginAgent], Sequence[Any]] = lambda _plugin: (),
+    nvidia: Mapping[str, Any] | None = None,
+    monitor_args: Sequence[str] | None = None,
 ) -> AsyncIterator[GpuStack]:
     """The webhook and one extender in this process, the hami-scheduler using it, and one GPU node
-    (``gpu_node``, over containerd with ``real_runtime``). On exit the cluster must hold the GPU
+    (``gpu_node``, its plugin's ``nvidia`` settings; with the monitor when ``monitor_args`` are
+    given; over containerd with ``real_runtime``). On exit the cluster must hold the GPU
     invariant."""
     # On real containers GPU pods get the node's NVIDIA runtime as the chart's webhook gives it.
     settings = None
@@ -440,14 +445,19 @@ async def running_gpu_stack(
             (extender,) = await start_extenders(api)
             try:
                 await use_extender(hami_scheduler, extender.url)
+
+                def monitor(plugin: DevicePluginAgent) -> list[MonitorAgent]:
+                    return [] if monitor_args is None else [MonitorAgent(plugin, extra_args=monitor_args)]
+
                 async with gpu_node(
                     devcluster,
                     api,
                     namespace,
                     workdir / "node",
                     gpus=gpus,
+                    nvidia=nvidia,
                     real_runtime=real_runtime,
-                    extra_agents=extra_agents,
+                    extra_agents=monitor,
                 ) as (node, plugin):
                     yield GpuStack(api, namespace, node, plugin, extender)
                 report = await check_cluster(RawKube(api))

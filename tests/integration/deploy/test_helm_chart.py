@@ -26,7 +26,7 @@ from hamipy.devcluster.binaries import KUBERNETES_VERSION, ensure_helm
 from hamipy.devcluster.config import ExtenderTLS, SchedulerConfig, render_scheduler_config
 from hamipy.devcluster.identities import SERVICE_RULES
 from hamipy.protocol import keys
-from hamipy.protocol.config import load_config
+from hamipy.protocol.config import NvidiaConfig, load_config
 from hamipy.protocol.resources import ResourceNames
 from hamipy.telemetry.tls import serving_context
 from hamipy.webhook.admission_policy import admission_policies
@@ -168,6 +168,37 @@ def test_shared_config_loads_with_the_protocol_schema(rendered: dict[str, list[d
     config = load_config(one(rendered["defaults"], "ConfigMap", "-config")["data"]["config.yaml"])
     assert config.nvidia.device_split_count == 10
     assert config.nvidia.hook_path == "/usr/local/vgpu"
+
+
+def _nvidia(docs: list[dict[str, Any]]) -> NvidiaConfig:
+    return load_config(one(docs, "ConfigMap", "-config")["data"]["config.yaml"]).nvidia
+
+
+def _cdi_mounts(docs: list[dict[str, Any]], key: str) -> list[tuple[str, dict[str, Any]]]:
+    """(mount path, host path volume) of what ``key``'s container mounts at the configured CDI
+    spec directory."""
+    kind, suffix, _, _, _ = SERVICES[key]
+    volumes = {v["name"]: v for v in one(docs, kind, suffix)["spec"]["template"]["spec"]["volumes"]}
+    return [
+        (m["mountPath"], volumes[m["name"]].get("hostPath", {}))
+        for m in container(docs, key)["volumeMounts"]
+        if m["mountPath"] == _nvidia(docs).cdi_spec_dir
+    ]
+
+
+def test_the_cdi_strategy_mounts_the_hosts_spec_directory_where_the_config_says(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    """The device plugin writes each slot's spec into the runtime's CDI directory and the monitor
+    removes those of pods gone: both see the host's directory at the configured path, read-write.
+    Under the default envvar strategy neither mounts it."""
+    args = ["config.nvidia.deviceListStrategy=cdi-cri", "config.nvidia.cdiSpecDir=/run/cdi"]
+    docs = render("hami-system", *(a for arg in args for a in ("--set", arg)))
+    assert (_nvidia(docs).device_list_strategy, _nvidia(docs).cdi_spec_dir) == ("cdi-cri", "/run/cdi")
+    assert _nvidia(rendered["defaults"]).device_list_strategy == "envvar"
+    for key in ("devicePlugin", "monitor"):
+        assert _cdi_mounts(docs, key) == [("/run/cdi", {"path": "/run/cdi", "type": "DirectoryOrCreate"})]
+        assert _cdi_mounts(rendered["defaults"], key) == []
 
 
 def test_webhook_configuration_is_the_one_the_webhook_builds(

@@ -102,13 +102,8 @@ async def running_runtime_stack(
     *,
     gpus: Sequence[FakeGpu],
 ) -> AsyncIterator[RuntimeStack]:
-    monitors: list[MonitorAgent] = []
-
-    def monitor(plugin: Any) -> Sequence[MonitorAgent]:
-        monitors.append(MonitorAgent(plugin))
-        return monitors
-
     async with running_gpu_stack(
-        devcluster, api, namespace, hami_scheduler, gpus=gpus, real_runtime=True, extra_agents=monitor
+        devcluster, api, namespace, hami_scheduler, gpus=gpus, real_runtime=True, monitor_args=()
     ) as stack:
-        yield RuntimeStack(stack, devcluster, monitors[0])
+        (monitor,) = [a for a in stack.kubelet_node.agents if isinstance(a, MonitorAgent)]
+        yield RuntimeStack(stack, devcluster, monitor)

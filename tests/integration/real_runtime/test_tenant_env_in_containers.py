@@ -51,7 +51,8 @@ async def tenant(runtime_stack: RuntimeStack, kube_client: Any) -> AsyncIterator
 
 
 async def create_as(api: Any, namespace: str, body: dict[str, Any]) -> None:
-    await client.CoreV1Api(api).create_namespaced_pod(namespace, body, _request_timeout=API_TIMEOUT_S)
+    core: Any = client.CoreV1Api(api)  # its hint asks for a V1Pod; the client sends a JSON body as it is
+    await core.create_namespaced_pod(namespace, body, _request_timeout=API_TIMEOUT_S)
 
 
 @pytest.mark.parametrize(

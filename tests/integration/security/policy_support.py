@@ -23,6 +23,7 @@ from hamipy.kube.errors import KubeError, NotFound
 from hamipy.protocol import keys
 from hamipy.protocol.allocation_env import LD_SO_PRELOAD
 from hamipy.webhook.admission_policy import (
+    ANNOTATION_POLICY_NAME,
     ENV_POLICY_NAME,
     MOUNT_POLICY_NAME,
     NODE_POLICY_NAME,
@@ -43,6 +44,9 @@ _PROBES: Final[Mapping[str, dict[str, Any]]] = {
         "probe",
         builders.container(gpu=1, volumeMounts=[{"name": "v", "mountPath": LD_SO_PRELOAD}]),
         volumes=[{"name": "v", "emptyDir": {}}],
+    ),
+    ANNOTATION_POLICY_NAME: builders.pod(
+        "probe", builders.container(), annotations={"cdi.k8s.io/probe": "nvidia.com/gpu=GPU-probe"}
     ),
 }
 """For each pod policy, a pod (created as admin) that it refuses: how a test knows it is in force."""

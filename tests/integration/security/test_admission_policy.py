@@ -288,6 +288,35 @@ async def test_a_device_plugin_updates_only_its_own_node(rig: dict[str, Any]) ->
     assert f"node {ns}-b: a device plugin updates only its own node" in message
 
 
+# -- CDI devices come from the device plugin, not from a pod's annotations -------------------------------
+
+
+async def test_no_pod_is_created_or_updated_with_cdi_annotations(rig: dict[str, Any]) -> None:
+    """The hijack of a runtime that takes CDI devices from pod annotations: another pod's slot (its
+    limits) or a whole GPU (none), by a tenant, on create or by a later update, or by admin."""
+    ns, tenant, editor = rig["namespace"], rig["tenant"], rig["editor"]
+    pods = f"/api/v1/namespaces/{ns}/pods"
+    names = {
+        "slot": "hami.io/vgpu=0b1e6c6e-0000-4000-8000-000000000000_main",
+        "gpu": "nvidia.com/gpu=GPU-aaaaaaaa-0000-4000-8000-000000000000",
+    }
+    for case, device in names.items():
+        body = builders.pod(f"cdi-{case}", builders.container(), annotations={f"cdi.k8s.io/{case}": device})
+        message = await _refused(tenant, "POST", pods, body)
+        assert f"pod cdi-{case}: annotation cdi.k8s.io/{case}: a runtime can take CDI devices" in message
+    await _refused(rig["admin"], "POST", pods, _pod("by-admin", annotations={"cdi.k8s.io/x": names["gpu"]}))
+    await editor.request("POST", pods, body=_pod("later"))
+    for change in ({"cdi.k8s.io/x": names["gpu"]}, {"cdi.k8s.io/y": names["slot"]}):
+        body = {"metadata": {"annotations": change}}
+        message = await _refused(editor, "PATCH", f"{pods}/later", body, patch=True)
+        assert f"annotation {next(iter(change))}" in message
+    # Other annotations, at creation and later, are the author's.
+    done = await editor.request(
+        "PATCH", f"{pods}/later", body={"metadata": {"annotations": {"team": "a"}}}, content_type=MERGE_PATCH
+    )
+    assert done["metadata"]["annotations"] == {"team": "a"}
+
+
 # -- GPU pods are placed by a scheduler, not by their authors -------------------------------------------
 
 

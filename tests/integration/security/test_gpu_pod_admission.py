@@ -132,6 +132,28 @@ async def test_a_pod_without_gpus_cannot_choose_the_nodes_gpus(tenant: RawKube, 
     assert pod["spec"]["containers"][0]["env"] == [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "none"}]
 
 
+async def test_no_pod_names_cdi_devices_through_its_annotations(tenant: RawKube, namespace: str) -> None:
+    """A runtime may take CDI devices from ``cdi.k8s.io/`` pod annotations: a GPU pod naming
+    another pod's slot is refused by the webhook first; a pod asking no GPU and naming a whole GPU,
+    which the webhook never sees, by the policy."""
+    slot = builders.pod(
+        "thief",
+        builders.container("cuda", gpu=1),
+        annotations={"cdi.k8s.io/mine": "hami.io/vgpu=0b1e6c6e-0000-4000-8000-000000000000_main"},
+    )
+    message = await _refused(tenant, namespace, slot)
+    assert WEBHOOK_DENIED in message
+    assert "annotation cdi.k8s.io/mine: a runtime can take CDI devices" in message
+    gpu = builders.pod(
+        "whole-gpu",
+        builders.container(),
+        annotations={"cdi.k8s.io/x": "nvidia.com/gpu=GPU-aaaaaaaa-0000-4000-8000-000000000000"},
+    )
+    message = await _refused(tenant, namespace, gpu)
+    assert WEBHOOK_DENIED not in message
+    assert "pod whole-gpu: annotation cdi.k8s.io/x: a runtime can take CDI devices" in message
+
+
 async def test_a_gpu_pod_cannot_cover_the_device_plugins_mounts(tenant: RawKube, namespace: str) -> None:
     """The webhook refuses first, with its own message naming the container, the volume and the path;
     volumes elsewhere, and in pods asking no GPU, are admitted (and the GPU pod mutated)."""

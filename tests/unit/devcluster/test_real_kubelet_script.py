@@ -50,3 +50,16 @@ async def test_a_wait_for_a_container_that_never_comes_says_what_the_runtime_rec
     (tmp_path / "containers.jsonl").write_text(json.dumps(record) + "\n")
     with pytest.raises(WaitTimeout, match=r"holds in ns: other/main#0$"):
         await node.wait_container("ns", "p", "main", timeout_s=0.05)
+
+
+def test_a_record_reads_back_with_its_cdi_devices(tmp_path: Path) -> None:
+    """The fake runtime records the CDI device names the kubelet passed (``cdi_devices``), in order;
+    a record without them (an older runtime's) reads as none."""
+    cluster: Any = object()
+    kubelet = RealKubelet(cluster, "n1", tmp_path)
+    base: dict[str, object] = {"id": "c1", "namespace": "ns", "pod": "p", "pod_uid": "u", "attempt": 0}
+    names = ["hami.io/vgpu=u_main", "nvidia.com/gpu=GPU-a"]
+    lines = [{**base, "container": "main", "cdi_devices": names}, {**base, "container": "old"}]
+    (tmp_path / "containers.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    main, old = kubelet.containers()
+    assert (main.cdi_devices, old.cdi_devices) == (tuple(names), ())

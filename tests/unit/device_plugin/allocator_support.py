@@ -95,6 +95,19 @@ def legit_pod(name: str = "legit", *, bind_time: int = 2) -> dict[str, Any]:
     )
 
 
+class FileWatchingKube(FakeKube):
+    """Records, at each pod patch, whether the file ``watched`` is there."""
+
+    def __init__(self, pods: Sequence[dict[str, Any]], watched: Path) -> None:
+        super().__init__(pods)
+        self.watched = watched
+        self.at_pod_patches: list[bool] = []
+
+    def _patch_pod(self, namespace: str, name: str, body: Any) -> dict[str, Any]:
+        self.at_pod_patches.append(self.watched.is_file())
+        return super()._patch_pod(namespace, name, body)
+
+
 def annotations_of(api: FakeKube, name: str) -> dict[str, str]:
     result: dict[str, str] = api.pods[f"uid-{name}"]["metadata"]["annotations"]
     return result
@@ -116,10 +129,15 @@ async def make_allocator(
     rules: ServeRules = RULES,
     device_ids: Callable[[], Collection[str]] | None = lambda: DEVICE_IDS,
     kubelet: FakePodResources | None = None,
+    strategy: str = "envvar",
 ) -> Allocator:
     """An allocator for NODE over ``api``, its pod cache listed once (``api.lists`` reset), asking
-    ``kubelet`` (default: a kubelet admitting ``api``'s pods in bind order) which pod is admitted."""
-    config = load_config(f"nvidia:\n  hookPath: {tmp_path}/vgpu\n")
+    ``kubelet`` (default: a kubelet admitting ``api``'s pods in bind order) which pod is admitted,
+    answering in the device list ``strategy`` (CDI specs in ``<tmp_path>/cdi``)."""
+    config = load_config(
+        f"nvidia:\n  hookPath: {tmp_path}/vgpu\n  deviceListStrategy: {strategy}\n"
+        f"  cdiSpecDir: {tmp_path}/cdi\n"
+    )
     telemetry = Telemetry.create(stream=log or io.StringIO())
     cache = PodCache(node_pods_informer(api, NODE, logger=telemetry.logger, settings=InformerSettings()))
     await cache.informer.list_once()

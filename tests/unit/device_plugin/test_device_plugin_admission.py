@@ -31,11 +31,10 @@ from allocator_support import (
 from plugin_fakes import NODE, FakeKube, FakePodResources
 
 from hamipy.device_plugin.allocating import KubeletPod, KubeletPods
-from hamipy.device_plugin.allocator import Allocator, Preference
+from hamipy.device_plugin.allocator import Allocator, Answer, Preference
 from hamipy.device_plugin.errors import AllocateError, KubeletUnreachable
 from hamipy.kubelet_api.v1beta1 import api_pb2
 from hamipy.protocol import keys
-from hamipy.protocol.allocation_env import ContainerAllocation
 
 
 def one_gpu_pod(name: str, uuid: str, mem: int, *, bind_time: int) -> dict[str, Any]:
@@ -48,7 +47,7 @@ def one_gpu_pod(name: str, uuid: str, mem: int, *, bind_time: int) -> dict[str, 
     )
 
 
-async def admit(allocator: Allocator) -> ContainerAllocation:
+async def admit(allocator: Allocator) -> Answer:
     """What the kubelet does for a one-GPU container: asks which IDs to take, then Allocates them."""
     (ids,) = await allocator.preferred([Preference(list(DEVICE_IDS), [], 1)])
     assert ids, "a preference for the pod in line"

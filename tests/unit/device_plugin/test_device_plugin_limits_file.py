@@ -6,7 +6,6 @@ preload mount a container cannot opt out of (docs/wire-format.md#allocate-respon
 from __future__ import annotations
 
 import stat
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ import builders
 import pytest
 from allocator_support import (
     UUID_B,
+    FileWatchingKube,
     allocate_request,
     dev,
     legit_pod,
@@ -37,19 +37,6 @@ def gpu_pod(name: str, **asks: Any) -> dict[str, Any]:
     return waiting_pod(
         name, builders.container("main", gpu=1, gpumem=1000, gpucores=10, **asks), slots=[[dev(UUID_B)]]
     )
-
-
-class FileWatchingKube(FakeKube):
-    """Records, at each pod patch, whether the file ``watched`` is there."""
-
-    def __init__(self, pods: Sequence[dict[str, Any]], watched: Path) -> None:
-        super().__init__(pods)
-        self.watched = watched
-        self.at_pod_patches: list[bool] = []
-
-    def _patch_pod(self, namespace: str, name: str, body: Any) -> dict[str, Any]:
-        self.at_pod_patches.append(self.watched.is_file())
-        return super()._patch_pod(namespace, name, body)
 
 
 async def test_the_limits_file_is_written_before_the_answer_read_only_and_mounted_read_only(

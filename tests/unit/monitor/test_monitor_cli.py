@@ -80,6 +80,21 @@ def test_the_hook_path_comes_from_the_shared_configuration() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("nvidia", "spec_dir"),
+    [
+        ("{}", None),
+        ("{deviceListStrategy: envvar, cdiSpecDir: /run/cdi}", None),
+        ("{deviceListStrategy: cdi-cri}", "/var/run/cdi"),
+        ("{deviceListStrategy: cdi-cri, cdiSpecDir: /run/cdi}", "/run/cdi"),
+    ],
+)
+def test_cdi_specs_are_looked_after_only_under_the_cdi_strategy(nvidia: str, spec_dir: str | None) -> None:
+    config = load_config(f"nvidia: {nvidia}\n")
+    settings = settings_from(build_parser({}).parse_args(["--node-name", "n"]), config)
+    assert settings.cdi_spec_dir == (None if spec_dir is None else Path(spec_dir))
+
+
 def test_a_node_name_is_required(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         main([], env={})

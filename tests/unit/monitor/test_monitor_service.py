@@ -328,6 +328,33 @@ async def test_directories_of_pods_gone_are_removed_after_the_grace_period(start
     assert m.telemetry.metrics.registry.get_sample_value("hamipy_monitor_region_dirs_removed_total") == 1
 
 
+async def test_cdi_specs_of_pods_gone_are_removed_with_their_region_directories(
+    start_monitor: Start, tmp_path: Path
+) -> None:
+    specs = tmp_path / "cdi"
+    specs.mkdir()
+    m = await start_monitor([pod_json("kept", slots=[[slice_()]])], gone_grace_s=300, cdi_spec_dir=specs)
+    region = write_region(m.hook, "uid-gone", "main").parent
+    ours = {uid: specs / f"hami.io-vgpu_{uid}_main.json" for uid in ("uid-kept", "uid-gone", "uid-stale")}
+    # Not ours to remove: another vendor's spec, one being written, a link by our name.
+    others = [specs / "nvidia.com-gpu.json", specs / ".hami.io-vgpu_uid-gone_main.json.0a1b.tmp"]
+    for path in (*ours.values(), *others):
+        path.write_text("{}")
+    link = specs / "hami.io-vgpu_uid-link_main.json"
+    link.symlink_to(others[0])
+    await asyncio.to_thread(m.monitor.housekeeping_once)
+    m.clock[0] += 299
+    await asyncio.to_thread(m.monitor.housekeeping_once)
+    assert all(path.exists() for path in ours.values()), "inside the grace period"
+    m.clock[0] += 2
+    await asyncio.to_thread(m.monitor.housekeeping_once)
+    assert sorted(p.name for p in specs.iterdir()) == sorted(
+        [ours["uid-kept"].name, link.name, *(p.name for p in others)]
+    ), "the spec of the pod gone with its region directory, and the one left without"
+    assert not region.exists()
+    assert m.telemetry.metrics.registry.get_sample_value("hamipy_monitor_cdi_specs_removed_total") == 2
+
+
 async def test_nothing_is_removed_while_the_pod_view_is_not_fresh(start_monitor: Start) -> None:
     m = await start_monitor([], gone_grace_s=0)
     gone = write_region(m.hook, "uid-new", "main").parent

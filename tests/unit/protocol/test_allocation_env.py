@@ -365,6 +365,7 @@ def test_public_api_is_complete() -> None:
             "limits_host_path",
             "memory_limit_bytes",
             "parse_region_dir_name",
+            "region_dir_name",
             "region_host_dir",
             "shared_cache_path",
         ]

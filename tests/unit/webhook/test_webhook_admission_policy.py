@@ -24,6 +24,7 @@ from hamipy.protocol.reserved_mounts import (
 )
 from hamipy.protocol.resources import ResourceNames
 from hamipy.webhook.admission_policy import (
+    ANNOTATION_POLICY_NAME,
     ENV_POLICY_NAME,
     MOUNT_POLICY_NAME,
     PLACEMENT_POLICY_NAME,
@@ -184,6 +185,19 @@ def test_manifest_policy_refuses_a_hook_path_it_cannot_use(
     captured = capsys.readouterr()
     assert captured.out == ""
     assert f"argument --hook-path: {path!r}: {why}" in captured.err
+
+
+def test_the_annotation_policy_reads_every_pods_annotations_at_create_and_update() -> None:
+    docs = admission_policies(schedulers=["s"], device_plugins=["d"])
+    spec = _named(docs, ANNOTATION_POLICY_NAME)["spec"]
+    (rule,) = spec["matchConstraints"]["resourceRules"]
+    assert (rule["resources"], rule["operations"]) == (["pods"], ["CREATE", "UPDATE"])
+    assert "matchConditions" not in spec, "every pod, GPU or not"
+    assert spec["failurePolicy"] == "Fail"
+    (variable,) = spec["variables"]
+    assert "k.startsWith('cdi.k8s.io/')" in variable["expression"]
+    binding = _named(docs, ANNOTATION_POLICY_NAME, "ValidatingAdmissionPolicyBinding")
+    assert "matchResources" not in binding["spec"], "no namespace is exempt"
 
 
 def test_the_mount_policy_reads_every_gpu_containers_volume_mounts_in_every_namespace() -> None:

@@ -375,6 +375,17 @@ def test_an_allowed_schedulers_pod_is_held_to_the_env_rules_too() -> None:
     assert "sets LD_PRELOAD" in refusal(p, MutationSettings(allowed_schedulers=frozenset({"volcano"})))
 
 
+@pytest.mark.parametrize("scheduler", [None, "volcano"])
+def test_a_gpu_pod_may_not_name_cdi_devices_through_annotations(scheduler: str | None) -> None:
+    """A runtime may take CDI devices from ``cdi.k8s.io/`` annotations: another pod's slot or a
+    whole GPU. The admission policy refuses them on every pod; the webhook says so first."""
+    p = pod("p", container(limits={"nvidia.com/gpu": "1"}), scheduler_name=scheduler)
+    p["metadata"]["annotations"] = {"cdi.k8s.io/mine": "nvidia.com/gpu=GPU-a"}
+    decision = decide(p, MutationSettings(allowed_schedulers=frozenset({"volcano"})))
+    assert (decision.outcome, decision.reason, decision.patch) == ("refused", "reserved_annotation", ())
+    assert decision.message.startswith("annotation cdi.k8s.io/mine: a runtime can take CDI devices")
+
+
 # -- the paths a GPU container's own volumes may not cover (hamipy.protocol.reserved_mounts) -------------
 
 

@@ -135,6 +135,21 @@ spec:
   readOnly: true
 {{- end -}}
 
+{{/* The host's CDI spec directory, under the cdi-cri strategy only: the device plugin writes each
+slot's spec there, the monitor removes those of pods gone. Nothing otherwise. */}}
+{{- define "hami-py.cdiVolume" -}}
+{{- if eq .Values.config.nvidia.deviceListStrategy "cdi-cri" }}
+- name: cdi-specs
+  hostPath: {path: {{ .Values.config.nvidia.cdiSpecDir }}, type: DirectoryOrCreate}
+{{- end }}
+{{- end -}}
+
+{{- define "hami-py.cdiMount" -}}
+{{- if eq .Values.config.nvidia.deviceListStrategy "cdi-cri" }}
+- {name: cdi-specs, mountPath: {{ .Values.config.nvidia.cdiSpecDir }}}
+{{- end }}
+{{- end -}}
+
 {{/* CEL: the pod names one of our GPU resources in a container's or init container's limits or
 requests. The same expression as hamipy.webhook.registration.gpu_pod_expression (a chart test
 checks it). */}}

@@ -434,5 +434,3 @@ def sweep_orphans() -> list[str]:
             sweep(record)
             swept.append(workdir)
     return swept
-
-

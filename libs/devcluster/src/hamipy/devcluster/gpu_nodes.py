@@ -7,7 +7,8 @@ fake ``libnvidia-ml.so.1`` first on its library path, so its ``pynvml`` discover
 Allocate are the code a real node runs. Each node gets its own directory with the fake driver's
 configuration (``gpus.conf``), the device-plugin directory (the stand-in's ``kubelet.sock``, its
 PodResources ``pod-resources.sock`` and the plugin's socket), the hook directory (``hookPath``:
-region directories and limits files of served containers), the plugin's configuration and its log.
+region directories and limits files of served containers), the CDI spec directory (``cdiSpecDir``:
+the slots' specs under the ``cdi-cri`` strategy), the plugin's configuration and its log.
 """
 
 from __future__ import annotations
@@ -90,7 +91,9 @@ class DevicePluginAgent:
         self.plugin_dir = plugin_dir
         self.pod_resources_socket = pod_resources_socket
         self.hook_path = workdir / "vgpu"
-        self.nvidia = {"hookPath": str(self.hook_path), **(nvidia or {})}
+        self.cdi_spec_dir = workdir / "cdi"
+        own = {"hookPath": str(self.hook_path), "cdiSpecDir": str(self.cdi_spec_dir)}
+        self.nvidia = {**own, **(nvidia or {})}
         self.register_interval_s = register_interval_s
         self.extra_env = dict(env or {})
         self.metrics_port: int | None = None
@@ -101,14 +104,18 @@ class DevicePluginAgent:
         """The node's fake driver configuration (its state beside it, ``gpus.conf.state``)."""
         return self.workdir / "driver" / "gpus.conf"
 
+    @property
+    def config_path(self) -> Path:
+        """The plugin's configuration (its ``nvidia`` section), written at ``start``."""
+        return self.workdir / "hami-py.yaml"
+
     def _write_files(self) -> Path:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.hook_path.mkdir(exist_ok=True)
         self.gpu_config_path.parent.mkdir(exist_ok=True)
         self.gpu_config_path.write_text(fake_gpu_config(self.gpus))
-        config = self.workdir / "hami-py.yaml"
-        config.write_text(yaml.safe_dump({"nvidia": dict(self.nvidia)}))
-        return config
+        self.config_path.write_text(yaml.safe_dump({"nvidia": dict(self.nvidia)}))
+        return self.config_path
 
     async def start(self, node: NamedNode) -> None:
         fake = self.native_build / "fake"
@@ -200,7 +207,8 @@ class DevicePluginAgent:
 
 class MonitorAgent:
     """Runs ``hamipy-monitor`` on a simulated GPU node (a ``NodeAgent``; attach it after the
-    plugin): the node's fake NVML for host metrics, the plugin's hook directory for region files."""
+    plugin): the node's fake NVML for host metrics, the plugin's configuration (its hook directory
+    for region files, its CDI spec directory and strategy)."""
 
     def __init__(
         self,
@@ -241,6 +249,8 @@ class MonitorAgent:
                 node.name,
                 "--kubeconfig",
                 str(kubeconfig),
+                "--config",
+                str(self.plugin.config_path),
                 "--hook-path",
                 str(self.plugin.hook_path),
                 "--metrics-host",

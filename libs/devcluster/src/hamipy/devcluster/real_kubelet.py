@@ -90,6 +90,8 @@ class ContainerConfig:
     mounts: tuple[ContainerMount, ...]
     devices: tuple[str, ...]
     """Host paths of the device nodes passed in."""
+    cdi_devices: tuple[str, ...]
+    """Qualified names of the CDI devices passed in (``vendor/class=name``), in order."""
 
     @classmethod
     def from_record(cls, rec: Mapping[str, Any]) -> ContainerConfig:
@@ -107,6 +109,7 @@ class ContainerConfig:
                 for m in rec.get("mounts") or ()
             ),
             devices=tuple(d["host_path"] for d in rec.get("devices") or ()),
+            cdi_devices=tuple(rec.get("cdi_devices") or ()),
         )
 
     def mount(self, container_path: str) -> ContainerMount:

@@ -9,6 +9,8 @@ the rest lives in submodules named for what they define:
 - ``resources`` / ``quantities``: what a pod asks for, with HAMi's defaults and clamps
 - ``pod_preferences``: the user annotations (selectors, NUMA, policies, scoring weights)
 - ``allocation_env``: the Allocate environment and mounts of one container
+- ``cdi``: the CDI device names and spec files of the ``cdi-cri`` strategy
+- ``reserved_env`` / ``reserved_mounts`` / ``reserved_annotations``: what a pod's own spec may not set
 - ``region``: the v1.2 shared-region layout the interposer writes and the monitor reads
 - ``config``: the configuration schema (``load_config``)
 - ``keys``: annotation, label and resource names

@@ -85,6 +85,7 @@ __all__ = [
     "limits_host_path",
     "memory_limit_bytes",
     "parse_region_dir_name",
+    "region_dir_name",
     "region_host_dir",
     "shared_cache_path",
 ]
@@ -156,11 +157,16 @@ def _name(field: str, value: str) -> str:
     return value
 
 
+def region_dir_name(pod_uid: str, container_name: str) -> str:
+    """The name of one container's region directory, ``<podUID>_<containerName>``: one name per
+    container of a pod on the node (``parse_region_dir_name`` reads it back)."""
+    return f"{_name('pod uid', pod_uid)}_{_name('container name', container_name)}"
+
+
 def region_host_dir(hook_path: str, pod_uid: str, container_name: str) -> str:
     """The host directory holding one container's region file:
     ``<hook>/containers/<podUID>_<containerName>``."""
-    hook = _hook(hook_path)
-    return f"{hook}/containers/{_name('pod uid', pod_uid)}_{_name('container name', container_name)}"
+    return f"{_hook(hook_path)}/containers/{region_dir_name(pod_uid, container_name)}"
 
 
 def limits_host_path(hook_path: str, pod_uid: str, container_name: str) -> str:

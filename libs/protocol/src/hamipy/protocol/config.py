@@ -37,6 +37,7 @@ from pydantic.alias_generators import to_camel
 
 from hamipy.protocol import keys
 from hamipy.protocol.allocation_env import DEFAULT_HOOK_PATH, CorePolicy
+from hamipy.protocol.cdi import DEFAULT_SPEC_DIR, DeviceListStrategy
 from hamipy.protocol.errors import ProtocolError
 from hamipy.protocol.pod_preferences import GpuPolicy, NodePolicy, parse_gpu_policy
 from hamipy.protocol.resources import RequestDefaults, ResourceNames
@@ -69,15 +70,22 @@ class ConfigError(ProtocolError):
     """The configuration is malformed; ``field`` is the key path (``nvidia.deviceSplitCount``)."""
 
 
+def _absolute_path(value: str) -> str:
+    """``value`` as a host directory setting takes it: an absolute path without ``..``, its
+    trailing ``/`` dropped; ValueError otherwise."""
+    if not value.startswith("/") or "/../" in f"{value}/" or "\0" in value:
+        raise ValueError("must be an absolute path without '..'")
+    return value.rstrip("/") or "/"
+
+
 def checked_hook_path(value: str) -> str:
     """``value`` as ``nvidia.hookPath`` takes it: an absolute path without ``..``, ``'`` or ``\\``
     (the admission policies hold it in CEL strings), its trailing ``/`` dropped; ValueError
     otherwise. ``hamipy-webhook manifest --hook-path`` takes the same."""
-    if not value.startswith("/") or "/../" in f"{value}/" or "\0" in value:
-        raise ValueError("must be an absolute path without '..'")
+    path = _absolute_path(value)
     if "'" in value or "\\" in value:
         raise ValueError("may not hold ' or \\ (the admission policies hold it in CEL strings)")
-    return value.rstrip("/") or "/"
+    return path
 
 
 def _log_level(value: Any) -> Any:
@@ -150,6 +158,16 @@ class NvidiaConfig(_Model):
     """Host directory holding ``libvgpu.so``, ``ld.so.preload`` and ``containers/`` (HAMi's
     ``HOOK_PATH`` + ``/vgpu``); the same path inside containers. HAMi's location, so nodes prepared
     for HAMi work unchanged."""
+    device_list_strategy: DeviceListStrategy = "envvar"
+    """How the device plugin hands a container its slot (named as NVIDIA's device plugin names its
+    strategies): ``envvar`` answers Allocate with the env and mounts; ``cdi-cri`` with CDI device
+    names, the slot's (its env and mounts in a spec file the plugin writes into ``cdiSpecDir``)
+    and its GPUs' (``nvidia.com/gpu=<UUID>``, from the NVIDIA container toolkit's spec), for
+    runtimes that take devices by CDI (the NVIDIA GPU operator's CDI mode). ``envvar`` by
+    default: it needs nothing of the runtime but the NVIDIA toolkit's usual hook."""
+    cdi_spec_dir: str = DEFAULT_SPEC_DIR
+    """Host directory the container runtime reads CDI specs from, where the device plugin writes
+    each slot's spec in ``cdi-cri`` mode (containerd's and CRI-O's default)."""
 
     @field_validator("lib_cuda_log_level", mode="before")
     @classmethod
@@ -173,6 +191,11 @@ class NvidiaConfig(_Model):
     @classmethod
     def _absolute(cls, value: str) -> str:
         return checked_hook_path(value)
+
+    @field_validator("cdi_spec_dir")
+    @classmethod
+    def _absolute_dir(cls, value: str) -> str:
+        return _absolute_path(value)
 
     @model_validator(mode="after")
     def _distinct_names(self) -> Self:

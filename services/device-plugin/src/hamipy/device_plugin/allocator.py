@@ -9,10 +9,13 @@ fits), restricted to what the kubelet's PodResources API says it is admitting
 scheduler planned for that container; then the response is built with
 ``hamipy.protocol.allocation_env``, the host directory for the container's region file is created
 with the container's limits file in it (written before the answer, read-only to the container),
-and the pod's ``vgpu-devices-to-allocate`` slot is emptied. A fully served pod gets ``bind-phase=success`` and
-its node lock is released; on any error the pod gets ``bind-phase=failed``, its lock is released
-and the kubelet is told why (an ID that is not ours fails no pod: no pod is looked at). A waiting
-pod that breaks a serving rule but is not in line is logged once per reason and left alone.
+and the pod's ``vgpu-devices-to-allocate`` slot is emptied. The answer is that env and those mounts
+(``nvidia.deviceListStrategy: envvar``), or (``cdi-cri``) the CDI names of the slot and its GPUs,
+the slot's spec file, holding the same env and mounts, written first (``cdi_specs``). A fully
+served pod gets ``bind-phase=success`` and its node lock is released; on any error the pod gets
+``bind-phase=failed``, its lock is released and the kubelet is told why (an ID that is not ours
+fails no pod: no pod is looked at). A waiting pod that breaks a serving rule but is not in line is
+logged once per reason and left alone.
 
 When the kubelet could be admitting more than one waiting pod, or its PodResources API does not
 answer, nobody is served and no pod is marked: the kubelet fails the admission it was making, with
@@ -25,6 +28,7 @@ wrote.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import time
 import uuid
@@ -44,6 +48,7 @@ from hamipy.device_plugin.allocating import (
     choose,
     pod_key,
 )
+from hamipy.device_plugin.cdi_specs import write_slot_spec
 from hamipy.device_plugin.devices import gpu_of, preferred_ids
 from hamipy.device_plugin.errors import AllocateError, DevicePluginError, KubeletUnreachable, UnknownDevice
 from hamipy.device_plugin.kube import NodeKube
@@ -51,11 +56,12 @@ from hamipy.device_plugin.pod_cache import PodCache
 from hamipy.device_plugin.telemetry import Telemetry
 from hamipy.kube.errors import KubeError
 from hamipy.protocol import ProtocolError, keys
-from hamipy.protocol.allocation_env import ContainerAllocation, container_allocation
+from hamipy.protocol.allocation_env import ContainerAllocation, Mount, container_allocation
+from hamipy.protocol.cdi import slot_cdi_devices
 from hamipy.protocol.config import NodeSettings, NvidiaConfig
 from hamipy.telemetry import pod_trace_context
 
-__all__ = ["Allocator", "Preference"]
+__all__ = ["Allocator", "Answer", "Preference"]
 
 _NAMED_IDS = 20
 """Unknown device IDs an Allocate's refusal names; the rest are counted."""
@@ -67,6 +73,18 @@ class Preference(NamedTuple):
     available: Sequence[str]
     must_include: Sequence[str]
     size: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Answer:
+    """One ``ContainerAllocateResponse``: env and mounts (``envvar``), or CDI device names
+    (``cdi-cri``: the slot's, then its GPUs')."""
+
+    envs: Mapping[str, str]
+    mounts: tuple[Mount, ...]
+    cdi_devices: tuple[str, ...]
+    limits_path: str
+    """Where the container's limits file was written (either strategy)."""
 
 
 def _with_to_allocate(pod: Mapping[str, Any], value: str) -> dict[str, Any]:
@@ -121,9 +139,9 @@ class Allocator:
         self._reported: dict[str, str] = {}
         """Skipped pods already logged: uid -> the reason logged."""
 
-    async def allocate(self, requests: Sequence[Sequence[str]]) -> list[ContainerAllocation]:
-        """One Allocate call (each request: one container's device IDs): a ``ContainerAllocation``
-        per container, in order. Raises ``UnknownDevice`` or ``AllocateError``."""
+    async def allocate(self, requests: Sequence[Sequence[str]]) -> list[Answer]:
+        """One Allocate call (each request: one container's device IDs): an ``Answer`` per
+        container, in order. Raises ``UnknownDevice`` or ``AllocateError``."""
         started = time.perf_counter()
         result = "failed"
         try:
@@ -224,7 +242,7 @@ class Allocator:
             live = {str((p.get("metadata") or {}).get("uid")) for p in self.pods.pods()}
             self._reported = {uid: why for uid, why in self._reported.items() if uid in live}
 
-    async def _allocate(self, requests: Sequence[Sequence[str]]) -> list[ContainerAllocation]:
+    async def _allocate(self, requests: Sequence[Sequence[str]]) -> list[Answer]:
         unknown = self._unknown(requests)
         if unknown:
             self._count("failed", "UnknownDevice")
@@ -285,7 +303,7 @@ class Allocator:
                 raise AllocateError(f"pod {served.namespace}/{served.name}: {exc}") from exc
         return allocations
 
-    async def _serve(self, pod: Mapping[str, Any], served: Served) -> ContainerAllocation:
+    async def _serve(self, pod: Mapping[str, Any], served: Served) -> Answer:
         log = self.telemetry.logger.bind(
             namespace=served.namespace, pod=served.name, uid=served.uid, container=served.container
         )
@@ -311,6 +329,7 @@ class Allocator:
                     task_priority=served.priority,
                 )
                 await asyncio.to_thread(_write_limits, allocation)
+                answer = await self._answer(allocation, served)
                 annotations = {keys.DEVICES_TO_ALLOCATE: served.to_allocate}
                 if served.done:
                     annotations[keys.BIND_PHASE] = PHASE_SUCCESS
@@ -329,10 +348,25 @@ class Allocator:
                 "allocated",
                 slot=served.slot,
                 devices=[d.uuid for d in served.devices],
+                cdi_devices=list(answer.cdi_devices),
                 pod_done=served.done,
             )
         self._count("success", "Allocated")
-        return allocation
+        return answer
+
+    async def _answer(self, allocation: ContainerAllocation, served: Served) -> Answer:
+        """The answer in the configured strategy; for ``cdi-cri`` the slot's spec written first."""
+        if self.nvidia.device_list_strategy == "envvar":
+            return Answer(allocation.envs, allocation.mounts, (), allocation.limits_path)
+        devices = slot_cdi_devices(served.uid, served.container, [d.uuid for d in served.devices])
+        await asyncio.to_thread(
+            write_slot_spec,
+            Path(self.nvidia.cdi_spec_dir),
+            allocation,
+            pod_uid=served.uid,
+            container=served.container,
+        )
+        return Answer({}, (), devices, allocation.limits_path)
 
     async def _fail(self, meta: Mapping[str, Any], reason: str) -> None:
         """Best effort: ``bind-phase=failed`` on the pod and its lock released; logged either way."""

@@ -136,7 +136,9 @@ class DevicePlugin:
         gpus = await asyncio.to_thread(self.discover)
         inventory = self.inventory = Inventory(gpus, self.node_settings)
         self.logger.info(
-            "discovered GPUs", gpus=[(g.index, g.uuid, g.name, g.memory_mib, g.numa) for g in gpus]
+            "discovered GPUs",
+            gpus=[(g.index, g.uuid, g.name, g.memory_mib, g.numa) for g in gpus],
+            device_list_strategy=self.config.nvidia.device_list_strategy,
         )
         kubelet = PodResourcesClient(
             self.settings.pod_resources_socket,

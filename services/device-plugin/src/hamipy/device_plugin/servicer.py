@@ -104,6 +104,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                         )
                         for m in a.mounts
                     ],
+                    cdi_devices=[api_pb2.CDIDevice(name=name) for name in a.cdi_devices],
                 )
                 for a in allocations
             ]

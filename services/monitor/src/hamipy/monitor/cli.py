@@ -106,13 +106,14 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
         "--gone-grace",
         type=float,
         default=flags.number("gone-grace", defaults.gone_grace_s),
-        help="seconds a pod must be gone before its region directories are removed",
+        help="seconds a pod must be gone before its region directories (and CDI specs) are removed",
     )
     return parser
 
 
 def settings_from(args: argparse.Namespace, config: Config) -> MonitorSettings:
     """The monitor's settings from parsed flags and the shared configuration."""
+    nvidia = config.nvidia
     return MonitorSettings(
         node_name=args.node_name,
         hook_path=args.hook_path if args.hook_path is not None else Path(config.nvidia.hook_path),
@@ -123,6 +124,7 @@ def settings_from(args: argparse.Namespace, config: Config) -> MonitorSettings:
         feedback=args.feedback,
         feedback_interval_s=args.feedback_interval,
         gone_grace_s=args.gone_grace,
+        cdi_spec_dir=Path(nvidia.cdi_spec_dir) if nvidia.device_list_strategy == "cdi-cri" else None,
         api_timeout_s=args.api_timeout,
     )
 

@@ -12,8 +12,9 @@ File reads and NVML calls block, so the scrape and the housekeeping pass run in 
 they share the region files under their lock and read the pod cache's immutable snapshot.
 
 Housekeeping, every ``feedback_interval_s``: read every region, apply the priority feedback
-(``feedback.py``) unless it is switched off, and remove the region directories of pods that have
-been gone (while the pod view was fresh) for ``gone_grace_s``.
+(``feedback.py``) unless it is switched off, and remove the region directories, and the CDI spec
+files (``cdi_specs``, under the ``cdi-cri`` strategy), of pods that have been gone (while the pod
+view was fresh) for ``gone_grace_s``.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from prometheus_client import generate_latest
 
 from hamipy.kube.client import KubeApi
 from hamipy.kube.informer import InformerSettings
+from hamipy.monitor.cdi_specs import CdiSpecs
 from hamipy.monitor.collector import ScrapeData, UsageCollector
 from hamipy.monitor.errors import NvmlError
 from hamipy.monitor.feedback import FeedbackInput, feedback
@@ -81,12 +83,17 @@ class Monitor:
             metrics=telemetry.metrics,
             max_entries_per_dir=settings.max_cache_files_per_dir,
         )
+        self.cdi_specs = (
+            None
+            if settings.cdi_spec_dir is None
+            else CdiSpecs(settings.cdi_spec_dir, logger=self.logger, metrics=telemetry.metrics)
+        )
         telemetry.metrics.registry.register(
             UsageCollector(self.gather, node=settings.node_name, legacy=settings.legacy_metrics)
         )
         self.metrics_port: int | None = None
         self.housekeeping_passes = 0
-        # Region directory -> when its pod was first found missing (monotonic seconds).
+        # Region directory or CDI spec file -> when its pod was first found missing (monotonic seconds).
         self._missing_since: dict[Path, float] = {}
 
     # --- the scrape (worker thread) ---
@@ -138,16 +145,22 @@ class Monitor:
         pods = self.pods.snapshot
         if not self.pods.fresh:
             return  # the view may miss pods that exist: remove nothing on it
+        # What the node keeps for a container: (its pod's uid, the path, how to remove it).
+        leftovers: list[tuple[str, Path, Callable[[], bool]]] = [
+            (r.dir.pod_uid, r.dir.path, functools.partial(self.regions.remove_dir, r.dir)) for r in readings
+        ]
+        if self.cdi_specs is not None:
+            specs = self.cdi_specs
+            leftovers += [(s.pod_uid, s.path, functools.partial(specs.remove, s)) for s in specs.list()]
         now = self.monotonic()
         present = set()
-        for r in readings:
-            path = r.dir.path
+        for pod_uid, path, remove in leftovers:
             present.add(path)
-            if r.dir.pod_uid in pods:
+            if pod_uid in pods:
                 self._missing_since.pop(path, None)
                 continue
             since = self._missing_since.setdefault(path, now)
-            if now - since >= self.settings.gone_grace_s and self.regions.remove_dir(r.dir):
+            if now - since >= self.settings.gone_grace_s and remove():
                 del self._missing_since[path]
         for path in [p for p in self._missing_since if p not in present]:
             del self._missing_since[path]

@@ -37,8 +37,12 @@ class MonitorSettings:
     a kernel launch with ``recent_kernel = 2``, so a container counts as active for one to two
     periods after its last launch."""
     gone_grace_s: float = 300.0
-    """A region directory whose pod is gone is removed after this long (HAMi: 5 minutes), so a pod
-    the watch has not delivered yet never loses its directory."""
+    """A region directory (or CDI spec) whose pod is gone is removed after this long (HAMi: 5
+    minutes), so a pod the watch has not delivered yet never loses its directory."""
+    cdi_spec_dir: Path | None = None
+    """The CDI spec directory the device plugin writes slot specs into (``nvidia.cdiSpecDir`` under
+    the ``cdi-cri`` strategy): those of pods gone are removed with their region directories. None
+    (the ``envvar`` strategy): no spec is looked for."""
     api_timeout_s: float = 10.0
     """Per Kubernetes API call (lists; a watch's read timeout is ``watch_inactivity_s``)."""
     watch_timeout_s: int = 300

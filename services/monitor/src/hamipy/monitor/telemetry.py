@@ -8,6 +8,7 @@ counters here are the monitor's account of itself, on the same per-instance ``Co
   turns bad or changes reason, not on every scrape; the current count is ``hamipy_monitor_region_files``).
 - ``hamipy_monitor_malformed_annotations_total{field}``: pod annotations that could not be decoded.
 - ``hamipy_monitor_region_dirs_removed_total``: region directories of pods gone past the grace period.
+- ``hamipy_monitor_cdi_specs_removed_total``: CDI spec files of slots whose pods are gone past it.
 - ``hamipy_monitor_feedback_writes_total{field}``: priority feedback writes into region files.
 - ``hamipy_monitor_nvml_errors_total{call}``: NVML calls that failed.
 - ``hamipy_monitor_watch_restarts_total{cause}``: pod list+watch restarts (gone, error, closed).
@@ -56,6 +57,11 @@ class Metrics:
         self.dirs_removed = Counter(
             "hamipy_monitor_region_dirs_removed",
             "Region directories removed because their pod was gone longer than the grace period",
+            registry=r,
+        )
+        self.cdi_specs_removed = Counter(
+            "hamipy_monitor_cdi_specs_removed",
+            "CDI spec files of slots removed because their pod was gone longer than the grace period",
             registry=r,
         )
         self.feedback_writes = Counter(

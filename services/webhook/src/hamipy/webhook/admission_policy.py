@@ -16,9 +16,11 @@ slice, or take a waiting pod's. So, in the API server, where it holds while the 
   identities create a GPU pod with ``spec.nodeName`` already set. Anyone else's would reach the
   kubelet without our scheduler choosing its GPUs (its own scheduler, or none at all).
 
-And three more, built beside: ``reserved-env`` (``hamipy.webhook.reserved_env_policy``: the env a pod
+And four more, built beside: ``reserved-env`` (``hamipy.webhook.reserved_env_policy``: the env a pod
 may not set), ``reserved-mounts`` (``hamipy.webhook.reserved_mount_policy``: the paths a GPU
-container's own volumes may not cover) and ``gpu-quota`` (``hamipy.webhook.quota_policy``).
+container's own volumes may not cover), ``reserved-annotations``
+(``hamipy.webhook.reserved_annotation_policy``: the CDI annotations a pod may not carry) and
+``gpu-quota`` (``hamipy.webhook.quota_policy``).
 
 Built here once; the chart's ``admission-policy.yaml`` is checked against it by a unit test, and
 ``hamipy-webhook manifest --policy`` prints it for the dev cluster and for other installs.
@@ -36,10 +38,12 @@ from hamipy.protocol.resources import ResourceNames
 from hamipy.webhook.policy_objects import binding, cel_list, policy, rule
 from hamipy.webhook.quota_policy import quota_policy
 from hamipy.webhook.registration import gpu_pod_expression
+from hamipy.webhook.reserved_annotation_policy import ANNOTATION_POLICY_NAME, reserved_annotation_policy
 from hamipy.webhook.reserved_env_policy import ENV_POLICY_NAME, reserved_env_policy
 from hamipy.webhook.reserved_mount_policy import MOUNT_POLICY_NAME, reserved_mount_policy
 
 __all__ = [
+    "ANNOTATION_POLICY_NAME",
     "CHART_PLACEHOLDERS",
     "DEFAULT_PREFIX",
     "ENV_POLICY_NAME",
@@ -113,8 +117,8 @@ def admission_policies(
     hook_paths: Sequence[str] = (DEFAULT_HOOK_PATH,),
     prefix: str = DEFAULT_PREFIX,
 ) -> list[dict[str, Any]]:
-    """The six policies and their bindings (``admissionregistration.k8s.io/v1``), JSON-ready: the
-    three below, ``reserved-env``, ``reserved-mounts`` and ``gpu-quota``.
+    """The seven policies and their bindings (``admissionregistration.k8s.io/v1``), JSON-ready: the
+    three below, ``reserved-env``, ``reserved-mounts``, ``reserved-annotations`` and ``gpu-quota``.
 
     ``schedulers``: the user names that may write all allocation state and create GPU pods already
     placed (our extender's service account; add HAMi's scheduler when it runs beside ours).
@@ -216,6 +220,7 @@ def admission_policies(
         binding(placement),
         *reserved_env_policy(prefix, names, exempt_namespaces),
         *reserved_mount_policy(prefix, names, hook_paths),
+        *reserved_annotation_policy(prefix),
         *quota_policy(prefix, names),
     ]
 

@@ -6,7 +6,8 @@ and the places where a GPU pod could bypass our scheduler or choose its own limi
 
 1. A pod that names none of our resources (``requests_any_gpu``) is allowed unchanged.
 2. A GPU pod with ``spec.nodeName`` already set is refused, whichever scheduler it names: it would
-   reach a node without our scheduler choosing its GPUs.
+   reach a node without our scheduler choosing its GPUs. So is a GPU pod with a ``cdi.k8s.io/``
+   annotation (``hamipy.protocol.reserved_annotations``): a runtime may take CDI devices from it.
 3. A GPU pod naming another scheduler is refused, except ``default-scheduler`` (what the apiserver
    fills in when a pod names none) while ``overwrite_default_scheduler`` is on, which is taken, and
    the ``allowed_schedulers``, whose pods are allowed unchanged (their GPUs come from another
@@ -43,6 +44,7 @@ from hamipy.protocol import keys
 from hamipy.protocol.allocation_env import DEFAULT_HOOK_PATH, ENV_VISIBLE_DEVICES
 from hamipy.protocol.config import Config
 from hamipy.protocol.errors import ProtocolError
+from hamipy.protocol.reserved_annotations import reserved_annotation_use
 from hamipy.protocol.reserved_env import VISIBLE_NONE, reserved_env_use
 from hamipy.protocol.reserved_mounts import reserved_mount_paths, reserved_mount_use
 from hamipy.protocol.resources import (
@@ -83,6 +85,7 @@ Reason = Literal[
     "scheduler_not_allowed",
     "reserved_env",
     "reserved_mount",
+    "reserved_annotation",
     "malformed_pod",  # refused before ``decide``: see ``admitting.POD_SHAPE``
 ]
 _CONTAINER_KINDS: Final = ("initContainers", "containers")
@@ -299,6 +302,9 @@ def decide(
                 f"by {settings.scheduler_name}, which chooses its GPUs; remove spec.nodeName"
             ),
         )
+    problem = reserved_annotation_use(pod)
+    if problem is not None:
+        return Decision("refused", "reserved_annotation", message=problem)
     scheduler = spec.get("schedulerName")
     if (
         isinstance(scheduler, str)

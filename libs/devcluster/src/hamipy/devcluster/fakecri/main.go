@@ -2,7 +2,8 @@
 // hollow nodes do, with two additions a dev cluster needs:
 //
 //   - every CreateContainer is recorded as one JSON line in the record file (pod, container, envs,
-//     mounts, devices): how a test reads what the kubelet passed from the device plugin's Allocate;
+//     mounts, devices, CDI device names): how a test reads what the kubelet passed from the device
+//     plugin's Allocate;
 //   - a container whose command is exactly ["true"] exits 0 as soon as it starts (an init container
 //     that runs to completion); any other runs until the kubelet stops it;
 //   - a container's status carries its log path (the sandbox's log directory joined with the

@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	kubeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -73,5 +75,38 @@ func TestWithoutALogPathTheKubeletsCleanUpRemovesNothingElse(t *testing.T) {
 		if err != nil || len(matches) != 0 {
 			t.Fatalf("the kubelet's clean-up of %q* would remove %v (%v)", got, matches, err)
 		}
+	}
+}
+
+// A test reads the CDI devices the kubelet passed from the device plugin's answer off the record,
+// by their qualified names and in the kubelet's order.
+func TestARecordNamesTheContainersCDIDevices(t *testing.T) {
+	r := newRuntime(t)
+	names := []string{"hami.io/vgpu=uid_main", "nvidia.com/gpu=GPU-a", "nvidia.com/gpu=GPU-b"}
+	config := &kubeapi.ContainerConfig{
+		Metadata: &kubeapi.ContainerMetadata{Name: "main"},
+		Image:    &kubeapi.ImageSpec{Image: "busybox"},
+	}
+	for _, name := range names {
+		config.CDIDevices = append(config.CDIDevices, &kubeapi.CDIDevice{Name: name})
+	}
+	req := &kubeapi.CreateContainerRequest{
+		PodSandboxId:  "sandbox",
+		Config:        config,
+		SandboxConfig: &kubeapi.PodSandboxConfig{Metadata: &kubeapi.PodSandboxMetadata{Name: "pod", Namespace: "ns", Uid: "uid"}},
+	}
+	if _, err := r.CreateContainer(context.Background(), req); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(r.out.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec record
+	if err := json.Unmarshal(data, &rec); err != nil {
+		t.Fatalf("record %q: %v", data, err)
+	}
+	if strings.Join(rec.CDIDevices, " ") != strings.Join(names, " ") {
+		t.Fatalf("recorded CDI devices %q, want %q", rec.CDIDevices, names)
 	}
 }
