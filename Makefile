@@ -48,7 +48,7 @@ native: ## build native/ (libvgpu.so, the fake driver, C test programs)
 proto: sync ## regenerate the kubelet device plugin API stubs from libs/kubelet-api/proto
 	PATH="$(CURDIR)/.venv/bin:$$PATH" $(RUN) python libs/kubelet-api/generate.py
 
-kube-binaries: sync ## build (first run only) and cache etcd, kube-apiserver, kube-scheduler
+kube-binaries: sync native ## build (first run only) and cache the Kubernetes binaries, containerd and the images
 	$(RUN) hamipy-devcluster binaries
 
 test: lint typecheck native kube-binaries ## everything CI runs: lint, types, native build, the whole suite

@@ -16,10 +16,12 @@ import pytest
 from by_path import load
 
 from hamipy.devcluster import ClusterSettings, DevCluster, StartupError, ensure_binaries
-from hamipy.devcluster.binaries import KUBERNETES_VERSION
+from hamipy.devcluster.binaries import CONTAINERD_VERSION, KUBERNETES_VERSION
 from hamipy.devcluster.cluster import _sweep_stale_workdirs
+from hamipy.devcluster.containerd_runtime import REGISTRY
 from hamipy.devcluster.processes import pid_alive, port_is_listening
 from hamipy.devcluster.real_kubelet import PROTECTED_SYSCTLS, can_run_real_kubelets
+from hamipy.devcluster.workload_log import parse_workload_log
 
 pytestmark = pytest.mark.integration
 
@@ -182,6 +184,17 @@ def _check_gpu_nodes(table: str) -> None:
     assert {row[4] for row in rows} == (
         {KUBERNETES_VERSION} if real else {f"{KUBERNETES_VERSION}-hamipy-sim"}
     )
+    if real:  # CONTAINER-RUNTIME, the last column
+        assert {row[-1] for row in rows} == {f"containerd://{CONTAINERD_VERSION.removeprefix('v')}"}, table
+
+
+def _check_held_to_its_slice(logs: str) -> None:
+    """The single-slice example's process, in its real container, saw its 4 GiB and no more."""
+    log = parse_workload_log(logs)
+    assert log.one("device", index=0)["total"] == 4096 << 20
+    alloc = log.one("alloc", index=0)
+    assert alloc["granted"] == 4096 << 20
+    assert alloc["refused_name"] == "CUDA_ERROR_OUT_OF_MEMORY"
 
 
 def _host() -> tuple[dict[str, str], bool]:
@@ -191,10 +204,28 @@ def _host() -> tuple[dict[str, str], bool]:
     return sysctls, Path("/var/lib/kubelet").exists()
 
 
-def _check_gone(state_dir: Path, state: dict[str, Any]) -> None:
+def _runtime_nodes(owner: int) -> list[dict[str, Any]]:
+    """The registry records of the real-runtime nodes ``owner`` runs (their bridges, cgroups)."""
+    records = [json.loads(p.read_text()) for p in REGISTRY.glob("*.json")] if REGISTRY.is_dir() else []
+    return [r for r in records if r["owner"] == owner]
+
+
+def _runtime_residue(nodes: list[dict[str, Any]]) -> list[str]:
+    """What those nodes left in the host's namespaces: records, bridges, cgroups (with processes)."""
+    found = [f"record {n['id']}" for n in nodes if (REGISTRY / f"{n['id']}.json").exists()]
+    links = subprocess.run(["ip", "-br", "link"], capture_output=True, text=True, timeout=10, check=True)
+    found += [f"bridge {n['bridge']}" for n in nodes if n["bridge"] in links.stdout.split()]
+    found += [str(d) for n in nodes for d in Path("/sys/fs/cgroup").glob(f"*/{n['cgroup_root'].lstrip('/')}")]
+    return found
+
+
+def _check_gone(state_dir: Path, state: dict[str, Any], nodes: list[dict[str, Any]]) -> None:
     pids = [state["daemon_pid"], *state["process_pids"].values()]
     if can_run_real_kubelets() is None:
         assert any(name.startswith("kubelet-hamipy-gpu-") for name in state["process_pids"])
+        assert any(name.startswith("containerd-hamipy-gpu-") for name in state["process_pids"])
+        assert len(nodes) == 3
+    assert _runtime_residue(nodes) == []
     assert not [line for line in Path("/proc/mounts").read_text().splitlines() if str(state_dir) in line]
     assert _wait_gone(pids, state["ports"]) == ([], [])
     assert not (state_dir / "state.json").exists()
@@ -205,7 +236,8 @@ def _check_gone(state_dir: Path, state: dict[str, Any]) -> None:
 @pytest.mark.timeout(900)
 def test_the_readme_commands_work_as_written_then_up_down_again_leaves_nothing(tmp_path: Path) -> None:
     """``make up``, then the README's follow-up block line by line as a user types it (``make gpus``,
-    ``make trace POD=...``, ``make down``); then the CLI's own up/down once more."""
+    ``make trace POD=...``, ``make down``); then the CLI's own up once more, killed (SIGKILL), and
+    its ``down``: neither way leaves a process, mount, node record, bridge or cgroup behind."""
     state_dir = tmp_path / ".hamipy"
     host = _host()
     try:
@@ -213,6 +245,7 @@ def test_the_readme_commands_work_as_written_then_up_down_again_leaves_nothing(t
         assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
         assert f"{state_dir}/kubectl get nodes -o wide" in up.stdout
         state = json.loads((state_dir / "state.json").read_text())
+        nodes = _runtime_nodes(state["daemon_pid"])
         assert (state_dir / "kubeconfig").is_file()
         assert len(state["nodes"]) == 3
         _check_examples(up.stdout)
@@ -225,6 +258,7 @@ def test_the_readme_commands_work_as_written_then_up_down_again_leaves_nothing(t
             outputs[" ".join(command.split()[:2])] = done.stdout
         assert set(outputs) == {
             ".hamipy/kubectl get",
+            ".hamipy/kubectl logs",
             ".hamipy/kubectl create",
             ".hamipy/kubectl set",
             ".hamipy/kubectl rollout",
@@ -233,6 +267,7 @@ def test_the_readme_commands_work_as_written_then_up_down_again_leaves_nothing(t
             "make down",
         }
         _check_gpu_nodes(outputs[".hamipy/kubectl get"])
+        _check_held_to_its_slice(outputs[".hamipy/kubectl logs"])
         assert "successfully rolled out" in outputs[".hamipy/kubectl rollout"]
         assert "hami-examples/exclusive" in outputs["make gpus"]
         # Both replicas hold a 4 GiB slice of a GPU.
@@ -242,19 +277,22 @@ def test_the_readme_commands_work_as_written_then_up_down_again_leaves_nothing(t
         trace = outputs["make trace"]
         names = [w for line in trace.splitlines() for w in line.split() if w.startswith(spans)]
         assert names == ["webhook.admission", "extender.filter", "extender.bind", "device_plugin.allocate"]
-        _check_gone(state_dir, state)
+        _check_gone(state_dir, state, nodes)
         assert not (state_dir / "kubectl").exists()
 
         up = _cli(state_dir, "up")
         assert up.returncode == 0, up.stderr
         _check_examples(up.stdout)
         state = json.loads((state_dir / "state.json").read_text())
+        nodes = _runtime_nodes(state["daemon_pid"])
         again = _cli(state_dir, "up")
         assert again.returncode == 1
         assert "already up" in again.stderr
+        # Killed, it stops nothing itself: its containers outlive it until `down` sweeps them.
+        os.kill(state["daemon_pid"], signal.SIGKILL)
         down = _cli(state_dir, "down")
         assert down.returncode == 0, down.stderr
-        _check_gone(state_dir, state)
+        _check_gone(state_dir, state, nodes)
 
         not_up = _cli(state_dir, "down")
         assert not_up.returncode == 0

@@ -353,7 +353,7 @@ def _stop_leftovers(state: State) -> None:
             exe = os.readlink(f"/proc/{pid}/exe")
         except OSError:
             continue
-        if Path(exe).name.startswith(("etcd", "kube-", "kubelet", "fakecri")):
+        if Path(exe).name.startswith(("etcd", "kube-", "kubelet", "fakecri", "containerd")):
             kill_group(pid, grace_s=1.0)
 
 
@@ -386,10 +386,30 @@ def cmd_status(state_dir: Path) -> int:
     return 0
 
 
-def cmd_binaries() -> int:
+def cmd_binaries(native_build: Path) -> int:
+    """The control-plane binaries; where real kubelets can run, also what their nodes run:
+    Debian's runc and CNI plugins (installed if missing), containerd and the images."""
     from hamipy.devcluster import binaries
+    from hamipy.devcluster.host_packages import ensure_host_packages
+    from hamipy.devcluster.images import ensure_images
+    from hamipy.devcluster.real_kubelet import can_run_real_kubelets
 
-    return binaries.main([])
+    code = binaries.main([])
+    why = can_run_real_kubelets()
+    if code != 0 or why is not None:
+        if why is not None:
+            print(f"real-runtime nodes: not here ({why})")
+        return code
+    try:
+        ensure_host_packages()
+        print(f"containerd={binaries.ensure_containerd()}")
+        images = ensure_images(native_build)
+    except DevClusterError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    for image in (images.pause, images.gpu_workload):
+        print(f"image {image.ref}={image.archive}")
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -406,7 +426,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="where `up` keeps its state, kubeconfig and logs (default: .hamipy, or $HAMIPY_STATE_DIR)",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("binaries", help="build (first time only) and print the control-plane binaries")
+    binaries = sub.add_parser(
+        "binaries",
+        help="build (first time only) and print the control-plane binaries, and the real-runtime nodes' "
+        "containerd and images",
+    )
+    binaries.add_argument(
+        "--native-build",
+        type=Path,
+        default=Path("native/build"),
+        help="native/ build holding the GPU workload image's program (default native/build)",
+    )
     up = sub.add_parser("up", help="start the cluster, our services and GPU nodes in the background")
     up.add_argument(
         "--nodes", type=int, default=DEFAULT_NODES, help="simulated nodes without GPUs (default 0)"
@@ -451,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
     state_dir: Path = args.state_dir.absolute()
     try:
         if args.command == "binaries":
-            return cmd_binaries()
+            return cmd_binaries(args.native_build)
         if args.command == "up":
             return cmd_up(
                 state_dir,

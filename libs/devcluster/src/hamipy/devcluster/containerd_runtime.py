@@ -28,6 +28,7 @@ import ipaddress
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -422,7 +423,7 @@ def sweep(record: Path) -> None:
 
 def sweep_orphans() -> list[str]:
     """``sweep`` every node whose owning process is gone (a run killed before it could stop its
-    nodes); the workdirs of those swept."""
+    nodes), and remove its workdir; the workdirs of those swept."""
     swept = []
     for record in sorted(REGISTRY.glob("*.json")) if REGISTRY.is_dir() else ():
         try:
@@ -432,5 +433,6 @@ def sweep_orphans() -> list[str]:
             continue
         if not pid_alive(owner):
             sweep(record)
+            shutil.rmtree(workdir, ignore_errors=True)  # its owner would have; the images are large
             swept.append(workdir)
     return swept

@@ -5,10 +5,12 @@
   (probes and metrics on a plain-HTTP port of their own);
 - the webhook (``hamipy-webhook serve``) over TLS with a certificate from a CA made here, and the
   MutatingWebhookConfiguration it ships (``hamipy-webhook manifest``) pointing at it;
-- three GPU nodes with different GPU models, each run by the real kubelet over the fake container
-  runtime (``kubelet_nodes``), with its real device plugin process over the fake NVML driver and the
-  monitor process; where real kubelets cannot run (not root), simulated nodes with the kubelet
-  stand-in instead, and a warning that says why (``gpu_nodes``);
+- three GPU nodes with different GPU models, each run by the real kubelet over containerd and runc
+  (``kubelet_nodes``, ``containerd_runtime``: the pods' containers really run, the fake driver put
+  into GPU containers by the nodes' ``nvidia`` runtime, which the webhook gives GPU pods), with its
+  real device plugin process over the fake NVML driver and the monitor process; where real kubelets
+  cannot run (not root), simulated nodes with the kubelet stand-in instead, and a warning that says
+  why (``gpu_nodes``);
 - the admission policies that keep allocation state to the extender and the device plugins, GPU
   pods already placed to the extender, the reserved env out of every pod and GPU containers' own
   volumes off the device plugins' mounts (``hamipy-webhook manifest --policy``; no namespace is
@@ -39,6 +41,7 @@ from types import MappingProxyType
 from typing import Any, Final
 
 from hamipy.devcluster.config import ExtenderConfig, ExtenderTLS, ManagedResource, SchedulerConfig
+from hamipy.devcluster.containerd_runtime import NVIDIA_HANDLER
 from hamipy.devcluster.gpu_nodes import DevicePluginAgent, FakeGpu, MonitorAgent, gpu_node_agents
 from hamipy.devcluster.identities import ServiceIdentities
 from hamipy.devcluster.kubelet_nodes import KubeletNode, gpu_kubelet_node
@@ -299,6 +302,8 @@ class LocalStack:
                 str(certs / "tls.crt"),
                 "--key-file",
                 str(certs / "tls.key"),
+                # GPU pods get the nodes' NVIDIA runtime, which puts the driver into them.
+                *(["--runtime-class-name", NVIDIA_HANDLER] if self.real_kubelets_unavailable is None else []),
             ],
             self.workdir,
             self.env,
@@ -349,6 +354,7 @@ class LocalStack:
                 labels=GPU_NODE_LABELS,
                 env=self.env,
                 credentials=plugin_identity,
+                real_runtime=True,
             )
             monitor = self._monitor(plugin)
             node.agents.append(monitor)
