@@ -425,6 +425,29 @@ def _helm_version_matches(helm: Path, want: str = HELM_VERSION) -> bool:
     return out.strip().split("+")[0] == want
 
 
+def _go_install(what: str, packages: list[str], dest: Path, *, ldflags: str, tags: str = "") -> None:
+    """``go install`` module-versioned ``packages`` (no replace directives needed) into ``dest``,
+    through a temporary GOBIN so that ``dest`` never holds half a build. Hold the build lock."""
+    check_proxy()
+    began = time.monotonic()
+    _progress(f"building {what} into {dest} (first run on this machine only)")
+    tmp = Path(tempfile.mkdtemp(prefix="gobin-", dir=cache_root()))
+    env = _go_env(tmp)
+    env["GOBIN"] = str(tmp)
+    env["GOFLAGS"] = "-mod=mod -trimpath"
+    _go(
+        ["install", "-v", *(["-tags", tags] if tags else []), "-ldflags", ldflags, *packages],
+        cwd=tmp,
+        env=env,
+        what=f"build {what}",
+    )
+    dest.mkdir(parents=True, exist_ok=True)
+    for built in tmp.iterdir():
+        os.replace(built, dest / built.name)
+    shutil.rmtree(tmp, ignore_errors=True)
+    _progress(f"built {what} in {_elapsed(began)}")
+
+
 def ensure_helm() -> Path:
     """Return a helm binary at HELM_VERSION (for rendering the chart), building it once per machine
     from the Go module proxy (helm's module has no replace directives, so `go install` works)."""
@@ -440,24 +463,13 @@ def ensure_helm() -> Path:
     with _build_lock():
         if _helm_version_matches(cached):
             return cached
-        check_proxy()
-        began = time.monotonic()
-        _progress(f"building helm {HELM_VERSION} into {cached.parent} (first run on this machine only)")
-        tmp = Path(tempfile.mkdtemp(prefix="helmbin-", dir=cache_root()))
-        env = _go_env(tmp)
-        env["GOBIN"] = str(tmp)
-        env["GOFLAGS"] = "-mod=mod -trimpath"
         ldflags = f"-s -w -X helm.sh/helm/v3/internal/version.version={HELM_VERSION}"
-        _go(
-            ["install", "-v", "-ldflags", ldflags, f"helm.sh/helm/v3/cmd/helm@{HELM_VERSION}"],
-            cwd=tmp,
-            env=env,
-            what=f"build helm {HELM_VERSION}",
+        _go_install(
+            f"helm {HELM_VERSION}",
+            [f"helm.sh/helm/v3/cmd/helm@{HELM_VERSION}"],
+            cached.parent,
+            ldflags=ldflags,
         )
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(tmp / "helm", cached)
-        shutil.rmtree(tmp, ignore_errors=True)
-        _progress(f"built helm {HELM_VERSION} in {_elapsed(began)}")
     if not _helm_version_matches(cached):
         raise BinaryBuildError(f"{cached} does not report helm {HELM_VERSION}")
     return cached
@@ -490,33 +502,14 @@ def ensure_containerd() -> Path:
     with _build_lock():
         if _containerd_built(dest):
             return dest
-        check_proxy()
-        began = time.monotonic()
-        _progress(f"building containerd {CONTAINERD_VERSION} into {dest} (first run on this machine only)")
-        tmp = Path(tempfile.mkdtemp(prefix="containerdbin-", dir=cache_root()))
-        env = _go_env(tmp)
-        env["GOBIN"] = str(tmp)
-        env["GOFLAGS"] = "-mod=mod -trimpath"
         module = "github.com/containerd/containerd/v2"
-        _go(
-            [
-                "install",
-                "-v",
-                "-tags",
-                "no_btrfs no_zfs no_devmapper",
-                "-ldflags",
-                f"-s -w -X {module}/version.Version={CONTAINERD_VERSION}",
-                *(f"{module}/cmd/{name}@{CONTAINERD_VERSION}" for name in CONTAINERD_COMMANDS),
-            ],
-            cwd=tmp,
-            env=env,
-            what=f"build containerd {CONTAINERD_VERSION}",
+        _go_install(
+            f"containerd {CONTAINERD_VERSION}",
+            [f"{module}/cmd/{name}@{CONTAINERD_VERSION}" for name in CONTAINERD_COMMANDS],
+            dest,
+            ldflags=f"-s -w -X {module}/version.Version={CONTAINERD_VERSION}",
+            tags="no_btrfs no_zfs no_devmapper",
         )
-        dest.mkdir(parents=True, exist_ok=True)
-        for name in CONTAINERD_COMMANDS:
-            os.replace(tmp / name, dest / name)
-        shutil.rmtree(tmp, ignore_errors=True)
-        _progress(f"built containerd {CONTAINERD_VERSION} in {_elapsed(began)}")
     if not _containerd_built(dest):
         raise BinaryBuildError(f"{dest / 'containerd'} does not report containerd {CONTAINERD_VERSION}")
     return dest
