@@ -100,7 +100,7 @@ def inject(spec: dict[str, Any], *, host_config: Path, libs: Path, container_con
     return True
 
 
-def _command(runc_args: Sequence[str]) -> tuple[str | None, str, str | None]:
+def runc_command(runc_args: Sequence[str]) -> tuple[str | None, str, str | None]:
     """(subcommand, bundle, container id) of a runc command line."""
     args = list(runc_args)
     value_flags = {"--root", "--log", "--log-format", "--criu", "--rootless"}
@@ -127,7 +127,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     parser.add_argument("runc_args", nargs=argparse.REMAINDER)
     opts = parser.parse_args(argv)
     runc_args = opts.runc_args[1:] if opts.runc_args[:1] == ["--"] else opts.runc_args
-    sub, bundle, container = _command(runc_args)
+    sub, bundle, container = runc_command(runc_args)
     conf_dir = opts.config.parent / "containers"
     if sub == "create" and container:
         spec_path = Path(bundle) / "config.json"
