@@ -11,9 +11,9 @@ import pytest
 from hamipy.devcluster.fake_nvidia_runtime import (
     CONFIG_IN_CONTAINER,
     STATE_IN_CONTAINER,
-    runc_command,
     container_config,
     inject,
+    runc_command,
 )
 
 HOST = (
