@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import subprocess
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,9 @@ __all__ = ["NEEDS_REAL_KUBELET", "RuntimeStack", "running_runtime_stack", "workl
 MiB = 1 << 20
 KUBECTL_TIMEOUT_S = 60.0
 STARTED_TIMEOUT_S = 120.0
+NOT_CREATED = ("CreateContainerError", "CreateContainerConfigError", "RunContainerError")
+"""Why the kubelet says a container did not start (the runtime refused what it was given): shown,
+with the runtime's message, when a wait for the container times out."""
 
 
 def workload(
@@ -73,6 +76,9 @@ class RuntimeStack:
         async def printed() -> WorkloadLog | None:
             status = (await self.stack.pod(pod))["status"]
             assert status.get("phase") not in ("Failed", "Succeeded"), f"{pod} ended: {status}"
+            for container in status.get("containerStatuses") or ():
+                waiting = (container.get("state") or {}).get("waiting") or {}
+                assert waiting.get("reason") not in NOT_CREATED, f"{pod}/{container['name']}: {waiting}"
             if status.get("phase") != "Running":
                 return None
             log = await self.logs(pod)
@@ -101,9 +107,18 @@ async def running_runtime_stack(
     hami_scheduler: Callable[..., Any],
     *,
     gpus: Sequence[FakeGpu],
+    nvidia: Mapping[str, Any] | None = None,
 ) -> AsyncIterator[RuntimeStack]:
+    """The stack of ``running_gpu_stack`` on containerd, its plugin's ``nvidia`` settings given."""
     async with running_gpu_stack(
-        devcluster, api, namespace, hami_scheduler, gpus=gpus, real_runtime=True, monitor_args=()
+        devcluster,
+        api,
+        namespace,
+        hami_scheduler,
+        gpus=gpus,
+        nvidia=nvidia,
+        real_runtime=True,
+        monitor_args=(),
     ) as stack:
         (monitor,) = [a for a in stack.kubelet_node.agents if isinstance(a, MonitorAgent)]
         yield RuntimeStack(stack, devcluster, monitor)
