@@ -18,9 +18,10 @@ from hamipy.devcluster.gpu_nodes import FakeGpu, MonitorAgent
 from hamipy.devcluster.images import GPU_WORKLOAD_IMAGE
 from hamipy.devcluster.workload_log import WorkloadLog, parse_workload_log
 
-__all__ = ["NEEDS_REAL_KUBELET", "RuntimeStack", "running_runtime_stack", "workload"]
+__all__ = ["NEEDS_REAL_KUBELET", "RuntimeStack", "held_to", "running_runtime_stack", "workload"]
 
 MiB = 1 << 20
+OUT_OF_MEMORY = 2  # CUDA_ERROR_OUT_OF_MEMORY
 KUBECTL_TIMEOUT_S = 60.0
 STARTED_TIMEOUT_S = 120.0
 NOT_CREATED = ("CreateContainerError", "CreateContainerConfigError", "RunContainerError")
@@ -37,6 +38,16 @@ def workload(
     return builders.container(
         name, image=GPU_WORKLOAD_IMAGE, imagePullPolicy="Never", args=list(args), **fields
     )
+
+
+def held_to(device: dict[str, object], alloc: dict[str, object], limit_mib: int) -> None:
+    """What gpu-workload's facts of one device must say of a process held to ``limit_mib``: that
+    size, filled up to what it was told was free, refused past it as CUDA refuses."""
+    assert device["total"] == limit_mib * MiB
+    assert alloc["refused_with"] == OUT_OF_MEMORY, alloc
+    assert alloc["refused_name"] == "CUDA_ERROR_OUT_OF_MEMORY"
+    assert alloc["granted"] == alloc["reported_free"]
+    assert 0 < int(str(alloc["granted"])) <= limit_mib * MiB
 
 
 class RuntimeStack:
@@ -94,6 +105,11 @@ class RuntimeStack:
         done = await asyncio.to_thread(self.kubectl, "exec", pod, "--", *command)
         assert done.returncode == 0, f"kubectl exec {pod} -- {' '.join(command)}: {done.stderr}"
         return done.stdout
+
+    async def env(self, pod: str) -> dict[str, str]:
+        """The environment of a process started in ``pod`` (``kubectl exec ... env``)."""
+        out = await self.exec(pod, "env")
+        return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
     async def metrics(self) -> Samples:
         return samples(await scrape_text(f"{self.monitor.url}/metrics"))

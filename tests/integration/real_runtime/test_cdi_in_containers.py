@@ -8,7 +8,7 @@ sees it), and the process is held to its slice on exactly its own GPUs.
 from __future__ import annotations
 
 import pytest
-from runtime_support import NEEDS_REAL_KUBELET, MiB, RuntimeStack, workload
+from runtime_support import NEEDS_REAL_KUBELET, RuntimeStack, held_to, workload
 from stack_support import allocated_slots
 
 from hamipy.devcluster.fake_nvidia_runtime import CONFIG_ENV
@@ -21,19 +21,6 @@ GPUS = tuple(
     FakeGpu(f"GPU-cdc0cdc0-0000-4000-8000-00000000000{i}", "NVIDIA A100-SXM4-40GB", 40960) for i in range(3)
 )
 NVIDIA = {"deviceListStrategy": "cdi-cri"}
-OUT_OF_MEMORY = 2  # CUDA_ERROR_OUT_OF_MEMORY
-
-
-def held_to(device: dict[str, object], alloc: dict[str, object], limit_mib: int) -> None:
-    """What one device's facts must say of a process held to ``limit_mib``."""
-    assert device["total"] == limit_mib * MiB
-    assert (alloc["refused_with"], alloc["refused_name"]) == (OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY")
-    assert 0 < int(str(alloc["granted"])) <= limit_mib * MiB
-
-
-async def container_env(runtime_stack: RuntimeStack, pod: str) -> dict[str, str]:
-    out = await runtime_stack.exec(pod, "env")
-    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
 
 async def test_a_pods_slot_and_gpu_come_by_cdi_and_its_process_is_held_to_its_slice(
@@ -50,7 +37,7 @@ async def test_a_pods_slot_and_gpu_come_by_cdi_and_its_process_is_held_to_its_sl
     assert device["uuid"] == slot.uuid
     held_to(device, log.one("alloc", index=0), 3000)
     # The slot's spec put the limits and the interposer in; the toolkit's came after it.
-    env = await container_env(runtime_stack, "one")
+    env = await runtime_stack.env("one")
     assert (env["CUDA_DEVICE_MEMORY_LIMIT_0"], env["CUDA_DEVICE_SM_LIMIT"]) == ("3000m", "30")
     assert (env["NVIDIA_VISIBLE_DEVICES"], env[CONFIG_ENV]) == ("void", CONFIG_DIR_IN_CONTAINER)
     hook = stack.plugin.hook_path

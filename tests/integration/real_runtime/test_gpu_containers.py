@@ -10,7 +10,7 @@ does; each pod runs gpu-workload, which prints what a CUDA application sees (``k
 from __future__ import annotations
 
 import pytest
-from runtime_support import NEEDS_REAL_KUBELET, MiB, RuntimeStack, workload
+from runtime_support import NEEDS_REAL_KUBELET, OUT_OF_MEMORY, MiB, RuntimeStack, held_to, workload
 from stack_support import allocated_slots, sample_key
 
 from hamipy.devcluster import wait_for
@@ -23,16 +23,6 @@ pytestmark = [pytest.mark.integration, NEEDS_REAL_KUBELET]
 GPU = FakeGpu("GPU-dddddddd-0000-4000-8000-000000000000", "NVIDIA A100-SXM4-40GB", 40960)
 OTHER = FakeGpu("GPU-dddddddd-0000-4000-8000-000000000001", "NVIDIA A100-SXM4-40GB", 40960)
 GPUS = (GPU, OTHER)
-OUT_OF_MEMORY = 2  # CUDA_ERROR_OUT_OF_MEMORY
-
-
-def held_to(log_device: dict[str, object], alloc: dict[str, object], limit_mib: int) -> None:
-    """What one device's facts must say of a process held to ``limit_mib``."""
-    assert log_device["total"] == limit_mib * MiB
-    assert alloc["refused_with"] == OUT_OF_MEMORY, alloc
-    assert alloc["refused_name"] == "CUDA_ERROR_OUT_OF_MEMORY"
-    assert alloc["granted"] == alloc["reported_free"]
-    assert 0 < int(str(alloc["granted"])) <= limit_mib * MiB
 
 
 async def test_a_gpu_pods_process_is_held_to_its_slice_and_a_kubelet_restart_leaves_it(

@@ -84,9 +84,7 @@ async def test_limit_variables_from_a_config_map_reach_the_container_and_lift_no
     log = await runtime_stack.ready("lifter")
 
     # The threat is real: the container's environment holds the ConfigMap's values.
-    env = dict(
-        line.split("=", 1) for line in (await runtime_stack.exec("lifter", "env")).splitlines() if "=" in line
-    )
+    env = await runtime_stack.env("lifter")
     assert {k: env.get(k) for k in LIFTED} == LIFTED
     # And lifts nothing: one GPU, at its own size, refused past it, its use in the shared region.
     assert log.one("driver")["devices"] == 1
