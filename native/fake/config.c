@@ -1,8 +1,10 @@
-/* Parser for the fake driver's configuration file (format in fake.h). */
+/* Parser for the fake driver's configuration, a file or a directory of them (format in fake.h). */
+#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "fake.h"
 
@@ -59,8 +61,8 @@ static void default_gpu(struct fake_gpu *gpu, int index) {
     gpu->slot = index;
 }
 
-static int fail(const struct fake_config *cfg, int line, const char *what, const char *text) {
-    fprintf(stderr, "hami-py fake driver: %s:%d: %s: %.80s\n", cfg->path, line, what, text);
+static int fail(const char *file, int line, const char *what, const char *text) {
+    fprintf(stderr, "hami-py fake driver: %s:%d: %s: %.80s\n", file, line, what, text);
     return -1;
 }
 
@@ -86,20 +88,20 @@ static char *next_pair(char **cursor, char **value) {
     return key;
 }
 
-static int parse_gpu(struct fake_config *cfg, int lineno, char *rest) {
-    if (cfg->count >= FAKE_MAX_GPUS) return fail(cfg, lineno, "too many gpus", rest);
+static int parse_gpu(struct fake_config *cfg, const char *file, int lineno, char *rest) {
+    if (cfg->count >= FAKE_MAX_GPUS) return fail(file, lineno, "too many gpus", rest);
     struct fake_gpu *gpu = &cfg->gpus[cfg->count];
     default_gpu(gpu, cfg->count);
     char *value = NULL, *key = NULL;
     while ((key = next_pair(&rest, &value)) != NULL) {
         unsigned char bytes[16];
         if (strcmp(key, "uuid") == 0) {
-            if (fake_parse_uuid(value, bytes) != 0) return fail(cfg, lineno, "bad uuid (GPU-8-4-4-4-12 hex)", value);
+            if (fake_parse_uuid(value, bytes) != 0) return fail(file, lineno, "bad uuid (GPU-8-4-4-4-12 hex)", value);
             snprintf(gpu->uuid, sizeof gpu->uuid, "%s", value);
         } else if (strcmp(key, "name") == 0) {
             snprintf(gpu->name, sizeof gpu->name, "%s", value);
         } else if (strcmp(key, "memory") == 0) {
-            if (fake_parse_bytes(value, &gpu->memory) != 0) return fail(cfg, lineno, "bad memory", value);
+            if (fake_parse_bytes(value, &gpu->memory) != 0) return fail(file, lineno, "bad memory", value);
         } else if (strcmp(key, "numa") == 0) {
             gpu->numa = atoi(value);
         } else if (strcmp(key, "pci") == 0) {
@@ -109,15 +111,15 @@ static int parse_gpu(struct fake_config *cfg, int lineno, char *rest) {
         } else if (strcmp(key, "slot") == 0) {
             char *end = NULL;
             long slot = strtol(value, &end, 10);
-            if (*value == '\0' || *end != '\0' || slot < 0 || slot >= FAKE_MAX_GPUS) return fail(cfg, lineno, "bad slot", value);
+            if (*value == '\0' || *end != '\0' || slot < 0 || slot >= FAKE_MAX_GPUS) return fail(file, lineno, "bad slot", value);
             gpu->slot = (int)slot;
         } else if (strcmp(key, "xid") == 0) {
             gpu->xid = (unsigned)strtoul(value, NULL, 10);
         } else {
-            return fail(cfg, lineno, "unknown gpu key", key);
+            return fail(file, lineno, "unknown gpu key", key);
         }
     }
-    if (*rest != '\0') return fail(cfg, lineno, "expected key=value", rest);
+    if (*rest != '\0') return fail(file, lineno, "expected key=value", rest);
     cfg->count++;
     return 0;
 }
@@ -127,6 +129,94 @@ static char *trim(char *s) {
     char *end = s + strlen(s);
     while (end > s && (end[-1] == ' ' || end[-1] == '\t' || end[-1] == '\n' || end[-1] == '\r')) *--end = '\0';
     return s;
+}
+
+/* Reads one configuration file into cfg, after what earlier files of a directory set. */
+static int load_file(struct fake_config *cfg, const char *file) {
+    FILE *f = fopen(file, "re");
+    if (f == NULL) {
+        fprintf(stderr, "hami-py fake driver: cannot read HAMIPY_FAKE_GPU_CONFIG file %s: %s\n", file, strerror(errno));
+        return -1;
+    }
+    char buf[1024];
+    int lineno = 0, rc = 0;
+    while (rc == 0 && fgets(buf, sizeof buf, f) != NULL) {
+        lineno++;
+        char *hash = strchr(buf, '#');
+        if (hash != NULL && memchr(buf, '"', (size_t)(hash - buf)) == NULL) *hash = '\0';
+        char *line = trim(buf);
+        if (*line == '\0') continue;
+        if (strncmp(line, "gpu", 3) == 0 && (line[3] == ' ' || line[3] == '\t' || line[3] == '\0')) {
+            rc = parse_gpu(cfg, file, lineno, line + 3);
+            continue;
+        }
+        char *eq = strchr(line, '=');
+        if (eq == NULL) {
+            rc = fail(file, lineno, "expected `key = value` or a gpu line", line);
+            break;
+        }
+        *eq = '\0';
+        char *key = trim(line), *value = trim(eq + 1);
+        if (strcmp(key, "driver_version") == 0) {
+            snprintf(cfg->driver_version, sizeof cfg->driver_version, "%s", value);
+        } else if (strcmp(key, "cuda_version") == 0) {
+            cfg->cuda_version = atoi(value);
+        } else if (strcmp(key, "context_memory") == 0) {
+            if (fake_parse_bytes(value, &cfg->context_memory) != 0) rc = fail(file, lineno, "bad context_memory", value);
+        } else if (strcmp(key, "kilothread_ns") == 0) {
+            if (parse_number(value, &cfg->kilothread_ns) != 0) rc = fail(file, lineno, "bad kilothread_ns", value);
+        } else if (strcmp(key, "host_pid_offset") == 0) {
+            double number = 0;
+            if (parse_number(value, &number) != 0 || number > 1e9) rc = fail(file, lineno, "bad host_pid_offset", value);
+            else cfg->host_pid_offset = (unsigned)number;
+        } else if (strcmp(key, "graph_ns") == 0 || strcmp(key, "launch_queue_ms") == 0 ||
+                   strcmp(key, "util_sample_ms") == 0) {
+            double number = 0;
+            if (parse_number(value, &number) != 0) {
+                rc = fail(file, lineno, "bad number", value);
+            } else if (strcmp(key, "graph_ns") == 0) {
+                cfg->graph_ns = (uint64_t)number;
+            } else if (strcmp(key, "launch_queue_ms") == 0) {
+                cfg->launch_queue_ns = (uint64_t)(number * 1e6);
+            } else if (number < 1) {
+                rc = fail(file, lineno, "util_sample_ms must be at least 1", value);
+            } else {
+                cfg->util_sample_ns = (uint64_t)(number * 1e6);
+            }
+        } else if (strcmp(key, "state") == 0) {
+            snprintf(cfg->state_path, sizeof cfg->state_path, "%s", value);
+        } else {
+            rc = fail(file, lineno, "unknown key", key);
+        }
+    }
+    fclose(f);
+    return rc;
+}
+
+static int visible(const struct dirent *entry) { return entry->d_name[0] != '.'; }
+
+/* Byte order, not the locale's collation: the GPUs' order must not depend on the application's locale. */
+static int by_name(const struct dirent **a, const struct dirent **b) { return strcmp((*a)->d_name, (*b)->d_name); }
+
+/* A directory's files, hidden ones left out, in name order, as one configuration. */
+static int load_dir(struct fake_config *cfg) {
+    struct dirent **entries = NULL;
+    int n = scandir(cfg->path, &entries, visible, by_name);
+    if (n < 0) {
+        fprintf(stderr, "hami-py fake driver: cannot list HAMIPY_FAKE_GPU_CONFIG=%s: %s\n", cfg->path, strerror(errno));
+        return -1;
+    }
+    int rc = 0;
+    for (int i = 0; i < n; i++) {
+        char file[sizeof cfg->path + 256];
+        if (rc == 0) {
+            snprintf(file, sizeof file, "%s/%s", cfg->path, entries[i]->d_name);
+            rc = load_file(cfg, file);
+        }
+        free(entries[i]);
+    }
+    free(entries);
+    return rc;
 }
 
 int fake_config_load(struct fake_config *cfg) {
@@ -144,62 +234,7 @@ int fake_config_load(struct fake_config *cfg) {
     }
     snprintf(cfg->path, sizeof cfg->path, "%s", path);
     snprintf(cfg->state_path, sizeof cfg->state_path, "%s.state", path);
-    FILE *f = fopen(path, "re");
-    if (f == NULL) {
-        fprintf(stderr, "hami-py fake driver: cannot read HAMIPY_FAKE_GPU_CONFIG=%s: %s\n", path, strerror(errno));
-        return -1;
-    }
-    char buf[1024];
-    int lineno = 0, rc = 0;
-    while (rc == 0 && fgets(buf, sizeof buf, f) != NULL) {
-        lineno++;
-        char *hash = strchr(buf, '#');
-        if (hash != NULL && memchr(buf, '"', (size_t)(hash - buf)) == NULL) *hash = '\0';
-        char *line = trim(buf);
-        if (*line == '\0') continue;
-        if (strncmp(line, "gpu", 3) == 0 && (line[3] == ' ' || line[3] == '\t' || line[3] == '\0')) {
-            rc = parse_gpu(cfg, lineno, line + 3);
-            continue;
-        }
-        char *eq = strchr(line, '=');
-        if (eq == NULL) {
-            rc = fail(cfg, lineno, "expected `key = value` or a gpu line", line);
-            break;
-        }
-        *eq = '\0';
-        char *key = trim(line), *value = trim(eq + 1);
-        if (strcmp(key, "driver_version") == 0) {
-            snprintf(cfg->driver_version, sizeof cfg->driver_version, "%s", value);
-        } else if (strcmp(key, "cuda_version") == 0) {
-            cfg->cuda_version = atoi(value);
-        } else if (strcmp(key, "context_memory") == 0) {
-            if (fake_parse_bytes(value, &cfg->context_memory) != 0) rc = fail(cfg, lineno, "bad context_memory", value);
-        } else if (strcmp(key, "kilothread_ns") == 0) {
-            if (parse_number(value, &cfg->kilothread_ns) != 0) rc = fail(cfg, lineno, "bad kilothread_ns", value);
-        } else if (strcmp(key, "host_pid_offset") == 0) {
-            double number = 0;
-            if (parse_number(value, &number) != 0 || number > 1e9) rc = fail(cfg, lineno, "bad host_pid_offset", value);
-            else cfg->host_pid_offset = (unsigned)number;
-        } else if (strcmp(key, "graph_ns") == 0 || strcmp(key, "launch_queue_ms") == 0 ||
-                   strcmp(key, "util_sample_ms") == 0) {
-            double number = 0;
-            if (parse_number(value, &number) != 0) {
-                rc = fail(cfg, lineno, "bad number", value);
-            } else if (strcmp(key, "graph_ns") == 0) {
-                cfg->graph_ns = (uint64_t)number;
-            } else if (strcmp(key, "launch_queue_ms") == 0) {
-                cfg->launch_queue_ns = (uint64_t)(number * 1e6);
-            } else if (number < 1) {
-                rc = fail(cfg, lineno, "util_sample_ms must be at least 1", value);
-            } else {
-                cfg->util_sample_ns = (uint64_t)(number * 1e6);
-            }
-        } else if (strcmp(key, "state") == 0) {
-            snprintf(cfg->state_path, sizeof cfg->state_path, "%s", value);
-        } else {
-            rc = fail(cfg, lineno, "unknown key", key);
-        }
-    }
-    fclose(f);
-    return rc;
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) return load_dir(cfg);
+    return load_file(cfg, path);
 }

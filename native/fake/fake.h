@@ -1,6 +1,7 @@
 /* The fake driver's shared pieces: its configuration file and the cross-process state file.
  *
- * Configuration (HAMIPY_FAKE_GPU_CONFIG names the file; without it, one 16 GiB GPU):
+ * Configuration (HAMIPY_FAKE_GPU_CONFIG names the file, or a directory whose files, names starting
+ * with '.' left out, are read in byte order of their names as one file; without it, one 16 GiB GPU):
  *
  *   # comment
  *   driver_version = 550.54.15        # nvmlSystemGetDriverVersion
@@ -29,9 +30,11 @@
  *
  * One `gpu` line per GPU, in NVML index order; every key is optional. slot=N (default: the line's
  * position) is the GPU's index in the shared state: a container's configuration lists only the
- * GPUs it was given, each with the host's slot, so usage lands on the host's GPU. healthy=false makes NVML
- * deliver one XID critical-error event (eventData = xid, default 79) per event set that watches
- * the GPU; the file is re-read while an event set waits, so a test can flip it at run time. */
+ * GPUs it was given, each with the host's slot, so usage lands on the host's GPU (a container
+ * given GPUs by CDI gets a directory holding one file per GPU, as a real driver reaches one device
+ * node per GPU). healthy=false makes NVML deliver one XID critical-error event (eventData = xid,
+ * default 79) per event set that watches the GPU; the configuration is re-read while an event set
+ * waits, so a test can flip it at run time. */
 #ifndef HAMIPY_FAKE_H
 #define HAMIPY_FAKE_H
 

@@ -105,3 +105,42 @@ def test_a_slot_past_the_last_gpu_is_refused(make_container: ContainerFactory) -
     proc = run_python(container, DISCOVERY)
     assert proc.returncode != 0
     assert "bad slot: 99" in proc.stderr
+
+
+def test_a_config_directory_is_read_as_one_file_in_name_order(make_container: ContainerFactory) -> None:
+    """A container given GPUs by CDI gets its configuration as a directory: one file per GPU (its
+    host slot kept) beside the driver's settings; files starting with '.' are left out."""
+    host = make_container(preload=False)
+    inside = make_container(preload=False, gpus="")
+    config = inside.workdir / "gpus.d"
+    config.mkdir()
+    (config / "b.conf").write_text(f"gpu uuid={GPU0_UUID} memory=1g slot=0\n")
+    (config / "a.conf").write_text(f"gpu uuid={GPU1_UUID} memory=2g slot=1\n")
+    (config / "0-driver.conf").write_text(
+        f"driver_version = 535.104.05\nstate = {host.env['HAMIPY_FAKE_GPU_CONFIG']}.state\n"
+    )
+    (config / ".c.conf.swp").write_text("not a configuration\n")
+    inside.env["HAMIPY_FAKE_GPU_CONFIG"] = str(config)
+    lines = expect_ok(run_python(inside, DISCOVERY)).splitlines()
+    assert lines[0].startswith("535.104.05 ")
+    assert [line.split()[1] for line in lines[1:]] == [GPU1_UUID, GPU0_UUID]
+    # What its device 0 holds lands in the host's state, on the host's GPU 1.
+    holder = inside.popen("region_peer", "hold", "40")
+    try:
+        wait_for_line(holder, "held")
+        on_host = expect_ok(run_python(host, DISCOVERY)).splitlines()
+        assert (f"{1024 * MiB} 0 " in on_host[1], f"{2048 * MiB} {40 * MiB} " in on_host[2]) == (True, True)
+    finally:
+        stop(holder)
+
+
+def test_a_bad_file_in_a_config_directory_is_named(make_container: ContainerFactory) -> None:
+    container = make_container(preload=False, gpus="")
+    config = container.workdir / "gpus.d"
+    config.mkdir()
+    (config / "gpu00.conf").write_text(f"gpu uuid={GPU0_UUID}\n")
+    (config / "gpu01.conf").write_text("gpu memory=lots\n")
+    container.env["HAMIPY_FAKE_GPU_CONFIG"] = str(config)
+    proc = run_python(container, "import pynvml; pynvml.nvmlInit()")
+    assert proc.returncode != 0
+    assert f"{config}/gpu01.conf:1: bad memory: lots" in proc.stderr

@@ -17,6 +17,8 @@ async def runtime_stack(
     namespace: str,
     hami_scheduler: Callable[..., Any],
 ) -> AsyncIterator[RuntimeStack]:
-    gpus = request.module.GPUS
-    async with running_runtime_stack(devcluster, kube_client, namespace, hami_scheduler, gpus=gpus) as stack:
+    gpus, nvidia = request.module.GPUS, getattr(request.module, "NVIDIA", None)
+    async with running_runtime_stack(
+        devcluster, kube_client, namespace, hami_scheduler, gpus=gpus, nvidia=nvidia
+    ) as stack:
         yield stack

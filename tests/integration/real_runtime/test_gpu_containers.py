@@ -10,7 +10,7 @@ does; each pod runs gpu-workload, which prints what a CUDA application sees (``k
 from __future__ import annotations
 
 import pytest
-from runtime_support import NEEDS_REAL_KUBELET, MiB, RuntimeStack, workload
+from runtime_support import NEEDS_REAL_KUBELET, OUT_OF_MEMORY, MiB, RuntimeStack, sees_only, workload
 from stack_support import allocated_slots, sample_key
 
 from hamipy.devcluster import wait_for
@@ -23,39 +23,20 @@ pytestmark = [pytest.mark.integration, NEEDS_REAL_KUBELET]
 GPU = FakeGpu("GPU-dddddddd-0000-4000-8000-000000000000", "NVIDIA A100-SXM4-40GB", 40960)
 OTHER = FakeGpu("GPU-dddddddd-0000-4000-8000-000000000001", "NVIDIA A100-SXM4-40GB", 40960)
 GPUS = (GPU, OTHER)
-OUT_OF_MEMORY = 2  # CUDA_ERROR_OUT_OF_MEMORY
-
-
-def held_to(log_device: dict[str, object], alloc: dict[str, object], limit_mib: int) -> None:
-    """What one device's facts must say of a process held to ``limit_mib``."""
-    assert log_device["total"] == limit_mib * MiB
-    assert alloc["refused_with"] == OUT_OF_MEMORY, alloc
-    assert alloc["refused_name"] == "CUDA_ERROR_OUT_OF_MEMORY"
-    assert alloc["granted"] == alloc["reported_free"]
-    assert 0 < int(str(alloc["granted"])) <= limit_mib * MiB
 
 
 async def test_a_gpu_pods_process_is_held_to_its_slice_and_a_kubelet_restart_leaves_it(
     runtime_stack: RuntimeStack,
 ) -> None:
     stack = runtime_stack.stack
-    await stack.create(stack.pod_body("one", [workload(gpu=1, gpumem=3000, gpucores=30)]))
-    log = await runtime_stack.ready("one")
-    pod = await stack.pod("one")
-    ((slot,),) = allocated_slots(pod)
+    log, (slot,) = await runtime_stack.run_workload("one", gpu=1, gpumem=3000, gpucores=30)
 
     # It sees one GPU, the one it was given (its own numbering starts at 0), at its own size.
-    assert log.one("driver")["devices"] == 1
-    device = log.one("device", index=0)
-    assert device["uuid"] == slot.uuid
-    held_to(device, log.one("alloc", index=0), 3000)
+    sees_only(log, [slot.uuid], 3000)
     # The interposer was loaded from what the device plugin mounted, not from the image.
-    maps = await runtime_stack.exec("one", "cat", "/proc/1/maps")
-    assert f"{stack.plugin.hook_path}/libvgpu.so" in maps
-    preload = await runtime_stack.exec("one", "cat", "/etc/ld.so.preload")
-    assert preload.strip() == f"{stack.plugin.hook_path}/libvgpu.so"
+    assert await runtime_stack.loaded_the_interposer("one")
 
-    before = pod["status"]["containerStatuses"][0]
+    before = (await stack.pod("one"))["status"]["containerStatuses"][0]
     await stack.kubelet_node.restart_kubelet()
 
     # The same container keeps running, and a second process in it is held to the same slice,
@@ -91,8 +72,7 @@ async def test_two_pods_on_one_gpu_are_each_held_to_their_own_limit_and_the_moni
     for name, mib in limits.items():
         ((slot,),) = allocated_slots(await stack.pod(name))
         assert slot.uuid == GPU.uuid
-        assert logs[name].one("device", index=0)["uuid"] == GPU.uuid
-        held_to(logs[name].one("device", index=0), logs[name].one("alloc", index=0), mib)
+        sees_only(logs[name], [GPU.uuid], mib)
 
     def used_key(name: str) -> tuple[str, frozenset[tuple[str, str]]]:
         return sample_key(

@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 from kubernetes_asyncio import client
-from runtime_support import NEEDS_REAL_KUBELET, MiB, RuntimeStack, workload
+from runtime_support import NEEDS_REAL_KUBELET, RuntimeStack, sees_only, workload
+from stack_support import allocated_slots
 
 from hamipy.devcluster import API_TIMEOUT_S
 from hamipy.devcluster.gpu_nodes import FakeGpu
@@ -84,15 +85,9 @@ async def test_limit_variables_from_a_config_map_reach_the_container_and_lift_no
     log = await runtime_stack.ready("lifter")
 
     # The threat is real: the container's environment holds the ConfigMap's values.
-    env = dict(
-        line.split("=", 1) for line in (await runtime_stack.exec("lifter", "env")).splitlines() if "=" in line
-    )
+    env = await runtime_stack.env("lifter")
     assert {k: env.get(k) for k in LIFTED} == LIFTED
-    # And lifts nothing: one GPU, at its own size, refused past it, its use in the shared region.
-    assert log.one("driver")["devices"] == 1
-    assert log.one("device", index=0)["total"] == LIMIT_MIB * MiB
-    alloc = log.one("alloc", index=0)
-    assert alloc["refused_name"] == "CUDA_ERROR_OUT_OF_MEMORY"
-    assert 0 < alloc["granted"] <= LIMIT_MIB * MiB
-    maps = await runtime_stack.exec("lifter", "cat", "/proc/1/maps")
-    assert f"{stack.plugin.hook_path}/libvgpu.so" in maps
+    # And lifts nothing: its own GPU, at its own size, refused past it, the interposer loaded.
+    ((slot,),) = allocated_slots(await stack.pod("lifter"))
+    sees_only(log, [slot.uuid], LIMIT_MIB)
+    assert await runtime_stack.loaded_the_interposer("lifter")

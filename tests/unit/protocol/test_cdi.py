@@ -17,6 +17,10 @@ from hamipy.protocol.cdi import (
     CDI_VERSION,
     GPU_KIND,
     SLOT_KIND,
+    CdiDevice,
+    CdiMount,
+    CdiSpec,
+    ContainerEdits,
     decode_spec,
     encode_spec,
     gpu_device,
@@ -94,6 +98,28 @@ def test_a_spec_file_is_cdi_json() -> None:
         "options": ["rbind", "rprivate", "ro"],
     }
     assert decode_spec(encode_spec(spec)) == spec
+
+
+def test_spec_level_edits_are_written_only_where_a_spec_has_them() -> None:
+    """The NVIDIA toolkit's spec carries edits of its own (the driver) beside its devices' (each
+    GPU); a slot's spec has none, and no empty field is written."""
+    mount = CdiMount(
+        host_path="/lib/libcuda.so.1", container_path="/lib/libcuda.so.1", type="bind", options=("ro",)
+    )
+    gpu = CdiDevice(name=GPU_A, container_edits=ContainerEdits(mounts=(mount,)))
+    spec = CdiSpec(
+        cdi_version=CDI_VERSION,
+        kind=GPU_KIND,
+        devices=(gpu,),
+        container_edits=ContainerEdits(env=("NVIDIA_VISIBLE_DEVICES=void",), mounts=(mount,)),
+    )
+    doc = json.loads(encode_spec(spec))
+    assert doc["containerEdits"]["env"] == ["NVIDIA_VISIBLE_DEVICES=void"]
+    assert set(doc["devices"][0]["containerEdits"]) == {"mounts"}
+    assert decode_spec(encode_spec(spec)) == spec
+    assert "containerEdits" not in json.loads(
+        encode_spec(slot_spec(allocation(), pod_uid=POD_UID, container_name="c"))
+    )
 
 
 def test_a_spec_that_is_not_one_is_refused() -> None:

@@ -14,9 +14,12 @@ address is the node's InternalIP, where its kubelet serves. ``stop`` and, after 
 ``sweep_orphans`` (from ``REGISTRY``) remove the containers, the shims, the cgroups and the bridge;
 the CNI is set up without masquerading, so no firewall chain is ever made.
 
-The handler ``nvidia`` (RuntimeClass ``nvidia``, which the webhook gives GPU pods) runs runc through
-``fake_nvidia_runtime``, which puts the node's fake driver into containers that ask for GPUs, as the
-NVIDIA container toolkit does with the real one; other pods run on plain runc.
+On a GPU node an ``NvidiaToolkit`` (``fake_nvidia_toolkit``) stands for the NVIDIA container
+toolkit: the handler ``nvidia`` (RuntimeClass ``nvidia``, which the webhook gives GPU pods) runs
+runc through its runtime, which puts the node's fake driver into containers that ask for GPUs by
+``NVIDIA_VISIBLE_DEVICES``, and its CDI spec of the node's GPUs, written into the node's CDI
+directory at start, does so for containers given GPUs by CDI; other pods run on plain runc. CDI is
+on, reading the node's directory and the ones given (the device plugin's ``cdiSpecDir``).
 """
 
 from __future__ import annotations
@@ -31,11 +34,10 @@ import shlex
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Final
+from typing import Final, Protocol
 
 import tomli_w
 
@@ -51,7 +53,7 @@ __all__ = [
     "SHADOWED_DIRS",
     "ContainerdRuntime",
     "NodeNames",
-    "fake_nvidia_runtime_argv",
+    "NvidiaToolkit",
     "sweep",
     "sweep_orphans",
 ]
@@ -116,9 +118,23 @@ def _free_subnet(seed: int) -> str:
     raise DevClusterError("no free /24 left in 10.128.0.0/9 for a node's pod network")
 
 
+class NvidiaToolkit(Protocol):
+    """What puts the GPU driver into a GPU node's containers, as the NVIDIA container toolkit does."""
+
+    def runtime_argv(self, runc: Path) -> list[str]:
+        """argv of the ``nvidia`` handler's OCI runtime, which ends in running ``runc`` (runc's
+        arguments follow)."""
+        ...
+
+    def write_cdi_specs(self, cdi_dir: Path) -> None:
+        """Write the CDI specs of the node's GPUs into ``cdi_dir`` (before containerd starts)."""
+        ...
+
+
 class ContainerdRuntime:
     """One node's containerd; ``start()`` returns once its CRI socket serves, with the images in
-    ``image_archives`` imported."""
+    ``image_archives`` imported. ``nvidia``: the node's GPU driver comes with it (the ``nvidia``
+    handler and its CDI specs); ``cdi_spec_dirs``: CDI spec directories read after the node's own."""
 
     def __init__(
         self,
@@ -126,13 +142,15 @@ class ContainerdRuntime:
         *,
         node: str,
         image_archives: Sequence[Path] = (),
-        nvidia_runtime: Sequence[str] = (),
+        nvidia: NvidiaToolkit | None = None,
+        cdi_spec_dirs: Sequence[Path] = (),
     ) -> None:
         self.workdir = workdir
         self.node = node
         self.image_archives = tuple(image_archives)
-        self.nvidia_runtime = tuple(nvidia_runtime)
-        """argv of the ``nvidia`` handler's OCI runtime (runc's arguments follow); runc itself when empty."""
+        self.nvidia = nvidia
+        self.cdi_spec_dirs = (self.cdi_dir, *cdi_spec_dirs)
+        """Where containerd's CDI finds specs (a device named in two: the later directory's)."""
         self.names = NodeNames.for_workdir(workdir)
         self.process: ManagedProcess | None = None
         self.bin_dir: Path | None = None
@@ -190,9 +208,9 @@ class ContainerdRuntime:
                 "options": {"BinaryName": str(RUNC), "SystemdCgroup": False},
             },
         }
-        if self.nvidia_runtime:
+        if self.nvidia is not None:
             wrapper = w / "nvidia-container-runtime"
-            wrapper.write_text(f'#!/bin/sh\nexec {shlex.join(self.nvidia_runtime)} "$@"\n')
+            wrapper.write_text(f'#!/bin/sh\nexec {shlex.join(self.nvidia.runtime_argv(RUNC))} "$@"\n')
             wrapper.chmod(0o755)
             runtimes[NVIDIA_HANDLER] = {
                 "runtime_type": "io.containerd.runc.v2",
@@ -207,7 +225,7 @@ class ContainerdRuntime:
             "plugins": {
                 "io.containerd.cri.v1.runtime": {
                     "enable_cdi": True,
-                    "cdi_spec_dirs": [str(self.cdi_dir)],
+                    "cdi_spec_dirs": [str(d) for d in self.cdi_spec_dirs],
                     # Root here lacks CAP_SYS_RESOURCE: no container may ask a lower OOM score.
                     "restrict_oom_score_adj": True,
                     "containerd": {
@@ -251,6 +269,8 @@ class ContainerdRuntime:
         for name in PROTECTED_SYSCTLS:
             (sysctls / name.replace("/", ".")).write_text(Path("/proc/sys", name).read_text())
         self.cdi_dir.mkdir(exist_ok=True)
+        if self.nvidia is not None:
+            self.nvidia.write_cdi_specs(self.cdi_dir)
         REGISTRY.mkdir(parents=True, exist_ok=True)
         self.record.write_text(
             json.dumps({**dataclasses.asdict(self.names), "workdir": str(w), "owner": os.getpid()})
@@ -341,19 +361,6 @@ class ContainerdRuntime:
             self.process.stop()
             self.process = None
         sweep(self.record)
-
-
-def fake_nvidia_runtime_argv(gpu_config: Path, driver_libs: Path) -> list[str]:
-    """The ``nvidia`` handler's runtime on a node whose fake driver is configured by ``gpu_config``."""
-    script = Path(__file__).with_name("fake_nvidia_runtime.py")
-    return [
-        sys.executable,
-        str(script),
-        f"--config={gpu_config}",
-        f"--libs={driver_libs}",
-        f"--runc={RUNC}",
-        "--",
-    ]
 
 
 def _cgroup_controllers() -> list[Path]:

@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any, Final, NoReturn
 
 VISIBLE_DEVICES: Final = "NVIDIA_VISIBLE_DEVICES"
+CONFIG_ENV: Final = "HAMIPY_FAKE_GPU_CONFIG"
+"""Where the fake driver finds its configuration (``native/fake/fake.h``): a file, or a directory."""
 CONFIG_IN_CONTAINER: Final = "/etc/hamipy-fake-gpu/gpus.conf"
 STATE_IN_CONTAINER: Final = "/etc/hamipy-fake-gpu/gpus.state"
 LIB_DIR_IN_CONTAINER: Final = "/usr/lib/x86_64-linux-gnu"
@@ -33,7 +35,7 @@ DRIVER_LIBS: Final = ("libcuda.so.1", "libnvidia-ml.so.1")
 NO_DEVICES: Final = ("", "void", "none")
 
 
-def _gpu_lines(host_config: str) -> tuple[list[str], list[tuple[str, str]]]:
+def gpu_lines(host_config: str) -> tuple[list[str], list[tuple[str, str]]]:
     """The host configuration's global lines (its ``state`` left out) and its GPUs as (uuid, line)."""
     settings: list[str] = []
     gpus: list[tuple[str, str]] = []
@@ -50,7 +52,7 @@ def _gpu_lines(host_config: str) -> tuple[list[str], list[tuple[str, str]]]:
 def container_config(host_config: str, visible: str) -> str:
     """The driver configuration of a container given ``visible`` (``all``, or GPU UUIDs or host
     indices, comma-separated, in the order the container numbers them)."""
-    settings, gpus = _gpu_lines(host_config)
+    settings, gpus = gpu_lines(host_config)
     if visible.strip() == "all":
         chosen = list(range(len(gpus)))
     else:
@@ -62,9 +64,25 @@ def container_config(host_config: str, visible: str) -> str:
             if not 0 <= index < len(gpus):
                 raise SystemExit(f"fake nvidia runtime: {VISIBLE_DEVICES} names unknown GPU {want!r}")
             chosen.append(index)
-    lines = [*settings, f"state = {STATE_IN_CONTAINER}"]
-    lines += [f"{gpus[i][1]} slot={i}" for i in chosen]
-    return "\n".join(lines) + "\n"
+    return driver_settings(settings) + "".join(gpu_with_slot(gpus[i][1], i) for i in chosen)
+
+
+def driver_settings(settings: Sequence[str]) -> str:
+    """A container's driver settings: the host's, with the host's state at ``STATE_IN_CONTAINER``."""
+    return "".join(f"{line}\n" for line in (*settings, f"state = {STATE_IN_CONTAINER}"))
+
+
+def gpu_with_slot(line: str, slot: int) -> str:
+    """A host GPU line as a container lists it: with the host's index, where its use is counted."""
+    return f"{line} slot={slot}\n"
+
+
+def host_state(host_config: Path) -> Path:
+    """The node's driver state beside ``host_config``, made empty if missing (the driver sizes it
+    at first use) so that it can be mounted."""
+    state = Path(f"{host_config}.state")
+    state.touch(exist_ok=True)
+    return state
 
 
 def _env_value(spec: dict[str, Any], name: str) -> str | None:
@@ -76,8 +94,13 @@ def _env_value(spec: dict[str, Any], name: str) -> str | None:
     return value
 
 
+def bind_options(*, read_only: bool) -> list[str]:
+    """The OCI options of a bind mount of the driver's files."""
+    return ["rbind", "nosuid", "nodev", "ro" if read_only else "rw"]
+
+
 def _bind(source: str, destination: str, *, read_only: bool) -> dict[str, Any]:
-    options = ["rbind", "nosuid", "nodev", "ro" if read_only else "rw"]
+    options = bind_options(read_only=read_only)
     return {"destination": destination, "type": "bind", "source": source, "options": options}
 
 
@@ -88,15 +111,14 @@ def inject(spec: dict[str, Any], *, host_config: Path, libs: Path, container_con
         return False
     container_conf.parent.mkdir(parents=True, exist_ok=True)
     container_conf.write_text(container_config(host_config.read_text(), visible))
-    state = Path(f"{host_config}.state")
-    state.touch(exist_ok=True)  # the driver sizes it at first use
+    state = host_state(host_config)
     mounts = spec.setdefault("mounts", [])
     mounts += [
         _bind(str(libs / name), f"{LIB_DIR_IN_CONTAINER}/{name}", read_only=True) for name in DRIVER_LIBS
     ]
     mounts.append(_bind(str(container_conf), CONFIG_IN_CONTAINER, read_only=True))
     mounts.append(_bind(str(state), STATE_IN_CONTAINER, read_only=False))
-    spec["process"].setdefault("env", []).append(f"HAMIPY_FAKE_GPU_CONFIG={CONFIG_IN_CONTAINER}")
+    spec["process"].setdefault("env", []).append(f"{CONFIG_ENV}={CONFIG_IN_CONTAINER}")
     return True
 
 

@@ -18,8 +18,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Protocol, Self
 
-from hamipy.devcluster.containerd_runtime import NVIDIA_HANDLER, ContainerdRuntime, fake_nvidia_runtime_argv
+from hamipy.devcluster.containerd_runtime import NVIDIA_HANDLER, ContainerdRuntime
 from hamipy.devcluster.errors import WaitTimeout
+from hamipy.devcluster.fake_nvidia_toolkit import FakeNvidiaToolkit
 from hamipy.devcluster.gpu_nodes import Credentials, DevicePluginAgent, FakeGpu
 from hamipy.devcluster.images import ensure_images
 from hamipy.devcluster.kubeobjects import ensure_runtime_class
@@ -129,7 +130,7 @@ class KubeletNode:
 
     async def start(self) -> None:
         containerd = self.kubelet.containerd
-        if containerd is not None and containerd.nvidia_runtime:
+        if containerd is not None and containerd.nvidia is not None:
             await ensure_runtime_class(self.api, NVIDIA_HANDLER, NVIDIA_HANDLER)
         await asyncio.to_thread(self.kubelet.start)
         await self.wait_ready()
@@ -185,8 +186,9 @@ def gpu_kubelet_node(
     kubelet's unix sockets: keep its path short (about 60 bytes at most). ``credentials`` (default:
     the cluster's admin kubeconfig) gives the plugin its own identity; ``env`` is added to its
     environment. With ``real_runtime`` the node runs containerd and runc (``ContainerdRuntime``,
-    with the pause and GPU workload images), its ``nvidia`` runtime putting the fake driver into GPU
-    containers; without, the fake runtime."""
+    with the pause and GPU workload images), the toolkit stand-in (``FakeNvidiaToolkit``) putting
+    the fake driver into GPU containers, and containerd reading the plugin's CDI specs too; without,
+    the fake runtime."""
     plugin_dir = workdir / "plugin"
     containerd = None
     if real_runtime:
@@ -195,9 +197,9 @@ def gpu_kubelet_node(
             workdir / "kubelet",
             node=name,
             image_archives=(images.pause.archive, images.gpu_workload.archive),
-            nvidia_runtime=fake_nvidia_runtime_argv(
-                plugin_dir / "driver" / "gpus.conf", native_build / "fake"
-            ),
+            nvidia=FakeNvidiaToolkit(plugin_dir / "driver" / "gpus.conf", native_build / "fake", tuple(gpus)),
+            # The plugin's cdiSpecDir: under cdi-cri it writes the slots' specs there.
+            cdi_spec_dirs=(plugin_dir / "cdi",),
         )
     node = KubeletNode(cluster, api, name, workdir / "kubelet", labels=labels, containerd=containerd)
     plugin = DevicePluginAgent(

@@ -93,11 +93,12 @@ class CdiMount(msgspec.Struct, frozen=True, rename="camel"):
     options: tuple[str, ...]
 
 
-class ContainerEdits(msgspec.Struct, frozen=True, rename="camel"):
-    """A CDI ``ContainerEdits``: ``NAME=value`` env entries and mounts (what a slot needs)."""
+class ContainerEdits(msgspec.Struct, frozen=True, rename="camel", omit_defaults=True):
+    """A CDI ``ContainerEdits``: ``NAME=value`` env entries and mounts (what a slot, or the fake
+    driver of the dev cluster's toolkit stand-in, needs); an empty field is left out of the file."""
 
-    env: tuple[str, ...]
-    mounts: tuple[CdiMount, ...]
+    env: tuple[str, ...] = ()
+    mounts: tuple[CdiMount, ...] = ()
 
 
 class CdiDevice(msgspec.Struct, frozen=True, rename="camel"):
@@ -105,12 +106,15 @@ class CdiDevice(msgspec.Struct, frozen=True, rename="camel"):
     container_edits: ContainerEdits
 
 
-class CdiSpec(msgspec.Struct, frozen=True, rename="camel"):
-    """A CDI spec file: its version, kind and devices."""
+class CdiSpec(msgspec.Struct, frozen=True, rename="camel", omit_defaults=True):
+    """A CDI spec file: its version, kind and devices, and the edits every container given one of
+    its devices gets once, before the first of them (a slot's spec has none; the NVIDIA toolkit's
+    puts the driver there)."""
 
     cdi_version: str
     kind: str
     devices: tuple[CdiDevice, ...]
+    container_edits: ContainerEdits | None = None
 
 
 def _checked_name(field: str, name: str) -> str:
