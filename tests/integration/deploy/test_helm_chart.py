@@ -11,18 +11,18 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from chart_values import CHART, KUBE_VERSION, RELEASE, helm_lint, helm_template
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from stack_support import extender_config
 
-from hamipy.devcluster.binaries import KUBERNETES_VERSION, ensure_helm
+from hamipy.devcluster.binaries import KUBERNETES_VERSION
 from hamipy.devcluster.config import ExtenderTLS, SchedulerConfig, render_scheduler_config
 from hamipy.devcluster.identities import SERVICE_RULES
 from hamipy.protocol import keys
@@ -34,9 +34,6 @@ from hamipy.webhook.registration import webhook_configuration
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[3]
-CHART = ROOT / "deploy" / "helm" / "hami-py"
-RELEASE = "hami-py"
 API_TIMEOUT_S = 10.0
 # values key -> (workload kind, name suffix, container, the container's argument list, metrics port)
 SERVICES = {
@@ -98,26 +95,8 @@ FOREIGN_CRDS = [
 ]
 
 
-def render(
-    namespace: str, *args: str, kube_version: str = KUBERNETES_VERSION.lstrip("v")
-) -> list[dict[str, Any]]:
-    proc = subprocess.run(
-        [
-            str(ensure_helm()),
-            "template",
-            RELEASE,
-            str(CHART),
-            "--namespace",
-            namespace,
-            "--kube-version",
-            kube_version,
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+def render(namespace: str, *args: str, kube_version: str = KUBE_VERSION) -> list[dict[str, Any]]:
+    proc = helm_template(*args, namespace=namespace, kube_version=kube_version)
     assert proc.returncode == 0, proc.stderr
     return [doc for doc in yaml.safe_load_all(proc.stdout) if doc]
 
@@ -147,20 +126,7 @@ def rendered() -> dict[str, list[dict[str, Any]]]:
 
 
 def test_chart_lints_clean() -> None:
-    proc = subprocess.run(
-        [
-            str(ensure_helm()),
-            "lint",
-            str(CHART),
-            "--strict",
-            "--kube-version",
-            KUBERNETES_VERSION.lstrip("v"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    proc = helm_lint()
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -366,16 +332,7 @@ def test_extender_tls_can_be_off_or_bring_your_own() -> None:
     assert not [d for d in own if d["kind"] == "Secret" and "extender" in d["metadata"]["name"]]
     volumes = one(own, "Deployment", "-scheduler")["spec"]["template"]["spec"]["volumes"]
     assert {"name": "extender-client", "secret": {"secretName": "mine-client"}} in volumes
-    proc = subprocess.run(
-        [
-            *[str(ensure_helm()), "template", RELEASE, str(CHART)],
-            *["--kube-version", KUBERNETES_VERSION.lstrip("v"), "--set", "extender.tls.serverSecret=mine"],
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    proc = helm_template("--set", "extender.tls.serverSecret=mine")
     assert proc.returncode != 0
     assert "give both serverSecret and clientSecret" in proc.stderr
 
