@@ -186,6 +186,15 @@ def test_the_templates_own_refusals_stand_without_the_schema() -> None:
     assert "webhook.certificates.mode must be selfSigned or certManager" in proc.stderr
 
 
+def test_the_refusal_install_md_shows_is_the_one_helm_prints() -> None:
+    text = (ROOT / "docs" / "install.md").read_text()
+    shown = re.search(r"```\n(Error: values don't meet.*?)```", text, re.DOTALL)
+    assert shown is not None
+    proc = helm_template("--set", "webhook.replicas=0", "--set", "webhok.port=8443")
+    for line in shown.group(1).splitlines():
+        assert line in proc.stderr.splitlines(), proc.stderr
+
+
 # -- good values pass ------------------------------------------------------------------------------
 
 
