@@ -81,8 +81,9 @@ struct fake_state {
     uint32_t pad;
     pthread_mutex_t mu; /* process-shared, robust */
     struct {
-        int32_t pid;
+        int32_t pid;   /* in the process's own PID namespace */
         uint64_t start;
+        uint64_t pidns; /* inode of that namespace (/proc/<pid>/ns/pid): a container's is not the host's */
         uint64_t used[FAKE_MAX_GPUS];
         uint64_t queued_ns[FAKE_MAX_GPUS]; /* GPU time of all launches so far */
         uint64_t until_ns[FAKE_MAX_GPUS];  /* CLOCK_MONOTONIC time the last one finishes */

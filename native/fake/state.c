@@ -2,6 +2,7 @@
  * live process holds on each fake GPU, so NVML in another process (the device plugin, the
  * monitor) sees real usage and process lists. Entries of dead processes are ignored and reused. */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -16,7 +17,7 @@
 
 #include "fake.h"
 
-#define STATE_MAGIC 0x46414b46u /* bumped when the layout changes */
+#define STATE_MAGIC 0x46414b47u /* bumped when the layout changes */
 
 static int own = -1;
 static const struct fake_config *conf; /* maps a device index to its slot in the state */
@@ -47,13 +48,91 @@ static uint64_t start_time(pid_t pid, int *gone) {
     return p == NULL ? 0 : strtoull(p, NULL, 10);
 }
 
-static int alive(const struct fake_state *st, int i) {
+static uint64_t pidns_of(const char *proc_dir) {
+    char path[320];
+    struct stat sb;
+    snprintf(path, sizeof path, "%s/ns/pid", proc_dir);
+    return stat(path, &sb) == 0 ? (uint64_t)sb.st_ino : 0;
+}
+
+static uint64_t own_pidns(void) {
+    static uint64_t ns;
+    if (ns == 0) ns = pidns_of("/proc/self");
+    return ns;
+}
+
+/* The innermost pid of /proc/<dir>/status's NSpid line: the process's pid in its own namespace. */
+static pid_t innermost_pid(const char *proc_dir) {
+    char path[320], line[256];
+    snprintf(path, sizeof path, "%s/status", proc_dir);
+    FILE *f = fopen(path, "re");
+    if (f == NULL) return 0;
+    pid_t last = 0;
+    while (fgets(line, sizeof line, f) != NULL) {
+        if (strncmp(line, "NSpid:", 6) != 0) continue;
+        char *save = NULL;
+        for (char *tok = strtok_r(line + 6, " \t\n", &save); tok != NULL; tok = strtok_r(NULL, " \t\n", &save)) {
+            last = (pid_t)atoi(tok);
+        }
+        break;
+    }
+    fclose(f);
+    return last;
+}
+
+/* Whether this process sees every PID namespace: it is in the initial one (the kernel's
+ * PROC_PID_INIT_INO). A container's own /proc lists one pid in NSpid too, so that cannot tell. */
+static int sees_all(void) { return own_pidns() == 0xEFFFFFFCu; }
+
+/* The pid, as this process sees it, of the process that is `pid` in namespace `ns`; 0 if none is
+ * visible here. */
+static pid_t visible_pid(uint64_t ns, pid_t pid) {
+    DIR *proc = opendir("/proc");
+    if (proc == NULL) return 0;
+    pid_t found = 0;
+    struct dirent *e;
+    while (found == 0 && (e = readdir(proc)) != NULL) {
+        if (e->d_name[0] < '1' || e->d_name[0] > '9') continue;
+        char dir[300];
+        snprintf(dir, sizeof dir, "/proc/%.255s", e->d_name);
+        if (pidns_of(dir) == ns && innermost_pid(dir) == pid) found = (pid_t)atoi(e->d_name);
+    }
+    closedir(proc);
+    return found;
+}
+
+/* 1: entry i's process is alive; 0: it is gone; -1: it lives in a PID namespace this process does
+ * not see into (another container's), so it cannot tell. */
+static int liveness(const struct fake_state *st, int i, pid_t *seen_as) {
     pid_t pid = st->procs[i].pid;
+    *seen_as = pid;
     if (pid <= 0) return 0;
+    if (st->procs[i].pidns != 0 && st->procs[i].pidns != own_pidns()) {
+        pid = visible_pid(st->procs[i].pidns, pid);
+        if (pid == 0) return sees_all() ? 0 : -1;
+        *seen_as = pid;
+    }
     if (kill(pid, 0) == -1 && errno == ESRCH) return 0;
     int gone = 0;
     uint64_t started = start_time(pid, &gone);
     return !gone && !(started != 0 && st->procs[i].start != 0 && started != st->procs[i].start);
+}
+
+/* Entry i counts as a live process (one that cannot be told is counted: its use is real until a
+ * process that sees every namespace finds it gone and frees the entry). */
+static int alive(struct fake_state *st, int i) {
+    pid_t seen_as = 0;
+    int live = liveness(st, i, &seen_as);
+    if (live == 0 && st->procs[i].pid > 0 && st->procs[i].pidns != 0 && st->procs[i].pidns != own_pidns())
+        memset(&st->procs[i], 0, sizeof st->procs[i]); /* gone for good: nobody else could tell */
+    return live != 0;
+}
+
+/* The pid this process knows entry i's process by (the host's pid, as NVML reports, when it is). */
+static unsigned reported_pid(const struct fake_state *st, int i) {
+    pid_t seen_as = 0;
+    liveness(st, i, &seen_as);
+    return (unsigned)seen_as;
 }
 
 static void lock(struct fake_state *st) {
@@ -101,10 +180,14 @@ struct fake_state *fake_state_attach(const struct fake_config *cfg, int claim) {
         pid_t self = getpid();
         int gone = 0;
         for (int i = 0; i < FAKE_MAX_PROCS && own < 0; i++) {
-            if (st->procs[i].pid == self || !alive(st, i)) {
+            /* Its own entry of an earlier attach, or a free one: another container's process may
+             * have the same pid in its own namespace. */
+            int mine = st->procs[i].pid == self && (st->procs[i].pidns == 0 || st->procs[i].pidns == own_pidns());
+            if (mine || !alive(st, i)) {
                 memset(&st->procs[i], 0, sizeof st->procs[i]);
                 st->procs[i].pid = self;
                 st->procs[i].start = start_time(self, &gone);
+                st->procs[i].pidns = own_pidns();
                 own = i;
             }
         }
@@ -163,7 +246,7 @@ unsigned fake_state_procs(struct fake_state *st, int dev, unsigned max, unsigned
     for (int i = 0; i < FAKE_MAX_PROCS; i++) {
         if (st->procs[i].used[dev] == 0 || !alive(st, i)) continue;
         if (n < max) {
-            pids[n] = (unsigned)st->procs[i].pid;
+            pids[n] = reported_pid(st, i);
             used[n] = st->procs[i].used[dev];
         }
         n++;
@@ -218,7 +301,7 @@ unsigned fake_state_executed_all(struct fake_state *st, int dev, unsigned max, u
     for (int i = 0; i < FAKE_MAX_PROCS; i++) {
         if (st->procs[i].queued_ns[dev] == 0 || !alive(st, i)) continue;
         if (n < max) {
-            pids[n] = (unsigned)st->procs[i].pid;
+            pids[n] = reported_pid(st, i);
             done[n] = executed(st, i, dev, now);
         }
         n++;

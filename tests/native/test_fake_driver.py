@@ -3,6 +3,12 @@ libcuda's allocations across processes, and reports unhealthy GPUs as XID events
 
 from __future__ import annotations
 
+import os
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
 import pytest
 from native_support import (
     GPU0_UUID,
@@ -144,3 +150,39 @@ def test_a_bad_file_in_a_config_directory_is_named(make_container: ContainerFact
     proc = run_python(container, "import pynvml; pynvml.nvmlInit()")
     assert proc.returncode != 0
     assert f"{config}/gpu01.conf:1: bad memory: lots" in proc.stderr
+
+
+def _only_child(pid: int) -> int:
+    (child,) = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return int(child)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare")
+def test_a_process_in_its_own_pid_namespace_is_seen_and_forgotten_by_the_hosts_nvml(
+    make_container: ContainerFactory,
+) -> None:
+    """A container's process is pid 1 or so in its own PID namespace, which the host cannot find by
+    that number: the host's NVML still counts its use, reports it under its host pid (as a real
+    driver does), and forgets it once it is gone."""
+    host = make_container(preload=False)
+    holder = subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--mount-proc", *host.command("region_peer", "hold", "40")],
+        env=host.env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for_line(holder, "held")
+        inner = _only_child(holder.pid)
+        lines = expect_ok(run_python(host, DISCOVERY)).splitlines()
+        assert lines[1].endswith(f"[({inner}, {40 * MiB})]")
+        assert f"{1024 * MiB} {40 * MiB} " in lines[1]
+        os.kill(inner, signal.SIGKILL)  # no chance to give its memory back: the host must notice
+        holder.wait(timeout=10)
+    finally:
+        holder.kill()
+        holder.communicate(timeout=10)
+    lines = expect_ok(run_python(host, DISCOVERY)).splitlines()
+    assert lines[1].endswith(" 0 00000000:3B:00.0 1 0 []")

@@ -96,11 +96,25 @@ async def test_two_pods_on_one_gpu_are_each_held_to_their_own_limit_and_the_moni
         granted = int(logs[name].one("alloc", index=0)["granted"])
         assert granted <= usage[name] <= mib * MiB
 
+    def host_used(metrics: dict[tuple[str, frozenset[tuple[str, str]]], float]) -> float:
+        (used,) = [
+            value
+            for (name, labels), value in metrics.items()
+            if name == "hami_host_gpu_memory_used_bytes" and ("device_uuid", GPU.uuid) in labels
+        ]
+        return used
+
+    # The host's NVML counts both containers' processes on the GPU, though each is pid 1 or so in
+    # a PID namespace of its own.
+    assert host_used(await runtime_stack.metrics()) >= sum(usage.values())
+
     # Deleted, a pod drops out of the monitor's report.
     await stack.core.delete_namespaced_pod("small", stack.namespace, grace_period_seconds=0)
 
     async def dropped() -> bool:
         metrics = await runtime_stack.metrics()
-        return used_key("small") not in metrics and used_key("large") in metrics
+        gone = used_key("small") not in metrics and used_key("large") in metrics
+        # Its process killed with it, the host's NVML forgets its use too.
+        return gone and host_used(metrics) < usage["small"] + usage["large"]
 
     await wait_for(dropped, timeout=90, interval=0.5, what="the monitor to drop the deleted pod")
