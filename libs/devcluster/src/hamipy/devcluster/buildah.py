@@ -1,6 +1,7 @@
 """buildah, which builds the service images from their Dockerfiles without a Docker daemon, with
-its image store under the cache root (``storage_dir()``), not the host's default: the images it
-holds are this project's build state, kept and pruned with the archives made from them.
+its image store and network configuration under the cache root (``storage_dir()``), not the
+host's defaults: the images it holds are this project's build state, kept and pruned with the
+archives made from them.
 
 Every command runs as root (``service_images`` says so before the first); RUN steps and ``run``
 use chroot isolation (``ISOLATION``).
@@ -17,6 +18,8 @@ import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Final
+
+import tomli_w
 
 from hamipy.devcluster import binaries
 from hamipy.devcluster.errors import ImageBuildError
@@ -61,8 +64,22 @@ def _argv(args: tuple[str, ...]) -> list[str]:
     return ["buildah", "--root", str(top / "storage"), "--runroot", str(top / "run"), *args]
 
 
+def _containers_conf() -> Path:
+    """A containers.conf that keeps buildah's network configuration directory (where it makes a
+    CNI lock even for chroot isolation) under ``storage_dir()`` rather than ``/etc/cni``."""
+    path = storage_dir() / "containers.conf"
+    text = tomli_w.dumps({"network": {"network_config_dir": str(storage_dir() / "cni")}})
+    if not path.is_file() or path.read_text() != text:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staged = path.with_name(f".{path.name}.{os.getpid()}")
+        staged.write_text(text)
+        staged.replace(path)
+    return path
+
+
 def _environ(registries_conf: Path | None) -> dict[str, str]:
     env = {name: value for name, value in os.environ.items() if not name.startswith("LD_")}
+    env["CONTAINERS_CONF"] = str(_containers_conf())
     if registries_conf is not None:
         env["CONTAINERS_REGISTRIES_CONF"] = str(registries_conf)
     return env

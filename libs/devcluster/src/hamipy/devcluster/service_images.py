@@ -239,7 +239,7 @@ def _build_scheduler(ref: str, binary: Path) -> BuiltImage:
     spec = scheduler_spec(binary)
     runtime = repr((spec.entrypoint, spec.env, spec.user, spec.architecture)).encode()
     key = images.digest_of(
-        _builder_source(),
+        Path(__file__).read_bytes(),
         Path(oci_archive.__file__).read_bytes(),
         ref.encode(),
         oci_archive.layer_tar(spec.entries),
