@@ -14,7 +14,7 @@ RUN := $(UV) run --frozen --no-sync
 TYPED_PACKAGES := hamipy.protocol hamipy.kube hamipy.devcluster hamipy.telemetry hamipy.kubelet_api hamipy.webhook hamipy.extender hamipy.device_plugin hamipy.monitor
 PYTEST_ARGS ?=
 
-.PHONY: help sync lint typecheck native proto kube-binaries test unit mutate bench gpu-test gpu-wheels up down gpus trace clean
+.PHONY: help sync lint typecheck native proto kube-binaries images test unit mutate bench gpu-test gpu-wheels up down gpus trace clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -50,6 +50,9 @@ proto: sync ## regenerate the kubelet device plugin API stubs from libs/kubelet-
 
 kube-binaries: sync native ## build (first run only) and cache the Kubernetes binaries, containerd and the images
 	$(RUN) hamipy-devcluster binaries
+
+images: sync ## build (when stale; as root) the four service images and kube-scheduler's, as archives for ctr
+	$(RUN) python -m hamipy.devcluster.service_images
 
 test: lint typecheck native kube-binaries ## everything CI runs: lint, types, native build, the whole suite
 	$(RUN) pytest $(PYTEST_ARGS)

@@ -4,9 +4,10 @@
 # It runs as root: it serves a socket in the kubelet's device-plugin directory, writes the hook
 # path on the host (libvgpu.so, ld.so.preload, containers' region directories) and loads NVML.
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
+# Any image with gcc, make and the C library headers (the official gcc image has them all).
+ARG GCC_IMAGE=gcc:12.4.0-bookworm
 
-# The official gcc image has gcc, make and the C library headers: nothing to install.
-FROM gcc:12.4.0-bookworm AS native
+FROM ${GCC_IMAGE} AS native
 WORKDIR /src
 COPY native/ native/
 RUN make -C native build/libvgpu.so

@@ -39,6 +39,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Final
 
 from hamipy.devcluster.binaries import cache_root
+from hamipy.devcluster.dockerfiles import DockerIgnore, instructions
 
 ROOT: Final = Path(__file__).resolve().parents[3]
 DOCKER_DIR: Final = ROOT / "deploy" / "docker"
@@ -124,28 +125,6 @@ class DockerBuild:
             raise ImageEnvError(f"{self.dockerfile}: no UV_PROJECT_ENVIRONMENT in its build stage") from None
 
 
-def _instructions(text: str) -> Iterator[tuple[str, str]]:
-    """``(INSTRUCTION, arguments)`` with continuation lines joined and comments dropped."""
-    pending = ""
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not pending and (not line or line.startswith("#")):
-            continue
-        if pending and line.startswith("#"):
-            continue  # a comment inside a continued instruction, as Docker reads it
-        if line.endswith("\\"):
-            pending += line[:-1] + " "
-            continue
-        whole = (pending + line).strip()
-        pending = ""
-        if whole:
-            keyword, _, rest = whole.partition(" ")
-            yield keyword.upper(), rest.strip()
-    if pending.strip():
-        keyword, _, rest = pending.strip().partition(" ")
-        yield keyword.upper(), rest.strip()
-
-
 def _exec_form(args: str, where: str) -> list[str]:
     if args.startswith("["):
         value = json.loads(args)
@@ -171,7 +150,7 @@ def _env_pairs(args: str) -> dict[str, str]:
 def parse_stages(text: str, where: str) -> list[Stage]:
     """The stages of a Dockerfile, with the instructions the reproduction reads."""
     stages: list[Stage] = []
-    for keyword, args in _instructions(text):
+    for keyword, args in instructions(text):
         if keyword == "FROM":
             words = args.split()
             name = words[2] if len(words) >= 3 and words[1].lower() == "as" else str(len(stages))
@@ -261,70 +240,10 @@ def read_dockerfile(service: str, dockerfile: Path | None = None) -> DockerBuild
 # -- the build context ------------------------------------------------------------------------------
 
 
-def _pattern_regex(pattern: str) -> re.Pattern[str]:
-    """A ``.dockerignore`` pattern (Go ``filepath.Match`` plus ``**``) as a regex on a relative path."""
-    out = ""
-    i = 0
-    while i < len(pattern):
-        ch = pattern[i]
-        if pattern.startswith("**", i):
-            i += 2
-            if pattern.startswith("/", i):
-                out += "(?:.*/)?"
-                i += 1
-            else:
-                out += ".*"
-            continue
-        if ch == "*":
-            out += "[^/]*"
-        elif ch == "?":
-            out += "[^/]"
-        elif ch == "[":
-            end = pattern.find("]", i)
-            if end < 0:
-                out += re.escape(ch)
-            else:
-                body = pattern[i + 1 : end]
-                out += "[" + ("^" + body[1:] if body.startswith("^") else body) + "]"
-                i = end
-        else:
-            out += re.escape(ch)
-        i += 1
-    return re.compile(out + r"\Z")
-
-
-class DockerIgnore:
-    """``.dockerignore`` as Docker applies it: the last matching pattern wins, ``!`` re-includes, and
-    a pattern matching a directory matches everything below it."""
-
-    def __init__(self, text: str) -> None:
-        self.rules: list[tuple[re.Pattern[str], bool]] = []
-        for raw in text.splitlines():
-            line = raw.strip()
-            if not line or line.startswith("#"):
-                continue
-            negate = line.startswith("!")
-            line = line[1:].strip() if negate else line
-            cleaned = os.path.normpath(line).lstrip("/")
-            if cleaned in ("", "."):
-                continue
-            self.rules.append((_pattern_regex(cleaned), negate))
-
-    def excluded(self, relative: str) -> bool:
-        parts = relative.split("/")
-        prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
-        result = False
-        for regex, negate in self.rules:
-            if any(regex.match(p) for p in prefixes):
-                result = not negate
-        return result
-
-
 def context_files(build: DockerBuild, root: Path = ROOT) -> list[tuple[Path, str]]:
     """``(source in the checkout, path relative to WORKDIR in the image)`` of every file the build
     stage's ``COPY`` lines take, ``.dockerignore`` and ``__pycache__`` left out, sorted."""
-    ignore_file = root / ".dockerignore"
-    ignore = DockerIgnore(ignore_file.read_text() if ignore_file.is_file() else "")
+    ignore = DockerIgnore.of(root)
     files: dict[str, Path] = {}
     for sources, dest in build.copies:
         for source in sources:

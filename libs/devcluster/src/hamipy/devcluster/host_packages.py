@@ -1,6 +1,6 @@
-"""Debian packages the real-runtime nodes run (runc, the CNI plugins, the workload image's busybox):
-found on the host, or installed from Debian's archive when running as root, the way the Kubernetes
-binaries are built on first use."""
+"""Debian packages the real-runtime nodes run (runc, the CNI plugins, the workload image's busybox)
+and the service images are built with (buildah, debootstrap): found on the host, or installed from
+Debian's archive when running as root, the way the Kubernetes binaries are built on first use."""
 
 from __future__ import annotations
 
@@ -14,7 +14,13 @@ from typing import Final
 
 from hamipy.devcluster.errors import DevClusterError
 
-__all__ = ["RUNTIME_PACKAGES", "HostPackage", "ensure_host_packages", "missing_packages"]
+__all__ = [
+    "IMAGE_BUILD_PACKAGES",
+    "RUNTIME_PACKAGES",
+    "HostPackage",
+    "ensure_host_packages",
+    "missing_packages",
+]
 
 APT_TIMEOUT_S: Final = 900.0
 
@@ -32,6 +38,11 @@ RUNTIME_PACKAGES: Final = (
     HostPackage("iproute2", Path("/usr/sbin/ip")),
     HostPackage("busybox-static", Path("/bin/busybox")),
 )
+IMAGE_BUILD_PACKAGES: Final = (
+    HostPackage("buildah", Path("/usr/bin/buildah")),
+    HostPackage("debootstrap", Path("/usr/sbin/debootstrap")),
+)
+"""What ``service_images`` builds the Dockerfiles with, and makes the local base images with."""
 
 
 def missing_packages(packages: Sequence[HostPackage] = RUNTIME_PACKAGES) -> list[HostPackage]:
@@ -45,16 +56,18 @@ def _apt(args: list[str]) -> subprocess.CompletedProcess[str]:
     )
 
 
-def ensure_host_packages(packages: Sequence[HostPackage] = RUNTIME_PACKAGES) -> None:
-    """Install the missing ``packages`` with apt-get (root only); DevClusterError naming them when
-    that cannot be done here."""
+def ensure_host_packages(
+    packages: Sequence[HostPackage] = RUNTIME_PACKAGES, *, needed_by: str = "the real-runtime nodes"
+) -> None:
+    """Install the missing ``packages`` with apt-get (root only); DevClusterError naming them, and
+    `needed_by` (what needs them), when that cannot be done here."""
     missing = missing_packages(packages)
     if not missing:
         return
     names = sorted({p.package for p in missing})
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
         raise DevClusterError(
-            f"the real-runtime nodes need the Debian packages {', '.join(names)} "
+            f"{needed_by} need the Debian packages {', '.join(names)} "
             f"(missing: {', '.join(str(p.path) for p in missing)}); install them as root: "
             f"apt-get install -y {' '.join(names)}"
         )

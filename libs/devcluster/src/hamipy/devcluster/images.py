@@ -291,8 +291,13 @@ def _builder_source() -> bytes:
 
 
 def _key(*parts: bytes) -> str:
+    return digest_of(_builder_source(), *parts)
+
+
+def digest_of(*parts: bytes) -> str:
+    """A hash of `parts`, each counted with its length (so no two lists of parts hash alike)."""
     digest = hashlib.sha256()
-    for part in (_builder_source(), *parts):
+    for part in parts:
         digest.update(len(part).to_bytes(8, "big"))
         digest.update(part)
     return digest.hexdigest()
@@ -304,15 +309,34 @@ def images_dir() -> Path:
 
 def _cached(name: str, key: str, make: Callable[[], tuple[ImageBlobs, tuple[str, ...]]]) -> ImageArchive:
     """The archive of image `name` for `key`, built by `make` (blobs and names) if missing."""
+
+    def write(path: Path) -> None:
+        blobs, names = make()
+        path.write_bytes(oci_archive.layout_archive(blobs, names))
+
+    path, _ = cached_archive(name, key, write)
+    return archive_of(path)
+
+
+def cached_archive(name: str, key: str, write: Callable[[Path], None]) -> tuple[Path, bool]:
+    """The archive of image `name` for `key` under ``images_dir()``, and whether this call made it:
+    when missing, `write` makes it at the path it is given, under the binaries' build lock (so
+    `write` must not take that lock), and it is renamed into place once whole."""
     directory = images_dir()
     path = directory / f"{name}-{key[:32]}.tar"
+    built = False
     if not path.is_file():
         with binaries._build_lock():
             if not path.is_file():  # another process may have built it while we waited
-                blobs, names = make()
-                _write_atomically(path, oci_archive.layout_archive(blobs, names))
+                _write_atomically(path, write)
                 _prune(directory, name, keep=path)
+                built = True
     os.utime(path)  # the most recently used are the ones _prune keeps
+    return path, built
+
+
+def archive_of(path: Path) -> ImageArchive:
+    """The names and digests of the image archive at `path`."""
     summary = oci_archive.summarize_archive(path)
     return ImageArchive(
         ref=summary.names[0],
@@ -323,13 +347,14 @@ def _cached(name: str, key: str, make: Callable[[], tuple[ImageBlobs, tuple[str,
     )
 
 
-def _write_atomically(path: Path, data: bytes) -> None:
-    """`data` at `path`, whole or not at all (readers never see a partial archive)."""
+def _write_atomically(path: Path, write: Callable[[Path], None]) -> None:
+    """What `write` writes at a temporary path beside `path`, renamed to `path` once it returns
+    (readers never see a partial archive)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
+    os.close(fd)
     try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
+        write(Path(tmp))
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:

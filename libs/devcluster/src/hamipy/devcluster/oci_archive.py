@@ -215,10 +215,14 @@ class ArchiveSummary:
     names: tuple[str, ...]
     manifest_digest: str
     config_digest: str
+    runtime: dict[str, Any]
+    """The image config's ``config``: Entrypoint, Cmd, Env, User... as a runtime reads them."""
 
 
 def summarize_archive(path: Path) -> ArchiveSummary:
-    """The names and digests of the (single-manifest) image in the layout archive at `path`."""
+    """The names, digests and runtime config of the (single-manifest) image in the layout archive at
+    `path`. Its names are what ``ctr images import`` gives it: each index entry's containerd name, or
+    else its OCI ref name (which tools other than containerd write, as a full reference)."""
     with tarfile.open(path, mode="r:") as tar:
 
         def member(name: str) -> Any:
@@ -233,9 +237,25 @@ def summarize_archive(path: Path) -> ArchiveSummary:
         if len(digests) != 1:
             raise ValueError(f"{path}: expected one image, found manifests {sorted(digests)}")
         (digest,) = digests
-        manifest = member(f"blobs/sha256/{digest.removeprefix('sha256:')}")
+        manifest = member(_blob(digest))
+        config = member(_blob(manifest["config"]["digest"]))
+    names = []
+    for entry in manifests:
+        annotations = entry.get("annotations", {})
+        name = annotations.get(ANNOTATION_IMAGE_NAME) or annotations.get(ANNOTATION_REF_NAME)
+        if not name:
+            raise ValueError(
+                f"{path}: the index names no image (no {ANNOTATION_IMAGE_NAME} or {ANNOTATION_REF_NAME})"
+            )
+        names.append(name)
     return ArchiveSummary(
-        names=tuple(entry["annotations"][ANNOTATION_IMAGE_NAME] for entry in manifests),
+        names=tuple(names),
         manifest_digest=digest,
         config_digest=manifest["config"]["digest"],
+        runtime=config.get("config", {}),
     )
+
+
+def _blob(digest: str) -> str:
+    algorithm, _, hexdigest = digest.partition(":")
+    return f"blobs/{algorithm}/{hexdigest}"
