@@ -119,20 +119,18 @@ static int liveness(const struct fake_state *st, int i, pid_t *seen_as) {
 }
 
 /* Entry i counts as a live process (one that cannot be told is counted: its use is real until a
- * process that sees every namespace finds it gone and frees the entry). */
-static int alive(struct fake_state *st, int i) {
-    pid_t seen_as = 0;
-    int live = liveness(st, i, &seen_as);
+ * process that sees every namespace finds it gone and frees the entry); *seen_as is the pid this
+ * process knows it by (the host's pid, as NVML reports, where it can tell). */
+static int alive_as(struct fake_state *st, int i, pid_t *seen_as) {
+    int live = liveness(st, i, seen_as);
     if (live == 0 && st->procs[i].pid > 0 && st->procs[i].pidns != 0 && st->procs[i].pidns != own_pidns())
         memset(&st->procs[i], 0, sizeof st->procs[i]); /* gone for good: nobody else could tell */
     return live != 0;
 }
 
-/* The pid this process knows entry i's process by (the host's pid, as NVML reports, when it is). */
-static unsigned reported_pid(const struct fake_state *st, int i) {
+static int alive(struct fake_state *st, int i) {
     pid_t seen_as = 0;
-    liveness(st, i, &seen_as);
-    return (unsigned)seen_as;
+    return alive_as(st, i, &seen_as);
 }
 
 static void lock(struct fake_state *st) {
@@ -244,9 +242,10 @@ unsigned fake_state_procs(struct fake_state *st, int dev, unsigned max, unsigned
     unsigned n = 0;
     lock(st);
     for (int i = 0; i < FAKE_MAX_PROCS; i++) {
-        if (st->procs[i].used[dev] == 0 || !alive(st, i)) continue;
+        pid_t seen_as = 0;
+        if (st->procs[i].used[dev] == 0 || !alive_as(st, i, &seen_as)) continue;
         if (n < max) {
-            pids[n] = reported_pid(st, i);
+            pids[n] = (unsigned)seen_as;
             used[n] = st->procs[i].used[dev];
         }
         n++;
@@ -299,9 +298,10 @@ unsigned fake_state_executed_all(struct fake_state *st, int dev, unsigned max, u
     lock(st);
     uint64_t now = fake_now_ns();
     for (int i = 0; i < FAKE_MAX_PROCS; i++) {
-        if (st->procs[i].queued_ns[dev] == 0 || !alive(st, i)) continue;
+        pid_t seen_as = 0;
+        if (st->procs[i].queued_ns[dev] == 0 || !alive_as(st, i, &seen_as)) continue;
         if (n < max) {
-            pids[n] = reported_pid(st, i);
+            pids[n] = (unsigned)seen_as;
             done[n] = executed(st, i, dev, now);
         }
         n++;

@@ -46,6 +46,7 @@ from hamipy.devcluster.errors import DevClusterError
 from hamipy.devcluster.host_packages import RUNTIME_PACKAGES, ensure_host_packages
 from hamipy.devcluster.images import PAUSE_IMAGE
 from hamipy.devcluster.processes import ManagedProcess, free_port, pid_alive
+from hamipy.devcluster.shadowed_host import ShadowedHost
 
 __all__ = [
     "NVIDIA_HANDLER",
@@ -60,8 +61,6 @@ __all__ = [
 
 SHADOWED_DIRS: Final = ("/var/lib", "/var/log", "/run")
 """Host directories the node writes under, each replaced by the node's own in its namespace."""
-PROTECTED_SYSCTLS: Final = ("vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops")
-"""What the kubelet would set on the host; each is shadowed by a file in the namespace."""
 NVIDIA_HANDLER: Final = "nvidia"
 REGISTRY: Final = Path("/run/hamipy-devcluster/nodes")
 """One record per running node (its names, workdir and owner's pid), for ``sweep_orphans`` after a
@@ -169,9 +168,14 @@ class ContainerdRuntime:
         """The node's CDI spec directory (the same path inside the namespace)."""
         return self.workdir / "cdi"
 
+    @property
+    def host(self) -> ShadowedHost:
+        """What the namespace puts over the host's directories and sysctls."""
+        return ShadowedHost(self.workdir, SHADOWED_DIRS)
+
     def shadow(self, path: str) -> Path:
         """Where the namespace's ``path`` (under one of ``SHADOWED_DIRS``) lies on the host."""
-        return self.workdir / "fs" / path.lstrip("/")
+        return self.host.shadow(path)
 
     def _write_cni(self) -> None:
         net = ipaddress.IPv4Network(self.names.subnet)
@@ -249,10 +253,7 @@ class ContainerdRuntime:
         return path
 
     def _namespace_script(self, config: Path, bin_dir: Path) -> str:
-        mounts = [f"mount --bind {shlex.quote(str(self.shadow(d)))} {d}" for d in SHADOWED_DIRS]
-        for name in PROTECTED_SYSCTLS:
-            shadow = self.workdir / "sysctl" / name.replace("/", ".")
-            mounts.append(f"mount --bind {shlex.quote(str(shadow))} /proc/sys/{name}")
+        mounts = self.host.mount_lines()
         path = f"{bin_dir}:{os.environ.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}"
         return (
             "set -e\n"
@@ -262,12 +263,7 @@ class ContainerdRuntime:
 
     def _prepare(self) -> Path:
         w = self.workdir
-        for d in SHADOWED_DIRS:
-            self.shadow(d).mkdir(parents=True, exist_ok=True)
-        sysctls = w / "sysctl"
-        sysctls.mkdir(exist_ok=True)
-        for name in PROTECTED_SYSCTLS:
-            (sysctls / name.replace("/", ".")).write_text(Path("/proc/sys", name).read_text())
+        self.host.prepare()
         self.cdi_dir.mkdir(exist_ok=True)
         if self.nvidia is not None:
             self.nvidia.write_cdi_specs(self.cdi_dir)

@@ -36,6 +36,7 @@ import yaml
 
 from hamipy.devcluster.errors import DevClusterError
 from hamipy.devcluster.processes import ManagedProcess, free_port, http_ok
+from hamipy.devcluster.shadowed_host import PROTECTED_SYSCTLS, ShadowedHost
 
 if TYPE_CHECKING:
     from hamipy.devcluster.cluster import DevCluster
@@ -54,8 +55,6 @@ __all__ = [
 KUBELET_DIR: Final = Path("/var/lib/kubelet")
 SHADOWED_DIRS: Final = ("/var/lib", "/var/log")
 """Host directories the kubelet writes under, each replaced by the node's own in its namespace."""
-PROTECTED_SYSCTLS: Final = ("vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops")
-"""What the kubelet would set on the host; each is shadowed by a file in its mount namespace."""
 START_TIMEOUT_S: Final = 60.0
 
 
@@ -169,11 +168,14 @@ class RealKubelet:
         """The kubelet's ``/var/lib/kubelet`` as seen from the host."""
         return self._shadow(str(KUBELET_DIR))
 
+    @property
+    def host(self) -> ShadowedHost:
+        """What the kubelet's namespace (containerd's, on the real runtime) puts over the host's."""
+        return ShadowedHost(self.workdir, SHADOWED_DIRS) if self.containerd is None else self.containerd.host
+
     def _shadow(self, path: str) -> Path:
-        """Where the namespace's ``path`` (under one of ``SHADOWED_DIRS``) lies on the host."""
-        if self.containerd is not None:
-            return self.containerd.shadow(path)
-        return self.workdir / "fs" / path.lstrip("/")
+        """Where the namespace's ``path`` lies on the host."""
+        return self.host.shadow(path)
 
     @property
     def record_path(self) -> Path:
@@ -216,14 +218,10 @@ class RealKubelet:
 
     def _write_files(self) -> Path:
         w = self.workdir
+        if self.containerd is None:  # containerd prepared its namespace's already
+            self.host.prepare()
         self.plugin_dir.mkdir(parents=True, exist_ok=True)
-        for shadowed in SHADOWED_DIRS:
-            self._shadow(shadowed).mkdir(parents=True, exist_ok=True)
         kubeconfig = self.cluster.node_kubeconfig(self.node, w / "kubelet.kubeconfig")
-        sysctls = w / "sysctl"
-        sysctls.mkdir(exist_ok=True)
-        for name in PROTECTED_SYSCTLS:
-            (sysctls / name.replace("/", ".")).write_text(Path("/proc/sys", name).read_text())
         self.healthz_port = free_port()
         config: dict[str, Any] = {
             "apiVersion": "kubelet.config.k8s.io/v1beta1",
@@ -260,10 +258,8 @@ class RealKubelet:
 
     def namespace_script(self, kubelet: Path, kubeconfig: Path) -> str:
         w = self.workdir
-        mounts = [f"mount --bind {shlex.quote(str(self._shadow(d)))} {d}" for d in SHADOWED_DIRS]
-        for name in PROTECTED_SYSCTLS:
-            shadow = w / "sysctl" / name.replace("/", ".")
-            mounts.append(f"mount --bind {shlex.quote(str(shadow))} /proc/sys/{name}")
+        # On the real runtime the kubelet enters containerd's namespace, which has them already.
+        mounts = self.host.mount_lines() if self.containerd is None else []
         argv = [
             str(kubelet),
             f"--config={w / 'kubelet-config.yaml'}",
@@ -279,8 +275,6 @@ class RealKubelet:
             argv.append("--node-labels=" + ",".join(f"{k}={v}" for k, v in sorted(self.labels.items())))
         if self.taints:
             argv.append("--register-with-taints=" + ",".join(self.taints))
-        if self.containerd is not None:  # its namespace has the node's directories already
-            mounts = []
         return "set -e\n" + "\n".join(mounts) + "\nexec " + shlex.join(argv) + "\n"
 
     def start(self) -> None:
