@@ -12,6 +12,8 @@ image-layout archive (``oci_archive``) that ``ctr -n k8s.io images import <archi
   interposer and the fake driver load (the C runtime only: ``libcuda.so.1`` and
   ``libnvidia-ml.so.1`` are the node's, mounted by its runtime as the NVIDIA toolkit mounts them),
   and a static busybox for ``kubectl exec ... -- sh``.
+- the CoreDNS image (``COREDNS_IMAGE``), the cluster's DNS server (``cluster_dns``): the static
+  ``coredns`` binary (``binaries.ensure_coredns``) alone, run as a user other than root.
 
 Archives are cached under ``cache_root()/images``, named by a hash of everything that goes into
 them (the files' contents, the compiler, this builder's source), reused while that hash holds and
@@ -62,6 +64,11 @@ MERGED_DIRECTORIES: Final = ("bin", "lib", "lib64", "sbin")
 """Links into /usr in the images, as in Debian since 12: /bin/sh and /lib64/ld-linux-... both work."""
 PASSWD: Final = b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n"
 GROUP: Final = b"root:x:0:\nnogroup:x:65534:\n"
+COREDNS_IMAGE: Final = f"hamipy.local/coredns:{binaries.COREDNS_VERSION}"
+COREDNS_PROGRAM: Final = "/coredns"
+"""Where upstream's image has it (its entrypoint)."""
+COREDNS_USER: Final = "65532:65532"
+"""Upstream's (distroless ``nonroot``): it listens above 1024, so it needs no capability."""
 TOOL_TIMEOUT_S: Final = 120.0
 KEEP_PER_IMAGE: Final = 4
 """Archives kept per image (the most recently used): other checkouts may be using older ones."""
@@ -118,15 +125,33 @@ def ensure_pause_image(source: Path | None = None) -> ImageArchive:
 def ensure_workload_image(native_build: Path, *, busybox: Path = BUSYBOX) -> ImageArchive:
     """The GPU workload image of `native_build`'s ``gpu-workload``, with `busybox` for a shell."""
     spec = workload_spec(native_build, busybox=busybox)
-    runtime = repr((spec.entrypoint, spec.env, spec.user, spec.architecture)).encode()
-    key = _key(b"gpu-workload", oci_archive.layer_tar(spec.entries), runtime)
 
     def make() -> tuple[ImageBlobs, tuple[str, ...]]:
         blobs = oci_archive.image_blobs(spec)
         short = blobs.manifest_digest.removeprefix("sha256:")[:12]
         return blobs, (f"{GPU_WORKLOAD_REPOSITORY}:{short}", GPU_WORKLOAD_IMAGE)
 
-    return _cached("gpu-workload", key, make)
+    return _cached("gpu-workload", _spec_key("gpu-workload", spec), make)
+
+
+def ensure_coredns_image(binary: Path | None = None) -> ImageArchive:
+    """The CoreDNS image, ``COREDNS_IMAGE``, of `binary` (default: ``binaries.ensure_coredns()``):
+    its ``archive`` for the node's ``ctr images import``, its ``ref`` for the Deployment."""
+    spec = coredns_spec(binary or binaries.ensure_coredns())
+    return _cached(
+        "coredns", _spec_key("coredns", spec), lambda: (oci_archive.image_blobs(spec), (COREDNS_IMAGE,))
+    )
+
+
+def coredns_spec(binary: Path) -> ImageSpec:
+    """What the CoreDNS image holds: `binary` as its entrypoint (read now), and a /tmp."""
+    return ImageSpec(
+        entries=(File(COREDNS_PROGRAM, binary.read_bytes()), Directory("/tmp", 0o1777)),
+        entrypoint=(COREDNS_PROGRAM,),
+        env=IMAGE_PATH,
+        user=COREDNS_USER,
+        architecture=_architecture(),
+    )
 
 
 def workload_spec(native_build: Path, *, busybox: Path = BUSYBOX) -> ImageSpec:
@@ -292,6 +317,12 @@ def _builder_source() -> bytes:
 
 def _key(*parts: bytes) -> str:
     return digest_of(_builder_source(), *parts)
+
+
+def _spec_key(name: str, spec: ImageSpec) -> str:
+    """The hash of the image `spec` describes: its files and how it starts."""
+    runtime = repr((spec.entrypoint, spec.env, spec.user, spec.architecture)).encode()
+    return _key(name.encode(), oci_archive.layer_tar(spec.entries), runtime)
 
 
 def digest_of(*parts: bytes) -> str:
