@@ -548,6 +548,53 @@ def ensure_coredns() -> Path:
     return _verified(binary, COREDNS_VERSION)
 
 
+PROMETHEUS_VERSION = "v3.16.0"
+PROMETHEUS_COMMANDS: tuple[str, ...] = ("prometheus", "promtool")
+PROMETHEUS_TAGS = "remove_all_sd,enable_kubernetes_sd"
+"""Of the service discovery mechanisms, Kubernetes' only (file and HTTP are always built in): the
+tests discover the chart's ServiceMonitors' targets with it, and the cloud SDKs of the others would
+about double the build."""
+
+
+def _prometheus_module_version(version: str) -> str:
+    """Prometheus's Go module numbers release vX.Y.Z as v0.XYY.Z (v3.16.0 is v0.316.0)."""
+    major, minor, patch = version.removeprefix("v").split(".")
+    return f"v0.{major}{int(minor):02d}.{patch}"
+
+
+def prometheus_built(dest: Path) -> bool:
+    """Whether `dest` holds ``PROMETHEUS_COMMANDS`` at ``PROMETHEUS_VERSION``."""
+    return all(version_matches(dest / name, PROMETHEUS_VERSION) for name in PROMETHEUS_COMMANDS)
+
+
+def ensure_prometheus_build() -> Path:
+    """The directory holding ``prometheus`` and ``promtool`` at ``PROMETHEUS_VERSION``, built once
+    per machine from the Go module proxy with ``PROMETHEUS_TAGS`` (no web UI: the API is what the
+    tests use). Debian's package cannot serve: it is built without Kubernetes service discovery."""
+    dest = cache_root() / "bin" / f"prometheus-{PROMETHEUS_VERSION}"
+    if prometheus_built(dest):
+        return dest
+    if shutil.which("go") is None:
+        raise BinaryBuildError(
+            f"Go is not installed and no Prometheus {PROMETHEUS_VERSION} was found in {dest}"
+        )
+    with _build_lock():
+        if prometheus_built(dest):
+            return dest
+        module = _prometheus_module_version(PROMETHEUS_VERSION)
+        release = PROMETHEUS_VERSION.removeprefix("v")
+        _go_install(
+            f"prometheus and promtool {PROMETHEUS_VERSION}",
+            [f"github.com/prometheus/prometheus/cmd/{name}@{module}" for name in PROMETHEUS_COMMANDS],
+            dest,
+            ldflags=f"-s -w -X github.com/prometheus/common/version.Version={release}",
+            tags=PROMETHEUS_TAGS,
+        )
+    if not prometheus_built(dest):
+        raise BinaryBuildError(f"{dest} does not hold prometheus and promtool reporting {PROMETHEUS_VERSION}")
+    return dest
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="hamipy-devcluster-binaries",
@@ -557,12 +604,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         bins = ensure_binaries()
         helm = ensure_helm()
+        prometheus = ensure_prometheus_build()
     except BinaryBuildError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     for field in dataclasses.fields(bins):
         print(f"{field.name}={getattr(bins, field.name)}")
     print(f"helm={helm}")
+    print(f"prometheus={prometheus}")
     return 0
 
 

@@ -1,27 +1,27 @@
-"""A real Prometheus for the tests: find or fetch ``prometheus``/``promtool``, run a server that
-scrapes static targets and evaluates rule files, query it, and lint with promtool.
+"""A real Prometheus for the tests: find or build ``prometheus``/``promtool``, run a server that
+scrapes static targets or what Kubernetes service discovery finds, evaluates rule files, query it,
+and lint with promtool.
 
-Binaries, in this order: ``prometheus`` and ``promtool`` on ``PATH``; the cache
-(``<cache_root>/prometheus/<version>/``); else Debian's ``prometheus`` package, fetched with
-``apt-get download`` (after ``apt-get update`` when the package lists lack it) and unpacked there
-with ``dpkg-deb -x``. Nothing is installed system-wide and no service is started. A file lock
-(``<cache_root>/prometheus.lock``) keeps parallel test processes from fetching at once. When no
-binary can be had, `ensure_prometheus` raises `PrometheusUnavailable` saying which step failed (the
+Binaries, at ``PROMETHEUS_VERSION`` (`hamipy.devcluster.binaries`): ``prometheus`` and ``promtool``
+on ``PATH`` when they are that release, else those built once per machine from the Go module proxy
+into the cache with Kubernetes service discovery (Debian's package lacks it), under the binaries'
+build lock. When none can be had, `ensure_prometheus` raises `PrometheusUnavailable` saying why (the
 pytest fixtures turn that into a skip with that reason).
 
 `PrometheusServer` is a context manager: it writes a config with one scrape job per `ScrapeTarget`
-job name, short scrape and evaluation intervals and the given rule files, starts ``prometheus`` on a
-free loopback port with a temporary TSDB, waits for ``/-/ready`` and stops it with SIGTERM, then
-SIGKILL. Its API calls (`query`, `targets`, `rules`, `alerts`) are blocking HTTP requests with a
-timeout: from an async test whose event loop also serves a scraped target, call them through
-``asyncio.to_thread`` so the loop keeps answering the scrapes.
+job name and the raw scrape configs it is given (those of `hamipy.devcluster.prometheus_operator`
+for the chart's ServiceMonitors: their Kubernetes service discovery gets the dev cluster's API
+server and client certificate, `ApiServerAccess`), short scrape and evaluation intervals and the
+given rule files, starts ``prometheus`` on a free loopback port with a temporary TSDB, waits for
+``/-/ready`` and stops it with SIGTERM, then SIGKILL. Its API calls (`query`, `targets`, `rules`,
+`alerts`) are blocking HTTP requests with a timeout: from an async test whose event loop also serves
+a scraped target, call them through ``asyncio.to_thread`` so the loop keeps answering the scrapes.
 """
 
 from __future__ import annotations
 
-import contextlib
+import copy
 import dataclasses
-import fcntl
 import functools
 import json
 import os
@@ -33,19 +33,19 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, Protocol, Self, TypeVar
 
 import yaml
 
-from hamipy.devcluster.binaries import cache_root
+from hamipy.devcluster.binaries import PROMETHEUS_VERSION, ensure_prometheus_build
 from hamipy.devcluster.errors import BinaryBuildError, DevClusterError, StartupError, WaitTimeout
 from hamipy.devcluster.processes import ManagedProcess, free_port, http_ok, tail
 
 __all__ = [
-    "DEBIAN_PACKAGE",
+    "ApiServerAccess",
     "PrometheusBinaries",
     "PrometheusError",
     "PrometheusFactory",
@@ -54,13 +54,12 @@ __all__ = [
     "QueryResult",
     "ScrapeTarget",
     "ensure_prometheus",
+    "promtool_check_config",
     "promtool_check_metrics",
     "promtool_check_rules",
     "promtool_test_rules",
 ]
 
-DEBIAN_PACKAGE = "prometheus"
-APT_TIMEOUT_S = 300.0
 TOOL_TIMEOUT_S = 60.0
 HTTP_TIMEOUT_S = 10.0
 READY_TIMEOUT_S = 60.0
@@ -70,12 +69,13 @@ T = TypeVar("T")
 
 
 class PrometheusUnavailable(BinaryBuildError):
-    """``prometheus``/``promtool`` are not on PATH nor cached and could not be fetched; the message
-    names the step that failed."""
+    """``prometheus``/``promtool`` at ``PROMETHEUS_VERSION`` are not on PATH nor cached and could not
+    be built; the message says why."""
 
 
 class PrometheusError(DevClusterError):
-    """The Prometheus HTTP API answered an error (a PromQL error carries Prometheus's own text)."""
+    """The Prometheus HTTP API answered an error (a PromQL error carries Prometheus's own text), or
+    reports one (a rule that failed to evaluate)."""
 
     def __init__(self, what: str, error_type: str, error: str) -> None:
         self.what = what
@@ -93,11 +93,11 @@ class PrometheusBinaries:
     version: str
 
 
-# -- finding and fetching the binaries ------------------------------------------------------------
+# -- finding and building the binaries -------------------------------------------------------------
 
 
 def _tool_version(binary: Path) -> str:
-    """``2.42.0+ds`` from "prometheus, version 2.42.0+ds (branch: ...)", or "" if it does not run."""
+    """``3.16.0`` from "prometheus, version 3.16.0 (branch: ...)", or "" if it does not run."""
     try:
         proc = subprocess.run(
             [str(binary), "--version"], capture_output=True, text=True, timeout=TOOL_TIMEOUT_S, check=False
@@ -109,154 +109,32 @@ def _tool_version(binary: Path) -> str:
 
 
 def _usable(prometheus: Path, promtool: Path) -> PrometheusBinaries | None:
+    """The pair, if both run and are ``PROMETHEUS_VERSION``."""
+    want = PROMETHEUS_VERSION.removeprefix("v")
     for binary in (prometheus, promtool):
-        if not binary.is_file() or not os.access(binary, os.X_OK):
+        if not binary.is_file() or not os.access(binary, os.X_OK) or _tool_version(binary) != want:
             return None
-    version = _tool_version(prometheus)
-    if not version or not _tool_version(promtool):
-        return None
-    return PrometheusBinaries(prometheus=prometheus, promtool=promtool, version=version)
-
-
-def _on_path() -> PrometheusBinaries | None:
-    prometheus, promtool = shutil.which("prometheus"), shutil.which("promtool")
-    if prometheus is None or promtool is None:
-        return None
-    return _usable(Path(prometheus), Path(promtool))
-
-
-def prometheus_cache() -> Path:
-    """Where fetched Prometheus binaries live: ``<cache_root>/prometheus/<package version>/``."""
-    return cache_root() / "prometheus"
-
-
-def _cached() -> PrometheusBinaries | None:
-    root = prometheus_cache()
-    if not root.is_dir():
-        return None
-    for version_dir in sorted(root.iterdir(), key=lambda p: p.stat().st_mtime, reverse=True):
-        if version_dir.name.startswith("."):
-            continue  # an unfinished fetch
-        found = _usable(version_dir / "prometheus", version_dir / "promtool")
-        if found is not None:
-            return found
-    return None
-
-
-def _run(argv: Sequence[str], *, cwd: Path | None = None, what: str) -> subprocess.CompletedProcess[str]:
-    try:
-        return subprocess.run(
-            list(argv), cwd=cwd, capture_output=True, text=True, timeout=APT_TIMEOUT_S, check=False
-        )
-    except FileNotFoundError as exc:
-        raise PrometheusUnavailable(
-            f"{what}: {argv[0]} is not installed ({exc}); put prometheus and promtool on PATH"
-        ) from exc
-    except subprocess.TimeoutExpired as exc:
-        raise PrometheusUnavailable(f"{what}: `{' '.join(argv)}` took over {APT_TIMEOUT_S:g}s") from exc
-
-
-def _output(proc: subprocess.CompletedProcess[str]) -> str:
-    text = (proc.stdout + proc.stderr).strip()
-    return text[-1500:] if text else f"(no output, exit code {proc.returncode})"
-
-
-def _apt_download(workdir: Path) -> Path:
-    """``apt-get download prometheus`` into `workdir` (``apt-get update`` first if the lists lack it)."""
-    what = f"fetching Debian's {DEBIAN_PACKAGE} package"
-    if shutil.which("apt-get") is None or shutil.which("dpkg-deb") is None:
-        raise PrometheusUnavailable(
-            f"{what}: apt-get/dpkg-deb not found (not a Debian-like system); put prometheus and "
-            "promtool on PATH"
-        )
-    download = ["apt-get", "download", DEBIAN_PACKAGE]
-    proc = _run(download, cwd=workdir, what=what)
-    if proc.returncode != 0:
-        first = _output(proc)
-        update = _run(["apt-get", "update"], what=f"{what} (apt-get update)")
-        if update.returncode != 0:
-            hint = "" if os.geteuid() == 0 else " (apt-get update needs root)"
-            raise PrometheusUnavailable(
-                f"{what}: `apt-get download {DEBIAN_PACKAGE}` failed:\n{first}\nand `apt-get update` "
-                f"failed{hint}:\n{_output(update)}"
-            )
-        proc = _run(download, cwd=workdir, what=what)
-        if proc.returncode != 0:
-            raise PrometheusUnavailable(
-                f"{what}: `apt-get download {DEBIAN_PACKAGE}` failed after `apt-get update`:\n{_output(proc)}"
-            )
-    debs = sorted(workdir.glob(f"{DEBIAN_PACKAGE}_*.deb"))
-    if not debs:
-        raise PrometheusUnavailable(f"{what}: apt-get download left no .deb in {workdir}:\n{_output(proc)}")
-    return debs[-1]
-
-
-def _unpack(deb: Path, workdir: Path) -> Path:
-    """Extract the package and return a directory holding just prometheus and promtool."""
-    what = f"unpacking {deb.name}"
-    version = _run(["dpkg-deb", "-f", str(deb), "Version"], what=what)
-    if version.returncode != 0 or not version.stdout.strip():
-        raise PrometheusUnavailable(f"{what}: cannot read its version:\n{_output(version)}")
-    tree = workdir / "tree"
-    extract = _run(["dpkg-deb", "-x", str(deb), str(tree)], what=what)
-    if extract.returncode != 0:
-        raise PrometheusUnavailable(f"{what}: dpkg-deb -x failed:\n{_output(extract)}")
-    out = workdir / "bin"
-    out.mkdir()
-    for name in ("prometheus", "promtool"):
-        binary = tree / "usr" / "bin" / name
-        if not binary.is_file():
-            raise PrometheusUnavailable(f"{what}: the package has no usr/bin/{name}")
-        os.replace(binary, out / name)
-    (out / "VERSION").write_text(version.stdout.strip() + "\n")
-    return out
-
-
-def _fetch() -> PrometheusBinaries:
-    root = prometheus_cache()
-    root.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=".fetch-", dir=root))
-    try:
-        deb = _apt_download(work)
-        staged = _unpack(deb, work)
-        version = (staged / "VERSION").read_text().strip()
-        # Directory names keep to [A-Za-z0-9.+_-]: a Debian version may carry an epoch ("1:2.42").
-        dest = root / re.sub(r"[^A-Za-z0-9.+_-]", "_", version)
-        shutil.rmtree(dest, ignore_errors=True)
-        os.replace(staged, dest)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    found = _usable(dest / "prometheus", dest / "promtool")
-    if found is None:
-        raise PrometheusUnavailable(
-            f"the binaries unpacked into {dest} do not run (`prometheus --version` failed): "
-            f"{_tool_version(dest / 'prometheus')!r}"
-        )
-    return found
-
-
-@contextlib.contextmanager
-def _fetch_lock() -> Iterator[None]:
-    root = cache_root()
-    root.mkdir(parents=True, exist_ok=True)
-    with (root / "prometheus.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    return PrometheusBinaries(prometheus=prometheus, promtool=promtool, version=want)
 
 
 @functools.cache
 def ensure_prometheus() -> PrometheusBinaries:
-    """``prometheus`` and ``promtool`` from PATH, the cache, or Debian's package (fetched once per
-    machine, under a lock), looked up once per process. Raises `PrometheusUnavailable` naming what
-    failed (not remembered: a later call tries again)."""
-    found = _on_path() or _cached()
-    if found is not None:
-        return found
-    with _fetch_lock():
-        return _cached() or _fetch()  # another process may have fetched them while we waited
+    """``prometheus`` and ``promtool`` at ``PROMETHEUS_VERSION``, from PATH or built into the cache
+    (once per machine), looked up once per process. Raises `PrometheusUnavailable` saying why (not
+    remembered: a later call tries again)."""
+    prometheus, promtool = shutil.which("prometheus"), shutil.which("promtool")
+    if prometheus is not None and promtool is not None:
+        found = _usable(Path(prometheus), Path(promtool))
+        if found is not None:
+            return found
+    try:
+        built = ensure_prometheus_build()
+    except BinaryBuildError as exc:
+        raise PrometheusUnavailable(str(exc)) from exc
+    found = _usable(built / "prometheus", built / "promtool")
+    if found is None:
+        raise PrometheusUnavailable(f"the binaries in {built} do not run as Prometheus {PROMETHEUS_VERSION}")
+    return found
 
 
 # -- promtool -------------------------------------------------------------------------------------
@@ -268,6 +146,12 @@ def _promtool(args: Sequence[str], stdin: str | None = None) -> tuple[bool, str]
         [str(tool), *args], input=stdin, capture_output=True, text=True, timeout=TOOL_TIMEOUT_S, check=False
     )
     return proc.returncode == 0, (proc.stdout + proc.stderr).strip()
+
+
+def promtool_check_config(path: Path) -> tuple[bool, str]:
+    """``promtool check config <path>`` (a prometheus.yml, with the rule files and TLS files it
+    names): (passed, its output)."""
+    return _promtool(["check", "config", str(path)])
 
 
 def promtool_check_rules(path: Path) -> tuple[bool, str]:
@@ -309,6 +193,20 @@ class ScrapeTarget:
         return self.metrics_path, self.scheme, self.ca_file, self.honor_labels
 
 
+class ApiServerAccess(Protocol):
+    """Where Kubernetes service discovery reaches the API server, with which client certificate
+    (the dev cluster's `ClusterAccess` is one)."""
+
+    @property
+    def server(self) -> str: ...
+    @property
+    def ca_file(self) -> Path: ...
+    @property
+    def cert_file(self) -> Path: ...
+    @property
+    def key_file(self) -> Path: ...
+
+
 @dataclasses.dataclass(frozen=True)
 class QueryResult:
     """An instant query's answer: ``result_type`` (vector, scalar, string, matrix) and ``series``
@@ -347,8 +245,31 @@ def _scrape_configs(targets: Sequence[ScrapeTarget]) -> list[dict[str, Any]]:
     return configs
 
 
+def _on_api_server(config: Mapping[str, Any], access: ApiServerAccess | None) -> dict[str, Any]:
+    """`config` with the API server and client certificate in each of its kubernetes_sd_configs
+    that names none (inside a cluster Prometheus would find its own; here there is none to find)."""
+    placed = copy.deepcopy(dict(config))
+    for sd in placed.get("kubernetes_sd_configs") or []:
+        if "api_server" in sd:
+            continue
+        if access is None:
+            raise ValueError(
+                f"scrape job {config.get('job_name')!r}: its kubernetes_sd_configs name no api_server; "
+                "pass kubernetes= (the cluster's address and client certificate)"
+            )
+        sd["api_server"] = access.server
+        sd["tls_config"] = {
+            "ca_file": str(access.ca_file),
+            "cert_file": str(access.cert_file),
+            "key_file": str(access.key_file),
+        }
+    return placed
+
+
 class PrometheusServer:
-    """A ``prometheus`` process scraping `targets` and evaluating `rule_files`.
+    """A ``prometheus`` process scraping `targets` and the jobs of `scrape_configs` (Prometheus's
+    own format; their Kubernetes service discovery reaches the API server of `kubernetes`), and
+    evaluating `rule_files`.
 
     ``with PrometheusServer(targets, rule_files=[...]) as prom: prom.query("up")``. ``url`` is its
     base URL once started; its log is ``log_path`` (its tail is in every start-up error).
@@ -356,8 +277,10 @@ class PrometheusServer:
 
     def __init__(
         self,
-        targets: Sequence[ScrapeTarget],
+        targets: Sequence[ScrapeTarget] = (),
         *,
+        scrape_configs: Sequence[Mapping[str, Any]] = (),
+        kubernetes: ApiServerAccess | None = None,
         rule_files: Sequence[Path] = (),
         scrape_interval_s: float = 1.0,
         evaluation_interval_s: float = 1.0,
@@ -366,6 +289,8 @@ class PrometheusServer:
         ready_timeout_s: float = READY_TIMEOUT_S,
     ) -> None:
         self.scrape_targets = list(targets)
+        self.scrape_configs = [dict(c) for c in scrape_configs]
+        self.kubernetes = kubernetes
         self.rule_files = [Path(p).resolve() for p in rule_files]
         self.scrape_interval_s = scrape_interval_s
         self.evaluation_interval_s = evaluation_interval_s
@@ -382,7 +307,14 @@ class PrometheusServer:
     # -- lifecycle
 
     def config(self) -> dict[str, Any]:
-        """The configuration written to ``config_path``."""
+        """The configuration written to ``config_path``; `ValueError` for two jobs of one name or a
+        Kubernetes service discovery with no API server to reach."""
+        jobs = _scrape_configs(self.scrape_targets) + [
+            _on_api_server(c, self.kubernetes) for c in self.scrape_configs
+        ]
+        names = [str(job.get("job_name")) for job in jobs]
+        if twice := sorted({n for n in names if names.count(n) > 1}):
+            raise ValueError(f"scrape jobs named more than once: {', '.join(twice)}")
         interval = f"{int(self.scrape_interval_s * 1000)}ms"
         return {
             "global": {
@@ -391,16 +323,21 @@ class PrometheusServer:
                 "evaluation_interval": f"{int(self.evaluation_interval_s * 1000)}ms",
             },
             "rule_files": [str(p) for p in self.rule_files],
-            "scrape_configs": _scrape_configs(self.scrape_targets),
+            "scrape_configs": jobs,
         }
+
+    def write_config(self) -> Path:
+        """Write `config` to ``config_path`` (what `start` runs on; ``promtool check config`` takes it)."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.config_path.write_text(yaml.safe_dump(self.config(), sort_keys=False))
+        return self.config_path
 
     def start(self, *, wait: bool = True) -> None:
         """Write the config and start prometheus; with `wait`, return once it is ready."""
         if self._process is not None:
             raise RuntimeError("prometheus already started")
         binaries = self._binaries or ensure_prometheus()
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self.config_path.write_text(yaml.safe_dump(self.config(), sort_keys=False))
+        self.write_config()
         tsdb = self.workdir / "data"
         tsdb.mkdir(exist_ok=True)
         self.port = free_port()
@@ -514,6 +451,41 @@ class PrometheusServer:
         """The rule groups (``/api/v1/rules``), each with its ``rules`` (``health``, ``lastError``...)."""
         return list(self._api("rules")["groups"])
 
+    def rule_problems(self) -> list[str] | None:
+        """None while a rule has not been evaluated yet; then what is wrong, empty if nothing: a
+        group of `rule_files` that is not loaded, a rule whose health is not "ok" (with its
+        ``lastError``)."""
+        groups = self.rules()
+        if any(rule.get("health") == "unknown" for group in groups for rule in group["rules"]):
+            return None
+        loaded = {(group["file"], group["name"]) for group in groups}
+        problems = [
+            f"{file}: group {name!r} is not loaded"
+            for file in self.rule_files
+            for name in [g["name"] for g in yaml.safe_load(file.read_text())["groups"]]
+            if (str(file), name) not in loaded
+        ]
+        for group in groups:
+            for rule in group["rules"]:
+                if rule.get("health") != "ok" or rule.get("lastError"):
+                    problems.append(
+                        f"{group['file']}: {group['name']}/{rule['name']}: {rule.get('health')}: "
+                        f"{rule.get('lastError', '')}"
+                    )
+        return problems
+
+    def wait_rules_healthy(self, *, timeout_s: float) -> None:
+        """Wait until every rule has been evaluated once; `PrometheusError` listing each problem of
+        `rule_problems`, if any."""
+
+        def evaluated() -> tuple[list[str], ...]:
+            problems = self.rule_problems()
+            return () if problems is None else (problems,)  # () is falsy: not yet
+
+        problems = self.wait(evaluated, timeout_s=timeout_s, what="every rule evaluated once")[0]
+        if problems:
+            raise PrometheusError("rules", "unhealthy", "\n".join(problems))
+
     def alerts(self) -> list[dict[str, Any]]:
         """The pending and firing alerts (``/api/v1/alerts``)."""
         return list(self._api("alerts")["alerts"])
@@ -560,8 +532,10 @@ class PrometheusFactory:
 
     def __call__(
         self,
-        targets: Sequence[ScrapeTarget],
+        targets: Sequence[ScrapeTarget] = (),
         *,
+        scrape_configs: Sequence[Mapping[str, Any]] = (),
+        kubernetes: ApiServerAccess | None = None,
         rule_files: Sequence[Path] = (),
         scrape_interval_s: float = 1.0,
         evaluation_interval_s: float = 1.0,
@@ -569,6 +543,8 @@ class PrometheusFactory:
         """A started and ready server (blocks until ``/-/ready``, well under a second here)."""
         server = PrometheusServer(
             targets,
+            scrape_configs=scrape_configs,
+            kubernetes=kubernetes,
             rule_files=rule_files,
             scrape_interval_s=scrape_interval_s,
             evaluation_interval_s=evaluation_interval_s,

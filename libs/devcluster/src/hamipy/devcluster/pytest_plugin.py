@@ -12,10 +12,11 @@ built or started until a test asks for a fixture.
 - ``hami_scheduler``: a function that (re)starts the ``hami-scheduler`` kube-scheduler with an
   extender config; it is stopped after the test.
 - ``prometheus_binaries`` (session): ``prometheus`` and ``promtool`` (`hamipy.devcluster.prometheus`:
-  PATH, the cache, or Debian's package fetched once per machine); the test is skipped, with the
+  PATH or the cache, built once per machine at collection end); the test is skipped, with the
   reason, when they cannot be had.
-- ``prometheus_server``: ``prometheus_server(targets, rule_files=...)`` starts a ready Prometheus
-  scraping `ScrapeTarget`s; every one started is stopped after the test.
+- ``prometheus_server``: ``prometheus_server(targets, scrape_configs=..., kubernetes=...,
+  rule_files=...)`` starts a ready Prometheus scraping `ScrapeTarget`s and raw scrape configs (those
+  of the chart's ServiceMonitors); every one started is stopped after the test.
 
 When a test that used ``devcluster`` fails, the tail of each control-plane log is attached to its
 report, and so is each of its Prometheus servers' log.
@@ -44,23 +45,31 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Build the binaries (first run only) before any test runs, if an integration test was selected.
+    """Build the binaries (first run only) before any test runs: the control plane's if an
+    integration test was selected, Prometheus if a selected test uses it.
 
     Here, outside every test, the build is not cut short by the per-test timeout, and its progress
-    is shown (capture suspended).
+    is shown (capture suspended). Where Prometheus cannot be built, its tests skip saying why.
     """
-    if not any(item.get_closest_marker("integration") for item in session.items):
+    control_plane = any(item.get_closest_marker("integration") for item in session.items)
+    prometheus = any("prometheus_binaries" in getattr(item, "fixturenames", ()) for item in session.items)
+    if not control_plane and not prometheus:
         return
     from hamipy.devcluster.binaries import ensure_binaries
     from hamipy.devcluster.errors import BinaryBuildError
+    from hamipy.devcluster.prometheus import PrometheusUnavailable, ensure_prometheus
 
     capman = session.config.pluginmanager.getplugin("capturemanager")
     ctx = capman.global_and_fixture_disabled() if capman is not None else contextlib.nullcontext()
     with ctx:
-        try:
-            ensure_binaries()
-        except BinaryBuildError as exc:
-            pytest.exit(f"integration tests need the control-plane binaries: {exc}", returncode=1)
+        if control_plane:
+            try:
+                ensure_binaries()
+            except BinaryBuildError as exc:
+                pytest.exit(f"integration tests need the control-plane binaries: {exc}", returncode=1)
+        if prometheus:
+            with contextlib.suppress(PrometheusUnavailable):
+                ensure_prometheus()
 
 
 @pytest.fixture(scope="session")
@@ -132,9 +141,9 @@ def prometheus_binaries() -> PrometheusBinaries:
 
 @pytest.fixture
 def prometheus_server(prometheus_binaries: PrometheusBinaries) -> Iterator[PrometheusFactory]:
-    """``prometheus_server(targets, rule_files=(), ...)`` starts a ready `PrometheusServer`; all are
-    stopped after the test. From an async test, call the server's API through ``asyncio.to_thread``
-    when a target is served by the test's own event loop."""
+    """``prometheus_server(targets, scrape_configs=..., kubernetes=..., rule_files=...)`` starts a
+    ready `PrometheusServer`; all are stopped after the test. From an async test, call the server's
+    API through ``asyncio.to_thread`` when a target is served by the test's own event loop."""
     from hamipy.devcluster.prometheus import PrometheusFactory
 
     factory = PrometheusFactory(prometheus_binaries)
