@@ -15,7 +15,14 @@ import pytest
 
 from hamipy.devcluster.binaries import ensure_binaries
 from hamipy.devcluster.cluster import ClusterSettings, DevCluster
-from hamipy.devcluster.cluster_dns import DNS_NAMESPACE, DNS_RULES, ensure_cluster_dns, manifests, object_path
+from hamipy.devcluster.cluster_dns import (
+    DNS_NAMESPACE,
+    DNS_RULES,
+    DNS_SERVICE,
+    ensure_cluster_dns,
+    manifests,
+    object_path,
+)
 from hamipy.devcluster.identities import rights_in_force
 from hamipy.kube.client import RawKube
 from hamipy.kube.errors import KubeError, NotFound
@@ -54,7 +61,7 @@ async def test_applying_twice_writes_the_objects_once(api: Any) -> None:
     first = await versions(api)
     await ensure_cluster_dns(api, cluster_ip=CLUSTER_IP, image=IMAGE)
     assert await versions(api) == first
-    service = await RawKube(api).request("GET", f"/api/v1/namespaces/{DNS_NAMESPACE}/services/kube-dns")
+    service = await RawKube(api).request("GET", f"/api/v1/namespaces/{DNS_NAMESPACE}/services/{DNS_SERVICE}")
     assert service["spec"]["clusterIP"] == CLUSTER_IP
 
 
@@ -75,7 +82,7 @@ async def test_coredns_may_read_what_it_watches_in_every_namespace(api: Any) -> 
 
 async def test_a_cluster_ip_outside_the_service_range_is_refused_naming_the_service(api: Any) -> None:
     with contextlib.suppress(NotFound):  # made by an earlier test: its IP may not change
-        await RawKube(api).request("DELETE", f"/api/v1/namespaces/{DNS_NAMESPACE}/services/kube-dns")
-    with pytest.raises(KubeError, match=r"services/kube-dns: .*192\.0\.2\.10") as refused:
+        await RawKube(api).request("DELETE", f"/api/v1/namespaces/{DNS_NAMESPACE}/services/{DNS_SERVICE}")
+    with pytest.raises(KubeError, match=rf"services/{DNS_SERVICE}: .*192\.0\.2\.10") as refused:
         await ensure_cluster_dns(api, cluster_ip="192.0.2.10", image=IMAGE)
     assert refused.value.status == 422

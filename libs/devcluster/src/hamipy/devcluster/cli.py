@@ -116,7 +116,14 @@ def _remove_state(state_dir: Path) -> None:
 
 
 def cmd_up(
-    state_dir: Path, *, nodes: int, gpu_nodes: int, native_build: Path, examples: Path, timeout_s: float
+    state_dir: Path,
+    *,
+    nodes: int,
+    gpu_nodes: int,
+    native_build: Path,
+    examples: Path,
+    timeout_s: float,
+    chart: bool = False,
 ) -> int:
     from hamipy.devcluster.binaries import ensure_binaries
 
@@ -152,6 +159,7 @@ def cmd_up(
                 str(native_build.resolve()),
                 "--examples",
                 str(examples.resolve()),
+                *(["--chart"] if chart else []),
             ],
             stdin=subprocess.DEVNULL,
             stdout=out,
@@ -272,7 +280,9 @@ def _running_state(state_dir: Path) -> State:
     return state
 
 
-def cmd_serve(state_dir: Path, *, nodes: int, gpu_nodes: int, native_build: Path, examples: Path) -> int:
+def cmd_serve(
+    state_dir: Path, *, nodes: int, gpu_nodes: int, native_build: Path, examples: Path, chart: bool = False
+) -> int:
     """Run the cluster in the foreground until SIGTERM/SIGINT; `up` starts this detached."""
     from hamipy.devcluster.cluster import ClusterSettings, DevCluster
 
@@ -281,13 +291,14 @@ def cmd_serve(state_dir: Path, *, nodes: int, gpu_nodes: int, native_build: Path
     threading.Thread(
         target=importlib.import_module, args=("kubernetes_asyncio.client",), name="import-k8s", daemon=True
     ).start()
-    settings = ClusterSettings(workdir=state_dir / CLUSTER_DIR, keep_dir=True)
+    settings = ClusterSettings(workdir=state_dir / CLUSTER_DIR, keep_dir=True, pod_network=chart)
     with DevCluster(settings) as cluster:
         log.info("control plane up in %.1fs at %s", cluster.start_seconds, cluster.access.server)
         shutil.copyfile(cluster.access.kubeconfig, state_dir / KUBECONFIG_FILE)
         (state_dir / KUBECONFIG_FILE).chmod(0o600)
         write_kubectl(state_dir / KUBECTL_FILE, cluster.binaries.kubectl, state_dir / KUBECONFIG_FILE)
-        asyncio.run(_serve_nodes(cluster, state_dir, nodes, gpu_nodes, native_build, examples))
+        serve = _serve_chart if chart else _serve_nodes
+        asyncio.run(serve(cluster, state_dir, nodes, gpu_nodes, native_build, examples))
     log.info("devcluster stopped")
     return 0
 
@@ -341,6 +352,57 @@ async def _serve_nodes(
         log.info("stopping")
         await stack.stop()
         await receiver.stop()
+
+
+async def _serve_chart(
+    cluster: Any, state_dir: Path, count: int, gpu_count: int, native_build: Path, examples: Path
+) -> None:
+    """The chart's mode: GPU nodes on the cluster's pod network, the chart installed on them."""
+    from hamipy.devcluster.chart_stack import ChartStack
+    from hamipy.devcluster.examples import apply_examples
+    from hamipy.devcluster.otlp import OtlpReceiver
+    from hamipy.devcluster.stack import GPU_NODE_MODELS
+
+    if count:
+        raise DevClusterError("the chart's mode runs GPU nodes only (--nodes 0)")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with cluster.api_client() as api:
+        # The service pods export their spans here, on the host's end of the pod network.
+        receiver = OtlpReceiver(record=state_dir / TRACES_FILE, host=cluster.network.names.host_ip)
+        await receiver.start()
+        stack = ChartStack(
+            cluster, api, root=Path.cwd(), native_build=native_build, otlp_endpoint=receiver.url
+        )
+        try:
+            models = [GPU_NODE_MODELS[i % len(GPU_NODE_MODELS)].gpus(i) for i in range(gpu_count)]
+            await stack.start(models)
+            applied = await apply_examples(api, examples, quota_enforced=stack.quota_enforced)
+            State(
+                daemon_pid=os.getpid(),
+                server=cluster.access.server,
+                kubeconfig=str(state_dir / KUBECONFIG_FILE),
+                workdir=str(cluster.workdir),
+                process_pids={
+                    **{name: proc.pid for name, proc in cluster.processes.items() if proc.pid},
+                    **stack.kubelet_pids(),
+                },
+                ports=cluster.ports,
+                nodes=stack.gpu_nodes,
+                services={
+                    "traces (OTLP/HTTP receiver)": f"{receiver.url}/v1/traces",
+                    **await stack.endpoints(),
+                },
+                examples=[f"{ns}/{name}" for ns, name in applied],
+            ).write(state_dir)
+            log.info("ready: the chart on %d GPU nodes", len(stack.gpu_nodes))
+            await stop.wait()
+            log.info("stopping")
+        finally:
+            await stack.stop()
+            await receiver.stop()
 
 
 # -- down / status -------------------------------------------------------------------------
@@ -463,6 +525,12 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument(
         "--timeout", type=float, default=UP_TIMEOUT_S, help="seconds to wait for it (default 240)"
     )
+    up.add_argument(
+        "--chart",
+        action="store_true",
+        help="deploy as an admin does: build the images, install deploy/helm/hami-py on the GPU "
+        "nodes (containerd on a pod network with kube-proxy and CoreDNS), every service a pod",
+    )
     sub.add_parser("down", help="stop what `up` started and remove its state")
     sub.add_parser("gpus", help="every GPU's allocation (memory, cores, slots) and the pods holding it")
     trace = sub.add_parser("trace", help="the recorded trace of one pod's journey")
@@ -473,6 +541,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--gpu-nodes", type=int, default=DEFAULT_GPU_NODES)
     serve.add_argument("--native-build", type=Path, default=Path("native/build"))
     serve.add_argument("--examples", type=Path, default=Path("deploy/examples"))
+    serve.add_argument("--chart", action="store_true")
     return parser
 
 
@@ -490,6 +559,7 @@ def main(argv: list[str] | None = None) -> int:
                 native_build=args.native_build,
                 examples=args.examples,
                 timeout_s=args.timeout,
+                chart=args.chart,
             )
         if args.command == "down":
             return cmd_down(state_dir)
@@ -505,6 +575,7 @@ def main(argv: list[str] | None = None) -> int:
             gpu_nodes=args.gpu_nodes,
             native_build=args.native_build,
             examples=args.examples,
+            chart=args.chart,
         )
     except DevClusterError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -26,6 +26,7 @@ import os
 import shutil
 import ssl
 import tempfile
+import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -36,11 +37,13 @@ from typing import TYPE_CHECKING, Any, Self
 import yaml
 
 from hamipy.devcluster import binaries as _binaries
+from hamipy.devcluster.cluster_network import ClusterNetwork, sweep_network_orphans
 from hamipy.devcluster.config import (
     DEFAULT_SCHEDULER_NAME,
     SchedulerConfig,
     apiserver_args,
     controller_manager_args,
+    kube_proxy_config,
     render_kubeconfig,
     render_scheduler_config,
 )
@@ -56,6 +59,8 @@ if TYPE_CHECKING:
 DEFAULT_SCHEDULER = "default"
 WORKDIR_PREFIX = "hamipy-devcluster-"
 OWNER_FILE = "owner.pid"
+DNS_SERVICE_OFFSET = 10
+"""The cluster DNS Service's ClusterIP: this address of the Service range (10.96.0.10), as kubeadm's."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +83,9 @@ class ClusterSettings:
     # Run kube-controller-manager (ServiceAccounts, kube-root-ca.crt, Deployments and ReplicaSets,
     # garbage collection, namespaces...), as a cluster does.
     controller_manager: bool = True
+    # Give real-runtime nodes a pod network as a cluster has (``cluster_network``): their pods reach
+    # Services (kube-proxy) and the apiserver, which is advertised on a non-loopback address.
+    pod_network: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,11 +156,16 @@ def _sweep_stale_workdirs() -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def _stop_all(processes: dict[str, ManagedProcess], workdir: Path | None) -> None:
-    """Stop every process, newest first (schedulers, apiserver, etcd); remove `workdir` if given."""
+def _stop_all(
+    processes: dict[str, ManagedProcess], workdir: Path | None, network: ClusterNetwork | None
+) -> None:
+    """Stop every process, newest first (schedulers, apiserver, etcd); delete the pod network;
+    remove `workdir` if given."""
     for proc in reversed(list(processes.values())):
         proc.stop()
     processes.clear()
+    if network is not None:
+        network.delete()
     if workdir is not None:
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -183,6 +196,9 @@ class DevCluster:
         self._access: ClusterAccess | None = None
         self._pki: ClusterPKI | None = None
         self._finalizer: weakref.finalize[Any, Any] | None = None
+        self._kube_proxy_lock = threading.Lock()
+        self.network: ClusterNetwork | None = None
+        """The pod network of ``settings.pod_network``, once started."""
         self.etcd_port = 0
         self.etcd_peer_port = 0
         self.apiserver_port = 0
@@ -200,6 +216,7 @@ class DevCluster:
         bins = self._binaries or _binaries.ensure_binaries()
         self._binaries = bins
         sweep_orphans()  # real-runtime nodes of a killed run: their containers, cgroups, bridges
+        sweep_network_orphans()  # then their pod networks
         if self.settings.workdir is not None:
             workdir = self.settings.workdir
             workdir.mkdir(parents=True, exist_ok=True)
@@ -210,8 +227,15 @@ class DevCluster:
             (workdir / OWNER_FILE).write_text(f"{os.getpid()}\n")
             owned = not self.settings.keep_dir
         self._workdir = workdir
-        self._finalizer = weakref.finalize(self, _stop_all, self._procs, workdir if owned else None)
+        if self.settings.pod_network:
+            service_net = ipaddress.ip_network(self.settings.service_cluster_ip_range)
+            self.network = ClusterNetwork(workdir, dns_ip=str(service_net[DNS_SERVICE_OFFSET]))
+        self._finalizer = weakref.finalize(
+            self, _stop_all, self._procs, workdir if owned else None, self.network
+        )
         try:
+            if self.network is not None:
+                self.network.create()
             self._start_etcd(bins, workdir)
             self._start_apiserver(bins, workdir)
             if self.settings.controller_manager:
@@ -283,6 +307,14 @@ class DevCluster:
             raise DevClusterError("DevCluster: not started")
         return self._binaries
 
+    @property
+    def node_server(self) -> str:
+        """The apiserver's URL for what runs on the nodes: the pod network's host address when the
+        cluster has one (the nodes' loopback is their namespace's), else the admin's."""
+        if self.network is None:
+            return self.access.server
+        return f"https://{self.network.names.host_ip}:{self.apiserver_port}"
+
     def node_kubeconfig(self, node: str, path: Path) -> Path:
         """A kubeconfig for a kubelet of ``node``: ``system:node:<node>`` in ``system:nodes``, the
         identity the Node authorizer and NodeRestriction hold to its own Node and pods."""
@@ -296,7 +328,7 @@ class DevCluster:
             client=True,
         )
         return self._write_kubeconfig(
-            path, self._access.server, pair.cert_pem, pair.key_pem, user=f"system:node:{node}"
+            path, self.node_server, pair.cert_pem, pair.key_pem, user=f"system:node:{node}"
         )
 
     def api_client(self) -> ApiClient:
@@ -339,7 +371,8 @@ class DevCluster:
     def _start_apiserver(self, bins: _binaries.ControlPlaneBinaries, workdir: Path) -> None:
         net = ipaddress.ip_network(self.settings.service_cluster_ip_range)
         service_ip = str(next(net.hosts()))
-        pki = make_cluster_pki(service_ip=service_ip)
+        advertise = self.network.names.host_ip if self.network is not None else None
+        pki = make_cluster_pki(service_ip=service_ip, extra_ips=(advertise,) if advertise else ())
         self._pki = pki
         certs = workdir / "pki"
         ca = _write(certs / "ca.crt", pki.ca.cert_pem)
@@ -384,6 +417,7 @@ class DevCluster:
                     secure_port=port,
                     cert_dir=str(certs),
                     service_cluster_ip_range=self.settings.service_cluster_ip_range,
+                    advertise_address=advertise,
                     extra=self.settings.extra_apiserver_args,
                 ),
             ],
@@ -417,6 +451,55 @@ class DevCluster:
             proc,
             https_ok(f"https://127.0.0.1:{port}/healthz", context=_self_signed_ok()),
             "healthy (GET /healthz)",
+        )
+
+    def ensure_kube_proxy(self, node: str) -> None:
+        """Start the pod network's kube-proxy (once: its rules serve every node of the namespace),
+        as ``system:kube-proxy`` (which the default ``system:node-proxier`` binding authorizes).
+        ``node``: a registered Node (kube-proxy waits 30 s for its Node, and is healthy only
+        with one)."""
+        network, bins = self.network, self.binaries
+        if network is None or self._pki is None:
+            raise DevClusterError("DevCluster.ensure_kube_proxy: no pod network")
+        with self._kube_proxy_lock:
+            if "kube-proxy" not in self._procs:
+                self._start_kube_proxy(network, bins, node)
+
+    def _start_kube_proxy(
+        self, network: ClusterNetwork, bins: _binaries.ControlPlaneBinaries, node: str
+    ) -> None:
+        assert self._pki is not None
+        workdir = self.workdir
+        pair = issue_cert(self._pki.ca, common_name="system:kube-proxy", validity=CERT_VALIDITY, client=True)
+        kubeconfig = self._write_kubeconfig(
+            workdir / "kube-proxy.kubeconfig",
+            self.node_server,
+            pair.cert_pem,
+            pair.key_pem,
+            user="kube-proxy",
+        )
+        healthz = f"{network.names.inside_ip}:{free_port()}"
+        config = _write(
+            workdir / "kube-proxy.yaml",
+            yaml.safe_dump(
+                kube_proxy_config(
+                    kubeconfig=str(kubeconfig),
+                    address=network.names.inside_ip,
+                    healthz=healthz,
+                    metrics=f"{network.names.inside_ip}:{free_port()}",
+                    name=node,
+                ),
+                sort_keys=False,
+            ).encode(),
+        )
+        proc = ManagedProcess(
+            "kube-proxy",
+            [*network.enter(), str(bins.kube_proxy), f"--config={config}", "--v=2"],
+            log_path=self.log_path("kube-proxy"),
+            cwd=workdir,
+        )
+        self._start_process(
+            proc, http_ok(f"http://{healthz}/healthz", expect=b"lastUpdated"), "healthy (GET /healthz)"
         )
 
     def _start_process(self, proc: ManagedProcess, probe: Callable[[], bool], what: str) -> None:

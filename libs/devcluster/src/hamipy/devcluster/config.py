@@ -248,17 +248,30 @@ def apiserver_args(
     secure_port: int,
     cert_dir: str,
     service_cluster_ip_range: str,
+    advertise_address: str | None = None,
     extra: Sequence[str] = (),
 ) -> list[str]:
     """kube-apiserver flags: loopback TLS only, client certs + SA tokens, Node,RBAC authorization.
 
     `cert_dir` must hold the files `cluster` writes: ca.crt, apiserver.crt/.key, sa.key/.pub,
     kubelet-client.crt/.key (what it shows kubelets for logs and exec; kubelets serve on loopback).
+    ``advertise_address``: a pod network's host address (``cluster_network``), the kubernetes
+    Service's endpoint; the apiserver then listens on every address and calls webhooks and
+    aggregated APIs at their endpoints (the host has no Service rules: kube-proxy's are the pod
+    network's).
     """
+    network = (
+        [
+            "--bind-address=0.0.0.0",
+            f"--advertise-address={advertise_address}",
+            "--enable-aggregator-routing=true",
+        ]
+        if advertise_address
+        else ["--bind-address=127.0.0.1", "--advertise-address=127.0.0.1"]
+    )
     return [
         f"--etcd-servers={etcd_url}",
-        "--bind-address=127.0.0.1",
-        "--advertise-address=127.0.0.1",
+        *network,
         f"--secure-port={secure_port}",
         f"--cert-dir={cert_dir}",
         f"--tls-cert-file={cert_dir}/apiserver.crt",
@@ -276,6 +289,29 @@ def apiserver_args(
         "--profiling=false",
         *extra,
     ]
+
+
+def kube_proxy_config(
+    *, kubeconfig: str, address: str, healthz: str, metrics: str, name: str
+) -> dict[str, Any]:
+    """kube-proxy's configuration in a pod network (``cluster_network``): iptables mode, every
+    Service connection masqueraded (pods on one bridge then answer a Service's client through the
+    namespace, bridge netfilter or not), and the host's conntrack sysctls left alone."""
+    return {
+        "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+        "kind": "KubeProxyConfiguration",
+        "clientConnection": {"kubeconfig": kubeconfig},
+        "hostnameOverride": name,
+        # Its address given, it does not wait for a Node of its name to learn it.
+        "bindAddress": address,
+        "nodePortAddresses": ["primary"],
+        "mode": "iptables",
+        "clusterCIDR": "10.128.0.0/9",
+        "iptables": {"masqueradeAll": True},
+        "conntrack": {"maxPerCore": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"},
+        "healthzBindAddress": healthz,
+        "metricsBindAddress": metrics,
+    }
 
 
 CONTROLLERS: Final = ("*", "-nodelifecycle", "-podgc")

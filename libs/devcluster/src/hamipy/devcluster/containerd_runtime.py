@@ -42,11 +42,15 @@ from typing import Final, Protocol
 import tomli_w
 
 from hamipy.devcluster import binaries
+from hamipy.devcluster.cluster_dns import DNS_CLUSTER_DOMAIN
+from hamipy.devcluster.cluster_network import ClusterNetwork
 from hamipy.devcluster.errors import DevClusterError
 from hamipy.devcluster.host_packages import RUNTIME_PACKAGES, ensure_host_packages
 from hamipy.devcluster.images import PAUSE_IMAGE
+from hamipy.devcluster.node_subnets import free_subnet
 from hamipy.devcluster.processes import ManagedProcess, free_port, pid_alive
 from hamipy.devcluster.shadowed_host import ShadowedHost
+from hamipy.protocol.allocation_env import DEFAULT_HOOK_PATH
 
 __all__ = [
     "NVIDIA_HANDLER",
@@ -59,8 +63,10 @@ __all__ = [
     "sweep_orphans",
 ]
 
-SHADOWED_DIRS: Final = ("/var/lib", "/var/log", "/run")
-"""Host directories the node writes under, each replaced by the node's own in its namespace."""
+SHADOWED_DIRS: Final = ("/var/lib", "/var/log", "/run", DEFAULT_HOOK_PATH)
+"""Host directories the node writes under, each replaced by the node's own in its namespace: its
+state, logs and runtime files, and the hook path where a device plugin pod (the chart's) puts the
+interposer and its containers' regions, as on a machine of its own."""
 NVIDIA_HANDLER: Final = "nvidia"
 REGISTRY: Final = Path("/run/hamipy-devcluster/nodes")
 """One record per running node (its names, workdir and owner's pid), for ``sweep_orphans`` after a
@@ -86,35 +92,13 @@ class NodeNames:
     def for_workdir(cls, workdir: Path) -> NodeNames:
         digest = hashlib.sha256(str(workdir.resolve()).encode()).hexdigest()
         node_id = digest[:8]
-        return cls(node_id, f"hp-{node_id}", f"/hamipy-{node_id}", _free_subnet(int(digest[8:16], 16)))
+        return cls(node_id, f"hp-{node_id}", f"/hamipy-{node_id}", free_subnet(int(digest[8:16], 16)))
 
     @property
     def gateway(self) -> str:
         """The bridge's address: the pods' gateway and the node's InternalIP, where its kubelet
         serves (the apiserver reaches kubelets by InternalIP, which may not be loopback)."""
         return str(ipaddress.IPv4Network(self.subnet).network_address + 1)
-
-
-def _host_routes() -> list[ipaddress.IPv4Network]:
-    out = subprocess.run(["ip", "-4", "-j", "route"], capture_output=True, text=True, timeout=10, check=False)
-    nets = []
-    for route in json.loads(out.stdout or "[]"):
-        dst = route.get("dst", "")
-        if dst and dst != "default":
-            with contextlib.suppress(ValueError):
-                nets.append(ipaddress.IPv4Network(dst, strict=False))
-    return nets
-
-
-def _free_subnet(seed: int) -> str:
-    """A /24 in 10.128.0.0/9 that no host route overlaps, chosen from ``seed``."""
-    used = _host_routes()
-    for step in range(32768):
-        n = (seed + step * 7919) % 32768
-        candidate = ipaddress.IPv4Network(f"10.{128 + n // 256}.{n % 256}.0/24")
-        if not any(candidate.overlaps(u) for u in used):
-            return str(candidate)
-    raise DevClusterError("no free /24 left in 10.128.0.0/9 for a node's pod network")
 
 
 class NvidiaToolkit(Protocol):
@@ -143,8 +127,11 @@ class ContainerdRuntime:
         image_archives: Sequence[Path] = (),
         nvidia: NvidiaToolkit | None = None,
         cdi_spec_dirs: Sequence[Path] = (),
+        network: ClusterNetwork | None = None,
     ) -> None:
         self.workdir = workdir
+        self.network = network
+        """The cluster's pod network the node joins (None: the host's network namespace)."""
         self.node = node
         self.image_archives = tuple(image_archives)
         self.nvidia = nvidia
@@ -269,7 +256,14 @@ class ContainerdRuntime:
             self.nvidia.write_cdi_specs(self.cdi_dir)
         REGISTRY.mkdir(parents=True, exist_ok=True)
         self.record.write_text(
-            json.dumps({**dataclasses.asdict(self.names), "workdir": str(w), "owner": os.getpid()})
+            json.dumps(
+                {
+                    **dataclasses.asdict(self.names),
+                    "workdir": str(w),
+                    "owner": os.getpid(),
+                    "netns": self.network.names.netns if self.network is not None else None,
+                }
+            )
         )
         for controller in _cgroup_controllers():
             (controller / self.names.cgroup_root.lstrip("/")).mkdir(exist_ok=True)
@@ -279,6 +273,9 @@ class ContainerdRuntime:
 
     def _make_bridge(self) -> None:
         """The node's bridge, up with the gateway address before any pod (the kubelet serves there)."""
+        if self.network is not None:
+            self.network.add_bridge(self.names.bridge, self.names.gateway, self.names.subnet)
+            return
         bridge, prefix = self.names.bridge, ipaddress.IPv4Network(self.names.subnet).prefixlen
         for args in (
             ["link", "add", "name", bridge, "type", "bridge"],
@@ -298,7 +295,10 @@ class ContainerdRuntime:
         script = self._namespace_script(config, self.bin_dir)
         self.process = ManagedProcess(
             f"containerd-{self.node}",
-            ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+            [
+                *(self.network.enter() if self.network is not None else []),
+                *["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+            ],
             log_path=self.workdir / "containerd.log",
             cwd=self.workdir,
         )
@@ -325,15 +325,19 @@ class ContainerdRuntime:
         return done.stdout
 
     def enter(self) -> list[str]:
-        """The argv prefix that runs a command in containerd's mount namespace (the kubelet's)."""
+        """The argv prefix that runs a command in containerd's mount and network namespaces (the
+        kubelet's)."""
         if self.process is None or self.process.pid is None:
             raise DevClusterError(f"containerd of {self.node} is not running")
-        return ["nsenter", f"--mount=/proc/{self.process.pid}/ns/mnt", "--"]
+        ns = f"/proc/{self.process.pid}/ns"
+        return ["nsenter", f"--mount={ns}/mnt", f"--net={ns}/net", "--"]
 
     def kubelet_config(self) -> dict[str, object]:
         """What the kubelet's configuration needs to run pods on this runtime."""
-        return {
+        config: dict[str, object] = {
             "address": self.names.gateway,
+            # Where the host reaches it (its loopback is the pod network's, with one).
+            "healthzBindAddress": self.names.gateway,
             "containerRuntimeEndpoint": f"unix://{self.socket}",
             "imageServiceEndpoint": f"unix://{self.socket}",
             "cgroupDriver": "cgroupfs",
@@ -344,6 +348,9 @@ class ContainerdRuntime:
             "imageGCHighThresholdPercent": 100,
             "imageGCLowThresholdPercent": 99,
         }
+        if self.network is not None and self.network.dns_ip is not None:
+            config |= {"clusterDNS": [self.network.dns_ip], "clusterDomain": DNS_CLUSTER_DOMAIN}
+        return config
 
     def pids(self) -> dict[str, int]:
         return {self.process.name: self.process.pid} if self.process is not None and self.process.pid else {}
@@ -404,6 +411,7 @@ def sweep(record: Path) -> None:
         data = json.loads(record.read_text())
         names = NodeNames(data["id"], data["bridge"], data["cgroup_root"], data["subnet"])
         workdir = str(data["workdir"])
+        netns = data.get("netns")
     except (OSError, ValueError, KeyError, TypeError):
         return
     cgroups = [c / names.cgroup_root.lstrip("/") for c in _cgroup_controllers()]
@@ -420,7 +428,12 @@ def sweep(record: Path) -> None:
         raise DevClusterError(f"processes of the node in {workdir} survive SIGKILL: {sorted(pids)}")
     for top in cgroups:
         _rmdir_tree(top)
-    subprocess.run(["ip", "link", "delete", names.bridge], capture_output=True, timeout=10, check=False)
+    in_netns = ["-n", str(netns)] if netns else []
+    for args in (
+        [*in_netns, "link", "delete", names.bridge],
+        *([["route", "delete", names.subnet]] if netns else []),
+    ):
+        subprocess.run(["ip", *args], capture_output=True, timeout=10, check=False)
     record.unlink(missing_ok=True)
 
 

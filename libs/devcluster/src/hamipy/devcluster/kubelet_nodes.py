@@ -134,6 +134,8 @@ class KubeletNode:
             await ensure_runtime_class(self.api, NVIDIA_HANDLER, NVIDIA_HANDLER)
         await asyncio.to_thread(self.kubelet.start)
         await self.wait_ready()
+        if containerd is not None and containerd.network is not None:
+            await asyncio.to_thread(self.kubelet.cluster.ensure_kube_proxy, self.name)
         for agent in self.agents:
             await agent.start(self)
             self._started.append(agent)
@@ -200,6 +202,7 @@ def gpu_kubelet_node(
             nvidia=FakeNvidiaToolkit(plugin_dir / "driver" / "gpus.conf", native_build / "fake", tuple(gpus)),
             # The plugin's cdiSpecDir: under cdi-cri it writes the slots' specs there.
             cdi_spec_dirs=(plugin_dir / "cdi",),
+            network=cluster.network,
         )
     node = KubeletNode(cluster, api, name, workdir / "kubelet", labels=labels, containerd=containerd)
     plugin = DevicePluginAgent(

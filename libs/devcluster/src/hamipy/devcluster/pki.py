@@ -46,7 +46,7 @@ class ClusterPKI:
     service_account_pub_pem: bytes
 
 
-def make_cluster_pki(*, service_ip: str) -> ClusterPKI:
+def make_cluster_pki(*, service_ip: str, extra_ips: tuple[str, ...] = ()) -> ClusterPKI:
     """A fresh CA with the apiserver serving cert, the admin, scheduler and controller-manager client
     certs, and SA keys."""
     ca = make_ca(CA_NAME, validity=CERT_VALIDITY)
@@ -55,7 +55,7 @@ def make_cluster_pki(*, service_ip: str) -> ClusterPKI:
         common_name="kube-apiserver",
         validity=CERT_VALIDITY,
         dns_names=APISERVER_DNS_NAMES,
-        ip_addresses=("127.0.0.1", service_ip),
+        ip_addresses=("127.0.0.1", service_ip, *extra_ips),
         server=True,
     )
     admin = issue_cert(

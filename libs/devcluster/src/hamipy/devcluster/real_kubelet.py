@@ -145,6 +145,7 @@ class RealKubelet:
         self.runtime: ManagedProcess | None = None
         self.kubelet: ManagedProcess | None = None
         self.healthz_port = 0
+        self.healthz_url = ""
         self._kubeconfig: Path | None = None
 
     @property
@@ -252,6 +253,7 @@ class RealKubelet:
         if self.containerd is not None:
             config.update(self.containerd.kubelet_config())
             del config["enforceNodeAllocatable"]
+        self.healthz_url = f"http://{config['healthzBindAddress']}:{self.healthz_port}/healthz"
         path = w / "kubelet-config.yaml"
         path.write_text(yaml.safe_dump(config, sort_keys=False))
         return kubeconfig
@@ -321,7 +323,7 @@ class RealKubelet:
         )
         self.kubelet.start()
         self.kubelet.wait_healthy(
-            http_ok(f"http://127.0.0.1:{self.healthz_port}/healthz", expect=b"ok"),
+            http_ok(self.healthz_url, expect=b"ok"),
             timeout_s=START_TIMEOUT_S,
             what="healthy (GET /healthz)",
         )

@@ -1,8 +1,8 @@
 """What a node's mount namespace puts over the host's: directories of the node's own over the
 host directories it writes under, and files over the sysctls the kubelet sets at start (its writes
 land in the files, never in the host's kernel). Shared by the kubelet over the fake runtime (its
-own namespace) and by containerd (whose namespace the kubelet enters). Shadowing parents means no
-mount point has to exist on the host; the namespace dies with its last process, so nothing stays
+own namespace) and by containerd (whose namespace the kubelet enters). A shadowed directory the
+host lacks gets an empty mount point; the namespace dies with its last process, so nothing stays
 mounted."""
 
 from __future__ import annotations
@@ -41,7 +41,9 @@ class ShadowedHost:
 
     def mount_lines(self) -> list[str]:
         """The shell lines that put the shadows in place, run first in the new namespace."""
-        lines = [f"mount --bind {shlex.quote(str(self.shadow(d)))} {d}" for d in self.dirs]
+        # A directory the host lacks gets an empty mount point (mounts need one).
+        lines = [f"mkdir -p {d}" for d in self.dirs if not Path(d).is_dir()]
+        lines += [f"mount --bind {shlex.quote(str(self.shadow(d)))} {d}" for d in self.dirs]
         lines += [
             f"mount --bind {shlex.quote(str(self._sysctl_file(name)))} /proc/sys/{name}"
             for name in PROTECTED_SYSCTLS
