@@ -79,8 +79,8 @@ gpu-wheels: ## the device plugin's and monitor's wheels for an offline GPU machi
 		--platform manylinux2014_x86_64 --platform any -r $(GPU_WHEELS)/requirements.txt -d $(GPU_WHEELS)
 	@du -sh $(GPU_WHEELS)
 
-up: sync native kube-binaries ## run the whole system locally (stays up until `make down`)
-	$(RUN) hamipy-devcluster up
+up: sync native kube-binaries ## run the whole system locally (stays up until `make down`; MODE=chart: from the chart)
+	$(RUN) hamipy-devcluster up $(if $(filter chart,$(MODE)),--chart)
 
 gpus: ## every GPU of `make up`'s cluster: memory, cores, slots and the pods on it
 	$(RUN) hamipy-devcluster gpus

@@ -191,15 +191,16 @@ class ChartStack:
         self.gpu_nodes.append(name)
         return node
 
-    async def start(self, gpu_models: Sequence[Sequence[FakeGpu]]) -> None:
-        """The nodes, the cluster's DNS, then ``helm install --wait``."""
+    async def start(self, gpu_models: Sequence[Sequence[FakeGpu]], *, values: Sequence[str] = ()) -> None:
+        """The nodes, the cluster's DNS, then ``helm install --wait`` with ``values`` (helm arguments)
+        after the dev values."""
         await self.prepare_images()
         for i, gpus in enumerate(gpu_models):
             await self.add_gpu_node(f"hamipy-gpu-{i}", gpus)
         await cluster_dns.ensure_cluster_dns(
             self.api, cluster_ip=self.cluster.network.dns_ip, image=self._dns_image
         )
-        await self.deploy()
+        await self.deploy(*values)
 
     async def deploy(self, *extra: str) -> str:
         """Install or upgrade the release with the dev values and ``extra`` (helm arguments)."""

@@ -139,6 +139,10 @@ def cmd_up(
         _remove_state(state_dir)
     # Build in the foreground so the first run's progress shows in the terminal.
     ensure_binaries()
+    if chart:
+        from hamipy.devcluster.service_images import ensure_service_images
+
+        ensure_service_images(Path.cwd())
     state_dir.mkdir(parents=True, exist_ok=True)
     _remove_state(state_dir)
     daemon_log = state_dir / DAEMON_LOG
@@ -450,10 +454,11 @@ def cmd_status(state_dir: Path) -> int:
 
 def cmd_binaries(native_build: Path) -> int:
     """The control-plane binaries; where real kubelets can run, also what their nodes run:
-    Debian's runc and CNI plugins (installed if missing), containerd and the images."""
+    Debian's runc and CNI plugins (installed if missing), containerd and the images (CoreDNS's
+    for the pod network of the chart's mode)."""
     from hamipy.devcluster import binaries
     from hamipy.devcluster.host_packages import ensure_host_packages
-    from hamipy.devcluster.images import ensure_images
+    from hamipy.devcluster.images import ensure_coredns_image, ensure_images
     from hamipy.devcluster.real_kubelet import can_run_real_kubelets
 
     code = binaries.main([])
@@ -466,10 +471,11 @@ def cmd_binaries(native_build: Path) -> int:
         ensure_host_packages()
         print(f"containerd={binaries.ensure_containerd()}")
         images = ensure_images(native_build)
+        dns = ensure_coredns_image()
     except DevClusterError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    for image in (images.pause, images.gpu_workload):
+    for image in (images.pause, images.gpu_workload, dns):
         print(f"image {image.ref}={image.archive}")
     return 0
 

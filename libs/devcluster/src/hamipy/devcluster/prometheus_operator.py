@@ -423,3 +423,44 @@ def write_rule_files(documents: Iterable[Mapping[str, Any]], directory: Path) ->
         path.write_text(yaml.safe_dump(content, sort_keys=False))
         paths.append(path)
     return paths
+
+
+OPERATOR_KINDS: Final = (("ServiceMonitor", "servicemonitors"), ("PrometheusRule", "prometheusrules"))
+"""The operator's kinds the chart creates, with their plurals."""
+
+
+def operator_crds() -> list[dict[str, Any]]:
+    """CustomResourceDefinitions of ``OPERATOR_KINDS``, their schema left open: where the operator
+    is not installed, the API server then stores what the chart creates, for ``scrape_configs`` and
+    ``write_rule_files`` to read back as the operator would."""
+    return [
+        {
+            "apiVersion": "apiextensions.k8s.io/v1",
+            "kind": "CustomResourceDefinition",
+            "metadata": {"name": f"{plural}.{_GROUP.split('/')[0]}"},
+            "spec": {
+                "group": _GROUP.split("/")[0],
+                "scope": "Namespaced",
+                "names": {
+                    "kind": kind,
+                    "listKind": f"{kind}List",
+                    "plural": plural,
+                    "singular": kind.lower(),
+                },
+                "versions": [
+                    {
+                        "name": _GROUP.split("/")[1],
+                        "served": True,
+                        "storage": True,
+                        "schema": {
+                            "openAPIV3Schema": {
+                                "type": "object",
+                                "x-kubernetes-preserve-unknown-fields": True,
+                            }
+                        },
+                    }
+                ],
+            },
+        }
+        for kind, plural in OPERATOR_KINDS
+    ]
