@@ -30,6 +30,7 @@ from stack_support import allocated_slots
 from hamipy.devcluster import wait_for
 from hamipy.devcluster.chart_stack import CHART_NAMESPACE, RELEASE, ChartStack
 from hamipy.devcluster.cluster import ClusterSettings, DevCluster
+from hamipy.devcluster.errors import WaitTimeout
 from hamipy.devcluster.identities import TENANT_POD_RULES, grant_role, issue_identity
 from hamipy.devcluster.images import GPU_WORKLOAD_IMAGE
 from hamipy.devcluster.kubeobjects import ensure_namespace, wait_for_default_service_account
@@ -171,7 +172,7 @@ async def running(kube: RawKube, names: list[str]) -> dict[str, dict[str, Any]]:
             pods[name] = pod
         return pods if all(p["status"].get("phase") == "Running" for p in pods.values()) else None
 
-    found = await wait_for(
+    found: dict[str, dict[str, Any]] | None = await wait_for(
         all_running, timeout=RUNNING_TIMEOUT_S, interval=1.0, what=f"{len(names)} pods Running"
     )
     assert found is not None
@@ -209,6 +210,22 @@ async def release_objects(kube: RawKube) -> list[str]:
             f"{plural}/{o['metadata'].get('namespace', '')}/{o['metadata']['name']}" for o in found["items"]
         ]
     return left
+
+
+BY_DESIGN = {"configmaps/kube-root-ca.crt", "serviceaccounts/default"}
+"""What every namespace holds; the leader-election Leases of kube-scheduler and the extender stay
+too (objects the pods made, gone with the namespace)."""
+
+
+async def left_in_namespace(kube: RawKube) -> set[str]:
+    """What the release's namespace holds besides ``BY_DESIGN``: once uninstalled, no pod still
+    running and no Secret (the webhook's certificate goes with the configuration that trusted it)."""
+    left = set()
+    for plural in ("pods", "secrets", "configmaps", "serviceaccounts", "services", "jobs"):
+        group = "/apis/batch/v1" if plural == "jobs" else "/api/v1"
+        found = await kube.request("GET", f"{group}/namespaces/{CHART_NAMESPACE}/{plural}")
+        left |= {f"{plural}/{o['metadata']['name']}" for o in found["items"]}
+    return left - BY_DESIGN
 
 
 async def test_an_admins_day(prometheus_server: PrometheusFactory, tmp_path: Path) -> None:
@@ -337,6 +354,17 @@ async def test_an_admins_day(prometheus_server: PrometheusFactory, tmp_path: Pat
         # Uninstall: nothing of the release is left to judge or block a pod.
         await asyncio.to_thread(stack.helm.uninstall)
         assert await release_objects(kube) == []
+        left: set[str] = set()
+
+        async def only_by_design() -> bool:
+            left.clear()
+            left.update(await left_in_namespace(kube))
+            return not left
+
+        try:
+            await wait_for(only_by_design, timeout=60, interval=0.5, what="the release's objects gone")
+        except WaitTimeout:
+            pytest.fail(f"left in {CHART_NAMESPACE} after helm uninstall: {sorted(left)}")
         policies = await kube.request(
             "GET", "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies"
         )

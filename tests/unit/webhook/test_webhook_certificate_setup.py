@@ -42,6 +42,7 @@ class FakeApi:
         self._version += 1
         obj = copy.deepcopy(obj)
         obj["metadata"]["resourceVersion"] = str(self._version)
+        obj["metadata"].setdefault("uid", f"uid-{self._version}")
         return obj
 
     async def request(
@@ -111,6 +112,46 @@ async def ensure(api: FakeApi, **kwargs: Any) -> Any:
         configuration_name="hamipy-webhook",
         **kwargs,
     )
+
+
+class TestOwner:
+    """The Secret goes with the configuration that trusts its CA (``helm uninstall`` deletes that,
+    garbage collection then the Secret)."""
+
+    async def test_a_new_secret_is_owned_by_the_existing_configuration(self) -> None:
+        api = FakeApi()
+        api.objects[CONFIG_PATH] = api._stamp(
+            {**configuration(), "metadata": {"name": "hamipy-webhook", "uid": "u-1"}}
+        )
+        await ensure(api)
+        (owner,) = api.objects[SECRET_PATH]["metadata"]["ownerReferences"]
+        assert owner == {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "MutatingWebhookConfiguration",
+            "name": "hamipy-webhook",
+            "uid": "u-1",
+        }
+
+    async def test_a_current_secret_gains_the_owner_and_keeps_its_certificate(self) -> None:
+        api = FakeApi()
+        first, _ = await ensure_secret(
+            api, namespace=NAMESPACE, secret_name="hamipy-webhook-tls", dns_names=NAMES
+        )
+        api.objects[CONFIG_PATH] = api._stamp(
+            {**configuration(), "metadata": {"name": "hamipy-webhook", "uid": "u-2"}}
+        )
+        bundle, renewed, _ = await ensure(api)
+        assert (bundle, renewed) == (first, False)
+        assert api.secret_bundle() == first
+        assert [r["uid"] for r in api.objects[SECRET_PATH]["metadata"]["ownerReferences"]] == ["u-2"]
+        writes = len([c for c in api.calls if c[0] == "PUT"])
+        await ensure(api)  # owned already: nothing written
+        assert len([c for c in api.calls if c[0] == "PUT"]) == writes
+
+    async def test_without_a_configuration_the_secret_has_no_owner(self) -> None:
+        api = FakeApi()
+        await ensure(api, create_configuration=configuration())
+        assert "ownerReferences" not in api.objects[SECRET_PATH]["metadata"]
 
 
 class TestSecret:

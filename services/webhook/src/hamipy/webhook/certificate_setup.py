@@ -53,8 +53,10 @@ def _secrets_path(namespace: str, name: str = "") -> str:
     return f"{base}/{name}" if name else base
 
 
-def _secret_body(name: str, namespace: str, bundle: CertificateBundle) -> dict[str, Any]:
-    return {
+def _secret_body(
+    name: str, namespace: str, bundle: CertificateBundle, owner: Mapping[str, str] | None
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Secret",
         "type": "kubernetes.io/tls",
@@ -64,6 +66,34 @@ def _secret_body(name: str, namespace: str, bundle: CertificateBundle) -> dict[s
             "labels": {"app.kubernetes.io/name": "hamipy-webhook"},
         },
         "data": secret_data(bundle),
+    }
+    if owner is not None:
+        body["metadata"]["ownerReferences"] = [dict(owner)]
+    return body
+
+
+def _owned_by(secret: Mapping[str, Any], owner: Mapping[str, str]) -> bool:
+    return any(ref.get("uid") == owner["uid"] for ref in secret["metadata"].get("ownerReferences") or ())
+
+
+async def configuration_owner(
+    api: KubeApi, configuration_name: str, *, timeout_s: float = API_TIMEOUT_S
+) -> dict[str, str] | None:
+    """An owner reference to the MutatingWebhookConfiguration, or None when it does not exist yet:
+    the Secret it trusts then goes with it (garbage collection deletes it after ``helm uninstall``)."""
+    try:
+        config = await api.request("GET", f"{_CONFIGURATIONS}/{configuration_name}", timeout_s=timeout_s)
+    except NotFound:
+        return None
+    except KubeError as exc:
+        raise CertificateSetupError(
+            f"cannot read MutatingWebhookConfiguration {configuration_name}: {exc}"
+        ) from exc
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "name": configuration_name,
+        "uid": config["metadata"]["uid"],
     }
 
 
@@ -76,9 +106,11 @@ async def ensure_secret(
     ip_addresses: Sequence[str] = (),
     force: bool = False,
     renew_before: datetime.timedelta = DEFAULT_RENEW_BEFORE,
+    owner: Mapping[str, str] | None = None,
     timeout_s: float = API_TIMEOUT_S,
 ) -> tuple[CertificateBundle, bool]:
-    """The bundle in the Secret, renewed (and written) when needed; returns it and whether it is new."""
+    """The bundle in the Secret, renewed (and written) when needed; returns it and whether it is new.
+    ``owner``: an owner reference the Secret gets (added to a current one, its data kept)."""
     what = f"Secret {namespace}/{secret_name}"
     existing: dict[str, Any] | None = None
     try:
@@ -88,10 +120,16 @@ async def ensure_secret(
     except KubeError as exc:
         raise CertificateSetupError(f"cannot read {what}: {exc}") from exc
     current = bundle_from_secret(existing.get("data") if existing is not None else None)
-    if current is not None and not force and not needs_renewal(current, dns_names, renew_before=renew_before):
-        return current, False
-    bundle = generate_certificates(dns_names=dns_names, ip_addresses=ip_addresses)
-    body = _secret_body(secret_name, namespace, bundle)
+    keep = (
+        current is not None and not force and not needs_renewal(current, dns_names, renew_before=renew_before)
+    )
+    if keep and current is not None and existing is not None:
+        if owner is None or _owned_by(existing, owner):
+            return current, False
+        bundle = current
+    else:
+        bundle = generate_certificates(dns_names=dns_names, ip_addresses=ip_addresses)
+    body = _secret_body(secret_name, namespace, bundle, owner)
     try:
         if existing is None:
             await api.request("POST", _secrets_path(namespace), body=body, timeout_s=timeout_s)
@@ -101,7 +139,7 @@ async def ensure_secret(
             await api.request("PUT", _secrets_path(namespace, secret_name), body=body, timeout_s=timeout_s)
     except KubeError as exc:
         raise CertificateSetupError(f"cannot write {what}: {exc}") from exc
-    return bundle, True
+    return bundle, not keep
 
 
 async def patch_ca_bundle(
@@ -169,7 +207,9 @@ async def ensure_certificates(
     timeout_s: float = API_TIMEOUT_S,
 ) -> tuple[CertificateBundle, bool, bool]:
     """Secret then caBundle (in that order, so the apiserver never trusts a CA whose certificate the
-    pods cannot have). Returns the bundle, whether it is new, and whether the configuration changed."""
+    pods cannot have). Returns the bundle, whether it is new, and whether the configuration changed.
+    The Secret is owned by the configuration when that exists already (the chart's)."""
+    owner = await configuration_owner(api, configuration_name, timeout_s=timeout_s)
     bundle, renewed = await ensure_secret(
         api,
         namespace=namespace,
@@ -177,6 +217,7 @@ async def ensure_certificates(
         dns_names=service_dns_names(service_name, namespace, cluster_domain=cluster_domain),
         force=force,
         renew_before=renew_before,
+        owner=owner,
         timeout_s=timeout_s,
     )
     patched = await patch_ca_bundle(
