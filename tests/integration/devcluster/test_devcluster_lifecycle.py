@@ -18,6 +18,7 @@ from by_path import load
 from hamipy.devcluster import ClusterSettings, DevCluster, StartupError, ensure_binaries
 from hamipy.devcluster.binaries import CONTAINERD_VERSION, KUBERNETES_VERSION
 from hamipy.devcluster.cluster import _sweep_stale_workdirs
+from hamipy.devcluster.cluster_network import REGISTRY as NETWORKS
 from hamipy.devcluster.containerd_runtime import REGISTRY
 from hamipy.devcluster.processes import pid_alive, port_is_listening
 from hamipy.devcluster.real_kubelet import PROTECTED_SYSCTLS, can_run_real_kubelets
@@ -298,5 +299,52 @@ def test_the_readme_commands_work_as_written_then_up_down_again_leaves_nothing(t
         assert not_up.returncode == 0
         assert "not up" in not_up.stdout
         assert _host() == host
+    finally:
+        _cli(state_dir, "down")
+
+
+def _networks(owner: int) -> list[dict[str, Any]]:
+    """The registry records of the pod networks ``owner`` runs."""
+    records = [json.loads(p.read_text()) for p in NETWORKS.glob("*.json")] if NETWORKS.is_dir() else []
+    return [r for r in records if r["owner"] == owner]
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.skipif(
+    os.geteuid() != 0, reason="skipped: the chart's mode builds images and runs containerd as root"
+)
+def test_the_chart_mode_places_the_examples_through_the_pods_and_a_killed_run_leaves_nothing(
+    tmp_path: Path,
+) -> None:
+    """``make up MODE=chart``: the examples placed through the chart's pods (the same table), every
+    service a pod; killed (SIGKILL) then ``down``: no process, node, bridge, cgroup or network
+    namespace (with kube-proxy's rules) stays."""
+    state_dir = tmp_path / ".hamipy"
+    try:
+        up = _as_a_user_types_it(state_dir, "make up MODE=chart")
+        assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
+        _check_examples(up.stdout)
+        for component in ("extender", "webhook", "device-plugin", "monitor"):
+            assert f"  {component} hami-py-{component}-" in up.stdout, up.stdout
+        state = json.loads((state_dir / "state.json").read_text())
+        nodes = _runtime_nodes(state["daemon_pid"])
+        (network,) = _networks(state["daemon_pid"])
+        assert (
+            network["netns"]
+            in subprocess.run(
+                ["ip", "netns", "list"], capture_output=True, text=True, timeout=10, check=True
+            ).stdout
+        )
+        os.kill(state["daemon_pid"], signal.SIGKILL)
+        down = _cli(state_dir, "down")
+        assert down.returncode == 0, down.stderr
+        _check_gone(state_dir, state, nodes)
+        assert _networks(state["daemon_pid"]) == []
+        assert (
+            network["netns"]
+            not in subprocess.run(
+                ["ip", "netns", "list"], capture_output=True, text=True, timeout=10, check=True
+            ).stdout
+        )
     finally:
         _cli(state_dir, "down")

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from hamipy.devcluster.binaries import KUBERNETES_VERSION
+from hamipy.devcluster.cluster_network import sweep_network_orphans
 from hamipy.devcluster.containerd_runtime import sweep_orphans
 from hamipy.devcluster.errors import ClusterStateError, DevClusterError
 from hamipy.devcluster.processes import kill_group, pid_alive, port_is_listening, tail
@@ -432,6 +433,7 @@ def cmd_down(state_dir: Path) -> int:
         kill_group(state.daemon_pid, grace_s=DOWN_GRACE_S)
     _stop_leftovers(state)
     sweep_orphans()
+    sweep_network_orphans()  # after the nodes: a namespace lives while a process is in it
     busy = [port for port in state.ports if port_is_listening(port)]
     _remove_state(state_dir)
     if busy:
