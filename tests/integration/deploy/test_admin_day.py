@@ -33,7 +33,7 @@ from hamipy.devcluster.cluster import ClusterSettings, DevCluster
 from hamipy.devcluster.errors import WaitTimeout
 from hamipy.devcluster.identities import TENANT_POD_RULES, grant_role, issue_identity
 from hamipy.devcluster.images import GPU_WORKLOAD_IMAGE
-from hamipy.devcluster.kubeobjects import ensure_namespace, wait_for_default_service_account
+from hamipy.devcluster.kubeobjects import ensure_crds, ensure_namespace, wait_for_default_service_account
 from hamipy.devcluster.otlp import OtlpReceiver
 from hamipy.devcluster.prometheus import PrometheusFactory
 from hamipy.devcluster.prometheus_operator import operator_crds, scrape_configs, write_rule_files
@@ -41,7 +41,7 @@ from hamipy.devcluster.real_kubelet import can_run_real_kubelets
 from hamipy.devcluster.stack import GPU_NODE_MODELS
 from hamipy.devcluster.workload_log import parse_workload_log
 from hamipy.kube.client import RawKube
-from hamipy.kube.errors import Conflict, NotFound
+from hamipy.kube.errors import NotFound
 from hamipy.protocol import keys
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -231,11 +231,7 @@ async def left_in_namespace(kube: RawKube) -> set[str]:
 async def test_an_admins_day(prometheus_server: PrometheusFactory, tmp_path: Path) -> None:
     async with chart_cluster() as (cluster, api, stack, receiver):
         kube = RawKube(api)
-        for crd in operator_crds():
-            with contextlib.suppress(Conflict):
-                await kube.request(
-                    "POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", body=crd
-                )
+        await ensure_crds(api, operator_crds())
 
         # Install: one extender first, every service's ServiceMonitor and the alert rules on.
         began = time.monotonic()

@@ -25,6 +25,7 @@ from stack_support import extender_config
 from hamipy.devcluster.binaries import KUBERNETES_VERSION
 from hamipy.devcluster.config import ExtenderTLS, SchedulerConfig, render_scheduler_config
 from hamipy.devcluster.identities import SERVICE_RULES
+from hamipy.devcluster.kubeobjects import ensure_crds, open_crd
 from hamipy.protocol import keys
 from hamipy.protocol.config import NvidiaConfig, load_config
 from hamipy.protocol.resources import ResourceNames
@@ -640,52 +641,7 @@ async def _call(api: Any, method: str, path: str, body: Any = None, **query: str
 
 
 async def _ensure_foreign_crds(api: Any) -> None:
-    from kubernetes_asyncio.client import ApiextensionsV1Api
-    from kubernetes_asyncio.client.exceptions import ApiException
-
-    from hamipy.devcluster import wait_for
-
-    ext: Any = ApiextensionsV1Api(api)  # its hint asks for a model object; a JSON body is sent as it is
-    for group, version, kind, plural in FOREIGN_CRDS:
-        body = {
-            "apiVersion": "apiextensions.k8s.io/v1",
-            "kind": "CustomResourceDefinition",
-            "metadata": {"name": f"{plural}.{group}"},
-            "spec": {
-                "group": group,
-                "scope": "Namespaced",
-                "names": {
-                    "kind": kind,
-                    "plural": plural,
-                    "singular": kind.lower(),
-                    "listKind": f"{kind}List",
-                },
-                "versions": [
-                    {
-                        "name": version,
-                        "served": True,
-                        "storage": True,
-                        "schema": {
-                            "openAPIV3Schema": {
-                                "type": "object",
-                                "x-kubernetes-preserve-unknown-fields": True,
-                            }
-                        },
-                    }
-                ],
-            },
-        }
-        try:
-            await ext.create_custom_resource_definition(body, _request_timeout=API_TIMEOUT_S)
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-
-        async def established(name: str = f"{plural}.{group}") -> bool:
-            crd = await ext.read_custom_resource_definition(name, _request_timeout=API_TIMEOUT_S)
-            return any(c.type == "Established" and c.status == "True" for c in crd.status.conditions or [])
-
-        await wait_for(established, timeout=30, interval=0.2, what=f"CRD {plural}.{group} established")
+    await ensure_crds(api, [open_crd(*crd) for crd in FOREIGN_CRDS])
 
 
 @pytest.mark.parametrize("values", sorted(VALUE_SETS))

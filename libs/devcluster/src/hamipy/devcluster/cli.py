@@ -308,6 +308,41 @@ def cmd_serve(
     return 0
 
 
+def _stop_on_signals() -> asyncio.Event:
+    """Set on SIGTERM or SIGINT (``down``, Ctrl-C): the daemon then stops what it started."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+def _up_state(
+    cluster: Any,
+    state_dir: Path,
+    node_pids: dict[str, int],
+    nodes: list[str],
+    services: dict[str, str],
+    examples: list[tuple[str, str]],
+) -> State:
+    """What the daemon records once up: its processes (the control plane's and the nodes'), for
+    ``down`` to find any left over, and what ``up`` prints."""
+    return State(
+        daemon_pid=os.getpid(),
+        server=cluster.access.server,
+        kubeconfig=str(state_dir / KUBECONFIG_FILE),
+        workdir=str(cluster.workdir),
+        process_pids={
+            **{name: proc.pid for name, proc in cluster.processes.items() if proc.pid},
+            **node_pids,
+        },
+        ports=cluster.ports,
+        nodes=nodes,
+        services=services,
+        examples=[f"{ns}/{name}" for ns, name in examples],
+    )
+
+
 async def _serve_nodes(
     cluster: Any, state_dir: Path, count: int, gpu_count: int, native_build: Path, examples: Path
 ) -> None:
@@ -317,10 +352,7 @@ async def _serve_nodes(
     from hamipy.devcluster.otlp import OtlpReceiver
     from hamipy.devcluster.stack import GPU_NODE_MODELS, LocalStack
 
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    stop = _stop_on_signals()
     async with cluster.api_client() as api, NodePool(api) as pool:
         names = [f"hamipy-node-{i}" for i in range(count)]
         for name in names:
@@ -338,20 +370,7 @@ async def _serve_nodes(
             names += stack.gpu_nodes
             stack.endpoints["traces (OTLP/HTTP receiver)"] = f"{receiver.url}/v1/traces"
             applied = await apply_examples(api, examples, quota_enforced=stack.quota_enforced)
-        State(
-            daemon_pid=os.getpid(),
-            server=cluster.access.server,
-            kubeconfig=str(state_dir / KUBECONFIG_FILE),
-            workdir=str(cluster.workdir),
-            process_pids={
-                **{name: proc.pid for name, proc in cluster.processes.items() if proc.pid},
-                **stack.kubelet_pids(),
-            },
-            ports=cluster.ports,
-            nodes=names,
-            services=stack.endpoints,
-            examples=[f"{ns}/{name}" for ns, name in applied],
-        ).write(state_dir)
+        _up_state(cluster, state_dir, stack.kubelet_pids(), names, stack.endpoints, applied).write(state_dir)
         log.info("ready: %d nodes without GPUs, %d GPU nodes", count, len(stack.gpu_nodes))
         await stop.wait()
         log.info("stopping")
@@ -370,10 +389,7 @@ async def _serve_chart(
 
     if count:
         raise DevClusterError("the chart's mode runs GPU nodes only (--nodes 0)")
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    stop = _stop_on_signals()
     async with cluster.api_client() as api:
         # The service pods export their spans here, on the host's end of the pod network.
         receiver = OtlpReceiver(record=state_dir / TRACES_FILE, host=cluster.network.names.host_ip)
@@ -385,23 +401,10 @@ async def _serve_chart(
             models = [GPU_NODE_MODELS[i % len(GPU_NODE_MODELS)].gpus(i) for i in range(gpu_count)]
             await stack.start(models)
             applied = await apply_examples(api, examples, quota_enforced=stack.quota_enforced)
-            State(
-                daemon_pid=os.getpid(),
-                server=cluster.access.server,
-                kubeconfig=str(state_dir / KUBECONFIG_FILE),
-                workdir=str(cluster.workdir),
-                process_pids={
-                    **{name: proc.pid for name, proc in cluster.processes.items() if proc.pid},
-                    **stack.kubelet_pids(),
-                },
-                ports=cluster.ports,
-                nodes=stack.gpu_nodes,
-                services={
-                    "traces (OTLP/HTTP receiver)": f"{receiver.url}/v1/traces",
-                    **await stack.endpoints(),
-                },
-                examples=[f"{ns}/{name}" for ns, name in applied],
-            ).write(state_dir)
+            services = {"traces (OTLP/HTTP receiver)": f"{receiver.url}/v1/traces", **await stack.endpoints()}
+            _up_state(cluster, state_dir, stack.kubelet_pids(), stack.gpu_nodes, services, applied).write(
+                state_dir
+            )
             log.info("ready: the chart on %d GPU nodes", len(stack.gpu_nodes))
             await stop.wait()
             log.info("stopping")

@@ -26,7 +26,9 @@ __all__ = [
     "API_TIMEOUT_S",
     "create_namespace",
     "delete_namespace",
+    "ensure_crds",
     "ensure_namespace",
+    "open_crd",
     "wait_for_default_service_account",
 ]
 
@@ -104,3 +106,52 @@ async def delete_namespace(api: Any, name: str, *, timeout_s: float = API_TIMEOU
         await kube.request("PUT", f"{namespace}/finalize", body=body, timeout_s=timeout_s)
     except NotFound:
         pass
+
+
+CRDS_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+CRD_ESTABLISHED_S = 30.0
+
+
+def open_crd(group: str, version: str, kind: str, plural: str) -> dict[str, Any]:
+    """A namespaced CustomResourceDefinition whose schema takes anything: where the project that
+    owns the kind is not installed (cert-manager, the Prometheus operator), the API server then
+    stores the objects the chart creates of it, as they are."""
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.{group}"},
+        "spec": {
+            "group": group,
+            "scope": "Namespaced",
+            "names": {"kind": kind, "plural": plural, "singular": kind.lower(), "listKind": f"{kind}List"},
+            "versions": [
+                {
+                    "name": version,
+                    "served": True,
+                    "storage": True,
+                    "schema": {
+                        "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+                    },
+                }
+            ],
+        },
+    }
+
+
+async def ensure_crds(api: Any, crds: list[dict[str, Any]]) -> None:
+    """Create ``crds`` (those there already are kept) and wait until each is Established."""
+    from hamipy.devcluster.waiting import wait_for
+
+    kube = RawKube(api)
+    for crd in crds:
+        with contextlib.suppress(Conflict):
+            await kube.request("POST", CRDS_PATH, body=crd)
+    for crd in crds:
+        name = crd["metadata"]["name"]
+
+        async def established(name: str = name) -> bool:
+            found = await kube.request("GET", f"{CRDS_PATH}/{name}")
+            conditions = found.get("status", {}).get("conditions") or []
+            return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+
+        await wait_for(established, timeout=CRD_ESTABLISHED_S, interval=0.2, what=f"CRD {name} established")

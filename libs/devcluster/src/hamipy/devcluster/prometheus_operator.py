@@ -31,6 +31,7 @@ from typing import Any, Final, Literal
 import yaml
 
 from hamipy.devcluster.errors import DevClusterError
+from hamipy.devcluster.kubeobjects import open_crd
 
 __all__ = [
     "MonitoringObjectError",
@@ -430,37 +431,8 @@ OPERATOR_KINDS: Final = (("ServiceMonitor", "servicemonitors"), ("PrometheusRule
 
 
 def operator_crds() -> list[dict[str, Any]]:
-    """CustomResourceDefinitions of ``OPERATOR_KINDS``, their schema left open: where the operator
-    is not installed, the API server then stores what the chart creates, for ``scrape_configs`` and
-    ``write_rule_files`` to read back as the operator would."""
-    return [
-        {
-            "apiVersion": "apiextensions.k8s.io/v1",
-            "kind": "CustomResourceDefinition",
-            "metadata": {"name": f"{plural}.{_GROUP.split('/')[0]}"},
-            "spec": {
-                "group": _GROUP.split("/")[0],
-                "scope": "Namespaced",
-                "names": {
-                    "kind": kind,
-                    "listKind": f"{kind}List",
-                    "plural": plural,
-                    "singular": kind.lower(),
-                },
-                "versions": [
-                    {
-                        "name": _GROUP.split("/")[1],
-                        "served": True,
-                        "storage": True,
-                        "schema": {
-                            "openAPIV3Schema": {
-                                "type": "object",
-                                "x-kubernetes-preserve-unknown-fields": True,
-                            }
-                        },
-                    }
-                ],
-            },
-        }
-        for kind, plural in OPERATOR_KINDS
-    ]
+    """CustomResourceDefinitions of ``OPERATOR_KINDS`` with their schema left open (``open_crd``):
+    where the operator is not installed, the API server stores what the chart creates, for
+    ``scrape_configs`` and ``write_rule_files`` to read back as the operator would."""
+    group, version = _GROUP.split("/")
+    return [open_crd(group, version, kind, plural) for kind, plural in OPERATOR_KINDS]
