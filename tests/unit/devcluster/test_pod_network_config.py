@@ -27,17 +27,20 @@ def test_the_network_names_come_from_the_workdir_and_its_ends_are_the_first_two_
 
 
 def test_the_apiserver_is_advertised_on_the_pod_network_and_routes_to_endpoints() -> None:
-    common = {
-        "etcd_url": "http://127.0.0.1:1",
-        "secure_port": 6443,
-        "cert_dir": "/c",
-        "service_cluster_ip_range": "10.96.0.0/16",
-    }
-    loopback = apiserver_args(**common)
+    def args(advertise: str | None = None) -> list[str]:
+        return apiserver_args(
+            etcd_url="http://127.0.0.1:1",
+            secure_port=6443,
+            cert_dir="/c",
+            service_cluster_ip_range="10.96.0.0/16",
+            advertise_address=advertise,
+        )
+
+    loopback = args()
     assert "--bind-address=127.0.0.1" in loopback
     assert "--advertise-address=127.0.0.1" in loopback
     assert not [a for a in loopback if a.startswith("--enable-aggregator-routing")]
-    network = apiserver_args(**common, advertise_address="10.200.0.1")
+    network = args("10.200.0.1")
     assert "--advertise-address=10.200.0.1" in network
     assert "--bind-address=0.0.0.0" in network
     assert "--enable-aggregator-routing=true" in network
