@@ -27,33 +27,8 @@ from pathlib import Path
 from typing import Final
 
 import pytest
+from repository_text import ROOT, joined, relative, scanned_files
 
-ROOT: Final = Path(__file__).resolve().parents[3]
-
-
-def joined(*parts: str) -> str:
-    """A string this file must not hold whole (it is scanned too): a planted bad reference."""
-    return "".join(parts)
-
-
-# What is scanned: the repository's own text files (not the virtual environment, build outputs or
-# caches, which live in dot folders or the folders below).
-SCANNED: Final = (
-    "README.md",
-    "Makefile",
-    "pyproject.toml",
-    "docs",
-    "libs",
-    "services",
-    "native",
-    "tests",
-    "deploy",
-)
-SUFFIXES: Final = frozenset(
-    {".py", ".pyi", ".md", ".c", ".h", ".def", ".proto", ".yaml", ".yml", ".tpl", ".toml", ".txt", ".sh"}
-)
-NAMES: Final = frozenset({"Makefile"})
-SKIPPED_DIRS: Final = frozenset({"__pycache__", "node_modules", "build", "build-asan", "results"})
 # Made by builds and benchmarks, ignored by git: named in the docs, absent from a fresh checkout.
 GENERATED: Final = (
     "native/build",
@@ -78,26 +53,6 @@ MD_LINK: Final = re.compile(r"\[[^\]\n]*\]\(([^()\s]+)(?:\s+\"[^\"]*\")?\)")
 PLACEHOLDER: Final = re.compile(r"[*<>{}\[\]]")
 HEADING: Final = re.compile(r"^(#{1,6})\s+(.+?)\s*#*\s*$")
 FENCE: Final = re.compile(r"^\s*(```|~~~)")
-
-
-def scanned_files() -> Iterator[Path]:
-    for top in SCANNED:
-        path = ROOT / top
-        if path.is_file():
-            yield path
-        elif path.is_dir():
-            yield from _walk(path)
-
-
-def _walk(folder: Path) -> Iterator[Path]:
-    for entry in sorted(folder.iterdir()):
-        if entry.name.startswith(".") or entry.name.endswith(".egg-info"):
-            continue
-        if entry.is_dir():
-            if entry.name not in SKIPPED_DIRS:
-                yield from _walk(entry)
-        elif entry.suffix in SUFFIXES or entry.name in NAMES or entry.name.endswith(".Dockerfile"):
-            yield entry
 
 
 def github_anchor(heading: str) -> str:
@@ -134,14 +89,10 @@ def anchors(document: Path) -> frozenset[str]:
     return frozenset(found)
 
 
-def _relative(source: Path) -> str:
-    return source.relative_to(ROOT).as_posix() if source.is_relative_to(ROOT) else source.name
-
-
 def _bases(source: Path) -> list[Path]:
     """Where a repository path named in ``source`` may start: the root, and for a file of
     ``native/`` or of one ``libs``/``services`` package, that folder too."""
-    parts = Path(_relative(source)).parts
+    parts = Path(relative(source)).parts
     bases = [ROOT]
     if parts[:1] == ("native",):
         bases.append(ROOT / "native")
@@ -160,7 +111,7 @@ def _check_target(target: Path, anchor: str, shown: str) -> str | None:
 
 def _check_path(path: str, anchor: str, source: Path) -> str | None:
     path = path.rstrip(".").rstrip("/") or path
-    if path.startswith(GENERATED) or (_relative(source), path) in PLANTED:
+    if path.startswith(GENERATED) or (relative(source), path) in PLANTED:
         return None
     placeholder = PLACEHOLDER.search(path)
     if placeholder is not None:
@@ -210,7 +161,7 @@ FILES: Final = sorted(scanned_files())
 
 
 def test_the_scan_covers_code_tests_native_and_docs() -> None:
-    names = {_relative(f) for f in FILES}
+    names = {relative(f) for f in FILES}
     assert {
         "README.md",
         "docs/design.md",
@@ -224,7 +175,7 @@ def test_the_scan_covers_code_tests_native_and_docs() -> None:
     assert not any(name.startswith(GENERATED) for name in names)
 
 
-@pytest.mark.parametrize("source", FILES, ids=[_relative(f) for f in FILES])
+@pytest.mark.parametrize("source", FILES, ids=[relative(f) for f in FILES])
 def test_every_reference_resolves(source: Path) -> None:
     assert check_text(source.read_text(errors="replace"), source) == []
 
