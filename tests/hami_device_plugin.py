@@ -1,5 +1,5 @@
 """A device plugin that serves pods as HAMi's NVIDIA device plugin does, for the tests that run our
-extender beside HAMi's components (issue 19, item 2).
+extender beside HAMi's components.
 
 It speaks the real device plugin gRPC API to the kubelet (stand-in) and follows HAMi's plugin
 (``pkg/device-plugin/nvidiadevice/nvinternal/plugin/server.go`` ``Allocate``, v2.x) in what matters

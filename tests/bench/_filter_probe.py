@@ -9,8 +9,8 @@ time of the answer's last packet (``arrival``: what is left once the probe's own
 which it shares with the extender, is taken out).
 
 A blocking HTTP/1.1 client on one kept-alive connection, as cheap per request as Go's: with
-aiohttp's client the probe's own Python added 0.5-1 ms to the median sample on the CPU it shares
-with the extender (twelfth session of issue 18). Written here rather than with
+aiohttp's client the probe's own Python would add to every sample on the CPU it shares with the
+extender, and the median would be partly the probe's. Written here rather than with
 ``http.client`` because the arrival stamp comes with ``recvmsg``'s ancillary data. An ``https`` URL
 is asked over TLS with the client certificate ``CERT``/``KEY`` (the extender's decision port demands
 one, as the chart serves it), the server's checked against ``CA``: the TLS runs in memory

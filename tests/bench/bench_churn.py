@@ -1,4 +1,4 @@
-"""Benchmark: the extender's memory over a long create/allocate/delete churn (issue 18, item 6).
+"""Benchmark: the extender's memory over a long create/allocate/delete churn (target: flat).
 
 Run as a script: ``.venv/bin/python tests/bench/bench_churn.py [--minutes 30] [--nodes 50] [--batch 200]``.
 

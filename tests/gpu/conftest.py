@@ -1,7 +1,8 @@
-"""tests/gpu: isolation on a real NVIDIA GPU (issue 20). Every test here is marked ``gpu`` and
-skipped, with the reason, where no real GPU and driver are present (CI, laptops); on a GPU machine
-``tests/gpu/run.sh`` builds native/ and runs them, and the figures go to one JSON results file
-(``HAMIPY_GPU_RESULTS``, default tests/gpu/results/gpu.json) that ``report.py`` turns into a table."""
+"""tests/gpu: isolation on a real NVIDIA GPU (docs/isolation.md#on-a-real-gpu-testsgpu). Every
+test here is marked ``gpu`` and skipped, with the reason, where no real GPU and driver are present
+(CI, laptops); on a GPU machine ``tests/gpu/run.sh`` builds native/ and runs them, and the figures
+go to one JSON results file (``HAMIPY_GPU_RESULTS``, default tests/gpu/results/gpu.json) that
+``report.py`` turns into a table."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tests/gpu in one command on a bare GPU machine (issue 20): builds native/ against the real driver,
+# tests/gpu in one command on a bare GPU machine: builds native/ against the real driver,
 # runs the suite with the machine's python3 (PyTorch, CuPy, pytest and nvidia-ml-py come with it),
 # writes the results file and prints the table.
 #

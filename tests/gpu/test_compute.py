@@ -1,4 +1,4 @@
-"""Compute isolation on the real GPU (issue 20, item 3): the work-kernel loop under
+"""Compute isolation on the real GPU: the work-kernel loop under
 CUDA_DEVICE_SM_LIMIT gets its share of the unlimited rate, as work done per second and as NVML's
 per-process utilization; two containers at 30 and 70 split the GPU about 3:7, also with several
 processes per container, different block sizes, CUDA graphs and cooperative launches. Settle time

@@ -1,4 +1,4 @@
-"""What the interposer costs on the real GPU (issue 20, item 4): per cuLaunchKernel and per
+"""What the interposer costs on the real GPU: per cuLaunchKernel and per
 cuMemAlloc/cuMemFree pair with no limit, and the end-to-end time of a PyTorch matmul loop and a
 small training step without the interposer, with it and no limit, and with a limit of 100 %.
 

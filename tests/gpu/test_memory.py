@@ -1,4 +1,4 @@
-"""Memory isolation on the real GPU (issue 20, item 2): under CUDA_DEVICE_MEMORY_LIMIT_0 every
+"""Memory isolation on the real GPU: under CUDA_DEVICE_MEMORY_LIMIT_0 every
 allocation path stops at the limit with the framework's own out-of-memory error, the process sees
 a GPU of the limit's size through CUDA, NVML and PyTorch, the processes of one container share
 the limit, and tiny and huge limits and CUDA graphs behave."""

@@ -1,4 +1,4 @@
-"""Issue 20 item 5: the device plugin's discovery and node registration, and the monitor's host GPU
+"""The device plugin's discovery and node registration, and the monitor's host GPU
 metrics, over the real NVML, in-process (no cluster).
 
 Every expected value is read from ``pynvml`` here, independently of our code: UUID, name, memory

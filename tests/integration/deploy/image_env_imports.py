@@ -7,7 +7,7 @@ from the source (function-level imports too, which start-up never runs; not thos
 distribution that provides each imported module, from the wheels' RECORD files. It prints JSON:
 
 - ``unresolved``: imports no installed distribution (nor the standard library) provides, i.e. a
-  ``ModuleNotFoundError`` waiting to happen in the image (issue 14);
+  ``ModuleNotFoundError`` waiting to happen in the image;
 - ``undeclared``: imports of DIST (the service) served by a distribution DIST does not name in
   its own requirements: it is there only as somebody else's dependency;
 - ``import_errors``: modules of the ``hamipy-*`` distributions that fail to import.

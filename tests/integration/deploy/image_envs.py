@@ -1,4 +1,4 @@
-"""Each service's image environment, built here exactly as its Dockerfile builds it (issue 14).
+"""Each service's image environment, built here exactly as its Dockerfile builds it.
 
 ``deploy/docker/<service>.Dockerfile`` is read, not copied: the build stage's ``ENV UV_*`` settings,
 its ``WORKDIR`` and ``COPY`` lines and its ``RUN uv sync ...`` line, and the final stage's

@@ -1,4 +1,4 @@
-"""The Helm chart (issues 10 and 14): rendered with the pinned helm for several value sets and
+"""The Helm chart: rendered with the pinned helm for several value sets and
 applied to the real test apiserver with server-side dry-run, so every object is valid for this
 Kubernetes release; its pieces that must equal what the code and the integration tests use (the
 shared config schema, the MutatingWebhookConfiguration, the hami-scheduler's

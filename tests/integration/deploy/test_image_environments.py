@@ -1,4 +1,4 @@
-"""Every service runs from the environment its image ships (issue 14).
+"""Every service runs from the environment its image ships.
 
 The rest of the suite runs in the all-packages workspace, where every library is importable, so a
 service that imports a library it does not declare works there and dies in its image with

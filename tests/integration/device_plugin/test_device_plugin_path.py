@@ -1,4 +1,4 @@
-"""The whole path of a GPU pod (issue 7, "Done when"): webhook -> kube-scheduler -> extender ->
+"""The whole path of a GPU pod: webhook -> kube-scheduler -> extender ->
 bind -> the real kubelet's device manager -> the real device plugin process over the fake NVML ->
 Allocate -> the container the kubelet creates.
 
@@ -6,7 +6,7 @@ Each test runs one GPU node (``stack_support.gpu_node``: the real kubelet v1.34 
 container runtime, and a ``hamipy-device-plugin`` process), the webhook and one extender in this
 process, and the real control plane. What a container gets is read from the runtime's record of the
 kubelet's CreateContainer (its envs and mounts) and from the kubelet's device checkpoint. Pods are
-created without a scheduler name: the webhook routes them; the tenant's forged pods of issue 16 are
+created without a scheduler name: the webhook routes them; a tenant's forged pods (docs/security.md) are
 bound by ``spec.nodeName`` and carry allocation annotations of their own.
 """
 
@@ -222,7 +222,8 @@ def forged_pod(
 
 
 async def test_a_pod_asking_no_gpu_never_takes_a_gpu_pods_slot(gpu_stack: GpuStack) -> None:
-    # Issue 16's hijack: before, the next GPU container on the node got this 1 MiB, 0-core slice.
+    # The hijack: a pod asking no GPU, forged with a 1 MiB, 0-core slot; the next GPU container on
+    # the node must be served its own slot, not this one.
     hijack = forged_pod(
         "hijack", gpu_stack.node, container("main"), slot=[ContainerDevice(GPUS[0].uuid, "NVIDIA", 1, 0)]
     )
@@ -250,7 +251,7 @@ async def test_a_pod_asking_no_gpu_never_takes_a_gpu_pods_slot(gpu_stack: GpuSta
 async def test_a_gpu_pod_another_scheduler_placed_is_refused_not_served(
     gpu_stack: GpuStack, kube_client: Any
 ) -> None:
-    # Issue 16's steal, from a namespace the webhook does not watch: the API server names the
+    # The steal, from a namespace the webhook does not watch: the API server names the
     # default scheduler, and the pod is bound by spec.nodeName with a slot of its own making.
     other = await create_namespace(kube_client)
     try:

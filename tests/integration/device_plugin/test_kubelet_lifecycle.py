@@ -1,4 +1,4 @@
-"""What a real kubelet adds to a GPU pod's life (issue 17): a Deployment scaled down and up again,
+"""What a real kubelet adds to a GPU pod's life: a Deployment scaled down and up again,
 a native sidecar holding a GPU beside its app, a deletion that frees the GPU only once the kubelet
 has stopped the containers, on the same stack as the whole-path tests (``stack_support``: the real
 kubelet v1.34 over the fake runtime, the device plugin process, the webhook and one extender)."""

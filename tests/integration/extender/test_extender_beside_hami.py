@@ -1,4 +1,4 @@
-"""Our extender with its default settings beside HAMi's device plugin (issue 19, item 2).
+"""Our extender with its default settings beside HAMi's device plugin.
 
 HAMi's device plugin serves the pod the node lock names, and releases the lock after its Allocate.
 With the lock released at bind (our fast discipline), a second bind re-locks the node before the

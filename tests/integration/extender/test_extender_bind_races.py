@@ -1,4 +1,4 @@
-"""Two binds of one pod at once against the real API server (issue 18, item 2): as when
+"""Two binds of one pod at once against the real API server: as when
 kube-scheduler retries a bind after its timeout while the first still runs, or a new leader binds
 what the old one was binding. Two extender replicas get ``/bind`` for the same pod over HTTP, on one
 node or on two; the API server's Binding carries the allocation and the pod's resourceVersion, so

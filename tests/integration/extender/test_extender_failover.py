@@ -1,4 +1,4 @@
-"""Failover with kills and API stalls (issue 18, items 4 and 5), on the real control plane.
+"""Failover with kills and API stalls, on the real control plane.
 
 Three extender replicas, each ``hamipy-extender serve`` in its own process, elect their leader by a
 Lease and sit behind one URL balanced per request; three nodes are served by our device plugin and
@@ -67,7 +67,7 @@ leader catching its model up, and kube-scheduler's backoff for the pods whose ca
 (at most 10 s) twice over, with room for this 2-core machine."""
 STALL_S = 25.0
 RECOVER_S = 30.0
-"""From the API answering again to every pod placed or refused (issue 18's bound)."""
+"""From the API answering again to every pod placed or refused (docs/extender.md#replicas)."""
 
 LOCK_EXPIRY_S = 20.0
 """HAMi's node: a binder killed between taking the lock and its Binding leaves the lock to expiry

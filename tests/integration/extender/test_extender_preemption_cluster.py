@@ -1,4 +1,4 @@
-"""Preemption by fraction on the real control plane (issue 21, items 2 and 3): a high-priority pod
+"""Preemption by fraction on the real control plane: a high-priority pod
 that needs 40 GiB of a GPU whose memory low-priority slices fill evicts exactly enough of them, on
 one GPU, and is placed there; a pod of equal priority never preempts; Events name who was preempted
 for whom; the invariant holds throughout."""

@@ -1,4 +1,4 @@
-"""Namespace GPU quotas on the real control plane (issue 21, items 1 and 3): a ResourceQuota's
+"""Namespace GPU quotas on the real control plane: a ResourceQuota's
 ``limits.nvidia.com/gpumem`` is enforced per GPU by the extender, a pod over it stays Pending with
 the quota, used and limit named until the quota frees, and the invariant holds throughout."""
 

@@ -1,4 +1,4 @@
-"""The extender with the real kube-scheduler and apiserver (issue 5, "Done when").
+"""The extender with the real kube-scheduler and apiserver.
 
 The extender runs in this process (aiohttp on a loopback port) with its real watch and bind against
 the devcluster; the ``hami-scheduler`` kube-scheduler calls it for /filter and /bind. Simulated
@@ -145,8 +145,8 @@ async def test_unfittable_pod_stays_pending_with_reason(cluster: Cluster, extend
 async def test_a_native_sidecar_and_its_app_never_overfill_one_gpu(
     cluster: Cluster, extender: ExtenderServer
 ) -> None:
-    # Issue 19: a sidecar (an init container restarted Always) runs beside the app for the pod's
-    # whole life; 40000 + 40000 MiB was placed on one 60000 MiB GPU.
+    # A sidecar (an init container restarted Always) runs beside the app for the pod's whole life:
+    # 40000 + 40000 MiB must not go on one 60000 MiB GPU.
     ns = cluster.namespace
     await cluster.add_node("one", [gpu(f"GPU-{ns}-one", mem=60000)])
     sidecar = container("proxy", gpu=1, gpumem=40000, restartPolicy="Always")
@@ -189,7 +189,7 @@ async def test_lock_left_by_deleted_pod_does_not_stall_node(
 async def test_pending_pods_claiming_a_nodes_gpus_do_not_block_it(
     cluster: Cluster, extender: ExtenderServer, kube_client: Any
 ) -> None:
-    # Issue 16: another tenant's pending pods, asking no GPU, annotated and labelled as holding the
+    # Another tenant's pending pods, asking no GPU, annotated and labelled as holding the
     # node's only GPU (one well-formed, one malformed), never scheduled (no such scheduler).
     ns = cluster.namespace
     name = await cluster.add_node("n", [gpu(f"GPU-{ns}-0", count=1, mem=8000)])
@@ -277,7 +277,7 @@ def counter(servers: Sequence[ExtenderServer], name: str, labels: dict[str, str]
 async def test_burst_with_three_replicas(
     cluster: Cluster, kube_client: Any, hami_scheduler: Callable[..., Any], balancing: str
 ) -> None:
-    """Three replicas electing a leader (issue 18, item 3): kube-scheduler reaches them through a
+    """Three replicas electing a leader: kube-scheduler reaches them through a
     round-robin proxy (per-request balancing) or, as kube-proxy pins its kept-alive connection, one
     follower only (per-connection). The leader decides and binds; the others forward, or with
     ``--follower-redirect`` answer a 307 that kube-scheduler follows to the leader itself. Under 5 %

@@ -1,4 +1,4 @@
-"""A node lock nobody will release, on the real API server (issue 18, item 5): a pod holding the
+"""A node lock nobody will release, on the real API server: a pod holding the
 lock of one of two nodes for longer than a bind waits keeps no pod waiting. The filter passes that
 node over, a bind sent there anyway is refused at once, and once the holder is gone the lock sweep
 frees the node, which takes pods again. The nodes are served by HAMi's device plugin (no marker of

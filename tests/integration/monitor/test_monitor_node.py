@@ -1,4 +1,4 @@
-"""The monitor on a GPU node run by the real kubelet (issue 8, "Done when"): real pods through the
+"""The monitor on a GPU node run by the real kubelet: real pods through the
 webhook, the extender and the device plugin; real CUDA test programs under the interposer and the
 fake driver in each served container's region directory, with the env the kubelet created the
 container with; the real ``hamipy-monitor`` process reading them."""

@@ -1,4 +1,4 @@
-"""The alert rules pass ``promtool check rules`` (issue 14 item 6): the plain rule file
+"""The alert rules pass ``promtool check rules``: the plain rule file
 (deploy/helm/hami-py/files/alerts.yaml, what to load without the Prometheus operator) and the
 PrometheusRule the chart renders from it (its ``spec`` is a rule file)."""
 

@@ -1,4 +1,4 @@
-"""A real Prometheus scraping a running system (issue 14 item 6).
+"""A real Prometheus scraping a running system.
 
 One system (webhook, extender, a GPU node with the device plugin and the monitor) and one Prometheus
 scraping all four with the alert rules of deploy/helm/hami-py/files/alerts.yaml loaded, both at a

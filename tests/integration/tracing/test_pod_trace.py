@@ -1,4 +1,4 @@
-"""One trace per pod (issue 10): the webhook's admission span, the extender's filter and bind spans
+"""One trace per pod: the webhook's admission span, the extender's filter and bind spans
 and the device plugin's Allocate span arrive at an OTLP receiver as one trace, in that order, the
 later ones children of the admission span (whose context the webhook left in the pod annotation).
 

@@ -1,4 +1,4 @@
-"""The service images (issue 10): no Docker engine runs here, so each Dockerfile is linted with
+"""The service images: no Docker engine runs here, so each Dockerfile is linted with
 hadolint and checked against the repository: what it copies exists (and is not docker-ignored),
 the package it installs is a workspace member whose console script is the entry point, and the
 native target it builds is a real make target."""

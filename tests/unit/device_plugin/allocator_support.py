@@ -75,7 +75,8 @@ def waiting_pod(
 
 def hijack_pod(name: str = "hijack", *, bind_time: int = 1) -> dict[str, Any]:
     """A tenant's pod that asks for no GPU (the webhook never sees it), bound by ``spec.nodeName``
-    with allocation annotations naming a 1 MiB, 0-core slice of GPU A: issue 16's hijack."""
+    with allocation annotations naming a 1 MiB, 0-core slice of GPU A: the hijack, which must not
+    be what the next GPU container on the node is served."""
     return waiting_pod(
         name,
         builders.container("main"),

@@ -1,7 +1,7 @@
 """Binds on a node our device plugin serves, by the replica that alone writes allocations, decide
-from the model and make one write, the Binding carrying the allocation (issue 18, item 1): no read of
-the pod or the node, no node lock. Elsewhere (HAMi's plugin reported last, another replica may write,
-someone else holds the node's lock) the locked path runs as before."""
+from the model and make one write, the Binding carrying the allocation: no read of the pod or the
+node, no node lock. Elsewhere (HAMi's plugin reported last, another replica may write, someone else
+holds the node's lock) the locked path runs."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``/bind`` binds only pods the hami-scheduler profile hands to this extender (issue 16): the pod of
+"""``/bind`` binds only pods the hami-scheduler profile hands to this extender: the pod of
 the bind's UID, asking for our scheduler and naming a GPU resource of ours. Anything else is refused
 with a reason in the ExtenderBindingResult and a log line naming the pod, and nothing is written."""
 

@@ -25,7 +25,7 @@ SETTINGS = BIND_SETTINGS
 
 async def test_a_bind_on_hamis_node_writes_the_label_and_leaves_the_lock_for_its_plugin() -> None:
     # HAMi's device plugin serves the pod its node lock names: released at bind, the next bind
-    # would re-lock the node and this pod's containers be handed the next pod's GPUs (issue 19).
+    # would re-lock the node and this pod's containers be handed the next pod's GPUs.
     r = bind_rig()
     p = pod("p", container(gpu=1, gpumem=1000, gpucores=20))
     r.kube.add_pod(p)

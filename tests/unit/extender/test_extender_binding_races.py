@@ -1,6 +1,6 @@
 """Two binds of one pod in flight at once (kube-scheduler retrying after its timeout while the first
 bind still runs, or a leader hand-over between replicas): the bind that writes first wins, the other
-leaves the pod exactly as the winner wrote it, and nothing loses its allocation (issue 18, item 2).
+leaves the pod exactly as the winner wrote it, and nothing loses its allocation.
 
 Each bind reads the pod, decides, and writes the allocation with the Binding itself, guarded by the
 pod's resourceVersion: a loser's write is a Conflict that changes nothing."""

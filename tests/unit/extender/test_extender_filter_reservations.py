@@ -1,4 +1,4 @@
-"""``/filter`` reserves only for pods that exist (issue 16): a pod the pod watch has seen pending for
+"""``/filter`` reserves only for pods that exist: a pod the pod watch has seen pending for
 our scheduler, with the asks the watch has for it. A made-up call (an unknown UID, a pod of another
 scheduler, a bound pod's UID, an inflated copy of a real pod) is answered but reserves nothing more
 than the real pod asks and frees nothing that is held."""

@@ -380,7 +380,8 @@ def test_gpu_policy_is_the_first_of_the_pods_chain_else_the_configured_one(
 def test_a_gpu_policy_not_built_yet_refuses_the_pod_instead_of_ignoring_it(
     annotation: str | None, configured: tuple[str, ...], named: str
 ) -> None:
-    # Issue 19: a topology-aware 2-GPU pod was placed as plain spread.
+    # A 2-GPU pod asking a policy not built (topology-aware, numa, mutex) is refused, not placed as
+    # plain spread.
     annotations = {keys.GPU_SCHEDULER_POLICY: annotation} if annotation else {}
     config = Config.model_validate({"gpu_scheduler_policy": ",".join(configured)})
     with pytest.raises(ProtocolError, match=f"GPU policy '{named}' is not supported by hami-py yet"):

@@ -192,7 +192,7 @@ def test_containers_add_up_and_init_containers_count_by_peak() -> None:
 
 
 def test_a_native_sidecar_is_fitted_as_running_beside_the_apps() -> None:
-    # Issue 19: a 40000 MiB sidecar and a 40000 MiB app were both placed on one 60000 MiB GPU.
+    # A 40000 MiB sidecar and a 40000 MiB app must not both go on one 60000 MiB GPU.
     sidecar = container("proxy", gpu=1, gpumem=40000, restartPolicy="Always")
     p = pod("p", container("app", gpu=1, gpumem=40000), init=[sidecar])
     one = model_with(node("n", [gpu("A", 0, mem=60000)]))

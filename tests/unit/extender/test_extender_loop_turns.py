@@ -1,6 +1,6 @@
 """Work that arrives in a burst goes on one task a loop turn, so what became ready meanwhile (a
-filter's request) runs in between, not after the whole burst (issue 18: filters not starved by
-binds)."""
+filter's request) runs in between, not after the whole burst: filters are not starved by
+binds."""
 
 from __future__ import annotations
 

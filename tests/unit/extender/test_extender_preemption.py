@@ -1,4 +1,4 @@
-"""Preemption by fraction (issue 21, item 2): the fewest lower-priority pods whose removal lets a
+"""Preemption by fraction: the fewest lower-priority pods whose removal lets a
 pod fit a GPU by memory, cores and slots; never a pod of equal or higher priority; PodDisruptionBudgets
 and quotas counted; carried out by the filter (victims marked and deleted, Events, the preemptor's
 GPUs held) and offered to kube-scheduler's preemption verb."""

@@ -1,4 +1,4 @@
-"""Namespace GPU quotas (issue 21, item 1): ResourceQuota ``limits.nvidia.com/gpumem`` and
+"""Namespace GPU quotas: ResourceQuota ``limits.nvidia.com/gpumem`` and
 ``limits.nvidia.com/gpucores`` read as HAMi reads them, charged per GPU (memory x GPUs, percentages
 resolved against the GPU chosen), enforced by filter and bind with the quota, used and limit named,
 and exported as ``hami_resource_quota_used`` / ``hami_resource_quota_limit``."""

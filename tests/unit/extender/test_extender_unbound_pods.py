@@ -1,4 +1,4 @@
-"""A pod that is not bound holds nothing (issue 16, the block attack): anyone who may create pods can
+"""A pod that is not bound holds nothing (the block attack): anyone who may create pods can
 write ``hami.io/vgpu-node`` and ``vgpu-devices-allocated`` on their own pending pod, so only a bound
 pod's allocation, or a bind of this extender in flight, takes capacity; in the model, in the bind's
 fresh re-check and in the invariant checker alike."""

@@ -82,7 +82,7 @@ async def test_answers_are_decoded_and_garbage_is_a_kube_error() -> None:
 
 async def test_a_chunk_of_many_events_lets_other_work_in_between_them() -> None:
     # The API server flushes a burst of events as one chunk; a filter that arrives meanwhile must
-    # not wait for the whole burst to be applied (issue 18).
+    # not wait for the whole burst to be applied.
     burst = b"".join(EVENT_A + b"\n" for _ in range(6))
     async with _kube([burst]) as kube:
         order: list[str] = []

@@ -1,10 +1,10 @@
 """A kubelet stand-in: the kubelet's device-manager role, over the real device plugin gRPC API.
 
-No container runtime runs here, so no kubelet does. This is the one deliberate stand-in
-(docs/design.md#2-real-nodes-one-stand-in; the real kubelet over a fake runtime is issue 17): a
-`NodeAgent` for a `SimulatedNode` that does what a kubelet's device manager does
-(``pkg/kubelet/cm/devicemanager``, Kubernetes v1.34), with a device plugin talking to it exactly as
-it would talk to a kubelet:
+GPU nodes run the real kubelet where the machine allows it (``kubelet_nodes``: mount namespaces
+need root); this is the one deliberate stand-in, for simulated nodes and the benchmarks
+(docs/design.md#2-real-nodes-one-stand-in): a `NodeAgent` for a `SimulatedNode` that does what a
+kubelet's device manager does (``pkg/kubelet/cm/devicemanager``, Kubernetes v1.34), with a device
+plugin talking to it exactly as it would talk to a kubelet:
 
 - it serves ``v1beta1.Registration/Register`` on ``<plugin_dir>/kubelet.sock``, after deleting
   every socket in the directory (how plugins learn that the kubelet restarted);

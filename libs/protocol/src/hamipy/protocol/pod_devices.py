@@ -11,7 +11,7 @@ The format follows upstream's ``EncodePodSingleDevice``/``DecodePodDevices`` (``
 with these differences, all in the direction of never losing or inventing data:
 
 - Empty slots are kept on both sides (v2.10.0 dropped them and shifted every later container onto
-  the wrong devices, HAMi issues #2899, #3079). Upstream's decoder reads the final ``;`` as one more
+  the wrong devices, HAMi #2899, #3079). Upstream's decoder reads the final ``;`` as one more
   empty slot; here it is the terminator of the last slot, so ``decode(encode(x)) == x``. A value
   whose last slot lacks its ``;`` is still read.
 - A malformed entry is a ``ProtocolError`` naming the slot, device and field

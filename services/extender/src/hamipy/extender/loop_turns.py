@@ -3,10 +3,10 @@ meanwhile, instead of running ahead of them.
 
 The apiserver answers Bindings in bursts (etcd commits them in batches), and asyncio runs every
 callback made ready in one turn of the loop before it polls its sockets again: ten binds finishing
-at once ran back to back, and a ``/filter`` that arrived meanwhile was read only after all of them
-(docs/benchmarks.md, twelfth session). ``OnePerTurn.turn()`` lets the tasks waiting on it go on one
-per turn of the loop, and each turn begins with a poll, so a filter that arrives during a burst is
-read and answered after at most about one waiting task.
+at once would run back to back, and a ``/filter`` that arrived meanwhile be read only after all of
+them (docs/extender.md#what-a-filter-waits-behind). ``OnePerTurn.turn()`` lets the tasks waiting
+on it go on one per turn of the loop, and each turn begins with a poll, so a filter that arrives
+during a burst is read and answered after at most about one waiting task.
 """
 
 from __future__ import annotations
