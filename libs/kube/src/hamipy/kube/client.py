@@ -110,9 +110,9 @@ def _settle_environment(api: Any) -> None:
     """Read the proxy variables once, not per request.
 
     kubernetes-asyncio's session trusts the environment, so aiohttp looks up ``*_PROXY`` and parses
-    ``~/.netrc`` in a worker thread on *every* request: a tenth of the extender's CPU at 100 binds a
-    second, for answers that cannot change while the process runs. The proxy that applies to the API
-    server (``HTTPS_PROXY``/``NO_PROXY``, as before) is resolved here, and the session is replaced by
+    ``~/.netrc`` in a worker thread on *every* request, a cost on the extender's bind path for
+    answers that cannot change while the process runs. The proxy that applies to the API server
+    (``HTTPS_PROXY``/``NO_PROXY``) is resolved here, and the session is replaced by
     one on the same connector that does not look again. (A netrc login is never how a cluster
     authenticates: the client sends its token or certificate.)"""
     rest = api.rest_client
@@ -134,10 +134,10 @@ class RawKube:
     """``KubeApi`` over a kubernetes-asyncio ``ApiClient`` (the caller owns and closes it).
 
     A call is sent on the client's own aiohttp session, with its server, default headers, token
-    (``update_params_for_auth``: a rotated token is read as before), proxy and TLS settings, but
-    not through its generic ``call_api``: for a plain JSON body that layer copied the body and
-    headers through ``sanitize_for_serialization`` and encoded with ``json.dumps``, 30 % of each
-    call's CPU in the extender's bind (msgspec encodes here)."""
+    (``update_params_for_auth``, as ``call_api`` applies it: a rotated token is read), proxy and TLS
+    settings, but not through its generic ``call_api``: for a plain JSON body that layer copies the
+    body and headers through ``sanitize_for_serialization`` and encodes with ``json.dumps``, a large
+    share of each call's CPU on the extender's bind path (msgspec encodes here)."""
 
     def __init__(self, api_client: Any) -> None:
         self.api_client = api_client

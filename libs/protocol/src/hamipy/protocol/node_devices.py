@@ -207,8 +207,8 @@ _FAST_BUILD: Final = msgspec.json.Decoder(list[DeviceInfo])
 
 def _decode_json(value: str) -> list[DeviceInfo]:
     # Two C passes when the value has upstream's exact shape: one checks keys, types and ranges,
-    # one builds the records (DeviceInfo's defaults are Go's omitempty zeros). 14 us for 16 GPUs
-    # where the exact decoder takes 40 (docs/benchmarks.md).
+    # one builds the records (DeviceInfo's defaults are Go's omitempty zeros). The exact decoder
+    # alone would miss the decode target (docs/benchmarks.md#protocol-codecs).
     try:
         checked = _FAST_CHECK.decode(value)
         devices = _FAST_BUILD.decode(value)

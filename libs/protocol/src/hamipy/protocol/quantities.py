@@ -106,7 +106,7 @@ def _parse_text(text: str, field: str) -> int:
 def _exact(text: str) -> int | str:
     """``text``'s whole number, or why it is none. Cached: the API server writes a quantity in its
     canonical form (``2000`` comes back as ``"2k"``), so every filter and bind of a pod reads the
-    same few texts, and the exact arithmetic below costs 10-20 us each time."""
+    same few texts, and the exact arithmetic below costs far more than a lookup each time."""
     match = _QUANTITY.fullmatch(text)
     if match is None or not (match["int"] or match["frac"]):
         return "is not a Kubernetes quantity"

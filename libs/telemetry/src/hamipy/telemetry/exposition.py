@@ -1,10 +1,11 @@
 """Gauge families written straight to Prometheus text (exposition format 0.0.4), for metrics with a
 sample per GPU or per container of a whole cluster.
 
-prometheus_client renders a sample in about 8 µs (a ``Sample`` tuple, a label dict, then sorting,
+prometheus_client builds every sample as objects (a ``Sample`` tuple, a label dict, then sorting,
 escaping and float formatting for each). The extender exports 7 samples per GPU and 2 per
-container: 76,000 at 1,000 nodes of 8 GPUs, 0.64 s of its event loop per scrape, during which no
-filter or bind is answered. Here a row's label text is built once for all the families it appears
+container, 76,000 at 1,000 nodes of 8 GPUs: rendered that way, a scrape would hold its event loop
+long enough to stall filters and binds (docs/benchmarks.md#metrics-at-1000-nodes measures this
+module's). Here a row's label text is built once for all the families it appears
 in, and the values' text (a few memory sizes and percentages, repeated thousands of times) is
 memoised. The text is what ``generate_latest`` writes for the same samples (the tests compare them).
 """

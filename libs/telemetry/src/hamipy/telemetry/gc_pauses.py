@@ -2,9 +2,9 @@
 
 A collection runs inside whatever allocation triggered it and holds the GIL throughout: on an
 asyncio service every request waiting on the loop waits for it too. In the extender under a burst
-of binds, young collections took 0.1-3 ms, middle ones up to 11 ms and full ones 8-44 ms (over
-100 ms right after the first list of the cluster; docs/benchmarks.md): pauses that a client's
-``/filter`` meets whenever it arrives during one. prometheus_client's own
+of binds, middle and full collections hold the loop for milliseconds to tens of milliseconds:
+pauses that a client's ``/filter`` meets whenever it arrives during one
+(docs/extender.md#what-a-filter-waits-behind). prometheus_client's own
 ``python_gc_collections_total`` counts collections but not their time.
 
 ``GcPauses`` times each collection from ``gc.callbacks`` (the interpreter calls them at the start

@@ -4,13 +4,13 @@ what it holds.
 glibc's ``free`` returns memory to the kernel only from the top of its heap. A service that keeps a
 large model for days and, in between, allocates and frees request bodies, watch events and TLS
 records (Python hands every object over 512 bytes to ``malloc``) leaves free chunks between live
-ones. Under pod churn the extender's bytes in use stayed flat while its heap, and RSS with it, rose
-in 0.1-0.4 MiB steps (``tests/bench/bench_churn.py``, docs/benchmarks.md). ``malloc_trim(0)`` gives
-back every whole free page inside the heap (``madvise``), not only the top.
+ones. Under pod churn the extender's bytes in use stay flat while its heap, and RSS with it, rises
+in small steps (``tests/bench/bench_churn.py``, docs/benchmarks.md#extender-memory-under-churn).
+``malloc_trim(0)`` gives back every whole free page inside the heap (``madvise``), not only the top.
 
 ``trim_heap_forever`` calls it every ``interval_s`` from a worker thread: it takes the allocator's
-locks, not the GIL, so the event loop runs on (a ``malloc`` on the loop waits for the trim, a few
-milliseconds). ``heap_trimmer`` is None where the C library has no ``malloc_trim`` (musl, macOS).
+locks, not the GIL, so the event loop runs on (a ``malloc`` on the loop waits for the trim).
+``heap_trimmer`` is None where the C library has no ``malloc_trim`` (musl, macOS).
 """
 
 from __future__ import annotations

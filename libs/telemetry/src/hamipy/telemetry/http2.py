@@ -10,12 +10,11 @@ selected ``h2``. A request is read whole (at most ``Http2App.max_body_bytes``) a
 ``Http2App.respond``; the answer is sent within the peer's flow-control window.
 
 What arrives is framed a slice (about one 1,000-node filter) a loop turn. The peer sends its
-requests back to back on this one connection, and ``h2`` frames in Python (0.46-0.50 ms for a
-1,000-node filter and its answer, against 0.10-0.14 ms for aiohttp's HTTP/1.1 parser in C, on a
-slow stretch of the machine; ``tests/bench/bench_http_framing.py``). Framing a whole read at once
-made a step of several requests, and filters on other connections waited behind it (client p99
-6.5-14.5 ms, against 5.9-7.2 ms over HTTP/1.1 on the same stretch). A turn apart, the p99 was no
-worse than HTTP/1.1's (docs/benchmarks.md).
+requests back to back on this one connection, and ``h2`` frames in Python, several times the cost
+of aiohttp's HTTP/1.1 parser in C (``tests/bench/bench_http_framing.py``). Framing a whole read at
+once would make one step of several requests, and filters on other connections would wait behind
+it; a slice a turn keeps a step to about one request
+(docs/benchmarks.md#http2-against-http11-on-the-decision-port).
 
 The limits of ``hamipy.telemetry.http_limits`` carry over: the connection is busy while a stream is
 open and idle (kept alive for ``keepalive_timeout_s``, then closed with GOAWAY) when none is; a

@@ -85,11 +85,10 @@ class HttpLimits:
     ``IdleConnTimeout`` the client may find a connection closed under it, which Go retries when
     nothing was written yet; idle connections may go sooner at the cap anyway."""
     max_connections: int = 256
-    """Connections held at once. A TLS connection costs 300-450 KiB (asyncio's 256 KiB read buffer
-    from accept on, then the SSL object and aiohttp's handler): 1,500 slow clients take the webhook
-    from 69 to 185 MiB with this cap, within the chart's 256 Mi, and to 425 MiB without it
-    (tests/bench/bench_slow_clients.py). Our callers keep a few tens open (the API servers, one
-    kube-scheduler, the kubelet, Prometheus)."""
+    """Connections held at once. A TLS connection costs a few hundred KiB (asyncio's 256 KiB read
+    buffer from accept on, then the SSL object and aiohttp's handler), so the cap keeps a flood of
+    slow clients within the chart's 256 Mi (docs/benchmarks.md#slow-clients). Our callers keep a few
+    tens open (the API servers, one kube-scheduler, the kubelet, Prometheus)."""
 
     max_queued: int = 512
     """Connections that wait for a slot when every held one is serving a request (0: none; a new

@@ -21,7 +21,7 @@ PROBE_LIMITS: Final = HttpLimits(max_connections=64)
 async def metrics_response(request: web.Request, body: bytes | Sequence[bytes]) -> web.StreamResponse:
     """``/metrics``' answer: ``body``, or its chunks written one by one. A scrape of a large model is
     megabytes (10 MB at 1,000 nodes): joined, it costs the event loop a copy of all of it in one
-    step (7 ms there); written in chunks, each is handed to the socket (or its buffer) in a step of
+    step; written in chunks, each is handed to the socket (or its buffer) in a step of
     its own, and a full buffer makes the write wait without holding the loop."""
     if isinstance(body, bytes):
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

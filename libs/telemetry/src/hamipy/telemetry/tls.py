@@ -6,9 +6,8 @@ connection is a full handshake, and a session ticket sent to them is work thrown
 burst kube-scheduler opens a new connection for most of its calls over HTTP/1.1 (at most 2 kept
 idle; the extender's HTTP/2 spares that, docs/extender.md#tls-handshakes), and the server's share
 of each handshake runs on the event loop that also answers filters. OpenSSL 3 sends two TLS 1.3
-tickets by default; with none, the server's share of a mutual-TLS handshake took 0.93 ms against
-1.37 ms with an ECDSA P-256 certificate, 1.40 ms against 1.82 ms with RSA-2048
-(``tests/bench/bench_tls_handshake.py``).
+tickets by default; none are sent here (what they and the key type cost the server:
+``tests/bench/bench_tls_handshake.py``).
 """
 
 from __future__ import annotations

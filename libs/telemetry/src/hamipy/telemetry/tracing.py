@@ -111,7 +111,7 @@ def make_tracer_provider(
     recorded at all (sampler ``always_off``). They still carry their trace id (the parent's, else a
     new one) and a span id, so log lines keep both; only a service that writes no trace context
     downstream may ask for it, since its trace flags then read "not sampled". The extender does:
-    its spans are 5-7 % of its CPU under a burst of binds, on the path every ``/filter`` waits on.
+    recording spans that nothing exports would cost CPU on the path every ``/filter`` waits on.
 
     Raises ``TracingConfigError`` for an exporter or protocol that does not exist.
     """

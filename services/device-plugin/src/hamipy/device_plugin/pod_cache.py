@@ -1,13 +1,13 @@
 """This node's pods, kept current by the shared informer, for Allocate to read without an API call.
 
-An Allocate that had to list the node's pods would pay for every pod on the node each time (a
-list of 100 pods took 8 ms at the median and up to 70 ms here). The pods come from a
-``hamipy.kube.informer.Informer`` of ``spec.nodeName=<node>`` (paged list, watch with bookmarks,
-re-list on 410 Gone, jittered backoff on API errors); its cache is the plugin's view. The plugin's
-own writes are applied at once from the API's answer (``remember``), so the next Allocate sees
-them before the watch delivers them, and a list that was answered before such a write landed does
-not take it back (the watch then brings the same version). A pod the cache does not know yet makes
-the caller read the node's pods afresh (``merge``).
+An Allocate that had to list the node's pods would pay for decoding every pod on the node each time,
+within Allocate's 50 ms target (``tests/bench/bench_allocate.py`` runs 100 pods a node). The pods
+come from a ``hamipy.kube.informer.Informer`` of ``spec.nodeName=<node>`` (paged list, watch with
+bookmarks, re-list on 410 Gone, jittered backoff on API errors); its cache is the plugin's view. The
+plugin's own writes are applied at once from the API's answer (``remember``), so the next Allocate
+sees them before the watch delivers them, and a list that was answered before such a write landed
+does not take it back (the watch then brings the same version). A pod the cache does not know yet
+makes the caller read the node's pods afresh (``merge``).
 """
 
 from __future__ import annotations

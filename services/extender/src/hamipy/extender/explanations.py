@@ -1,8 +1,9 @@
 """Why each node does not fit a pod, remembered per pod ask and node state (for filters that fit
 nowhere).
 
-A filter that fits nowhere explains every node it was sent: a full fit per node, 50 ms of the event
-loop at 1,000 nodes. A pod that fits nowhere is filtered again and again (kube-scheduler retries it
+A filter that fits nowhere explains every node it was sent: a full fit per node, tens of
+milliseconds of the event loop at 1,000 nodes (``tests/bench/bench_extender.py``, "no node
+fits"). A pod that fits nowhere is filtered again and again (kube-scheduler retries it
 on every cluster event that might help, and a backlog of pods waiting for GPUs is the normal state
 of a busy cluster), usually with the same ask against nodes most of which have not changed since.
 So each node's explanation is kept with the node state it was made from: the ``NodeState`` object

@@ -2,11 +2,11 @@
 
 kube-scheduler sends the whole Pod with every filter (``ExtenderArgs``: ``Pod``, ``NodeNames``).
 For a pod the watch holds pending, the extender decides from its own copy (``Scheduler.watches``),
-so decoding the copy sent, then checking its depth and its field types, was a quarter of a
-filter's CPU, on the path each ``/filter`` waits on. Here msgspec reads the three fields needed into
-typed structs and skips the rest of the body without building it.
+so decoding the copy sent, then checking its depth and its field types, would be a large share
+of a filter's CPU, on the path each ``/filter`` waits on. Here msgspec reads the three fields
+needed into typed structs and skips the rest of the body without building it.
 
-Anything else is read whole, as before, with the same errors: a pod the watch does not hold, node
+Anything else is read whole, with the whole decoder's errors: a pod the watch does not hold, node
 objects sent instead of names (a scheduler that is not ``nodeCacheCapable``), a field of another
 type, a body that is not JSON or nests deeper than the parser goes.
 """

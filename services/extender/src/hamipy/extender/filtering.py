@@ -114,7 +114,7 @@ _ASK: Final = "ask"
 
 def ask_of(pending: PendingPod, config: Config) -> PodAsk:
     """``build_ask`` of a watched pending pod, built once per version of the pod (its filters and
-    its bind read the same asks): 20-60 us saved on each, much of it reading quantities."""
+    its bind read the same asks), much of the building being the reading of quantities."""
     cached = pending.derived.get(_ASK)
     if cached is not None and cached[0] is config:
         ask: PodAsk = cached[1]
@@ -185,8 +185,8 @@ def _types_ok(ask: PodAsk, type_key: tuple[str, ...], cache: dict[tuple[str, ...
 
 _WALK_SHARE: Final = 8
 """Walk the model's kept node order when kube-scheduler sent at least 1/8 of the nodes: a node
-passed over there costs a set lookup (about 0.05 us here), ranking one sent name about 0.7 us;
-with fewer names, ranking just those is cheaper."""
+passed over there costs a set lookup, ranking one sent name over ten times that
+(``tests/bench/bench_extender.py``); with fewer names, ranking just those is cheaper."""
 
 
 def decide(

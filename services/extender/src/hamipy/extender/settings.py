@@ -10,8 +10,9 @@ from hamipy.protocol.node_lock import NODE_LOCK_TIMEOUT
 __all__ = ["API_CONNECTIONS", "ExtenderSettings"]
 
 API_CONNECTIONS = 64
-"""The extender's default ``api_connections`` (docs/benchmarks.md: binds of 1,000-pod bursts at 1,000
-nodes took 0.75-2.4 s with 24, 0.42-0.63 s with 64, for about 10 MiB more RSS under churn)."""
+"""The extender's default ``api_connections``: with it the binds of a 1,000-pod burst at 1,000
+nodes do not queue for a connection, for a few MiB of TLS buffers more
+(docs/benchmarks.md#the-extenders-api-connections)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

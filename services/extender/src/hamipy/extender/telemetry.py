@@ -6,8 +6,8 @@ share counters):
 
 - HAMi's scheduler metrics (docs/wire-format.md#metrics, same names and labels), computed from the model
   at scrape time: nothing is updated on the filter path. The per-GPU and per-container gauges are
-  written as text by ``gpu_gauges`` (tens of thousands of samples; prometheus_client's collectors
-  took 0.64 s of the event loop per scrape at 1,000 nodes); the quota gauges
+  written as text by ``gpu_gauges`` (tens of thousands of samples, too many for prometheus_client's
+  collectors on the event loop: ``hamipy.telemetry.exposition``); the quota gauges
   (``hami_resource_quota_used``, ``hami_resource_quota_limit``) come from ``QuotaCollector``.
 - ``hamipy_extender_filter_duration_seconds`` / ``..._bind_duration_seconds`` (by result),
   ``hamipy_extender_decisions`` (verb, result, reason; ``unavailable``/``BackgroundTaskDied`` for
@@ -46,8 +46,8 @@ _BIND_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
 
 
 ROWS_PER_STEP: Final = 500
-"""GPUs or containers rendered between two yields to the event loop: about 2 ms of work, so a
-filter that arrives mid-scrape waits that long, not the whole render (80 ms at 1,000 nodes)."""
+"""GPUs or containers rendered between two yields to the event loop: a filter that arrives
+mid-scrape waits one step, not the whole render (docs/benchmarks.md#metrics-at-1000-nodes)."""
 
 
 _LINES_PER_CHUNK: Final = 4000
@@ -327,7 +327,7 @@ class Metrics:
         without joining): the registry's metrics, then the GPU gauges of the attached model (on
         the event loop, in steps: ``gpu_gauges``)."""
         gauges = [] if self._model is None else await gpu_gauges(self._model)
-        await asyncio.sleep(0)  # the registry (3 ms at 1,000 nodes) in a step of its own
+        await asyncio.sleep(0)  # the registry in a step of its own
         return [generate_latest(self.registry), *gauges]
 
     async def render(self) -> bytes:

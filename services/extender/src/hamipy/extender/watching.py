@@ -124,7 +124,7 @@ class ModelFeed:
             problems = self.model.replace_pods(objects)
         report_problems(problems, self.telemetry, self.events)
         # The model is a large, long-lived heap (tens of thousands of pods): keep the cyclic GC from
-        # walking it on every full collection, which otherwise shows as 100 ms filter pauses.
+        # walking it on every full collection, which would pause filters for the whole walk.
         gc.collect()
         gc.freeze()
         self._changed()

@@ -139,8 +139,8 @@ async def _run(args: argparse.Namespace) -> int:
     async with await api_client(args.kubeconfig) as client:
         monitor = Monitor(settings=settings, telemetry=telemetry, api=RawKube(client), host_gpus=host_gpus)
         # What is loaded by now (modules, above all kubernetes_asyncio's) lives as long as the
-        # process: keep the cyclic GC from walking it at every full collection, which otherwise
-        # adds ~30 ms to one scrape in a hundred (tests/bench/bench_monitor.py).
+        # process: keep the cyclic GC from walking it at every full collection, which would add
+        # the walk to the scrape it lands in (the p99 of tests/bench/bench_monitor.py).
         gc.collect()
         gc.freeze()
         return await serve_until_signal(monitor.running(), monitor.supervisor, telemetry.logger)
