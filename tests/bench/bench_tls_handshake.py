@@ -8,7 +8,7 @@ handshake, run on its event loop: the certificate's signature, the key exchange 
 kube-scheduler's client certificate. This times that share alone (the server side of in-memory
 handshakes with the extender's own ``server_tls`` context; the client's work is not counted) for the
 chart's certificates (ECDSA P-256, ``deploy/helm/hami-py/templates/extender-tls.yaml``) against
-RSA-2048 ones (Helm's ``genCA``/``genSignedCert``, which the chart used before), each as served
+RSA-2048 ones (Helm's ``genCA``/``genSignedCert`` without a key type), each as served
 (no session tickets: ``hamipy.telemetry.tls``), with OpenSSL's default two TLS 1.3 tickets, and
 without the demand for kube-scheduler's certificate (what checking it costs).
 
@@ -157,7 +157,7 @@ def main() -> None:
                 unchecked, calling, args.handshakes
             )
             for tickets in (0, 2):
-                if tickets:  # OpenSSL's defaults, as the extender served before
+                if tickets:  # OpenSSL's defaults, what a server that sets nothing sends
                     serving.options &= ~ssl.OP_NO_TICKET
                 serving.num_tickets = tickets
                 timed[f"{name}, {tickets} tickets"] = handshakes(serving, calling, args.handshakes)
