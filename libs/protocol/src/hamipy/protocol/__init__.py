@@ -13,6 +13,7 @@ the rest lives in submodules named for what they define:
 - ``reserved_env`` / ``reserved_mounts`` / ``reserved_annotations``: what a pod's own spec may not set
 - ``region``: the v1.2 shared-region layout the interposer writes and the monitor reads
 - ``config``: the configuration schema (``load_config``)
+- ``settings``: each service's settings, declared once, as flags and environment variables
 - ``keys``: annotation, label and resource names
 """
 
