@@ -33,6 +33,7 @@ from hamipy.extender.telemetry import Telemetry as ExtenderTelemetry
 from hamipy.kube.client import RawKube
 from hamipy.protocol import ContainerDevice, decode_pod_devices, keys
 from hamipy.protocol.config import Config
+from hamipy.telemetry.http_limits import HttpLimits
 from hamipy.webhook.admitting import Admitter
 from hamipy.webhook.certs import CertificateBundle, generate_certificates, write_files
 from hamipy.webhook.mutation import MutationSettings
@@ -57,8 +58,7 @@ MANAGED = tuple(
 class Webhook:
     """A webhook in this process, registered for one namespace; with ``metrics`` also serving
     ``/metrics`` on a plain-HTTP port (``metrics_port``), as the chart runs it; deciding with
-    ``settings`` (the defaults when None); ``limits``: further ``ServerSettings`` fields
-    (``max_connections=8``)."""
+    ``settings`` (the defaults when None); under ``limits`` (the defaults when None)."""
 
     def __init__(
         self,
@@ -69,7 +69,7 @@ class Webhook:
         *,
         metrics: bool = False,
         settings: MutationSettings | None = None,
-        limits: Mapping[str, Any] | None = None,
+        limits: HttpLimits | None = None,
     ) -> None:
         self.api = api
         self.namespace = namespace
@@ -80,7 +80,7 @@ class Webhook:
         self.server: WebhookServer | None = None
         self.port = 0
         self.metrics = metrics
-        self.limits = dict(limits or {})
+        self.limits = limits or HttpLimits()
         self.metrics_port: int | None = None
         self.configuration = f"hamipy-webhook-{namespace}"
 
@@ -92,7 +92,7 @@ class Webhook:
             port=self.port,
             metrics_port=0 if self.metrics else None,
             shutdown_timeout_s=1.0,
-            **self.limits,
+            limits=self.limits,
         )
         self.server = WebhookServer(settings, self.admitter)
         await self.server.start()
@@ -116,7 +116,7 @@ async def start_webhook(
     *,
     metrics: bool = False,
     settings: MutationSettings | None = None,
-    limits: Mapping[str, Any] | None = None,
+    limits: HttpLimits | None = None,
 ) -> Webhook:
     """A webhook in this process with a certificate for 127.0.0.1, registered for `namespace` only
     (``metrics``, ``settings``, ``limits``: see ``Webhook``). Its tracing follows this process's

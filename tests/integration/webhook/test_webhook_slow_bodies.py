@@ -17,6 +17,7 @@ import pytest
 from stack_support import start_webhook, stop_webhook
 
 from hamipy.devcluster.waiting import wait_for
+from hamipy.telemetry.http_limits import HttpLimits
 
 pytestmark = pytest.mark.integration
 
@@ -32,7 +33,7 @@ async def test_gpu_pods_are_admitted_while_stalled_bodies_flood_the_webhook(
     from kubernetes_asyncio import client
 
     # Timeouts past the test's length: only the cap decides who is served.
-    limits = {"header_timeout_s": 120, "body_timeout_s": 120, "max_connections": CAP}
+    limits = HttpLimits(header_timeout_s=120, body_timeout_s=120, max_connections=CAP)
     webhook = await start_webhook(kube_client, namespace, tmp_path, limits=limits)
     metrics = webhook.admitter.telemetry.metrics.registry
 

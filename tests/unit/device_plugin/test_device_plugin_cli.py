@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 
 from hamipy.device_plugin.cli import build_parser, main
+from hamipy.device_plugin.settings import PluginSettings
 from hamipy.kube.options import EXIT_USAGE
+from hamipy.protocol.settings import settings_from
 
 SHARED = ("--node-name", "--config", "--kubeconfig", "--api-timeout", "--log-level")
 OWN = (
@@ -27,7 +29,8 @@ def test_the_node_agents_shared_options_and_its_own() -> None:
 
 def test_defaults_and_environment() -> None:
     args = build_parser({}).parse_args(["--node-name", "n1"])
-    assert (args.metrics_port, args.register_interval, args.api_timeout, args.log_level) == (
+    settings = settings_from(PluginSettings, args)
+    assert (settings.metrics_port, settings.register_interval_s, settings.api_timeout_s, args.log_level) == (
         9395,
         30.0,
         10.0,
@@ -41,12 +44,13 @@ def test_defaults_and_environment() -> None:
         "HAMIPY_DEVICE_PLUGIN_API_TIMEOUT": "3",
     }
     args = build_parser(env).parse_args([])
+    settings = settings_from(PluginSettings, args)
     assert (
-        args.node_name,
+        settings.node_name,
         str(args.config),
-        args.metrics_port,
-        args.register_interval,
-        args.api_timeout,
+        settings.metrics_port,
+        settings.register_interval_s,
+        settings.api_timeout_s,
     ) == (
         "from-downward-api",
         "/etc/hami-py/config.yaml",

@@ -26,6 +26,7 @@ from hamipy.extender.settings import ExtenderSettings
 from hamipy.extender.telemetry import Telemetry
 from hamipy.kube.certs import KeyPair, issue_cert, make_ca
 from hamipy.protocol.config import Config
+from hamipy.protocol.settings import settings_from
 
 DAY = datetime.timedelta(days=1)
 MAX_BODY = 64 * 1024
@@ -170,9 +171,9 @@ async def test_with_no_http2_the_decision_port_offers_http1_only(pki: Pki) -> No
             assert writer.get_extra_info("ssl_object").selected_alpn_protocol() in (None, "http/1.1")
         finally:
             writer.close()
-    args = cli.build_parser().parse_args(["serve", "--no-http2"])
-    assert not cli.settings_from_args(args).http2
-    assert cli.settings_from_args(cli.build_parser().parse_args(["serve"])).http2
+    args = cli.build_parser({}).parse_args(["serve", "--no-http2"])
+    assert not settings_from(ExtenderSettings, args).http2
+    assert settings_from(ExtenderSettings, cli.build_parser({}).parse_args(["serve"])).http2
 
 
 def test_tls_flags_that_do_not_go_together_are_refused(pki: Pki, capsys: pytest.CaptureFixture[str]) -> None:

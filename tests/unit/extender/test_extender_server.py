@@ -18,11 +18,14 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 import hamipy.extender.cli as cli
 from hamipy.devcluster import wait_for
 from hamipy.extender.server import ExtenderServer
-from hamipy.extender.settings import API_CONNECTIONS, ExtenderSettings
+from hamipy.extender.settings import ExtenderSettings
 from hamipy.extender.telemetry import Telemetry
+from hamipy.kube.client import MAX_CONNECTIONS
 from hamipy.kube.errors import KubeError
+from hamipy.kube.options import ProcessSettings
 from hamipy.protocol import keys
 from hamipy.protocol.config import Config
+from hamipy.protocol.settings import settings_from
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
@@ -216,7 +219,7 @@ def test_cli_settings_from_env() -> None:
     args = cli.build_parser(
         {"HAMIPY_EXTENDER_COOPERATIVE": "true", "HAMIPY_EXTENDER_BIND_TIMEOUT": "7"}
     ).parse_args(["serve", "--no-release-lock-after-bind"])
-    settings = cli.settings_from_args(args)
+    settings = settings_from(ExtenderSettings, args)
     assert settings.cooperative
     assert not settings.release_lock_after_bind
     assert settings.bind_timeout_s == 7
@@ -224,11 +227,11 @@ def test_cli_settings_from_env() -> None:
 
 def test_the_api_connections_come_from_the_flag_and_the_environment() -> None:
     args = cli.build_parser({"HAMIPY_EXTENDER_API_CONNECTIONS": "32"}).parse_args(["serve"])
-    assert cli.settings_from_args(args).api_connections == 32
+    assert settings_from(ProcessSettings, args).api_connections == 32
     args = cli.build_parser({}).parse_args(["serve", "--api-connections", "100"])
-    assert cli.settings_from_args(args).api_connections == 100
-    default = cli.settings_from_args(cli.build_parser({}).parse_args(["serve"]))
-    assert default.api_connections == API_CONNECTIONS == 64
+    assert settings_from(ProcessSettings, args).api_connections == 100
+    default = settings_from(ProcessSettings, cli.build_parser({}).parse_args(["serve"]))
+    assert default.api_connections == MAX_CONNECTIONS == 64
 
 
 def test_serve_opens_its_api_client_with_that_many_connections(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -20,23 +20,24 @@ from extender_fakes import node, pod
 
 import hamipy.extender.cli as cli
 from hamipy.devcluster import wait_for
-from hamipy.extender.server import ExtenderServer, http_limits
+from hamipy.extender.server import ExtenderServer
 from hamipy.extender.settings import ExtenderSettings
 from hamipy.extender.telemetry import Telemetry
 from hamipy.protocol.config import Config
+from hamipy.protocol.settings import settings_from
+from hamipy.telemetry.http_limits import HttpLimits
 
-SETTINGS = ExtenderSettings(
-    header_timeout_s=0.5, body_timeout_s=0.5, keepalive_timeout_s=5, max_connections=4
-)
+LIMITS = HttpLimits(header_timeout_s=0.5, body_timeout_s=0.5, keepalive_timeout_s=5, max_connections=4)
 
 
 @pytest.fixture
 async def server() -> AsyncIterator[ExtenderServer]:
     srv = ExtenderServer(
         config=Config(),
-        settings=SETTINGS,
+        settings=ExtenderSettings(),
         telemetry=Telemetry.create(stream=io.StringIO()),
         api=None,
+        limits=LIMITS,
     )
     async with srv:
         srv.model.replace_nodes([node("a"), node("b")])
@@ -241,7 +242,13 @@ async def test_a_trickled_body_is_cut(server: ExtenderServer) -> None:
 
 async def test_a_client_that_leaves_mid_body_is_one_log_line_naming_it() -> None:
     log = io.StringIO()
-    srv = ExtenderServer(config=Config(), settings=SETTINGS, telemetry=Telemetry.create(stream=log), api=None)
+    srv = ExtenderServer(
+        config=Config(),
+        settings=ExtenderSettings(),
+        telemetry=Telemetry.create(stream=log),
+        api=None,
+        limits=LIMITS,
+    )
     async with srv:
         _, writer = await asyncio.open_connection("127.0.0.1", srv.port)
         writer.write(b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{")
@@ -269,10 +276,10 @@ def test_the_limits_come_from_flags_and_the_environment() -> None:
         "HAMIPY_EXTENDER_MAX_QUEUED_CONNECTIONS": "7",
     }
     args = cli.build_parser(env).parse_args(["serve", "--body-timeout", "4", "--keepalive-timeout", "30"])
-    limits = http_limits(cli.settings_from_args(args))
+    limits = settings_from(HttpLimits, args)
     assert (limits.header_timeout_s, limits.body_timeout_s) == (3, 4)
     assert (limits.keepalive_timeout_s, limits.max_connections, limits.max_queued) == (30, 50, 7)
-    defaults = http_limits(cli.settings_from_args(cli.build_parser({}).parse_args(["serve"])))
+    defaults = settings_from(HttpLimits, cli.build_parser({}).parse_args(["serve"]))
     assert (defaults.header_timeout_s, defaults.body_timeout_s, defaults.keepalive_timeout_s) == (10, 10, 75)
     assert (defaults.max_connections, defaults.max_queued) == (256, 512)
 

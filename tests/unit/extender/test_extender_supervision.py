@@ -25,6 +25,7 @@ from hamipy.extender.settings import ExtenderSettings
 from hamipy.extender.telemetry import Telemetry
 from hamipy.kube.options import EXIT_FAILED
 from hamipy.protocol.config import Config
+from hamipy.protocol.settings import settings_from
 
 PODS = "/api/v1/pods"
 BUG = TypeError("'NoneType' object is not subscriptable")
@@ -143,10 +144,12 @@ async def test_the_heap_is_trimmed_under_supervision_unless_switched_off(
 
 def test_the_heap_trim_interval_comes_from_the_flag_and_the_environment() -> None:
     args = cli.build_parser({"HAMIPY_EXTENDER_HEAP_TRIM_INTERVAL": "5"}).parse_args(["serve"])
-    assert cli.settings_from_args(args).heap_trim_interval_s == 5
+    assert settings_from(ExtenderSettings, args).heap_trim_interval_s == 5
     args = cli.build_parser({}).parse_args(["serve", "--heap-trim-interval", "0"])
-    assert cli.settings_from_args(args).heap_trim_interval_s == 0
-    assert cli.settings_from_args(cli.build_parser({}).parse_args(["serve"])).heap_trim_interval_s == 60
+    assert settings_from(ExtenderSettings, args).heap_trim_interval_s == 0
+    assert (
+        settings_from(ExtenderSettings, cli.build_parser({}).parse_args(["serve"])).heap_trim_interval_s == 60
+    )
 
 
 async def test_the_collectors_pauses_are_served_while_the_extender_runs() -> None:

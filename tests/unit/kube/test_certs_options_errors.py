@@ -1,5 +1,4 @@
-"""hamipy.kube's small parts: certificates, strict environment flags, the node agents' options,
-the error tree."""
+"""hamipy.kube's small parts: certificates, the shape of a service's command, the error tree."""
 
 from __future__ import annotations
 
@@ -14,15 +13,9 @@ from cryptography import x509
 
 from hamipy.kube.certs import dns_names_of, issue_cert, make_ca, not_after
 from hamipy.kube.errors import Conflict, Gone, KubeError, NotFound, error_for
-from hamipy.kube.options import (
-    BadEnvironment,
-    EnvFlags,
-    add_node_options,
-    parse_bool,
-    run_command,
-    with_default_command,
-)
+from hamipy.kube.options import ProcessSettings, run_command, with_default_command
 from hamipy.protocol.config import ConfigError
+from hamipy.protocol.settings import Group, add_settings
 
 DAY = datetime.timedelta(days=1)
 
@@ -69,55 +62,6 @@ def test_a_certificate_that_would_be_useless_is_refused(server: bool, problem: s
 
 
 @pytest.mark.parametrize(
-    ("text", "value"), [("1", True), ("TRUE", True), (" on", True), ("no", False), ("Off", False)]
-)
-def test_booleans_in_every_spelling(text: str, value: bool) -> None:
-    assert parse_bool(text, name="X") is value
-
-
-@pytest.mark.parametrize("text", ["enable", "2", "treu", "y"])
-def test_an_unknown_boolean_is_refused_naming_the_variable(text: str) -> None:
-    """It used to be read as "off" by two services and refused by the monitor."""
-    flags = EnvFlags({"HAMIPY_X_FEEDBACK": text}, "HAMIPY_X_")
-    with pytest.raises(BadEnvironment, match="HAMIPY_X_FEEDBACK"):
-        flags.boolean("feedback", True)
-
-
-def test_env_flags_fall_back_and_check_numbers() -> None:
-    flags = EnvFlags({"HAMIPY_X_PORT": "9443", "HAMIPY_X_RATE": "fast", "HAMIPY_X_ON": ""}, "HAMIPY_X_")
-    assert flags.integer("port", 1) == 9443
-    assert flags.number("timeout", 2.5) == 2.5
-    assert flags.boolean("on", True) is True, "an empty value is unset"
-    with pytest.raises(BadEnvironment, match="HAMIPY_X_RATE"):
-        flags.number("rate", 1.0)
-
-
-def test_a_switch_defaults_to_its_variable_and_either_spelling_overrides_it() -> None:
-    parser = argparse.ArgumentParser()
-    flags = EnvFlags({"HAMIPY_X_COLD": "yes"}, "HAMIPY_X_")
-    flags.switch(parser, "cold", False, help="h")
-    flags.switch(parser, "hot", True, help="h")
-    assert vars(parser.parse_args([])) == {"cold": True, "hot": True}
-    assert vars(parser.parse_args(["--no-cold", "--no-hot"])) == {"cold": False, "hot": False}
-    with pytest.raises(BadEnvironment, match="HAMIPY_X_COLD"):
-        EnvFlags({"HAMIPY_X_COLD": "maybe"}, "HAMIPY_X_").switch(parser, "cold", False, help="h")
-
-
-def test_node_options_come_from_the_downward_api_and_the_service_env() -> None:
-    env = {"NODE_NAME": "gpu-1", "HAMIPY_CONFIG": "/etc/c.yaml", "HAMIPY_X_API_TIMEOUT": "3"}
-    parser = argparse.ArgumentParser()
-    add_node_options(parser, EnvFlags(env, "HAMIPY_X_"))
-    args = parser.parse_args([])
-    assert (args.node_name, args.config, args.api_timeout, args.log_level) == (
-        "gpu-1",
-        Path("/etc/c.yaml"),
-        3.0,
-        "info",
-    )
-    assert parser.parse_args(["--node-name", "other"]).node_name == "other"
-
-
-@pytest.mark.parametrize(
     ("status", "kind"), [(404, NotFound), (409, Conflict), (410, Gone), (500, KubeError), (403, KubeError)]
 )
 def test_errors_by_status_with_the_servers_message(status: int, kind: type[KubeError]) -> None:
@@ -135,16 +79,6 @@ def test_an_error_body_that_is_not_a_status_is_quoted_shortly() -> None:
     assert len(str(error)) < 260
 
 
-def test_an_empty_variable_is_unset_for_every_kind_of_flag() -> None:
-    """A chart renders an unset value as "": it must mean the default, not an error."""
-    flags = EnvFlags({"HAMIPY_X_PORT": "", "HAMIPY_X_RATE": " ", "HAMIPY_X_ON": ""}, "HAMIPY_X_")
-    assert flags.integer("port", 7) == 7
-    assert flags.optional_integer("port") is None
-    assert flags.number("rate", 1.5) == 1.5
-    assert flags.boolean("on", False) is False
-    assert EnvFlags({"HAMIPY_X_PORT": "9090"}, "HAMIPY_X_").optional_integer("port") == 9090
-
-
 async def test_no_api_configuration_is_a_kube_error_naming_where_it_looked(tmp_path: Path) -> None:
     from hamipy.kube.client import api_client
 
@@ -154,10 +88,9 @@ async def test_no_api_configuration_is_a_kube_error_naming_where_it_looked(tmp_p
 
 
 def _parser(env: dict[str, str]) -> argparse.ArgumentParser:
-    flags = EnvFlags(env, "HAMIPY_X_")
     parser = argparse.ArgumentParser(prog="hamipy-x")
     parser.add_argument("command")
-    parser.add_argument("--port", type=int, default=flags.integer("port", 1))
+    add_settings(parser, Group(ProcessSettings), env=env, prefix="HAMIPY_X_")
     return parser
 
 
@@ -174,7 +107,11 @@ class BadTracing(Exception):
     [
         pytest.param({}, None, 0, "", id="ok"),
         pytest.param(
-            {"HAMIPY_X_PORT": "eighty"}, None, 2, "hamipy-x: bad environment: HAMIPY_X_PORT", id="env"
+            {"HAMIPY_X_API_CONNECTIONS": "many"},
+            None,
+            2,
+            "hamipy-x: bad environment: HAMIPY_X_API_CONNECTIONS",
+            id="env",
         ),
         pytest.param(
             {},

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hamipy.kube.client import api_client, connect
+from hamipy.kube.client import MAX_CONNECTIONS, api_client, connect
 
 KUBECONFIG = """apiVersion: v1
 kind: Config
@@ -56,7 +56,7 @@ async def test_the_proxy_is_resolved_once_and_the_session_trusts_no_environment(
     assert api.rest_client.pool_manager.connector is None  # closed with the client, not leaked
 
 
-@pytest.mark.parametrize(("kwargs", "limit"), [({}, 24), ({"max_connections": 4}, 4)])
+@pytest.mark.parametrize(("kwargs", "limit"), [({}, MAX_CONNECTIONS), ({"max_connections": 4}, 4)])
 async def test_connections_to_the_api_server_are_capped(
     kubeconfig: str, kwargs: dict[str, int], limit: int
 ) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from hamipy.kube.options import EXIT_USAGE
-from hamipy.monitor.cli import build_parser, main, settings_from
+from hamipy.monitor.cli import build_parser, main, settings_from_args
 from hamipy.protocol.config import Config, load_config
 
 FLAGS = (
@@ -42,7 +42,7 @@ def test_the_console_script_prints_its_help() -> None:
 
 def test_defaults_match_hamis_monitor_and_the_settings() -> None:
     args = build_parser({}).parse_args(["--node-name", "n1"])
-    settings = settings_from(args, Config())
+    settings = settings_from_args(args, Config())
     assert (settings.node_name, settings.metrics_port, str(settings.hook_path)) == (
         "n1",
         9394,
@@ -62,7 +62,7 @@ def test_flags_and_environment_set_every_setting() -> None:
     args = build_parser(env).parse_args(
         ["--feedback-interval", "2.5", "--gone-grace", "60", "--hook-path", "/h"]
     )
-    s = settings_from(args, Config())
+    s = settings_from_args(args, Config())
     assert (s.node_name, s.legacy_metrics, s.feedback, s.metrics_port) == (
         "from-downward-api",
         True,
@@ -76,7 +76,8 @@ def test_flags_and_environment_set_every_setting() -> None:
 def test_the_hook_path_comes_from_the_shared_configuration() -> None:
     config = load_config("nvidia:\n  hookPath: /opt/vgpu\n")
     assert (
-        str(settings_from(build_parser({}).parse_args(["--node-name", "n"]), config).hook_path) == "/opt/vgpu"
+        str(settings_from_args(build_parser({}).parse_args(["--node-name", "n"]), config).hook_path)
+        == "/opt/vgpu"
     )
 
 
@@ -91,7 +92,7 @@ def test_the_hook_path_comes_from_the_shared_configuration() -> None:
 )
 def test_cdi_specs_are_looked_after_only_under_the_cdi_strategy(nvidia: str, spec_dir: str | None) -> None:
     config = load_config(f"nvidia: {nvidia}\n")
-    settings = settings_from(build_parser({}).parse_args(["--node-name", "n"]), config)
+    settings = settings_from_args(build_parser({}).parse_args(["--node-name", "n"]), config)
     assert settings.cdi_spec_dir == (None if spec_dir is None else Path(spec_dir))
 
 

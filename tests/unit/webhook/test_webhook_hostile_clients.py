@@ -22,6 +22,8 @@ import pytest
 
 import hamipy.webhook.cli as cli
 from hamipy.devcluster.waiting import wait_for
+from hamipy.protocol.settings import settings_from
+from hamipy.telemetry.http_limits import HttpLimits
 from hamipy.webhook.admitting import Admitter
 from hamipy.webhook.certs import CertificateBundle, generate_certificates, write_files
 from hamipy.webhook.mutation import MutationSettings
@@ -107,10 +109,12 @@ async def serving(
         port=0,
         metrics_port=0,
         shutdown_timeout_s=1.0,
-        header_timeout_s=timeout_s,
-        body_timeout_s=timeout_s,
-        keepalive_timeout_s=keepalive_s,
-        max_connections=max_connections,
+        limits=HttpLimits(
+            header_timeout_s=timeout_s,
+            body_timeout_s=timeout_s,
+            keepalive_timeout_s=keepalive_s,
+            max_connections=max_connections,
+        ),
     )
     admitter = Admitter(MutationSettings(), Telemetry.create(stream=log))
     async with WebhookServer(settings, admitter) as server:
@@ -390,11 +394,10 @@ def test_the_limits_come_from_flags_and_the_environment() -> None:
         "HAMIPY_WEBHOOK_MAX_QUEUED_CONNECTIONS": "7",
     }
     args = cli.build_parser(env).parse_args(["serve", "--body-timeout", "4", "--keepalive-timeout", "30"])
-    settings = cli._server_settings(args)
-    assert (settings.header_timeout_s, settings.body_timeout_s) == (3, 4)
-    assert (settings.keepalive_timeout_s, settings.max_connections) == (30, 50)
-    assert settings.limits.max_queued == 7
-    defaults = cli._server_settings(cli.build_parser({}).parse_args(["serve"])).limits
+    limits = settings_from(ServerSettings, args).limits
+    assert (limits.header_timeout_s, limits.body_timeout_s) == (3, 4)
+    assert (limits.keepalive_timeout_s, limits.max_connections, limits.max_queued) == (30, 50, 7)
+    defaults = settings_from(ServerSettings, cli.build_parser({}).parse_args(["serve"])).limits
     assert (defaults.header_timeout_s, defaults.body_timeout_s, defaults.keepalive_timeout_s) == (10, 10, 75)
     assert (defaults.max_connections, defaults.max_queued) == (256, 512)
 

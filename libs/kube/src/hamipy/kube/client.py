@@ -40,11 +40,16 @@ JSON: Final = "application/json"
 MERGE_PATCH: Final = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH: Final = "application/strategic-merge-patch+json"
 JSON_PATCH: Final = "application/json-patch+json"
-MAX_CONNECTIONS: Final = 24
-"""Connections kept to the API server per client: a few watches plus the requests in flight (a
-busy extender has under ten). kubernetes-asyncio's default of 100 lets a burst open dozens more,
-each keeping ~128 KiB of TLS buffers that the allocator never hands back; beyond the cap a request
-waits for a connection, inside its own timeout."""
+MAX_CONNECTIONS: Final = 64
+"""Connections to the API server at once per client (``--api-connections``): its watches plus the
+calls in flight. A cap, not a pool: a node agent's few calls open a few. The extender holds one per
+bind in flight for its Binding while kube-scheduler sends binds in parallel; with too few, binds
+wait here for a connection, each holding one of kube-scheduler's connections to us meanwhile, and a
+burst behind a slow API server fills the extender's own connection cap. With 64 the binds of a
+1,000-pod burst at 1,000 nodes do not queue for a connection, for a few MiB of TLS buffers more
+(docs/benchmarks.md#the-extenders-api-connections). kubernetes-asyncio's default of 100 lets a
+burst open more, each keeping TLS buffers that the allocator never hands back; beyond the cap a
+request waits for a connection, inside its own timeout."""
 CONNECT_TIMEOUT_S: Final = 30.0
 """A watch's connection timeout (its reads time out after the caller's inactivity limit)."""
 _LINE_LIMIT: Final = 32 * 1024 * 1024

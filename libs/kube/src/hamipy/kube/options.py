@@ -1,12 +1,10 @@
-"""Command-line options from the environment, the same way in every service.
+"""The command line, the same way in every service.
 
-Every flag of a service may come from ``HAMIPY_<SERVICE>_<FLAG>`` (``EnvFlags``): the chart sets
-them, a flag on the command line wins. Booleans are strict: ``1/true/yes/on`` or
-``0/false/no/off`` (any case), and anything else is refused with the variable's name
-(``BadEnvironment``), never quietly read as off. An empty variable is unset, for every kind of flag.
-The node agents (device plugin, monitor) share their node options (``add_node_options``):
-``--node-name`` (the downward API's ``NODE_NAME``), ``--config`` (``HAMIPY_CONFIG``),
-``--kubeconfig`` (``KUBECONFIG``), ``--api-timeout`` and ``--log-level``.
+Each service declares its settings once (``hamipy.protocol.settings``): every flag may also come
+from ``HAMIPY_<SERVICE>_<FLAG>`` (the chart sets some), a flag on the command line wins, and a
+variable its setting cannot take is refused naming it (``BadEnvironment``). ``ProcessSettings`` are
+what a service's process reads beside its own settings: the shared configuration
+(``HAMIPY_CONFIG``), the kubeconfig (``KUBECONFIG``), the log level and the API connections.
 
 ``run_command`` is the shape of every service's ``main``: parse, run, and turn the errors an
 operator can act on into one line on stderr and an exit status (2: their input is wrong; 1: it
@@ -16,23 +14,25 @@ could not be done), never a traceback.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from importlib.metadata import version
 from pathlib import Path
 from typing import Final
 
-from hamipy.kube.client import API_TIMEOUT_S
+from hamipy.kube.client import MAX_CONNECTIONS
 from hamipy.protocol.config import ConfigError
+from hamipy.protocol.settings import OWN, BadEnvironment, Group, add_settings, tuning, user
 
 __all__ = [
     "CONFIG_ENV",
     "EXIT_FAILED",
     "EXIT_USAGE",
     "LOG_LEVELS",
-    "BadEnvironment",
-    "EnvFlags",
-    "add_node_options",
-    "parse_bool",
+    "Command",
+    "ProcessSettings",
+    "command_line",
     "run_command",
     "with_default_command",
 ]
@@ -43,120 +43,69 @@ EXIT_FAILED: Final = 1
 EXIT_USAGE: Final = 2
 """The operator's input is wrong (a flag, a variable, the configuration file), as argparse's own."""
 LOG_LEVELS: Final = ("debug", "info", "warning", "error")
-_TRUE: Final = frozenset({"1", "true", "yes", "on"})
-_FALSE: Final = frozenset({"0", "false", "no", "off"})
 
 
-class BadEnvironment(ValueError):
-    """An environment variable holds a value its flag cannot take; the message names both."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class ProcessSettings:
+    """What every service's process reads beside its own settings."""
+
+    config: Path | None = user(
+        None,
+        "shared hami-py configuration file (YAML); defaults apply without one",
+        env=(CONFIG_ENV, OWN),
+    )
+    kubeconfig: str | None = user(
+        None,
+        "kubeconfig file; default: in-cluster service account, else ~/.kube/config",
+        env=("KUBECONFIG", OWN),
+    )
+    log_level: str = user("info", "least level of the log lines written", choices=LOG_LEVELS)
+    api_connections: int = tuning(
+        MAX_CONNECTIONS,
+        "connections to the API server at once (its watches and the calls in flight, a bind's "
+        "Binding among them)",
+    )
+
+    def __post_init__(self) -> None:
+        if self.api_connections < 1:  # aiohttp would read 0 as no limit at all
+            raise ValueError(f"--api-connections must be at least 1 (got {self.api_connections})")
 
 
-def parse_bool(value: str, *, name: str) -> bool:
-    """``value`` as a boolean, or ``BadEnvironment`` naming ``name``."""
-    text = value.strip().lower()
-    if text in _TRUE:
-        return True
-    if text in _FALSE:
-        return False
-    raise BadEnvironment(f"{name}={value!r}: expected true or false (1/0, yes/no, on/off)")
+@dataclasses.dataclass(frozen=True, slots=True)
+class Command:
+    """One command of a service: its help and the settings it takes."""
+
+    help: str
+    settings: tuple[Group, ...]
 
 
-class EnvFlags:
-    """A service's flag defaults from ``env``: ``HAMIPY_<SERVICE>_<FLAG>`` (``prefix`` is
-    ``HAMIPY_<SERVICE>_``)."""
-
-    def __init__(self, env: Mapping[str, str], prefix: str) -> None:
-        self.env = env
-        self.prefix = prefix
-
-    def name(self, flag: str) -> str:
-        """The variable of ``--some-flag``: ``<prefix>SOME_FLAG``."""
-        return self.prefix + flag.upper().replace("-", "_")
-
-    def get(self, flag: str, fallback: str | None = None) -> str | None:
-        return self.env.get(self.name(flag), fallback)
-
-    def text(self, flag: str, fallback: str) -> str:
-        value = self.env.get(self.name(flag))
-        return fallback if value is None else value
-
-    def _set(self, flag: str) -> str | None:
-        """The variable's value, or None when it is unset or empty (as a chart leaves it)."""
-        value = self.env.get(self.name(flag))
-        return value if value is not None and value.strip() else None
-
-    def number(self, flag: str, fallback: float) -> float:
-        value = self._set(flag)
-        if value is None:
-            return fallback
-        try:
-            return float(value)
-        except ValueError:
-            raise BadEnvironment(f"{self.name(flag)}={value!r}: expected a number") from None
-
-    def integer(self, flag: str, fallback: int) -> int:
-        value = self.optional_integer(flag)
-        return fallback if value is None else value
-
-    def optional_integer(self, flag: str) -> int | None:
-        """An integer flag whose default is "off": None when unset or empty."""
-        value = self._set(flag)
-        if value is None:
-            return None
-        try:
-            return int(value)
-        except ValueError:
-            raise BadEnvironment(f"{self.name(flag)}={value!r}: expected a whole number") from None
-
-    def boolean(self, flag: str, fallback: bool) -> bool:
-        value = self._set(flag)
-        return fallback if value is None else parse_bool(value, name=self.name(flag))
-
-    def switch(self, parser: argparse.ArgumentParser, flag: str, fallback: bool, *, help: str) -> None:
-        """Add ``--flag`` / ``--no-flag`` to ``parser``, defaulting to the variable, else ``fallback``."""
-        parser.add_argument(
-            f"--{flag}",
-            action=argparse.BooleanOptionalAction,
-            default=self.boolean(flag, fallback),
-            help=help,
-        )
-
-    def epilog(self, example: str) -> str:
-        """The help text's last line: where else a flag can come from."""
-        return f"Every flag can also be set as {self.prefix}<FLAG> (e.g. {self.prefix}{example})."
-
-
-def add_node_options(
-    parser: argparse.ArgumentParser,
-    flags: EnvFlags,
+def command_line(
+    prog: str,
     *,
-    api_timeout_s: float = API_TIMEOUT_S,
-) -> None:
-    """The options every node agent has: which node, the shared configuration, the API server."""
-    env = flags.env
-    parser.add_argument(
-        "--node-name",
-        default=flags.get("node-name", env.get("NODE_NAME")),
-        help="this node's name (env NODE_NAME, from the downward API); required",
+    description: str,
+    prefix: str,
+    env: Mapping[str, str],
+    settings: tuple[Group, ...] = (),
+    commands: Mapping[str, Command] | None = None,
+) -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """A service's parser with ``--version`` (its distribution's, named ``prog``) and its
+    ``settings``, or one sub-parser per command with that command's (each returned by name, for
+    the arguments that are no settings). Defaults come from ``env`` (``prefix``: the service's
+    ``HAMIPY_<SERVICE>_``); ``BadEnvironment`` when a variable holds what its setting cannot take."""
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=description,
+        epilog=f"Every flag can also be set as {prefix}<FLAG>; a flag given here wins.",
     )
-    parser.add_argument(
-        "--config",
-        type=Path,
-        default=env.get(CONFIG_ENV) or flags.get("config"),
-        help=f"shared hami-py configuration (YAML; env {CONFIG_ENV}); defaults apply without one",
-    )
-    parser.add_argument(
-        "--kubeconfig",
-        default=env.get("KUBECONFIG") or flags.get("kubeconfig"),
-        help="kubeconfig file; default: in-cluster service account, else ~/.kube/config",
-    )
-    parser.add_argument(
-        "--api-timeout",
-        type=float,
-        default=flags.number("api-timeout", api_timeout_s),
-        help="seconds per Kubernetes API call",
-    )
-    parser.add_argument("--log-level", default=flags.text("log-level", "info"), choices=LOG_LEVELS)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version(prog)}")
+    add_settings(parser, *settings, env=env, prefix=prefix)
+    subparsers: dict[str, argparse.ArgumentParser] = {}
+    if commands:
+        choices = parser.add_subparsers(dest="command", metavar="{" + ",".join(commands) + "}")
+        for name, command in commands.items():
+            subparsers[name] = choices.add_parser(name, help=command.help)
+            add_settings(subparsers[name], *command.settings, env=env, prefix=prefix)
+    return parser, subparsers
 
 
 def with_default_command(argv: Sequence[str], commands: Sequence[str], default: str) -> list[str]:

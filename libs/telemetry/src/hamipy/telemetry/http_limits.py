@@ -64,6 +64,7 @@ import structlog
 from aiohttp import StreamReader, web
 from aiohttp.typedefs import Handler
 
+from hamipy.protocol.settings import tuning
 from hamipy.telemetry.http2 import Http2App, Http2Session
 
 __all__ = ["BoundedServer", "BoundedSite", "ConnectionStats", "HttpLimits", "start_bounded_site"]
@@ -71,29 +72,37 @@ __all__ = ["BoundedServer", "BoundedSite", "ConnectionStats", "HttpLimits", "sta
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class HttpLimits:
-    """How long a client may take and how many connections it may hold. Times are in seconds."""
+    """How long a client may take and how many connections it may hold. Times are in seconds.
+    Each is a setting of every service that serves HTTP to the pod network (``--header-timeout``...)."""
 
-    header_timeout_s: float = 10.0
+    header_timeout_s: float = tuning(
+        10.0, "seconds a client gets from connecting (TLS handshake included) to its request headers"
+    )
     """Accept (or first byte of a further request) to headers parsed. Our callers (API server,
     kube-scheduler, kubelet) send a request head in one segment; 10 s is the API server's default
     webhook timeout, past which it has given up anyway."""
-    body_timeout_s: float = 10.0
+    body_timeout_s: float = tuning(10.0, "seconds a client gets from its headers to the end of its body")
     """Headers parsed to the whole body received: 16 MiB (the largest body we take) crosses a pod
     network in well under a second."""
-    keepalive_timeout_s: float = 75.0
+    keepalive_timeout_s: float = tuning(75.0, "seconds an idle kept-alive connection stays open")
     """An idle kept-alive connection is closed after this long (nginx's default). Below Go's 90 s
     ``IdleConnTimeout`` the client may find a connection closed under it, which Go retries when
     nothing was written yet; idle connections may go sooner at the cap anyway."""
-    max_connections: int = 256
+    max_connections: int = tuning(
+        256, "connections held at once per port; beyond it the longest idle or slow one is closed"
+    )
     """Connections held at once. A TLS connection costs a few hundred KiB (asyncio's 256 KiB read
     buffer from accept on, then the SSL object and aiohttp's handler), so the cap keeps a flood of
     slow clients within the chart's 256 Mi (docs/benchmarks.md#slow-clients). Our callers keep a few
     tens open (the API servers, one kube-scheduler, the kubelet, Prometheus)."""
-
-    max_queued: int = 512
-    """Connections that wait for a slot when every held one is serving a request (0: none; a new
-    connection is then closed at once). Each costs a socket and about 1 KiB while it waits, so the
-    default with ``max_connections`` stays well inside a container's 1,024 open files."""
+    max_queued: int = tuning(
+        512,
+        "connections that wait for a slot when every held one is serving a request (0: none; a new "
+        "connection is then closed at once)",
+        flag="max-queued-connections",
+    )
+    """Each costs a socket and about 1 KiB while it waits, so the default with ``max_connections``
+    stays well inside a container's 1,024 open files."""
 
     def __post_init__(self) -> None:
         for name in ("header_timeout_s", "body_timeout_s", "keepalive_timeout_s"):

@@ -56,7 +56,7 @@ from hamipy.telemetry.http_limits import BoundedServer, HttpLimits, start_bounde
 from hamipy.telemetry.probes import ProbeServer, start_probe_server
 from hamipy.telemetry.supervision import Supervisor
 
-__all__ = ["ExtenderServer", "http_limits", "lease_settings"]
+__all__ = ["ExtenderServer", "lease_settings"]
 
 
 def lease_settings(settings: ExtenderSettings) -> LeaseSettings:
@@ -72,17 +72,6 @@ def lease_settings(settings: ExtenderSettings) -> LeaseSettings:
         renew_deadline_s=settings.renew_deadline_s,
         retry_period_s=settings.retry_period_s,
         api_timeout_s=settings.api_timeout_s,
-    )
-
-
-def http_limits(settings: ExtenderSettings) -> HttpLimits:
-    """The server's limits from ``settings``; ``ValueError`` when one is out of range."""
-    return HttpLimits(
-        header_timeout_s=settings.header_timeout_s,
-        body_timeout_s=settings.body_timeout_s,
-        keepalive_timeout_s=settings.keepalive_timeout_s,
-        max_connections=settings.max_connections,
-        max_queued=settings.max_queued_connections,
     )
 
 
@@ -106,6 +95,7 @@ class ExtenderServer:
         metrics_port: int | None = None,
         shutdown_timeout_s: float = 5.0,
         forward_ssl: ssl.SSLContext | None = None,
+        limits: HttpLimits = HttpLimits(),
     ) -> None:
         self.config = config
         self.settings = settings
@@ -118,6 +108,7 @@ class ExtenderServer:
         self.metrics_port: int | None = None
         self._probes: ProbeServer | None = None
         self.shutdown_timeout_s = shutdown_timeout_s
+        self.limits = limits
         self.model = ClusterModel(
             count_resource=config.nvidia.resource_count_name, names=config.nvidia.resource_names
         )
@@ -293,7 +284,7 @@ class ExtenderServer:
             app,
             host=self.host,
             port=self.requested_port,
-            limits=http_limits(self.settings),
+            limits=self.limits,
             ssl_context=self.ssl_context,
             shutdown_timeout_s=self.shutdown_timeout_s,
             http2=http2,

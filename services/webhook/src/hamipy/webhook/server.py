@@ -20,8 +20,8 @@ reason (``admitting.Admitter.bad_request``); the server keeps serving.
 
 Any pod can reach this server, so both ports run under ``hamipy.telemetry.http_limits``: a client
 that is slow to send its request (TLS handshake included) or its body is cut after
-``header_timeout_s`` / ``body_timeout_s``, an idle one after ``keepalive_timeout_s``, and at most
-``max_connections`` are held per port, a newcomer closing an idle connection or the longest sender
+``limits.header_timeout_s`` / ``body_timeout_s``, an idle one after ``keepalive_timeout_s``, and at
+most ``max_connections`` are held per port, a newcomer closing an idle connection or the longest sender
 (so slow or idle clients cannot keep the API server's calls out). A client that leaves mid-request
 is one log line (``client left mid-request``, with the port's name as ``server``). The kubelet's
 probes belong on the plain ``metrics_port``: any pod can reach it too, but it has its own cap, apart
@@ -42,6 +42,7 @@ from typing import Final, Self
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from hamipy.protocol.settings import tuning, user
 from hamipy.telemetry.http_limits import BoundedServer, HttpLimits, start_bounded_site
 from hamipy.telemetry.supervision import Supervisor
 from hamipy.telemetry.tls import serving_context
@@ -65,7 +66,6 @@ READY: Final = web.AppKey("ready", asyncio.Event)
 SUPERVISOR: Final = web.AppKey("supervisor", Supervisor)
 MAX_BODY: Final = web.AppKey("max_body_bytes", int)
 _JSON: Final = "application/json"
-_LIMITS: Final = HttpLimits()
 
 
 class CertificateError(Exception):
@@ -74,53 +74,36 @@ class CertificateError(Exception):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ServerSettings:
-    """Where and how to serve."""
+    """Where and how to serve; each setting declared once with its flag (``hamipy.protocol.settings``)."""
 
-    cert_file: Path
+    cert_file: Path = user(
+        Path("/etc/hamipy-webhook/tls/tls.crt"), "PEM serving certificate, reloaded when it changes"
+    )
     """PEM serving certificate (chain) for the Service DNS names (``tls.crt`` of the Secret)."""
-    key_file: Path
-    """PEM private key of ``cert_file`` (``tls.key``)."""
-    host: str = "0.0.0.0"
-    """Listen address; all interfaces, as a pod serves its Service."""
-    port: int = 8443
-    """HTTPS port (0 picks a free one). Unprivileged, so the container needs no capability."""
-    metrics_port: int | None = None
-    """Optional plain-HTTP port for ``/metrics``, ``/healthz``, ``/readyz`` (Prometheus and probes
-    without TLS); None serves them on the HTTPS port only."""
-    max_body_bytes: int = 4 * 1024 * 1024
-    """Largest request body read. The apiserver caps an object at about 1.5 MiB in etcd and a
-    request at 3 MiB; 4 MiB leaves room for the review around it."""
+    key_file: Path = user(Path("/etc/hamipy-webhook/tls/tls.key"), "PEM private key of --cert-file")
+    host: str = user("0.0.0.0", "listen address")
+    """All interfaces, as a pod serves its Service."""
+    port: int = user(8443, "HTTPS port")
+    """0 picks a free one. Unprivileged, so the container needs no capability."""
+    metrics_port: int | None = user(
+        None, "also serve /metrics, /healthz, /readyz over plain HTTP on this port"
+    )
+    """For Prometheus and probes without TLS; None serves them on the HTTPS port only."""
+    max_body_bytes: int = tuning(4 * 1024 * 1024, "largest AdmissionReview accepted (larger: HTTP 400)")
+    """The apiserver caps an object at about 1.5 MiB in etcd and a request at 3 MiB; 4 MiB leaves room
+    for the review around it."""
+    limits: HttpLimits = HttpLimits()
+    """Of both ports. The API servers keep a few tens of connections; 256 slow TLS clients cost
+    about 115 MiB, within the chart's 256 Mi limit."""
     cert_check_interval_s: float = 1.0
     """How often the certificate files are checked for a rotation: a stat of two files a second
     costs nothing, and the kubelet takes far longer to update a mounted Secret."""
     shutdown_timeout_s: float = 10.0
     """Time in-flight admissions get to finish after SIGTERM (the apiserver's timeout is <= 30 s)."""
-    header_timeout_s: float = _LIMITS.header_timeout_s
-    """Accept to request headers read, TLS handshake included (``HttpLimits``: why 10 s)."""
-    body_timeout_s: float = _LIMITS.body_timeout_s
-    """Headers read to the whole body received: 4 MiB crosses a pod network in well under 10 s."""
-    keepalive_timeout_s: float = _LIMITS.keepalive_timeout_s
-    """An idle kept-alive connection is closed after this long."""
-    max_connections: int = _LIMITS.max_connections
-    """Connections held per port. The API servers keep a few tens; 256 slow TLS clients cost about
-    115 MiB (``HttpLimits.max_connections``), within the chart's 256 Mi limit."""
-    max_queued_connections: int = _LIMITS.max_queued
-    """Connections that wait for a slot when every held one serves a request (``HttpLimits``)."""
 
     def __post_init__(self) -> None:
         if not self.cert_check_interval_s > 0:
             raise ValueError(f"cert_check_interval_s must be > 0 (got {self.cert_check_interval_s})")
-        _ = self.limits  # a bad limit is refused now, not when serving starts
-
-    @property
-    def limits(self) -> HttpLimits:
-        return HttpLimits(
-            header_timeout_s=self.header_timeout_s,
-            body_timeout_s=self.body_timeout_s,
-            keepalive_timeout_s=self.keepalive_timeout_s,
-            max_connections=self.max_connections,
-            max_queued=self.max_queued_connections,
-        )
 
 
 def _stamp(path: Path) -> tuple[int, int, int]:
