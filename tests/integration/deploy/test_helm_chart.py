@@ -29,6 +29,7 @@ from hamipy.devcluster.kubeobjects import ensure_crds, open_crd
 from hamipy.protocol import keys
 from hamipy.protocol.config import NvidiaConfig, load_config
 from hamipy.protocol.resources import ResourceNames
+from hamipy.protocol.settings import Declared
 from hamipy.telemetry.tls import serving_context
 from hamipy.webhook.admission_policy import admission_policies
 from hamipy.webhook.registration import webhook_configuration
@@ -338,22 +339,114 @@ def test_extender_tls_can_be_off_or_bring_your_own() -> None:
     assert "give both serverSecret and clientSecret" in proc.stderr
 
 
+# -- the chart's pass-through against each service's declared settings ---------------------------------
+# (kind, container, the service's CLI module, its image's Dockerfile under deploy/docker)
+WORKLOADS = [
+    ("Deployment", "webhook", "hamipy.webhook.cli", "webhook"),
+    ("Job", "certs", "hamipy.webhook.cli", "webhook"),
+    ("Deployment", "extender", "hamipy.extender.cli", "extender"),
+    ("DaemonSet", "device-plugin", "hamipy.device_plugin.cli", "device-plugin"),
+    ("DaemonSet", "monitor", "hamipy.monitor.cli", "monitor"),
+]
+# Where the chart (or the image) passes a setting a value of the deployment's own, not the service's
+# default: paths and ports of the pod, names of the release, the downward API, leader election
+# always on. Any other setting the chart passes must be passed its declared default, so the chart's
+# values and the code cannot drift apart.
+DEPLOYMENT_CHOICES = {
+    "webhook": {"config", "metrics-port", "cert-file", "key-file", "scheduler-name"},
+    "certs": {"namespace", "service", "secret", "webhook-config"},
+    "extender": {
+        "config",
+        "metrics-port",
+        "tls-cert-file",
+        "tls-key-file",
+        "tls-client-ca-file",
+        "leader-elect",
+        "own-pod",
+        "follower-redirect",
+        "cold-standby",
+        "lease-namespace",
+        "lease-name",
+        "identity",
+        "advertise-url",
+        "peer-server-name",
+    },
+    "device-plugin": {"config", "node-name", "interposer"},
+    "monitor": {"config", "node-name"},
+}
+
+
+def _containers(docs: list[dict[str, Any]], kind: str, name: str) -> list[dict[str, Any]]:
+    return [
+        c
+        for d in docs
+        if d["kind"] == kind
+        for c in d["spec"]["template"]["spec"]["containers"]
+        if c["name"] == name
+    ]
+
+
+def _entrypoint_args(image: str) -> list[str]:
+    """The arguments the image's ENTRYPOINT gives before the pod's own (JSON form)."""
+    text = (Path(__file__).resolve().parents[3] / "deploy" / "docker" / f"{image}.Dockerfile").read_text()
+    (line,) = [line for line in text.splitlines() if line.startswith("ENTRYPOINT ")]
+    return list(json.loads(line.removeprefix("ENTRYPOINT ")))[1:]
+
+
+def _passed(
+    found: dict[str, Any], module: Any, image: str
+) -> tuple[list[str], dict[str, str], list[Declared]]:
+    """What the chart gives one container: its arguments (the image's first), its environment
+    (a downward-API value as a placeholder) and the settings its command takes."""
+    args = [*_entrypoint_args(image), *found.get("args", [])]
+    env = {e["name"]: e.get("value", f"$({e['name']})") for e in found.get("env", [])}
+    if hasattr(module, "COMMANDS"):
+        groups = module.COMMANDS[args[0] if args and args[0] in module.COMMANDS else "serve"].settings
+    else:
+        groups = module.SETTINGS
+    return args, env, [item for group in groups for item in group.declared()]
+
+
 @pytest.mark.parametrize(
-    ("key", "module"),
-    # The node agents take their settings from the environment (the test below).
-    [("webhook", "hamipy.webhook.cli"), ("extender", "hamipy.extender.cli")],
+    ("values", "kind", "name", "module_name", "image"),
+    [
+        pytest.param(values, *workload, id=f"{values}-{workload[1]}")
+        for values in ("defaults", "cert-manager")
+        for workload in WORKLOADS
+        if (values, workload[1]) != ("cert-manager", "certs")  # cert-manager makes the certificate there
+    ],
 )
-@pytest.mark.parametrize("values", ["defaults", "cert-manager"])
-def test_every_argument_the_chart_passes_is_one_the_service_takes(
-    rendered: dict[str, list[dict[str, Any]]], key: str, module: str, values: str
+def test_what_the_chart_passes_a_service_is_a_setting_it_declares_with_its_default(
+    rendered: dict[str, list[dict[str, Any]]], kind: str, name: str, module_name: str, image: str, values: str
 ) -> None:
     import importlib
 
-    args = container(rendered[values], key)["args"]
-    parsed = importlib.import_module(module).build_parser({}).parse_args(args)
-    if key == "extender":
-        assert parsed.tls_client_ca_file is not None
-        assert parsed.metrics_port == 9396
+    (container,) = _containers(rendered[values], kind, name)
+    module = importlib.import_module(module_name)
+    args, env, settings = _passed(container, module, image)
+    by_flag = {item.flag: item for item in settings}
+    by_variable = {variable: item for item in settings for variable in item.variables(module.ENV_PREFIX)}
+    passed = {
+        arg.removeprefix("--").removeprefix("no-").partition("=")[0] for arg in args if arg.startswith("--")
+    }
+    for flag in passed:
+        assert flag in by_flag, f"the chart passes {name} --{flag}, which it does not take"
+    for variable in env:
+        assert variable in by_variable or not variable.startswith(module.ENV_PREFIX), (
+            f"{variable}: no such setting"
+        )
+    passed |= {by_variable[variable].flag for variable in env if variable in by_variable}
+
+    parsed = module.build_parser(env).parse_args(args)
+    for flag in sorted(passed):
+        item = by_flag[flag]
+        assert item.setting.kind == "user", f"the chart sets --{flag}, a tuning knob of {name}"
+        if flag not in DEPLOYMENT_CHOICES[name]:
+            value = getattr(parsed, item.dest)
+            assert value == item.default, (
+                f"the chart passes {name} --{flag}={value!r}, its default is {item.default!r}"
+            )
+    assert DEPLOYMENT_CHOICES[name] <= passed, "a deployment choice the chart no longer makes"
 
 
 def test_extender_replicas_are_their_own(rendered: dict[str, list[dict[str, Any]]]) -> None:
@@ -675,30 +768,3 @@ async def test_every_object_applies_to_the_real_apiserver(
         assert applied["kind"] == doc["kind"]
         kinds.add(doc["kind"])
     assert {"Deployment", "DaemonSet", "MutatingWebhookConfiguration", "ClusterRole"} <= kinds
-
-
-@pytest.mark.parametrize(
-    ("component", "prefix", "module"),
-    [
-        ("-device-plugin", "HAMIPY_DEVICE_PLUGIN_", "hamipy.device_plugin.cli"),
-        ("-monitor", "HAMIPY_MONITOR_", "hamipy.monitor.cli"),
-    ],
-)
-def test_every_service_variable_the_chart_sets_is_one_the_service_reads(
-    rendered: dict[str, list[dict[str, Any]]], component: str, prefix: str, module: str
-) -> None:
-    import importlib
-
-    daemonset = one(rendered["defaults"], "DaemonSet", component)
-    (container,) = daemonset["spec"]["template"]["spec"]["containers"]
-    variables = {e["name"]: e.get("value") for e in container["env"] if e["name"].startswith(prefix)}
-    assert variables
-    parser = importlib.import_module(module).build_parser(variables)
-    options = {o for action in parser._actions for o in action.option_strings}
-    for name, value in variables.items():
-        flag = "--" + name.removeprefix(prefix).lower().replace("_", "-")
-        assert flag in options, f"{name} names no flag of {module}"
-        dest = flag[2:].replace("-", "_")
-        parsed = getattr(parser.parse_args(["--node-name", "n"]), dest)
-        wanted = value.lower() == "true" if isinstance(parsed, bool) else type(parsed)(value)
-        assert parsed == wanted, f"{name}={value} read as {parsed!r}"
