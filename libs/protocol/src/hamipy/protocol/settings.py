@@ -34,7 +34,6 @@ __all__ = [
     "add_settings",
     "declare",
     "declared",
-    "parse_bool",
     "settings_from",
     "tuning",
     "user",
@@ -55,7 +54,7 @@ class BadEnvironment(ValueError):
     """An environment variable holds a value its setting cannot take; the message names both."""
 
 
-def parse_bool(value: str, *, name: str) -> bool:
+def _parse_bool(value: str, *, name: str) -> bool:
     """``value`` as a boolean, or ``BadEnvironment`` naming ``name``."""
     text = value.strip().lower()
     if text in _TRUE:
@@ -108,9 +107,7 @@ class Declared:
     flag: str
     setting: Setting
     value_type: type
-    """``bool``, ``int``, ``float``, ``str``, ``Path`` or ``timedelta``."""
-    optional: bool
-    """``X | None``: unset is None."""
+    """``bool``, ``int``, ``float``, ``str``, ``Path`` or ``timedelta``; ``X | None`` is read as ``X``."""
     default: object
     """``dataclasses.MISSING`` for a required setting."""
 
@@ -137,7 +134,7 @@ def declared(cls: type, *, outer: str = "") -> Iterator[Declared]:
     declared dataclass gives its own (``dest`` prefixed with the field's name)."""
     hints = typing.get_type_hints(cls)
     for field in dataclasses.fields(cls):
-        value_type, optional = _value_type(hints[field.name])
+        value_type = _value_type(hints[field.name])
         if isinstance(value_type, type) and dataclasses.is_dataclass(value_type):
             yield from declared(value_type, outer=f"{outer}{field.name}.")
             continue
@@ -145,15 +142,15 @@ def declared(cls: type, *, outer: str = "") -> Iterator[Declared]:
         if setting is None:
             continue
         flag = setting.flag or field.name.removesuffix("_s").replace("_", "-")
-        yield Declared(outer + field.name, flag, setting, value_type, optional, field.default)
+        yield Declared(outer + field.name, flag, setting, value_type, field.default)
 
 
-def _value_type(hint: Any) -> tuple[Any, bool]:
-    """(the type, whether it may be None) of a field's annotation."""
+def _value_type(hint: Any) -> Any:
+    """The type of a field's annotation, ``X`` of ``X | None``."""
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
         (kind,) = [arg for arg in typing.get_args(hint) if arg is not type(None)]
-        return kind, True
-    return hint, False
+        return kind
+    return hint
 
 
 def _seconds(text: str) -> timedelta:
@@ -176,7 +173,7 @@ def _from_env(item: Declared, env: Mapping[str, str], prefix: str) -> object:
         if text is None or not text.strip():
             continue
         if item.value_type is bool:
-            return parse_bool(text, name=name)
+            return _parse_bool(text, name=name)
         parse, expected = _PARSERS[item.value_type]
         try:
             value = parse(text)
@@ -227,7 +224,7 @@ def _build(cls: type[T], args: argparse.Namespace, outer: str, given: Mapping[st
     values: dict[str, Any] = {}
     for field in dataclasses.fields(cls):  # type: ignore[arg-type]
         dest = outer + field.name
-        value_type, _ = _value_type(hints[field.name])
+        value_type = _value_type(hints[field.name])
         if field.name in given:
             values[field.name] = given[field.name]
         elif (
