@@ -41,7 +41,7 @@ __all__ = [
 
 T = TypeVar("T")
 Kind = Literal["user", "tuning"]
-"""``user``: what an admin sets (the chart passes these); ``tuning``: a knob whose default fits, which
+"""``user``: what an admin sets (the chart passes some); ``tuning``: a knob whose default fits, which
 the chart never sets (``extraArgs`` / ``extraEnv`` reach it)."""
 OWN: Final = ""
 """In ``Setting.env``: the service's own variable, ``<prefix><FLAG>``."""
@@ -88,7 +88,7 @@ def declare(
 def user(
     default: T, help: str, *, flag: str = "", env: tuple[str, ...] = (OWN,), choices: tuple[str, ...] = ()
 ) -> T:
-    """A field that users set (the chart passes it, or may)."""
+    """A field that users set."""
     metadata = declare(help, kind="user", flag=flag, env=env, choices=choices)
     return dataclasses.field(default=default, metadata=metadata)
 
