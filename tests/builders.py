@@ -1,11 +1,13 @@
 """The Kubernetes objects the tests build: pods and their containers, nodes with the GPUs they
 register, and the allocation annotations the extender and the device plugin write on a pod.
 
-Every builder returns plain JSON (``dict[str, Any]``), as the services read it from the API server,
-and writes only what it is given: a field left at ``None`` is absent from the object, so the same
-``pod()`` makes the body a test sends to the real API server (no uid, no resourceVersion, no status)
-and the stored pod a fake API server answers with. The wire formats come from ``hamipy.protocol``'s
-encoders, never written by hand here.
+Every builder returns plain JSON (``dict[str, Any]``), as the services read it from the API server.
+``pod()`` and ``node()`` write only what they are given: a field left at ``None`` is absent, so they
+make the body a test sends to the real API server (no uid, no resourceVersion, no status). The
+``gpu_pod()``, ``allocating_pod()``, ``running_pod()`` and ``gpu_node()`` objects are as the API
+server stores them (``stored``: uid ``uid-<namespace>-<name>``, resourceVersion 1), in the states the
+services meet them in: waiting for our scheduler, being served by a device plugin, running under a
+monitor. The wire formats come from ``hamipy.protocol``'s encoders, never written by hand here.
 
 Any test imports it as ``builders``: ``tests/`` is on ``sys.path`` because ``tests/conftest.py``
 lives there (pytest's "prepend" import mode).
@@ -18,17 +20,42 @@ from datetime import UTC, datetime
 from typing import Any
 
 from hamipy.protocol import keys
+from hamipy.protocol.config import Config
 from hamipy.protocol.devices import ContainerDevice, DeviceInfo
 from hamipy.protocol.node_devices import encode_node_devices
 from hamipy.protocol.node_handshake import plugin_report
 from hamipy.protocol.pod_devices import encode_pod_devices
 
-__all__ = ["GPU_TYPE", "IMAGE", "allocation", "container", "gpu", "node", "pod"]
+__all__ = [
+    "GPU_TYPE",
+    "IMAGE",
+    "NAMESPACE",
+    "REPORT",
+    "SCHEDULER",
+    "allocating_pod",
+    "allocation",
+    "container",
+    "deployment",
+    "gpu",
+    "gpu_node",
+    "gpu_pod",
+    "node",
+    "plugin_registration",
+    "pod",
+    "running_pod",
+    "stored",
+]
 
 IMAGE = "registry.k8s.io/pause:3.10"
 """The image of every container built here: the API server wants one, nothing ever pulls it."""
 GPU_TYPE = "NVIDIA-Tesla V100-PCIE-32GB"
 """The type ``gpu()`` registers unless told otherwise."""
+NAMESPACE = "ns"
+"""The namespace of the stored pods built here unless told otherwise."""
+SCHEDULER = Config().scheduler_name
+"""The scheduler the webhook gives a GPU pod."""
+REPORT = plugin_report(datetime(2026, 11, 24, 10, 0, tzinfo=UTC))
+"""Our device plugin's last report on a node: a ``Reported_`` handshake and our marker."""
 
 Quantity = int | str
 """A resource quantity: a number, or a string for one as written (``"0.5"``, ``"1500m"``, ``"lots"``)."""
@@ -87,14 +114,20 @@ def pod(
     node_name: str | None = None,
     scheduler_name: str | None = None,
     phase: str | None = None,
+    created: str | None = None,
     **spec: Any,
 ) -> dict[str, Any]:
     """A pod of ``containers`` (none: an empty list) and ``init`` containers (none: no key).
-    ``uid``, ``resource_version`` and ``phase`` are what the API server sets: leave them out of a
-    body to create. ``spec`` are further spec fields by their Kubernetes names
-    (``nodeSelector=...``, ``terminationGracePeriodSeconds=0``)."""
+    ``uid``, ``resource_version``, ``phase`` and ``created`` (its creationTimestamp) are what the
+    API server sets: leave them out of a body to create. ``spec`` are further spec fields by their
+    Kubernetes names (``nodeSelector=...``, ``terminationGracePeriodSeconds=0``)."""
     metadata: dict[str, Any] = {"name": name}
-    for key, value in (("namespace", namespace), ("uid", uid), ("resourceVersion", resource_version)):
+    for key, value in (
+        ("namespace", namespace),
+        ("uid", uid),
+        ("resourceVersion", resource_version),
+        ("creationTimestamp", created),
+    ):
         if value is not None:
             metadata[key] = value
     if labels is not None:
@@ -213,3 +246,115 @@ def node(
     if allocatable is not None:
         out["status"] = {"allocatable": dict(allocatable)}
     return out
+
+
+def stored(obj: dict[str, Any]) -> dict[str, Any]:
+    """``obj`` as the API server holds it: where it has none, the uid ``uid-<namespace>-<name>``
+    (``uid-<name>`` when cluster-scoped) and resourceVersion 1."""
+    meta = obj["metadata"]
+    scope = f"{meta['namespace']}-" if meta.get("namespace") else ""
+    meta.setdefault("uid", f"uid-{scope}{meta['name']}")
+    meta.setdefault("resourceVersion", "1")
+    return obj
+
+
+def gpu_pod(
+    name: str,
+    *containers: dict[str, Any],
+    init: Sequence[dict[str, Any]] = (),
+    namespace: str = NAMESPACE,
+    labels: Mapping[str, str] | None = None,
+    annotations: Mapping[str, str] | None = None,
+    node_name: str | None = None,
+    phase: str | None = "Pending",
+    scheduler_name: str | None = SCHEDULER,
+    resource_version: str = "1",
+) -> dict[str, Any]:
+    """A stored pod for our scheduler (``schedulerName`` as the webhook sets it), in ``phase``, with
+    one container asking a GPU and 1000 MiB unless ``containers`` are given."""
+    return stored(
+        pod(
+            name,
+            *(containers or [container(gpu=1, gpumem=1000)]),
+            init=init,
+            namespace=namespace,
+            labels=labels,
+            annotations=annotations or {},
+            node_name=node_name,
+            scheduler_name=scheduler_name,
+            phase=phase,
+            resource_version=resource_version,
+        )
+    )
+
+
+def allocating_pod(
+    name: str,
+    *containers: dict[str, Any],
+    node: str,
+    allocated: Slots | str | None = None,
+    to_allocate: Slots | str | None = None,
+    init: Sequence[dict[str, Any]] = (),
+    phase: str = "allocating",
+    bind_time: int = 1,
+    scheduler_name: str | None = SCHEDULER,
+) -> dict[str, Any]:
+    """A stored pod a scheduler bound to ``node`` at ``bind_time``, its device plugin serving it:
+    bind ``phase``, and the ``allocated`` and ``to_allocate`` devices (``allocation``) given.
+    ``scheduler_name`` None: no ``schedulerName`` (a body that named none)."""
+    return gpu_pod(
+        name,
+        *containers,
+        init=init,
+        annotations=allocation(
+            allocated=allocated, to_allocate=to_allocate, node=node, phase=phase, bind_time=bind_time
+        ),
+        node_name=node,
+        phase=None,
+        scheduler_name=scheduler_name,
+    )
+
+
+def running_pod(
+    name: str,
+    *,
+    containers: Sequence[str] = ("main",),
+    init: Sequence[str] = (),
+    allocated: Slots | str | None = None,
+    node: str = "gpu-node",
+    phase: str = "Running",
+    terminated: Sequence[str] = (),
+    resource_version: str = "1",
+) -> dict[str, Any]:
+    """A stored pod on ``node`` as its monitor sees it: ``containers`` and ``init`` containers by
+    name, the ``vgpu-devices-allocated`` annotation from ``allocated``, and the statuses of the
+    ``terminated`` containers."""
+    out = gpu_pod(
+        name,
+        *(container(c) for c in containers),
+        init=[container(c) for c in init],
+        annotations=allocation(allocated=allocated),
+        node_name=node,
+        phase=phase,
+        scheduler_name=None,
+        resource_version=resource_version,
+    )
+    out["status"]["containerStatuses"] = [
+        {"name": c, "state": {"terminated": {"exitCode": 0}}} for c in terminated
+    ]
+    out["status"]["initContainerStatuses"] = []
+    return out
+
+
+def gpu_node(
+    name: str,
+    devices: Sequence[DeviceInfo] | None = None,
+    *,
+    ours: bool = False,
+    annotations: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """A stored node registered with ``devices`` (two GPUs ``GPU-<name>-<i>`` unless given);
+    ``ours``: its device plugin's last report is ours (``REPORT``)."""
+    devices = devices if devices is not None else [gpu(f"GPU-{name}-{i}", i) for i in range(2)]
+    report = REPORT if ours else {}
+    return stored(node(name, devices, annotations={**report, **(annotations or {})} or None))

@@ -8,7 +8,8 @@ import io
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from kube_fakes import EventStore, running_task
+from fake_kube import FakeKube, path_of
+from kube_support import running_task
 
 from hamipy.devcluster import wait_for
 from hamipy.kube.errors import KubeError
@@ -16,6 +17,7 @@ from hamipy.kube.events import DropReason, EventRecorder
 from hamipy.telemetry import make_logger
 
 POD = {"kind": "Pod", "name": "train", "namespace": "ml", "uid": "uid-1"}
+EVENTS = "/api/v1/events"
 
 
 @contextlib.asynccontextmanager
@@ -24,7 +26,7 @@ async def running(sink: EventRecorder) -> AsyncIterator[EventRecorder]:
         yield sink
 
 
-def make_sink(api: EventStore | None, *, interval: float = 0.2, **kwargs: Any) -> EventRecorder:
+def make_sink(api: FakeKube | None, *, interval: float = 0.2, **kwargs: Any) -> EventRecorder:
     return EventRecorder(
         api,
         component="hamipy-test",
@@ -38,8 +40,9 @@ def make_sink(api: EventStore | None, *, interval: float = 0.2, **kwargs: Any) -
 DROPPED: list[DropReason] = []
 
 
-def events_of(api: EventStore, reason: str) -> list[dict[str, Any]]:
-    return [e for e in api.events if e["reason"] == reason]
+def events_of(api: FakeKube, reason: str, uid: str = "uid-1") -> list[dict[str, Any]]:
+    """The Events of ``reason`` about the pod ``uid``."""
+    return [e for e in api.items(EVENTS) if e["reason"] == reason and e["involvedObject"]["uid"] == uid]
 
 
 async def until(condition: Callable[[], bool], what: str) -> None:
@@ -47,13 +50,13 @@ async def until(condition: Callable[[], bool], what: str) -> None:
 
 
 async def test_repeats_raise_one_events_count_instead_of_new_objects() -> None:
-    api = EventStore()
+    api = FakeKube()
     async with running(make_sink(api)) as sink:
         sink.emit(POD, "FilteringFailed", "no node fits: 3 nodes CardInsufficientMemory", warning=True)
-        await until(lambda: len(api.events) == 1, "the first occurrence written at once")
+        await until(lambda: len(api.items(EVENTS)) == 1, "the first occurrence written at once")
         for _ in range(29):
             sink.emit(POD, "FilteringFailed", "no node fits: 3 nodes CardInsufficientMemory", warning=True)
-        await until(lambda: api.events[0]["count"] == 30, "the count of 30 written back")
+        await until(lambda: api.items(EVENTS)[0]["count"] == 30, "the count of 30 written back")
     [event] = events_of(api, "FilteringFailed")
     assert event["type"] == "Warning"
     assert event["involvedObject"]["uid"] == "uid-1"
@@ -63,55 +66,58 @@ async def test_repeats_raise_one_events_count_instead_of_new_objects() -> None:
 
 
 async def test_another_reason_or_pod_is_another_event_and_the_latest_message_is_kept() -> None:
-    api = EventStore()
+    api = FakeKube()
     async with running(make_sink(api, interval=0.05)) as sink:
         sink.emit(POD, "FilteringFailed", "first", warning=True)
         sink.emit(POD, "BindingFailed", "lock", warning=True)
         sink.emit({**POD, "name": "other", "uid": "uid-2"}, "FilteringFailed", "x", warning=True)
-        await until(lambda: len(api.events) == 3, "three series")
+        await until(lambda: len(api.items(EVENTS)) == 3, "three series")
         sink.emit(POD, "FilteringFailed", "second", warning=True)
         await until(lambda: events_of(api, "FilteringFailed")[0]["count"] == 2, "the repeat written")
-    mine = [e for e in events_of(api, "FilteringFailed") if e["involvedObject"]["uid"] == "uid-1"]
-    assert [e["message"] for e in mine] == ["second"]
+    assert [e["message"] for e in events_of(api, "FilteringFailed")] == ["second"]
+    assert [e["message"] for e in events_of(api, "FilteringFailed", "uid-2")] == ["x"]
 
 
 async def test_a_second_writer_of_the_same_series_adds_to_its_count() -> None:
     """Another replica (or this extender before a restart) made the Event: the create is refused,
     the existing count is read and ours is added to it."""
-    api = EventStore()
+    api = FakeKube()
     async with running(make_sink(api)) as first:
         first.emit(POD, "FilteringFailed", "m", warning=True)
         first.emit(POD, "FilteringFailed", "m", warning=True)
-        await until(lambda: bool(api.events) and api.events[0]["count"] == 2, "the first writer's count")
+        await until(
+            lambda: bool(api.items(EVENTS)) and api.items(EVENTS)[0]["count"] == 2, "the first writer's count"
+        )
     async with running(make_sink(api)) as second:
         second.emit(POD, "FilteringFailed", "m", warning=True)
-        await until(lambda: api.events[0]["count"] == 3, "the second writer's occurrence added")
-    assert len(api.events) == 1
+        await until(lambda: api.items(EVENTS)[0]["count"] == 3, "the second writer's occurrence added")
+    assert len(api.items(EVENTS)) == 1
 
 
 async def test_an_expired_event_is_made_again() -> None:
-    api = EventStore()
+    api = FakeKube()
     async with running(make_sink(api, interval=0.05)) as sink:
         sink.emit(POD, "FilteringFailed", "m", warning=True)
-        await until(lambda: len(api.events) == 1, "created")
-        api.events.clear()  # the API server's event TTL (1 h) passed
+        await until(lambda: len(api.items(EVENTS)) == 1, "created")
+        for event in api.items(EVENTS):  # the API server's event TTL (1 h) passed
+            api.remove(path_of(event))
         sink.emit(POD, "FilteringFailed", "m", warning=True)
-        await until(lambda: len(api.events) == 1, "created again")
-    assert api.events[0]["count"] == 2
+        await until(lambda: len(api.items(EVENTS)) == 1, "created again")
+    assert api.items(EVENTS)[0]["count"] == 2
 
 
 async def test_api_errors_are_counted_and_the_sink_keeps_going() -> None:
-    api = EventStore()
-    api.fail[("POST", "/api/v1/namespaces/ml/events")] = KubeError("down", status=503)
+    api = FakeKube()
+    api.fail(KubeError("down", status=503), "POST", "/api/v1/namespaces/ml/events")
     sink = make_sink(api, interval=0.05)
     DROPPED.clear()
     async with running(sink):
         sink.emit(POD, "FilteringFailed", "m", warning=True)
         await until(lambda: DROPPED == ["api-error"], "the failed write reported")
-        del api.fail[("POST", "/api/v1/namespaces/ml/events")]
+        api.heal()
         sink.emit(POD, "FilteringFailed", "m", warning=True)
-        await until(lambda: len(api.events) == 1, "written once the API is back")
-    assert api.events[0]["count"] == 2
+        await until(lambda: len(api.items(EVENTS)) == 1, "written once the API is back")
+    assert api.items(EVENTS)[0]["count"] == 2
 
 
 def test_series_are_bounded_least_recent_first() -> None:

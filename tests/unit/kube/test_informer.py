@@ -9,33 +9,49 @@ import io
 from typing import Any
 
 import pytest
-from kube_fakes import ScriptedKube, bookmark, event, gone, obj, running_task
+from builders import gpu_pod
+from fake_kube import FakeKube, bookmark, gone, watch_event
+from kube_support import running_task
 
 from hamipy.devcluster import wait_for
 from hamipy.kube.errors import KubeError
 from hamipy.kube.informer import ChangeKind, Informer, InformerSettings
+from hamipy.kube.resources import pod_path
 from hamipy.telemetry import make_logger
 
 FAST = InformerSettings(first_backoff_s=0.01, max_backoff_s=0.04, page_size=2)
+PODS = pod_path()
+
+
+def on_n1(name: str, version: int = 1) -> dict[str, Any]:
+    return gpu_pod(name, node_name="n1", resource_version=str(version))
+
+
+def version_of(api: FakeKube, name: str) -> str:
+    """The resourceVersion of the pod ``name`` as stored: the server's latest write, when it was."""
+    version: str = api.pod("ns", name)["metadata"]["resourceVersion"]
+    return version
 
 
 class Recorder:
+    """The names each list and change told."""
+
     def __init__(self) -> None:
         self.lists: list[list[str]] = []
         self.changes: list[tuple[ChangeKind, str]] = []
 
     def listed(self, objects: list[dict[str, Any]]) -> None:
-        self.lists.append([o["metadata"]["uid"] for o in objects])
+        self.lists.append([o["metadata"]["name"] for o in objects])
 
     def changed(self, kind: ChangeKind, item: dict[str, Any]) -> None:
-        self.changes.append((kind, item["metadata"]["uid"]))
+        self.changes.append((kind, item["metadata"]["name"]))
 
 
-def informer(api: ScriptedKube, **kwargs: Any) -> tuple[Informer, Recorder, list[str]]:
+def informer(api: FakeKube, **kwargs: Any) -> tuple[Informer, Recorder, list[str]]:
     restarts: list[str] = []
     inf = Informer(
         api,
-        "/api/v1/pods",
+        PODS,
         logger=make_logger("test", io.StringIO()),
         query=[("fieldSelector", "spec.nodeName=n1")],
         settings=FAST,
@@ -57,94 +73,102 @@ async def until(condition: Any, what: str) -> None:
 
 
 async def test_lists_page_by_page_then_watches_from_the_lists_version() -> None:
-    api = ScriptedKube()
-    api.lists.append([([obj("a", 1), obj("b", 2)], "next", ""), ([obj("c", 3)], "", "10")])
-    api.streams.append(
-        [event("ADDED", obj("d", 11)), event("MODIFIED", obj("a", 12)), event("DELETED", obj("b", 13))]
+    api = FakeKube(on_n1("a"), on_n1("b"), on_n1("c"), gpu_pod("elsewhere", node_name="n2"))
+    listed_at = version_of(api, "elsewhere")
+    api.send(
+        PODS,
+        watch_event("ADDED", on_n1("d", 911)),
+        watch_event("MODIFIED", on_n1("a", 912)),
+        watch_event("DELETED", on_n1("b", 913)),
     )
     inf, seen, _ = informer(api)
     async with running(inf):
         await until(lambda: len(seen.changes) == 3, "the watch's three events")
     assert seen.lists == [["a", "b", "c"]]
     assert seen.changes == [("ADDED", "d"), ("MODIFIED", "a"), ("DELETED", "b")]
-    assert sorted(inf.cache) == ["a", "c", "d"]
-    assert inf.cache["a"]["metadata"]["resourceVersion"] == "12"
+    assert sorted(inf.cache) == ["uid-ns-a", "uid-ns-c", "uid-ns-d"]
+    assert inf.cache["uid-ns-a"]["metadata"]["resourceVersion"] == "912"
     assert inf.listed.is_set()
     assert inf.fresh
-    # Pages asked with limit/continue and the selector; the watch from the list's version.
-    assert [c[2].get("continue") for c in api.calls] == [None, "next"]
-    assert all(c[2]["limit"] == "2" and c[2]["fieldSelector"] == "spec.nodeName=n1" for c in api.calls)
-    first_watch = api.watches[0]
-    assert (first_watch["resourceVersion"], first_watch["allowWatchBookmarks"]) == ("10", "true")
+    # Pages asked with limit/continue and the selector (two of two); the watch from the list's version.
+    first, second = api.requests
+    assert "continue" not in first.query
+    assert second.query["continue"]
+    assert all(
+        r.query["limit"] == "2" and r.query["fieldSelector"] == "spec.nodeName=n1" for r in api.requests
+    )
+    first_watch = api.watches[0].query
+    assert (first_watch["resourceVersion"], first_watch["allowWatchBookmarks"]) == (listed_at, "true")
     assert first_watch["fieldSelector"] == "spec.nodeName=n1"
 
 
 async def test_410_mid_watch_lists_again_and_drops_what_was_deleted_meanwhile() -> None:
-    api = ScriptedKube()
-    api.lists.append([([obj("a", 1), obj("b", 2)], "", "10")])
-    api.streams.append([event("MODIFIED", obj("a", 11)), gone()])
-    api.lists.append([([obj("a", 20)], "", "20")])  # b was deleted while nobody watched
+    api = FakeKube(on_n1("a"), on_n1("b"))
+    resumed = asyncio.Event()
+    api.send(PODS, watch_event("MODIFIED", on_n1("a", 911)), resumed, gone())
     inf, seen, restarts = informer(api)
     async with running(inf):
+        await until(lambda: seen.changes == [("MODIFIED", "a")], "the watch's event")
+        api.remove(pod_path("ns", "b"))  # deleted while nobody watches (after the 410)
+        api.write(pod_path("ns", "a"), {"metadata": {"labels": {"x": "y"}}})
+        resumed.set()
         await until(lambda: len(seen.lists) == 2, "the re-list after 410")
     assert restarts == ["gone"]
     assert seen.lists == [["a", "b"], ["a"]]
-    assert list(inf.cache) == ["a"]
-    assert api.watches[-1]["resourceVersion"] == "20"
+    assert list(inf.cache) == ["uid-ns-a"]
+    assert api.watches[-1].query["resourceVersion"] == version_of(api, "a")
 
 
 async def test_bookmarks_advance_the_version_without_changes() -> None:
-    api = ScriptedKube()
-    api.lists.append([([obj("a", 1)], "", "10")])
-    api.streams.append([bookmark(15), bookmark(17)])  # then the server ends the watch
+    api = FakeKube(on_n1("a"))
+    api.send(PODS, bookmark(915), bookmark(917), None)  # then the server ends the watch
     inf, seen, restarts = informer(api)
     async with running(inf):
         await until(lambda: len(api.watches) == 2, "the watch re-opened")
     assert seen.changes == []
     assert restarts == ["closed"]
-    assert api.watches[1]["resourceVersion"] == "17"
+    assert api.watches[1].query["resourceVersion"] == "917"
     assert len(seen.lists) == 1, "a closed watch is re-opened, not re-listed"
 
 
 async def test_a_dropped_connection_relists_after_a_backoff() -> None:
-    api = ScriptedKube()
-    api.lists.append([([obj("a", 1)], "", "10")])
-    api.streams.append([event("ADDED", obj("b", 11)), KubeError("WATCH: ServerDisconnectedError")])
-    api.lists.append(KubeError("GET /api/v1/pods: HTTP 503", status=503))  # still down
-    api.lists.append([([obj("a", 1), obj("b", 11)], "", "30")])
+    api = FakeKube(on_n1("a"))
     inf, seen, restarts = informer(api)
     async with running(inf):
+        await until(lambda: len(seen.lists) == 1, "listed")
+        api.add(on_n1("b"))
+        api.fail(KubeError("GET /api/v1/pods: HTTP 503", status=503), "GET", PODS, times=1)  # still down
+        api.send(PODS, watch_event("ADDED", api.pod("ns", "b")), KubeError("WATCH: ServerDisconnectedError"))
         await until(lambda: len(seen.lists) == 2, "the re-list once the API is back")
     assert restarts == ["error", "error"]
+    assert seen.lists[1] == ["a", "b"]
     assert inf.fresh
-    assert api.watches[-1]["resourceVersion"] == "30"
+    assert api.watches[-1].query["resourceVersion"] == version_of(api, "b")
 
 
 async def test_not_fresh_while_failing() -> None:
-    api = ScriptedKube()
-    api.lists.append([([obj("a", 1)], "", "10")])
-    api.streams.append([KubeError("broken")])
-    inf, _, restarts = informer(api)  # every later list fails: nothing scripted
+    api = FakeKube(on_n1("a"))
+    inf, _, restarts = informer(api)
     async with running(inf):
+        await until(inf.listed.is_set, "listed")
+        api.fail(KubeError("GET /api/v1/pods: HTTP 503", status=503), "GET", PODS)  # every later list
+        api.send(PODS, KubeError("broken"))
         await until(lambda: len(restarts) >= 2, "two failures")
         assert not inf.fresh
         assert inf.listed.is_set(), "listed once: readiness stays"
 
 
 async def test_a_bug_in_a_handler_or_the_stream_is_not_swallowed() -> None:
-    api = ScriptedKube()
-    api.lists.append([([obj("a", 1)], "", "10")])
-    api.streams.append([event("ADDED", obj("b", 11)), TypeError("unexpected")])
+    api = FakeKube(on_n1("a"))
+    api.send(PODS, watch_event("ADDED", on_n1("b", 911)), TypeError("unexpected"))
     inf, _, _ = informer(api)
     with pytest.raises(TypeError, match="unexpected"):
         await asyncio.wait_for(inf.run(), timeout=5)
 
 
 async def test_an_error_status_in_the_stream_is_a_kube_error() -> None:
-    api = ScriptedKube()
-    api.lists.append([([], "", "10")])
-    api.streams.append([{"type": "ERROR", "object": {"code": 500, "message": "etcd"}}])
-    api.lists.append([([], "", "11")])
+    api = FakeKube()
+    api.send(PODS, {"type": "ERROR", "object": {"code": 500, "message": "etcd"}})
     inf, seen, restarts = informer(api)
     async with running(inf):
         await until(lambda: len(seen.lists) == 2, "listed again")
@@ -152,41 +176,40 @@ async def test_an_error_status_in_the_stream_is_a_kube_error() -> None:
 
 
 def test_own_writes_are_remembered_and_never_replaced_by_an_older_event() -> None:
-    inf, seen, _ = informer(ScriptedKube())
-    inf.remember(obj("a", 20))
-    inf._apply("MODIFIED", obj("a", 15))  # the watch delivers an older version late
-    assert inf.cache["a"]["metadata"]["resourceVersion"] == "20"
+    inf, seen, _ = informer(FakeKube())
+    inf.remember(on_n1("a", 20))
+    inf._apply("MODIFIED", on_n1("a", 15))  # the watch delivers an older version late
+    assert inf.cache["uid-ns-a"]["metadata"]["resourceVersion"] == "20"
     assert seen.changes == [("MODIFIED", "a")]
-    inf._apply("MODIFIED", obj("a", 21))
-    assert inf.cache["a"]["metadata"]["resourceVersion"] == "21"
+    inf._apply("MODIFIED", on_n1("a", 21))
+    assert inf.cache["uid-ns-a"]["metadata"]["resourceVersion"] == "21"
 
 
 def test_without_a_cache_every_change_still_reaches_the_handlers() -> None:
-    inf, seen, _ = informer(ScriptedKube(), keep=False)
-    inf._apply("ADDED", obj("a", 2))
-    inf._apply("MODIFIED", obj("a", 1))
+    inf, seen, _ = informer(FakeKube(), keep=False)
+    inf._apply("ADDED", on_n1("a", 2))
+    inf._apply("MODIFIED", on_n1("a", 1))
     assert inf.cache == {}
     assert seen.changes == [("ADDED", "a"), ("MODIFIED", "a")]
 
 
 async def test_a_list_answered_before_our_own_write_does_not_undo_it() -> None:
-    api = ScriptedKube()
-    api.lists.append([([obj("a", 1)], "", "10")])
-    api.lists.append([([obj("a", 5), obj("b", 6)], "", "20")])  # taken before our write (v30) landed
+    api = FakeKube(on_n1("a"))
     inf, _, _ = informer(api)
     await inf.list_once()
-    inf.remember(obj("a", 30))
+    inf.remember(on_n1("a", 930))
+    # Written before our write (v930) landed, and so listed: a, older, and b.
+    api.write(pod_path("ns", "a"), {"metadata": {"labels": {"x": "y"}}})
+    api.add(on_n1("b"))
     async with running(inf):
         await until(lambda: inf.lists >= 2, "the re-list")
-    assert inf.cache["a"]["metadata"]["resourceVersion"] == "30"
-    assert sorted(inf.cache) == ["a", "b"]
+    assert inf.cache["uid-ns-a"]["metadata"]["resourceVersion"] == "930"
+    assert sorted(inf.cache) == ["uid-ns-a", "uid-ns-b"]
 
 
 async def test_a_watch_line_that_is_not_an_event_is_an_api_error() -> None:
-    api = ScriptedKube()
-    api.lists.append([([obj("a", 1)], "", "10")])
-    api.streams.append([[]])  # type: ignore[list-item]
-    api.lists.append([([obj("a", 1)], "", "11")])
+    api = FakeKube(on_n1("a"))
+    api.send(PODS, [])  # type: ignore[arg-type]
     inf, seen, restarts = informer(api)
     async with running(inf):
         await until(lambda: len(seen.lists) == 2, "listed again after the bad line")

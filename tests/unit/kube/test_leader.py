@@ -10,7 +10,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from kube_fakes import LeaseClient, Leases, running_task
+from fake_kube import FakeKube
+from kube_support import running_task
 
 from hamipy.kube.errors import KubeError
 from hamipy.kube.leader import LeaderElector, LeaderInfo, LeaseSettings
@@ -50,14 +51,42 @@ class Logs:
         return [event for lvl, event, _ in self.lines if lvl == level]
 
 
+def lease_spec(store: FakeKube) -> dict[str, Any]:
+    """The Lease's spec as stored."""
+    lease_spec: dict[str, Any] = store.get(PATH)["spec"]
+    return lease_spec
+
+
+def intrude(client: FakeKube, lease: dict[str, Any]) -> None:
+    """Another replica's write of ``lease`` lands just before ``client``'s next write."""
+
+    def first(method: str, path: str, body: Any) -> None:
+        if method in ("POST", "PUT"):
+            client.on_request = None
+            client.add(lease)
+
+    client.on_request = first
+
+
+async def hang(method: str, path: str, body: Any) -> None:
+    """A request that never gets an answer."""
+    await asyncio.Event().wait()
+
+
 def settings(identity: str, **timing: float) -> LeaseSettings:
     return LeaseSettings(namespace=NS, name=NAME, identity=identity, **timing)
 
 
 def elector(
-    store: Leases, identity: str, clock: Clock, *, annotations: dict[str, str] | None = None, **timing: float
-) -> tuple[LeaderElector, LeaseClient, Logs]:
-    client, logs = store.client(), Logs()
+    store: FakeKube,
+    identity: str,
+    clock: Clock,
+    *,
+    annotations: dict[str, str] | None = None,
+    **timing: float,
+) -> tuple[LeaderElector, FakeKube, Logs]:
+    """A replica's elector over its own client of ``store``'s API server."""
+    client, logs = store.connect(), Logs()
     e = LeaderElector(
         client,
         settings(identity, **timing),
@@ -98,11 +127,11 @@ def foreign_lease(holder: str, *, renew: str = "2025-06-18T09:06:27.000000Z", tr
 
 
 async def test_creates_the_lease_when_there_is_none_and_leads() -> None:
-    store, clock = Leases(), Clock()
-    a, client, logs = elector(store, "a", clock, annotations=URL, lease_duration_s=14.2)
+    store, clock = FakeKube(), Clock()
+    a, _, logs = elector(store, "a", clock, annotations=URL, lease_duration_s=14.2)
     assert await a.try_acquire_or_renew() is True
     assert store.calls == [("GET", PATH), ("POST", lease_path(NS))]
-    lease = store.objects[PATH]
+    lease = store.get(PATH)
     assert lease["metadata"]["annotations"] == URL
     assert lease["spec"] == {
         "holderIdentity": "a",
@@ -113,14 +142,14 @@ async def test_creates_the_lease_when_there_is_none_and_leads() -> None:
     }
     assert a.is_leader()
     assert a.leader == LeaderInfo(identity="a", annotations=URL, transitions=0)
-    assert client.timeouts == [4.0, 4.0]
+    assert [r.timeout_s for r in store.requests] == [4.0, 4.0]
     assert logs.events("info") == ["became leader"]
 
 
 async def test_a_create_that_loses_to_another_replica_observes_it_next_round() -> None:
-    store, clock = Leases(), Clock()
-    a, _, logs = elector(store, "a", clock)
-    store.intrude = lambda: store.store(PATH, foreign_lease("b"))
+    store, clock = FakeKube(), Clock()
+    a, client, logs = elector(store, "a", clock)
+    intrude(client, foreign_lease("b"))
     assert await a.try_acquire_or_renew() is False
     assert logs.events("info") == ["another replica created the lease first"]
     assert holder(a) is None  # not read yet
@@ -129,8 +158,8 @@ async def test_a_create_that_loses_to_another_replica_observes_it_next_round() -
 
 
 async def test_a_fresh_foreign_lease_is_not_taken_and_its_holder_is_the_leader() -> None:
-    store, clock = Leases(), Clock()
-    store.store(PATH, foreign_lease("b"))
+    store, clock = FakeKube(), Clock()
+    store.add(foreign_lease("b"))
     a, _, _ = elector(store, "a", clock)
     assert await a.try_acquire_or_renew() is False
     assert store.calls == [("GET", PATH)]
@@ -148,8 +177,8 @@ async def test_a_fresh_foreign_lease_is_not_taken_and_its_holder_is_the_leader()
 async def test_a_foreign_lease_is_taken_only_after_its_duration_of_unchanged_local_observation(
     renew_time: str,
 ) -> None:
-    store, clock = Leases(), Clock()
-    store.store(PATH, foreign_lease("b", renew=renew_time))
+    store, clock = FakeKube(), Clock()
+    store.add(foreign_lease("b", renew=renew_time))
     a, _, _ = elector(store, "a", clock, annotations=URL)
     assert await a.try_acquire_or_renew() is False  # first seen now, whatever its renewTime says
     clock.now += 15.0
@@ -158,20 +187,20 @@ async def test_a_foreign_lease_is_taken_only_after_its_duration_of_unchanged_loc
     clock.now += 0.001
     assert holder(a) is None  # expired by local observation
     assert await a.try_acquire_or_renew() is True
-    spec = store.spec(PATH)
+    spec = lease_spec(store)
     assert spec["holderIdentity"] == "a"
     assert spec["leaseTransitions"] == 4
     assert spec["acquireTime"] == spec["renewTime"] == "2025-06-18T09:06:42.124456Z"
-    assert store.objects[PATH]["metadata"]["annotations"] == URL  # the former holder's are gone
+    assert store.get(PATH)["metadata"]["annotations"] == URL  # the former holder's are gone
 
 
 async def test_a_foreign_lease_that_changes_restarts_the_wait() -> None:
-    store, clock = Leases(), Clock()
-    store.store(PATH, foreign_lease("b", renew="2025-06-18T09:06:27.000000Z"))
+    store, clock = FakeKube(), Clock()
+    store.add(foreign_lease("b", renew="2025-06-18T09:06:27.000000Z"))
     a, _, _ = elector(store, "a", clock)
     assert await a.try_acquire_or_renew() is False
     clock.now += 10.0
-    store.store(PATH, foreign_lease("b", renew="2025-06-18T09:06:37.000000Z"))  # b renewed
+    store.add(foreign_lease("b", renew="2025-06-18T09:06:37.000000Z"))  # b renewed
     assert await a.try_acquire_or_renew() is False
     clock.now += 10.0  # 20 s after the first sight, 10 s after the change
     assert await a.try_acquire_or_renew() is False
@@ -180,27 +209,27 @@ async def test_a_foreign_lease_that_changes_restarts_the_wait() -> None:
 
 
 async def test_a_lease_without_a_holder_is_taken_at_once() -> None:
-    store, clock = Leases(), Clock()
+    store, clock = FakeKube(), Clock()
     lease = foreign_lease("")
-    store.store(PATH, lease)
+    store.add(lease)
     a, _, _ = elector(store, "a", clock)
     assert holder(a) is None
     assert await a.try_acquire_or_renew() is True
-    assert store.spec(PATH)["leaseTransitions"] == 4
+    assert lease_spec(store)["leaseTransitions"] == 4
 
 
 # --- renewing and fencing ----------------------------------------------------------------------
 
 
 async def test_the_leader_renews_without_reading_and_keeps_its_acquire_time() -> None:
-    store, clock = Leases(), Clock()
+    store, clock = FakeKube(), Clock()
     a, _, _ = elector(store, "a", clock)
     await a.try_acquire_or_renew()
-    store.calls.clear()
+    store.requests.clear()
     clock.now += 2.0
     assert await a.try_acquire_or_renew() is True
     assert store.calls == [("PUT", PATH)]
-    spec = store.spec(PATH)
+    spec = lease_spec(store)
     assert spec["acquireTime"] == "2025-06-18T09:06:27.123456Z"
     assert spec["renewTime"] == "2025-06-18T09:06:29.123456Z"
     assert spec["leaseTransitions"] == 0
@@ -209,11 +238,11 @@ async def test_the_leader_renews_without_reading_and_keeps_its_acquire_time() ->
 
 
 async def test_a_leader_that_cannot_renew_stops_leading_at_the_renew_deadline() -> None:
-    store, clock = Leases(), Clock()
+    store, clock = FakeKube(), Clock()
     a, client, logs = elector(store, "a", clock)
     await a.try_acquire_or_renew()
     changed = asyncio.ensure_future(a.wait_changed())
-    client.down = DOWN
+    client.fail(DOWN)
     for _ in range(4):
         clock.now += 2.0
         assert await a.try_acquire_or_renew() is True  # still within the deadline
@@ -227,22 +256,24 @@ async def test_a_leader_that_cannot_renew_stops_leading_at_the_renew_deadline() 
     assert "lease not renewed within the renew deadline; stepping down" in logs.events("warning")
     await asyncio.wait_for(changed, 1)
     # The API back, the Lease still names us and nobody wrote it since: taken again, no transition.
-    client.down = None
+    client.heal()
     assert await a.try_acquire_or_renew() is True
-    assert store.spec(PATH)["leaseTransitions"] == 0
+    assert lease_spec(store)["leaseTransitions"] == 0
     assert logs.events("info").count("became leader") == 2
 
 
 async def test_never_two_leaders_while_the_leader_is_cut_off() -> None:
     """Both replicas step every 0.25 s; ``a`` is cut off from the API from 3 s to 30 s."""
-    store, clock = Leases(), Clock()
+    store, clock = FakeKube(), Clock()
     a, a_client, _ = elector(store, "a", clock)
     b, _, _ = elector(store, "b", clock)
     leaders: list[tuple[float, str]] = []
     for tick in range(160):
         t = tick * 0.25
         clock.now = 1000.0 + t
-        a_client.down = DOWN if 3.0 <= t < 30.0 else None
+        a_client.heal()
+        if 3.0 <= t < 30.0:
+            a_client.fail(DOWN)
         for e in (a, b):
             await e.try_acquire_or_renew()
             assert not (a.is_leader() and b.is_leader()), f"two leaders at {t} s"
@@ -251,16 +282,16 @@ async def test_never_two_leaders_while_the_leader_is_cut_off() -> None:
             leaders.append((t, now[0] if now else ""))
     # a renewed last at 2.75 s: fenced at 12.75 s; b saw that renewal at 2.75 s: takes over after 17.75.
     assert leaders == [(0.0, "a"), (12.75, ""), (18.0, "b")]
-    assert store.spec(PATH)["leaseTransitions"] == 1
+    assert lease_spec(store)["leaseTransitions"] == 1
     assert holder(b) == "b"
     assert holder(a) == "b"
 
 
 async def test_a_leader_that_finds_another_holder_steps_down_at_once() -> None:
-    store, clock = Leases(), Clock()
+    store, clock = FakeKube(), Clock()
     a, _, logs = elector(store, "a", clock)
     await a.try_acquire_or_renew()
-    store.store(PATH, foreign_lease("b"))  # e.g. a replica with a shorter lease duration
+    store.add(foreign_lease("b"))  # e.g. a replica with a shorter lease duration
     clock.now += 2.0
     assert await a.try_acquire_or_renew() is False
     assert store.calls[-2:] == [("PUT", PATH), ("GET", PATH)]  # fast path lost; read; not taken
@@ -269,21 +300,21 @@ async def test_a_leader_that_finds_another_holder_steps_down_at_once() -> None:
 
 
 async def test_a_takeover_that_loses_the_race_does_not_lead() -> None:
-    store, clock = Leases(), Clock()
-    store.store(PATH, foreign_lease(""))
-    a, _, logs = elector(store, "a", clock)
-    store.intrude = lambda: store.store(PATH, foreign_lease("b", transitions=4))
+    store, clock = FakeKube(), Clock()
+    store.add(foreign_lease(""))
+    a, client, logs = elector(store, "a", clock)
+    intrude(client, foreign_lease("b", transitions=4))
     assert await a.try_acquire_or_renew() is False
     assert logs.events("info") == ["lost a race for the lease"]
-    assert store.spec(PATH)["holderIdentity"] == "b"
+    assert lease_spec(store)["holderIdentity"] == "b"
     assert await a.try_acquire_or_renew() is False  # b's, fresh
     assert holder(a) == "b"
 
 
 async def test_api_errors_are_logged_and_never_raised() -> None:
-    store, clock = Leases(), Clock()
+    store, clock = FakeKube(), Clock()
     a, client, logs = elector(store, "a", clock)
-    client.down = DOWN
+    client.fail(DOWN)
     assert await a.try_acquire_or_renew() is False
     assert logs.lines == [
         (
@@ -292,7 +323,7 @@ async def test_api_errors_are_logged_and_never_raised() -> None:
             {"lease": f"{NS}/{NAME}", "error": str(DOWN), "leading": False},
         )
     ]
-    client.down = None
+    client.heal()
     assert await a.try_acquire_or_renew() is True
 
 
@@ -300,7 +331,7 @@ async def test_api_errors_are_logged_and_never_raised() -> None:
 
 
 async def test_release_frees_the_lease_and_another_replica_takes_it_at_once() -> None:
-    store, clock = Leases(), Clock()
+    store, clock = FakeKube(), Clock()
     a, _, a_logs = elector(store, "a", clock, annotations=URL)
     b, _, _ = elector(store, "b", clock, annotations={"hami.io/leader-url": "https://b"})
     await a.try_acquire_or_renew()
@@ -311,17 +342,17 @@ async def test_release_frees_the_lease_and_another_replica_takes_it_at_once() ->
     await asyncio.wait_for(changed, 1)
     assert not a.is_leader()
     assert holder(a) is None
-    assert store.spec(PATH) == {
+    assert lease_spec(store) == {
         "holderIdentity": "",
         "leaseDurationSeconds": 1,
         "acquireTime": "2025-06-18T09:06:27.123456Z",
         "renewTime": "2025-06-18T09:06:27.123456Z",
         "leaseTransitions": 0,
     }
-    assert store.objects[PATH]["metadata"]["annotations"] == {}
+    assert store.get(PATH)["metadata"]["annotations"] == {}
     assert a_logs.events("info") == ["became leader", "released the lease"]
     assert await b.try_acquire_or_renew() is True  # at once: no holder
-    assert store.spec(PATH)["leaseTransitions"] == 1
+    assert lease_spec(store)["leaseTransitions"] == 1
     assert await a.try_acquire_or_renew() is False
     assert a.leader == LeaderInfo(
         identity="b", annotations={"hami.io/leader-url": "https://b"}, transitions=1
@@ -329,60 +360,60 @@ async def test_release_frees_the_lease_and_another_replica_takes_it_at_once() ->
     # Every change of holder counts, a release and its taker's too.
     await b.release()
     assert await a.try_acquire_or_renew() is True
-    assert store.spec(PATH)["leaseTransitions"] == 2
+    assert lease_spec(store)["leaseTransitions"] == 2
 
 
 async def test_the_holder_writes_exactly_its_own_annotations() -> None:
-    store, clock = Leases(), Clock()
+    store, clock = FakeKube(), Clock()
     a, _, _ = elector(store, "a", clock, annotations=URL)
     await a.try_acquire_or_renew()
-    lease = store.objects[PATH]
+    lease = store.get(PATH)
     lease["metadata"]["annotations"]["someone.else/note"] = "x"
-    store.store(PATH, lease)
+    store.add(lease)
     clock.now += 2.0
     assert await a.try_acquire_or_renew() is True  # the fast path lost to that write; read, renewed
-    assert store.objects[PATH]["metadata"]["annotations"] == URL
+    assert store.get(PATH)["metadata"]["annotations"] == URL
 
 
 async def test_release_reads_a_lease_written_since_and_releases_it_if_still_ours() -> None:
-    store, clock = Leases(), Clock()
+    store, clock = FakeKube(), Clock()
     a, _, logs = elector(store, "a", clock, annotations=URL)
     await a.try_acquire_or_renew()
-    lease = store.objects[PATH]
+    lease = store.get(PATH)
     lease["metadata"]["annotations"]["someone.else/note"] = "x"
-    store.store(PATH, lease)
+    store.add(lease)
     await a.release()
     assert store.calls[-3:] == [("PUT", PATH), ("GET", PATH), ("PUT", PATH)]
-    assert store.spec(PATH)["holderIdentity"] == ""
-    assert store.objects[PATH]["metadata"]["annotations"] == {"someone.else/note": "x"}
+    assert lease_spec(store)["holderIdentity"] == ""
+    assert store.get(PATH)["metadata"]["annotations"] == {"someone.else/note": "x"}
     assert logs.events("warning") == []
 
 
 async def test_release_of_a_lease_taken_meanwhile_leaves_it_alone() -> None:
-    store, clock = Leases(), Clock()
+    store, clock = FakeKube(), Clock()
     a, _, logs = elector(store, "a", clock)
     await a.try_acquire_or_renew()
-    store.store(PATH, foreign_lease("b"))
+    store.add(foreign_lease("b"))
     await a.release()
-    assert store.spec(PATH)["holderIdentity"] == "b"
+    assert lease_spec(store)["holderIdentity"] == "b"
     assert logs.events("warning") == []
     assert holder(a) == "b"
 
 
 async def test_release_that_fails_is_logged_and_the_replica_stops_leading() -> None:
-    store, clock = Leases(), Clock()
+    store, clock = FakeKube(), Clock()
     a, client, logs = elector(store, "a", clock)
     await a.try_acquire_or_renew()
-    client.down = DOWN
+    client.fail(DOWN)
     await a.release()
     assert not a.is_leader()
     assert logs.events("warning") == ["could not release the lease; it expires after its duration"]
-    assert store.spec(PATH)["holderIdentity"] == "a"
+    assert lease_spec(store)["holderIdentity"] == "a"
 
 
 async def test_release_of_a_lease_held_by_another_writes_nothing() -> None:
-    store, clock = Leases(), Clock()
-    store.store(PATH, foreign_lease("b"))
+    store, clock = FakeKube(), Clock()
+    store.add(foreign_lease("b"))
     a, _, _ = elector(store, "a", clock)
     await a.release()
     await a.try_acquire_or_renew()
@@ -394,7 +425,7 @@ async def test_release_of_a_lease_held_by_another_writes_nothing() -> None:
 
 
 async def test_wait_leader_returns_the_leader_or_none_after_the_timeout() -> None:
-    store, clock = Leases(), Clock()
+    store, clock = FakeKube(), Clock()
     a, _, _ = elector(store, "a", clock, annotations=URL)
     assert await a.wait_leader(0.01) is None
     waiting = asyncio.ensure_future(a.wait_leader(5))
@@ -403,16 +434,16 @@ async def test_wait_leader_returns_the_leader_or_none_after_the_timeout() -> Non
 
 
 def test_rounds_are_jittered_while_not_leading() -> None:
-    a, _, _ = elector(Leases(), "a", Clock())
+    a, _, _ = elector(FakeKube(), "a", Clock())
     assert a.next_delay_s() == pytest.approx(2.0 * (1 + 1.2 * 0.5))
 
 
 async def test_rounds_while_leading_come_every_retry_period_and_never_after_the_deadline() -> None:
     clock = Clock()
-    a, client, _ = elector(Leases(), "a", clock)
+    a, client, _ = elector(FakeKube(), "a", clock)
     await a.try_acquire_or_renew()
     assert a.next_delay_s() == 2.0
-    client.down = DOWN
+    client.fail(DOWN)
     clock.now += 9.0
     await a.try_acquire_or_renew()
     assert a.next_delay_s() == pytest.approx(1.0)
@@ -434,8 +465,8 @@ def running(e: LeaderElector) -> contextlib.AbstractAsyncContextManager[asyncio.
 
 
 async def test_run_survives_api_errors_and_acquires() -> None:
-    client, logs = Leases().client(), Logs()
-    client.fail_next = 3
+    client, logs = FakeKube(), Logs()
+    client.fail(KubeError("GET lease: HTTP 503: unavailable", status=503), times=3)
     a = LeaderElector(client, FAST, logger=logs)
     async with running(a) as task:
         assert await a.wait_leader(5) is not None
@@ -445,11 +476,11 @@ async def test_run_survives_api_errors_and_acquires() -> None:
 
 
 async def test_run_steps_down_at_the_deadline_while_a_renewal_hangs() -> None:
-    client, logs = Leases().client(), Logs()
+    client, logs = FakeKube(), Logs()
     a = LeaderElector(client, FAST, logger=logs)
     async with running(a):
         assert await a.wait_leader(5) is not None
-        client.hang = True
+        client.on_request = hang
         async with asyncio.timeout(5):
             while a.is_leader():
                 await a.wait_changed()
