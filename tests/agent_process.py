@@ -1,6 +1,6 @@
-"""A node agent (device plugin, monitor) run as its own process against a fake API server over
-HTTP: how the process ends (SIGTERM, a background task that dies) without a control plane.
-Shared by ``tests/unit/device_plugin`` and ``tests/unit/monitor``."""
+"""A node agent (device plugin, monitor) run as its own process against a ``FakeKube`` served over
+HTTP (``ServedKube``): how the process ends (SIGTERM, a background task that dies) without a
+control plane. Shared by ``tests/unit/device_plugin`` and ``tests/unit/monitor``."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from aiohttp import web
+from fake_kube import ServedKube
 
 from hamipy.devcluster import wait_for
+from hamipy.kube.resources import pod_path
 
 DIED = "background task died; the service stops"
 
@@ -31,86 +32,6 @@ def changed(self, kind, obj):
 pod_cache.PodCache.changed = changed
 sys.exit(importlib.import_module(module).main(sys.argv[2:]))
 """
-
-
-class FakeApiServer:
-    """Lists ``pods`` of every node, answers a watch with the lines ``send`` queues (``watching``
-    is set while one is open), and keeps one Node for GET and merge PATCH (``async with``)."""
-
-    def __init__(self, node: str, pods: Sequence[dict[str, Any]] = ()) -> None:
-        self.node: dict[str, Any] = {"metadata": {"name": node, "resourceVersion": "1", "annotations": {}}}
-        self.pods = list(pods)
-        self.watching = asyncio.Event()
-        self._lines: asyncio.Queue[bytes] = asyncio.Queue()
-        self._runner: web.AppRunner | None = None
-        self._streams: set[asyncio.Task[Any]] = set()
-        self.port = 0
-
-    async def __aenter__(self) -> FakeApiServer:
-        app = web.Application()
-        app.router.add_get("/api/v1/pods", self._pods)
-        app.router.add_get("/api/v1/nodes/{name}", self._get_node)
-        app.router.add_patch("/api/v1/nodes/{name}", self._patch_node)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = self._runner.addresses[0][1]
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        # A watch's handler outlives its client (aiohttp does not cancel it): end them first.
-        for task in self._streams:
-            task.cancel()
-        await asyncio.gather(*self._streams, return_exceptions=True)
-        if self._runner is not None:
-            await self._runner.cleanup()
-
-    def kubeconfig(self, path: Path) -> Path:
-        config = {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [{"name": "fake", "cluster": {"server": f"http://127.0.0.1:{self.port}"}}],
-            "users": [{"name": "fake", "user": {"token": "fake"}}],
-            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
-            "current-context": "fake",
-        }
-        path.write_text(json.dumps(config))
-        return path
-
-    def send(self, event: dict[str, Any]) -> None:
-        self._lines.put_nowait(json.dumps(event).encode() + b"\n")
-
-    async def _pods(self, request: web.Request) -> web.StreamResponse:
-        if request.query.get("watch") != "true":
-            return web.json_response(
-                {"kind": "PodList", "items": self.pods, "metadata": {"resourceVersion": "5"}}
-            )
-        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
-        await resp.prepare(request)
-        task = asyncio.current_task()
-        assert task is not None
-        self._streams.add(task)
-        self.watching.set()
-        try:
-            while True:
-                await resp.write(await self._lines.get())
-        finally:
-            self.watching.clear()
-            self._streams.discard(task)
-
-    async def _get_node(self, request: web.Request) -> web.Response:
-        return web.json_response(self.node)
-
-    async def _patch_node(self, request: web.Request) -> web.Response:
-        patch = await request.json()
-        annotations = self.node["metadata"]["annotations"]
-        for key, value in (patch.get("metadata") or {}).get("annotations", {}).items():
-            if value is None:
-                annotations.pop(key, None)
-            else:
-                annotations[key] = value
-        return web.json_response(self.node)
 
 
 class AgentProcess:
@@ -129,7 +50,7 @@ class AgentProcess:
             )
         return self
 
-    async def wait_up(self, server: FakeApiServer, *, timeout_s: float = 60.0) -> None:
+    async def wait_up(self, server: ServedKube, *, timeout_s: float = 60.0) -> None:
         """Until the agent's pod watch is open (it has listed and started its tasks)."""
 
         def up() -> bool:
@@ -164,7 +85,7 @@ class AgentProcess:
         return [entry for entry in found if isinstance(entry, dict)]
 
 
-async def assert_sigterm_stops_cleanly(process: AgentProcess, server: FakeApiServer) -> None:
+async def assert_sigterm_stops_cleanly(process: AgentProcess, server: ServedKube) -> None:
     """Once up, SIGTERM ends the agent with status 0, logging ``stopped`` and no dead task."""
     try:
         await process.wait_up(server)
@@ -178,13 +99,13 @@ async def assert_sigterm_stops_cleanly(process: AgentProcess, server: FakeApiSer
 
 
 async def assert_dies_naming_the_task(
-    process: AgentProcess, server: FakeApiServer, event: dict[str, Any], task: str
+    process: AgentProcess, server: ServedKube, event: dict[str, Any], task: str
 ) -> None:
     """Started with ``INJECT_BUG``: the watch ``event`` kills its pod cache task, which ends the agent
     with status 1 and one log line naming ``task`` and the error."""
     try:
         await process.wait_up(server)
-        server.send(event)
+        server.kube.send(pod_path(), event)
         assert await process.exit_code() == 1, process.log.read_text()
     finally:
         await process.kill()

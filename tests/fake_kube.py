@@ -14,7 +14,8 @@ the stored objects themselves (live: read them after the code under test ran). `
 every call. ``fail`` makes calls fail, ``race`` lets another writer in before a write, and
 ``on_request`` sees each call first (to hold it, fail it or change the objects under it); ``send``
 scripts the watches of a path; ``connect`` is a second client of the same server (another replica)
-with failures of its own.
+with failures of its own. ``ServedKube`` answers over HTTP from a ``FakeKube``, for a service run
+as its own process.
 
 Any test imports it as ``fake_kube`` (``tests/`` is on ``sys.path``, as for ``builders``).
 """
@@ -27,8 +28,12 @@ import dataclasses
 import fnmatch
 import inspect
 import itertools
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from pathlib import Path
 from typing import Any, Final, NamedTuple
+
+from aiohttp import web
 
 from hamipy.kube.client import API_TIMEOUT_S, JSON, JSON_PATCH, Query
 from hamipy.kube.errors import KubeError, error_for
@@ -38,6 +43,7 @@ __all__ = [
     "FakeKube",
     "Request",
     "RequestHook",
+    "ServedKube",
     "WatchStep",
     "bookmark",
     "gone",
@@ -451,3 +457,76 @@ class FakeKube:
         pod["spec"]["nodeName"] = binding["target"]["name"]
         self._server.stamp(pod)
         return {"kind": "Status", "apiVersion": "v1", "status": "Success"}
+
+
+class ServedKube:
+    """``kube`` over plain HTTP on 127.0.0.1 (``async with``), for a service run as its own
+    process: each request is ``kube``'s to answer, a ``watch=true`` GET streams ``kube``'s watch of
+    the path; ``watching`` is set while a watch is open."""
+
+    def __init__(self, kube: FakeKube) -> None:
+        self.kube = kube
+        self.watching = asyncio.Event()
+        self.port = 0
+        self._runner: web.AppRunner | None = None
+        self._streams: set[asyncio.Task[Any]] = set()
+
+    async def __aenter__(self) -> ServedKube:
+        app = web.Application()
+        app.router.add_route("*", "/{path:.*}", self._answer)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = self._runner.addresses[0][1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        # A watch's handler outlives its client (aiohttp does not cancel it): end them first.
+        for task in self._streams:
+            task.cancel()
+        await asyncio.gather(*self._streams, return_exceptions=True)
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    def kubeconfig(self, path: Path) -> Path:
+        """A kubeconfig for this server at ``path``."""
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "fake", "cluster": {"server": f"http://127.0.0.1:{self.port}"}}],
+            "users": [{"name": "fake", "user": {"token": "fake"}}],
+            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
+            "current-context": "fake",
+        }
+        path.write_text(json.dumps(config))
+        return path
+
+    async def _answer(self, request: web.Request) -> web.StreamResponse:
+        query = list(request.query.items())
+        if request.method == "GET" and request.query.get("watch") == "true":
+            return await self._watch(request, query)
+        body = await request.json() if request.can_read_body else None
+        try:
+            answer = await self.kube.request(
+                request.method, request.path, query=query, body=body, content_type=request.content_type
+            )
+        except KubeError as exc:
+            status = {"kind": "Status", "code": exc.status, "message": str(exc)}
+            return web.json_response(status, status=exc.status or 500)
+        return web.json_response(answer)
+
+    async def _watch(self, request: web.Request, query: Query) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": JSON})
+        await resp.prepare(request)
+        task = asyncio.current_task()
+        assert task is not None
+        self._streams.add(task)
+        self.watching.set()
+        try:
+            async for event in self.kube.stream(request.path, query=query, inactivity_s=API_TIMEOUT_S):
+                await resp.write(json.dumps(event).encode() + b"\n")
+        finally:
+            self.watching.clear()
+            self._streams.discard(task)
+        return resp

@@ -7,13 +7,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import builders
 import pytest
-from agent_process import (
-    AgentProcess,
-    FakeApiServer,
-    assert_dies_naming_the_task,
-    assert_sigterm_stops_cleanly,
-)
+from agent_process import AgentProcess, assert_dies_naming_the_task, assert_sigterm_stops_cleanly
+from fake_kube import FakeKube, ServedKube, watch_event
 from plugin_fakes import NODE
 
 from hamipy.devcluster.gpu_nodes import FakeGpu, fake_gpu_config
@@ -39,19 +36,15 @@ def broken_init(self, informer):
 pod_cache.PodCache.__init__ = broken_init
 sys.exit(importlib.import_module(sys.argv[1]).main(sys.argv[2:]))
 """
-POD = {
-    "metadata": {"name": "other", "namespace": "ns", "uid": "uid-other", "resourceVersion": "6"},
-    "spec": {"nodeName": NODE, "containers": [{"name": "main"}]},
-}
 
 
 @pytest.fixture
-async def api() -> AsyncIterator[FakeApiServer]:
-    async with FakeApiServer(NODE) as server:
+async def api() -> AsyncIterator[ServedKube]:
+    async with ServedKube(FakeKube(builders.node(NODE, annotations={}))) as server:
         yield server
 
 
-def plugin(api: FakeApiServer, tmp_path: Path, *, python_args: list[str]) -> AgentProcess:
+def plugin(api: ServedKube, tmp_path: Path, *, python_args: list[str]) -> AgentProcess:
     if not (FAKE_DRIVER / "libnvidia-ml.so.1").is_file():
         pytest.skip("needs native/build/fake (make native)")
     gpus = tmp_path / "gpus.conf"
@@ -76,12 +69,17 @@ def plugin(api: FakeApiServer, tmp_path: Path, *, python_args: list[str]) -> Age
     return AgentProcess([*python_args, *args], log=tmp_path / "plugin.log", env=env)
 
 
-async def test_sigterm_stops_the_plugin_with_status_0(api: FakeApiServer, tmp_path: Path) -> None:
+async def test_sigterm_stops_the_plugin_with_status_0(api: ServedKube, tmp_path: Path) -> None:
     await assert_sigterm_stops_cleanly(await plugin(api, tmp_path, python_args=["-m", MODULE]).start(), api)
 
 
-async def test_a_task_that_dies_ends_the_plugin_with_status_1(api: FakeApiServer, tmp_path: Path) -> None:
+async def test_a_task_that_dies_ends_the_plugin_with_status_1(api: ServedKube, tmp_path: Path) -> None:
     process = await plugin(api, tmp_path, python_args=["-c", INJECT_BUG, MODULE]).start()
     await assert_dies_naming_the_task(
-        process, api, {"type": "ADDED", "object": POD}, "device-plugin:pod-informer"
+        process,
+        api,
+        watch_event(
+            "ADDED", builders.gpu_pod("other", builders.container(), node_name=NODE, resource_version="906")
+        ),
+        "device-plugin:pod-informer",
     )

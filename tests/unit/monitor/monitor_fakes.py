@@ -1,19 +1,14 @@
-"""The monitor's unit tests' pods (``builders.pod`` as on their node) and region files, and fakes of
-the API and NVML."""
+"""The monitor's unit tests' GPU slices, region files and fake NVML."""
 
 from __future__ import annotations
 
-import asyncio
 import io
 import json
 import os
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import builders
-
-from hamipy.kube.errors import KubeError
 from hamipy.monitor.host_gpus import HostGpuSample
 from hamipy.monitor.telemetry import Telemetry
 from hamipy.protocol import keys
@@ -28,40 +23,6 @@ GPU_B = "GPU-bbbbbbbb-0000-4000-8000-000000000000"
 
 def slice_(uuid: str = GPU_A, mem: int = 3000, cores: int = 30) -> ContainerDevice:
     return ContainerDevice(uuid, keys.DEVICE_VENDOR_NVIDIA, mem, cores)
-
-
-def pod_json(
-    name: str,
-    *,
-    uid: str | None = None,
-    namespace: str = "team-a",
-    containers: Sequence[str] = ("main",),
-    init: Sequence[str] = (),
-    slots: Sequence[Sequence[ContainerDevice]] | None = None,
-    annotation: str | None = None,
-    phase: str = "Running",
-    terminated: Sequence[str] = (),
-    resource_version: str = "1",
-) -> dict[str, Any]:
-    """``builders.pod`` as the monitor's node sees it: on ``gpu-node``, uid ``uid-<name>``, with the
-    ``vgpu-devices-allocated`` annotation from ``slots`` (init containers first) or as written in
-    ``annotation``, and the ``terminated`` containers' statuses."""
-    pod = builders.pod(
-        name,
-        *(builders.container(c) for c in containers),
-        init=[builders.container(c) for c in init],
-        namespace=namespace,
-        uid=uid or f"uid-{name}",
-        resource_version=resource_version,
-        annotations=builders.allocation(allocated=annotation if annotation is not None else slots),
-        node_name="gpu-node",
-        phase=phase,
-    )
-    pod["status"]["containerStatuses"] = [
-        {"name": c, "state": {"terminated": {"exitCode": 0}}} for c in terminated
-    ]
-    pod["status"]["initContainerStatuses"] = []
-    return pod
 
 
 def process(slot: int, used: Sequence[int], *, sm: Sequence[int] = (), status: int = 1) -> ProcessUsage:
@@ -100,48 +61,6 @@ def write_region(
         build_region(uuids=uuids, limits=limits, sm_limits=sm_limits, processes=processes, **fields)
     )
     return path
-
-
-class FakePodsApi:
-    """An API server that lists ``pods`` and then delivers queued watch events (a ``KubeApi``):
-    an event, ``None`` (the server ends this watch) or an exception (raised in the stream)."""
-
-    def __init__(self, pods: Sequence[dict[str, Any]] = (), *, version: str = "10") -> None:
-        self.pods = list(pods)
-        self.version = version
-        self.events: asyncio.Queue[dict[str, Any] | BaseException | None] = asyncio.Queue()
-        self.lists = 0
-        self.fail_lists = 0
-
-    async def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: Sequence[tuple[str, str]] = (),
-        body: Any = None,
-        content_type: str = "application/json",
-        timeout_s: float = 10.0,
-    ) -> Any:
-        assert (method, path) == ("GET", "/api/v1/pods")
-        assert dict(query)["fieldSelector"] == "spec.nodeName=gpu-node"
-        if self.fail_lists:
-            self.fail_lists -= 1
-            raise KubeError("GET /api/v1/pods: HTTP 500: boom", status=500)
-        self.lists += 1
-        items = [json.loads(json.dumps(p)) for p in self.pods]
-        return {"items": items, "metadata": {"resourceVersion": self.version}}
-
-    async def stream(
-        self, path: str, *, query: Sequence[tuple[str, str]], inactivity_s: float
-    ) -> AsyncIterator[dict[str, Any]]:
-        while True:
-            event = await self.events.get()
-            if event is None:
-                return
-            if isinstance(event, BaseException):
-                raise event
-            yield event
 
 
 class FakeHostGpus:

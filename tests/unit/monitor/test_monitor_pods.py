@@ -3,7 +3,8 @@ on the record, never a guess."""
 
 from __future__ import annotations
 
-from monitor_fakes import GPU_A, GPU_B, pod_json, slice_
+from builders import running_pod
+from monitor_fakes import GPU_A, GPU_B, slice_
 
 from hamipy.monitor.pods import pod_record
 from hamipy.protocol import keys
@@ -11,11 +12,11 @@ from hamipy.protocol import keys
 
 def test_slots_map_to_init_containers_first_then_regular_ones() -> None:
     record = pod_record(
-        pod_json(
+        running_pod(
             "multi",
             init=["setup"],
             containers=["sidecar", "app", "pair"],
-            slots=[[slice_(mem=500)], [], [slice_(mem=2000)], [slice_(GPU_A, 1000), slice_(GPU_B, 1000)]],
+            allocated=[[slice_(mem=500)], [], [slice_(mem=2000)], [slice_(GPU_A, 1000), slice_(GPU_B, 1000)]],
         )
     )
     assert record.containers == ("setup", "sidecar", "app", "pair")
@@ -26,20 +27,20 @@ def test_slots_map_to_init_containers_first_then_regular_ones() -> None:
     }
     assert record.allocation_error is None
     assert (record.uid, record.namespace, record.name, record.phase) == (
-        "uid-multi",
-        "team-a",
+        "uid-ns-multi",
+        "ns",
         "multi",
         "Running",
     )
 
 
 def test_older_hami_lists_with_regular_containers_only_are_read() -> None:
-    record = pod_record(pod_json("old", init=["setup"], containers=["app"], slots=[[slice_(mem=700)]]))
+    record = pod_record(running_pod("old", init=["setup"], containers=["app"], allocated=[[slice_(mem=700)]]))
     assert list(record.allocations) == ["app"]
 
 
 def test_a_slot_count_that_does_not_match_the_pod_is_an_error() -> None:
-    record = pod_record(pod_json("odd", containers=["a", "b", "c"], slots=[[slice_()], [slice_()]]))
+    record = pod_record(running_pod("odd", containers=["a", "b", "c"], allocated=[[slice_()], [slice_()]]))
     assert record.allocations == {}
     assert record.allocation_error is not None
     assert record.allocation_error.field == keys.DEVICES_ALLOCATED
@@ -47,26 +48,26 @@ def test_a_slot_count_that_does_not_match_the_pod_is_an_error() -> None:
 
 
 def test_a_malformed_annotation_is_an_error_naming_the_field() -> None:
-    record = pod_record(pod_json("bad", annotation="GPU-A,NVIDIA,-5,0:;"))
+    record = pod_record(running_pod("bad", allocated="GPU-A,NVIDIA,-5,0:;"))
     assert record.allocations == {}
     assert record.allocation_error is not None
     assert record.allocation_error.field == f"{keys.DEVICES_ALLOCATED}[0][0].usedmem"
 
 
 def test_a_pod_without_allocation_has_no_slices_and_no_error() -> None:
-    record = pod_record(pod_json("plain"))
+    record = pod_record(running_pod("plain"))
     assert (record.allocations, record.allocation_error, record.annotation) == ({}, None, None)
 
 
 def test_terminated_containers_and_finished_pods_are_recognised() -> None:
-    record = pod_record(pod_json("done", containers=["a", "b"], terminated=["b"], phase="Succeeded"))
+    record = pod_record(running_pod("done", containers=["a", "b"], terminated=["b"], phase="Succeeded"))
     assert record.terminated == frozenset({"b"})
     assert record.terminal
-    assert not pod_record(pod_json("running")).terminal
+    assert not pod_record(running_pod("running")).terminal
 
 
 def test_a_list_without_the_empty_slot_of_an_init_container_belongs_to_the_gpu_container() -> None:
-    raw = pod_json("p", init=["setup"], containers=["main"], annotation="GPU-A,NVIDIA,1000,0:;")
+    raw = running_pod("p", init=["setup"], containers=["main"], allocated="GPU-A,NVIDIA,1000,0:;")
     raw["spec"]["containers"][0]["resources"] = {"limits": {keys.RESOURCE_COUNT: "1"}}
     record = pod_record(raw)
     assert record.allocation_error is None

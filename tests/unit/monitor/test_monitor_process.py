@@ -7,26 +7,21 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from agent_process import (
-    INJECT_BUG,
-    AgentProcess,
-    FakeApiServer,
-    assert_dies_naming_the_task,
-    assert_sigterm_stops_cleanly,
-)
-from monitor_fakes import pod_json
+from agent_process import INJECT_BUG, AgentProcess, assert_dies_naming_the_task, assert_sigterm_stops_cleanly
+from builders import running_pod
+from fake_kube import FakeKube, ServedKube, watch_event
 
 NODE = "gpu-node"
 MODULE = "hamipy.monitor.cli"
 
 
 @pytest.fixture
-async def api() -> AsyncIterator[FakeApiServer]:
-    async with FakeApiServer(NODE, [pod_json("listed")]) as server:
+async def api() -> AsyncIterator[ServedKube]:
+    async with ServedKube(FakeKube(running_pod("listed"))) as server:
         yield server
 
 
-def monitor(api: FakeApiServer, tmp_path: Path, *, python_args: list[str]) -> AgentProcess:
+def monitor(api: ServedKube, tmp_path: Path, *, python_args: list[str]) -> AgentProcess:
     args = [
         "--node-name",
         NODE,
@@ -43,11 +38,11 @@ def monitor(api: FakeApiServer, tmp_path: Path, *, python_args: list[str]) -> Ag
     return AgentProcess([*python_args, *args], log=tmp_path / "monitor.log")
 
 
-async def test_sigterm_stops_the_monitor_with_status_0(api: FakeApiServer, tmp_path: Path) -> None:
+async def test_sigterm_stops_the_monitor_with_status_0(api: ServedKube, tmp_path: Path) -> None:
     await assert_sigterm_stops_cleanly(await monitor(api, tmp_path, python_args=["-m", MODULE]).start(), api)
 
 
-async def test_a_task_that_dies_ends_the_monitor_with_status_1(api: FakeApiServer, tmp_path: Path) -> None:
+async def test_a_task_that_dies_ends_the_monitor_with_status_1(api: ServedKube, tmp_path: Path) -> None:
     process = await monitor(api, tmp_path, python_args=["-c", INJECT_BUG, MODULE]).start()
-    event = {"type": "ADDED", "object": pod_json("new", resource_version="6")}
+    event = watch_event("ADDED", running_pod("new", resource_version="906"))
     await assert_dies_naming_the_task(process, api, event, "monitor:pod-informer")

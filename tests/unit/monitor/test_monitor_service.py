@@ -13,13 +13,13 @@ from typing import Any
 
 import aiohttp
 import pytest
+from builders import running_pod
+from fake_kube import FakeKube, watch_event
 from monitor_fakes import (
     GPU_A,
     MIB,
     FakeHostGpus,
-    FakePodsApi,
     log_lines,
-    pod_json,
     process,
     region_dir,
     slice_,
@@ -29,6 +29,7 @@ from monitor_fakes import (
 from prometheus_client.parser import text_string_to_metric_families
 
 from hamipy.devcluster import wait_for
+from hamipy.kube.errors import KubeError
 from hamipy.monitor.host_gpus import HostGpuSample
 from hamipy.monitor.monitor import Monitor
 from hamipy.monitor.settings import MonitorSettings
@@ -36,6 +37,8 @@ from hamipy.monitor.telemetry import Telemetry
 from hamipy.protocol.region import OFFSET_RECENT_KERNEL, OFFSET_UTILIZATION_SWITCH, build_region, parse_region
 
 NODE = "gpu-node"
+PODS = "/api/v1/pods"
+ON_NODE = f"spec.nodeName={NODE}"
 HOST = HostGpuSample(0, GPU_A, "NVIDIA A100-SXM4-80GB", 5 * MIB, 80 * 1024 * MIB, 37)
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -43,7 +46,7 @@ Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 @dataclass
 class Running:
     monitor: Monitor
-    api: FakePodsApi
+    api: FakeKube
     telemetry: Telemetry
     log: io.StringIO
     hook: Path
@@ -78,6 +81,7 @@ Start = Callable[..., Any]
 async def start_monitor(tmp_path: Path) -> AsyncIterator[Start]:
     """start_monitor(pods=[...], **settings) -> Running, stopped after the test."""
     stops: list[tuple[asyncio.Event, asyncio.Task[str | None]]] = []
+    apis: list[FakeKube] = []
 
     async def start(
         pods: list[dict[str, Any]] | None = None, *, gpus: FakeHostGpus | None = None, **settings: Any
@@ -85,7 +89,8 @@ async def start_monitor(tmp_path: Path) -> AsyncIterator[Start]:
         hook = tmp_path / "vgpu"
         hook.mkdir(exist_ok=True)
         t, stream = telemetry()
-        api = FakePodsApi(pods or [])
+        api = FakeKube(*(pods or []))
+        apis.append(api)
         clock = [1000.0]
         values = {"metrics_host": "127.0.0.1", "metrics_port": 0, "feedback_interval_s": 3600.0, **settings}
         monitor = Monitor(
@@ -106,13 +111,16 @@ async def start_monitor(tmp_path: Path) -> AsyncIterator[Start]:
     for stop, task in stops:
         stop.set()
         assert await asyncio.wait_for(task, timeout=10) is None, "stopped, no task died"
+    for api in apis:
+        asked = {(r.method, r.path, r.query.get("fieldSelector")) for r in [*api.requests, *api.watches]}
+        assert asked == {("GET", PODS, ON_NODE), ("WATCH", PODS, ON_NODE)}, "only its node's pods, only read"
 
 
 def key(name: str, **labels: str) -> tuple[str, frozenset[tuple[str, str]]]:
     return name, frozenset(labels.items())
 
 
-def vgpu(pod: str, container: str, index: int = 0, uuid: str = GPU_A, ns: str = "team-a") -> dict[str, str]:
+def vgpu(pod: str, container: str, index: int = 0, uuid: str = GPU_A, ns: str = "ns") -> dict[str, str]:
     return {
         "namespace": ns,
         "pod": pod,
@@ -124,20 +132,22 @@ def vgpu(pod: str, container: str, index: int = 0, uuid: str = GPU_A, ns: str = 
 
 async def test_metrics_report_limits_and_use_per_container_and_host_gpu(start_monitor: Start) -> None:
     pods = [
-        pod_json("started", slots=[[slice_(mem=3000, cores=30)]]),
-        pod_json("idle", slots=[[slice_(mem=2000, cores=20)]]),  # allocated, no CUDA yet (HAMi #1794)
-        pod_json("pair", containers=["a", "b"], slots=[[slice_(mem=1000)], [slice_(mem=1500)]]),  # HAMi #281
+        running_pod("started", allocated=[[slice_(mem=3000, cores=30)]]),
+        running_pod("idle", allocated=[[slice_(mem=2000, cores=20)]]),  # allocated, no CUDA yet (HAMi #1794)
+        running_pod(
+            "pair", containers=["a", "b"], allocated=[[slice_(mem=1000)], [slice_(mem=1500)]]
+        ),  # HAMi #281
     ]
     m = await start_monitor(pods, gpus=FakeHostGpus([HOST]))
     write_region(
         m.hook,
-        "uid-started",
+        "uid-ns-started",
         "main",
         processes=[process(0, [700 * MIB], sm=[25])],
         last_kernel_time=1_750_000_000 - 9,
     )
-    write_region(m.hook, "uid-pair", "a", limits=[1000 * MIB], processes=[process(0, [10 * MIB])])
-    write_region(m.hook, "uid-pair", "b", limits=[1500 * MIB], processes=[process(0, [20 * MIB])])
+    write_region(m.hook, "uid-ns-pair", "a", limits=[1000 * MIB], processes=[process(0, [10 * MIB])])
+    write_region(m.hook, "uid-ns-pair", "b", limits=[1500 * MIB], processes=[process(0, [20 * MIB])])
     s = await m.scrape()
 
     assert s[key("hami_vgpu_memory_limit_bytes", **vgpu("started", "main"))] == 3000 * MIB
@@ -153,7 +163,7 @@ async def test_metrics_report_limits_and_use_per_container_and_host_gpu(start_mo
     assert s[key("hami_vgpu_memory_limit_bytes", **vgpu("idle", "main"))] == 2000 * MIB
     assert s[key("hami_vgpu_memory_used_bytes", **vgpu("idle", "main"))] == 0
     assert key("hami_container_last_kernel_elapsed_seconds", **vgpu("idle", "main")) not in s
-    state = {"namespace": "team-a", "pod": "idle", "container": "main"}
+    state = {"namespace": "ns", "pod": "idle", "container": "main"}
     assert s[key("hamipy_monitor_container_region_state", **state, state="missing")] == 1
 
     assert s[key("hami_vgpu_memory_used_bytes", **vgpu("pair", "a"))] == 10 * MIB
@@ -169,21 +179,21 @@ async def test_metrics_report_limits_and_use_per_container_and_host_gpu(start_mo
 
 
 async def test_use_drops_to_zero_when_the_container_frees(start_monitor: Start) -> None:
-    m = await start_monitor([pod_json("p", slots=[[slice_()]])])
-    path = write_region(m.hook, "uid-p", "main", processes=[process(0, [700 * MIB])])
+    m = await start_monitor([running_pod("p", allocated=[[slice_()]])])
+    path = write_region(m.hook, "uid-ns-p", "main", processes=[process(0, [700 * MIB])])
     assert (await m.scrape())[key("hami_vgpu_memory_used_bytes", **vgpu("p", "main"))] == 700 * MIB
     path.write_bytes(build_region(uuids=[GPU_A], limits=[3000 * MIB], sm_limits=[30]))  # its process freed
     assert (await m.scrape())[key("hami_vgpu_memory_used_bytes", **vgpu("p", "main"))] == 0
 
 
 async def test_corrupted_and_truncated_files_beside_good_ones(start_monitor: Start) -> None:
-    pods = [pod_json(n, slots=[[slice_()]]) for n in ("good", "cut", "junk", "other")]
+    pods = [running_pod(n, allocated=[[slice_()]]) for n in ("good", "cut", "junk", "other")]
     m = await start_monitor(pods)
-    write_region(m.hook, "uid-good", "main", processes=[process(0, [100 * MIB])])
-    good = (region_dir(m.hook, "uid-good", "main") / "0f3c.cache").read_bytes()
-    (region_dir(m.hook, "uid-cut", "main") / "a.cache").write_bytes(good[:5000])
-    (region_dir(m.hook, "uid-junk", "main") / "a.cache").write_bytes(b"\xde\xad\xbe\xef" * 600_000)
-    (region_dir(m.hook, "uid-other", "main") / "a.cache").write_bytes(
+    write_region(m.hook, "uid-ns-good", "main", processes=[process(0, [100 * MIB])])
+    good = (region_dir(m.hook, "uid-ns-good", "main") / "0f3c.cache").read_bytes()
+    (region_dir(m.hook, "uid-ns-cut", "main") / "a.cache").write_bytes(good[:5000])
+    (region_dir(m.hook, "uid-ns-junk", "main") / "a.cache").write_bytes(b"\xde\xad\xbe\xef" * 600_000)
+    (region_dir(m.hook, "uid-ns-other", "main") / "a.cache").write_bytes(
         struct.pack("<iII", 19920718, 9, 9) + good[12:]
     )
 
@@ -195,7 +205,7 @@ async def test_corrupted_and_truncated_files_beside_good_ones(start_monitor: Sta
                 "unknown use is not a zero"
             )
             assert s[key("hami_vgpu_memory_limit_bytes", **vgpu(pod, "main"))] == 3000 * MIB
-            state = {"namespace": "team-a", "pod": pod, "container": "main", "state": "unreadable"}
+            state = {"namespace": "ns", "pod": pod, "container": "main", "state": "unreadable"}
             assert s[key("hamipy_monitor_container_region_state", **state)] == 1
     for reason in ("truncated", "foreign", "version"):
         assert s[key("hamipy_monitor_region_errors_total", reason=reason)] == 1
@@ -208,17 +218,17 @@ async def test_corrupted_and_truncated_files_beside_good_ones(start_monitor: Sta
 
 async def test_legacy_metrics_add_hamis_old_names(start_monitor: Start) -> None:
     m = await start_monitor(
-        [pod_json("p", slots=[[slice_()]])], gpus=FakeHostGpus([HOST]), legacy_metrics=True
+        [running_pod("p", allocated=[[slice_()]])], gpus=FakeHostGpus([HOST]), legacy_metrics=True
     )
     write_region(
         m.hook,
-        "uid-p",
+        "uid-ns-p",
         "main",
         processes=[process(0, [700 * MIB], sm=[5])],
         last_kernel_time=1_750_000_000 - 3,
     )
     s = await m.scrape()
-    old = {"podnamespace": "team-a", "podname": "p", "ctrname": "main", "vdeviceid": "0", "deviceuuid": GPU_A}
+    old = {"podnamespace": "ns", "podname": "p", "ctrname": "main", "vdeviceid": "0", "deviceuuid": GPU_A}
     assert s[key("vGPU_device_memory_usage_in_bytes", **old)] == 700 * MIB
     assert s[key("vGPU_device_memory_limit_in_bytes", **old)] == 3000 * MIB
     assert s[key("Device_utilization_desc_of_container", **old)] == 5
@@ -232,7 +242,7 @@ async def test_legacy_metrics_add_hamis_old_names(start_monitor: Start) -> None:
 
 
 async def test_without_nvml_the_container_metrics_still_come(start_monitor: Start) -> None:
-    m = await start_monitor([pod_json("p", slots=[[slice_()]])], gpus=None)
+    m = await start_monitor([running_pod("p", allocated=[[slice_()]])], gpus=None)
     s = await m.scrape()
     assert s[key("hamipy_monitor_nvml_up")] == 0
     assert not any(name == "hami_host_gpu_memory_used_bytes" for name, _ in s)
@@ -240,17 +250,18 @@ async def test_without_nvml_the_container_metrics_still_come(start_monitor: Star
 
 
 async def test_pods_follow_the_watch(start_monitor: Start) -> None:
-    m = await start_monitor([pod_json("first", slots=[[slice_()]])])
-    m.api.events.put_nowait(
-        {"type": "ADDED", "object": pod_json("second", slots=[[slice_(mem=1234)]], resource_version="11")}
+    m = await start_monitor([running_pod("first", allocated=[[slice_()]])])
+    m.api.send(
+        PODS,
+        watch_event("ADDED", running_pod("second", allocated=[[slice_(mem=1234)]], resource_version="911")),
+        watch_event("DELETED", running_pod("first", resource_version="912")),
     )
-    m.api.events.put_nowait({"type": "DELETED", "object": pod_json("first", resource_version="12")})
-    await wait_for(lambda: m.monitor.pods.resource_version == "12", timeout=5)
+    await wait_for(lambda: m.monitor.pods.resource_version == "912", timeout=5)
     s = await m.scrape()
     assert s[key("hami_vgpu_memory_limit_bytes", **vgpu("second", "main"))] == 1234 * MIB
     assert key("hami_vgpu_memory_limit_bytes", **vgpu("first", "main")) not in s
-    m.api.events.put_nowait({"type": "ERROR", "object": {"code": 410, "message": "too old"}})
-    await wait_for(lambda: m.api.lists == 2, timeout=5)
+    m.api.send(PODS, {"type": "ERROR", "object": {"code": 410, "message": "too old"}})
+    await wait_for(lambda: m.api.calls.count(("GET", PODS)) == 2, timeout=5)
     assert (
         m.telemetry.metrics.registry.get_sample_value(
             "hamipy_monitor_watch_restarts_total", {"cause": "gone"}
@@ -260,15 +271,15 @@ async def test_pods_follow_the_watch(start_monitor: Start) -> None:
 
 
 async def test_a_malformed_annotation_is_logged_once_and_counted(start_monitor: Start) -> None:
-    bad = pod_json("bad", annotation="GPU-A,NVIDIA,x,0:;")
+    bad = running_pod("bad", allocated="GPU-A,NVIDIA,x,0:;")
     m = await start_monitor([bad])
     status = dict(bad, status={"phase": "Running", "containerStatuses": []})
-    for version in ("11", "12"):  # status updates do not repeat the report
+    for version in ("911", "912"):  # status updates do not repeat the report
         status["metadata"] = dict(bad["metadata"], resourceVersion=version)
-        m.api.events.put_nowait({"type": "MODIFIED", "object": status})
-    await wait_for(lambda: m.monitor.pods.resource_version == "12", timeout=5)
+        m.api.send(PODS, watch_event("MODIFIED", status))
+    await wait_for(lambda: m.monitor.pods.resource_version == "912", timeout=5)
     errors = [e for e in log_lines(m.log) if e["event"].startswith("malformed annotation")]
-    assert [(e["namespace"], e["pod"], e["uid"]) for e in errors] == [("team-a", "bad", "uid-bad")]
+    assert [(e["namespace"], e["pod"], e["uid"]) for e in errors] == [("ns", "bad", "uid-ns-bad")]
     assert (
         m.telemetry.metrics.registry.get_sample_value(
             "hamipy_monitor_malformed_annotations_total", {"field": "hami.io/vgpu-devices-allocated"}
@@ -292,9 +303,9 @@ async def test_feedback_loop_with_two_priorities_on_one_gpu(start_monitor: Start
     loop blocks the low-priority one and switches its compute limit on, leaves the high-priority
     one free, and releases the low one once the high one has been idle for a pass."""
     hook = tmp_path / "vgpu"  # both regions are there before the first pass
-    serve = write_region(hook, "uid-serve", "main", priority=0, recent_kernel=2, utilization_switch=1)
-    train = write_region(hook, "uid-train", "main", priority=1, recent_kernel=2, utilization_switch=1)
-    pods = [pod_json("serve", slots=[[slice_()]]), pod_json("train", slots=[[slice_()]])]
+    serve = write_region(hook, "uid-ns-serve", "main", priority=0, recent_kernel=2, utilization_switch=1)
+    train = write_region(hook, "uid-ns-train", "main", priority=1, recent_kernel=2, utilization_switch=1)
+    pods = [running_pod("serve", allocated=[[slice_()]]), running_pod("train", allocated=[[slice_()]])]
     m = await start_monitor(pods)  # its loop makes one pass at start, the next an hour later
     await wait_for(lambda: m.monitor.housekeeping_passes == 1, timeout=10, what="the first pass")
     assert _fields(train) == (-1, 1), "low priority: blocked, compute limit on"
@@ -305,8 +316,8 @@ async def test_feedback_loop_with_two_priorities_on_one_gpu(start_monitor: Start
 
 
 async def test_feedback_can_be_switched_off(start_monitor: Start) -> None:
-    m = await start_monitor([pod_json("a", slots=[[slice_()]])], feedback=False)
-    path = write_region(m.hook, "uid-a", "main", priority=1, recent_kernel=2, utilization_switch=1)
+    m = await start_monitor([running_pod("a", allocated=[[slice_()]])], feedback=False)
+    path = write_region(m.hook, "uid-ns-a", "main", priority=1, recent_kernel=2, utilization_switch=1)
     passes = m.monitor.housekeeping_passes
     await asyncio.to_thread(m.monitor.housekeeping_once)
     assert m.monitor.housekeeping_passes == passes + 1
@@ -314,9 +325,9 @@ async def test_feedback_can_be_switched_off(start_monitor: Start) -> None:
 
 
 async def test_directories_of_pods_gone_are_removed_after_the_grace_period(start_monitor: Start) -> None:
-    m = await start_monitor([pod_json("kept", slots=[[slice_()]])], gone_grace_s=300)
-    kept = write_region(m.hook, "uid-kept", "main").parent
-    gone = write_region(m.hook, "uid-gone", "main").parent
+    m = await start_monitor([running_pod("kept", allocated=[[slice_()]])], gone_grace_s=300)
+    kept = write_region(m.hook, "uid-ns-kept", "main").parent
+    gone = write_region(m.hook, "uid-ns-gone", "main").parent
     await asyncio.to_thread(m.monitor.housekeeping_once)
     m.clock[0] += 299
     await asyncio.to_thread(m.monitor.housekeeping_once)
@@ -333,14 +344,18 @@ async def test_cdi_specs_of_pods_gone_are_removed_with_their_region_directories(
 ) -> None:
     specs = tmp_path / "cdi"
     specs.mkdir()
-    m = await start_monitor([pod_json("kept", slots=[[slice_()]])], gone_grace_s=300, cdi_spec_dir=specs)
-    region = write_region(m.hook, "uid-gone", "main").parent
-    ours = {uid: specs / f"hami.io-vgpu_{uid}_main.json" for uid in ("uid-kept", "uid-gone", "uid-stale")}
+    m = await start_monitor(
+        [running_pod("kept", allocated=[[slice_()]])], gone_grace_s=300, cdi_spec_dir=specs
+    )
+    region = write_region(m.hook, "uid-ns-gone", "main").parent
+    ours = {
+        uid: specs / f"hami.io-vgpu_{uid}_main.json" for uid in ("uid-ns-kept", "uid-ns-gone", "uid-ns-stale")
+    }
     # Not ours to remove: another vendor's spec, one being written, a link by our name.
-    others = [specs / "nvidia.com-gpu.json", specs / ".hami.io-vgpu_uid-gone_main.json.0a1b.tmp"]
+    others = [specs / "nvidia.com-gpu.json", specs / ".hami.io-vgpu_uid-ns-gone_main.json.0a1b.tmp"]
     for path in (*ours.values(), *others):
         path.write_text("{}")
-    link = specs / "hami.io-vgpu_uid-link_main.json"
+    link = specs / "hami.io-vgpu_uid-ns-link_main.json"
     link.symlink_to(others[0])
     await asyncio.to_thread(m.monitor.housekeeping_once)
     m.clock[0] += 299
@@ -349,7 +364,7 @@ async def test_cdi_specs_of_pods_gone_are_removed_with_their_region_directories(
     m.clock[0] += 2
     await asyncio.to_thread(m.monitor.housekeeping_once)
     assert sorted(p.name for p in specs.iterdir()) == sorted(
-        [ours["uid-kept"].name, link.name, *(p.name for p in others)]
+        [ours["uid-ns-kept"].name, link.name, *(p.name for p in others)]
     ), "the spec of the pod gone with its region directory, and the one left without"
     assert not region.exists()
     assert m.telemetry.metrics.registry.get_sample_value("hamipy_monitor_cdi_specs_removed_total") == 2
@@ -357,7 +372,7 @@ async def test_cdi_specs_of_pods_gone_are_removed_with_their_region_directories(
 
 async def test_nothing_is_removed_while_the_pod_view_is_not_fresh(start_monitor: Start) -> None:
     m = await start_monitor([], gone_grace_s=0)
-    gone = write_region(m.hook, "uid-new", "main").parent
+    gone = write_region(m.hook, "uid-ns-new", "main").parent
     m.monitor.pods.informer.fresh = False  # as after a failed watch, until the next list
     await asyncio.to_thread(m.monitor.housekeeping_once)
     assert gone.exists()
@@ -368,8 +383,8 @@ async def test_nothing_is_removed_while_the_pod_view_is_not_fresh(start_monitor:
 
 async def test_readiness_waits_for_the_pod_list(tmp_path: Path) -> None:
     t, _ = telemetry()
-    api = FakePodsApi([])
-    api.fail_lists = 1_000_000
+    api = FakeKube()
+    api.fail(KubeError("GET /api/v1/pods: HTTP 500: boom", status=500), "GET", PODS)
     monitor = Monitor(
         settings=MonitorSettings(
             node_name=NODE, hook_path=tmp_path, metrics_host="127.0.0.1", metrics_port=0
@@ -400,7 +415,7 @@ def test_region_contents_written_by_the_fixture_are_what_the_tests_assume(tmp_pa
 DIED = "background task died; the service stops"
 
 
-def bare_monitor(tmp_path: Path, api: FakePodsApi) -> tuple[Monitor, io.StringIO]:
+def bare_monitor(tmp_path: Path, api: FakeKube) -> tuple[Monitor, io.StringIO]:
     t, stream = telemetry()
     monitor = Monitor(
         settings=MonitorSettings(
@@ -414,11 +429,11 @@ def bare_monitor(tmp_path: Path, api: FakePodsApi) -> tuple[Monitor, io.StringIO
 
 
 async def test_a_bug_in_the_pod_watch_fails_readiness_with_the_reason(tmp_path: Path) -> None:
-    api = FakePodsApi([pod_json("p", slots=[[slice_()]])])
+    api = FakeKube(running_pod("p", allocated=[[slice_()]]))
     monitor, stream = bare_monitor(tmp_path, api)
     async with monitor.running():
         await wait_for(lambda: monitor.metrics_port is not None and monitor.not_ready() is None, timeout=10)
-        api.events.put_nowait(TypeError("'NoneType' object is not subscriptable"))
+        api.send(PODS, TypeError("'NoneType' object is not subscriptable"))
         await asyncio.wait_for(monitor.supervisor.failed.wait(), timeout=10)
         url = f"http://127.0.0.1:{monitor.metrics_port}/readyz"
         async with aiohttp.ClientSession() as session, session.get(url) as resp:
@@ -430,7 +445,7 @@ async def test_a_bug_in_the_pod_watch_fails_readiness_with_the_reason(tmp_path: 
 
 
 async def test_a_failing_background_task_is_logged_and_ends_the_run(tmp_path: Path) -> None:
-    monitor, stream = bare_monitor(tmp_path, FakePodsApi([]))
+    monitor, stream = bare_monitor(tmp_path, FakeKube())
 
     def broken() -> None:
         raise RuntimeError("disk on fire")

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from monitor_fakes import GPU_A, GPU_B, MIB, pod_json, process, slice_
+from builders import running_pod
+from monitor_fakes import GPU_A, GPU_B, MIB, process, slice_
 
 from hamipy.monitor.pods import PodRecord, pod_record
 from hamipy.monitor.region_dirs import RegionDir, RegionReading
@@ -32,7 +33,7 @@ def reading(uid: str, container: str, *, problem: str | None = None, **region: o
 
 def row(container: str, used: int | None, **changes: object) -> DeviceRow:
     base = {
-        "namespace": "team-a",
+        "namespace": "ns",
         "pod": "p",
         "container": container,
         "vdevice_index": 0,
@@ -50,15 +51,15 @@ def row(container: str, used: int | None, **changes: object) -> DeviceRow:
 
 
 def test_a_slice_that_has_not_started_cuda_shows_its_limit_with_zero_use() -> None:
-    report = usage_report(pods(pod_json("p", slots=[[slice_()]])), [], now_s=NOW)
+    report = usage_report(pods(running_pod("p", allocated=[[slice_()]])), [], now_s=NOW)
     assert report.devices == (row("main", 0),)
-    assert report.containers == (ContainerRow("team-a", "p", "main", "missing"),)
+    assert report.containers == (ContainerRow("ns", "p", "main", "missing"),)
 
 
 def test_a_region_being_created_counts_as_not_started() -> None:
     report = usage_report(
-        pods(pod_json("p", slots=[[slice_()]])),
-        [reading("uid-p", "main", problem="uninitialised")],
+        pods(running_pod("p", allocated=[[slice_()]])),
+        [reading("uid-ns-p", "main", problem="uninitialised")],
         now_s=NOW,
     )
     assert report.devices == (row("main", 0),)
@@ -66,8 +67,8 @@ def test_a_region_being_created_counts_as_not_started() -> None:
 
 def test_a_readable_region_gives_the_container_its_use() -> None:
     report = usage_report(
-        pods(pod_json("p", slots=[[slice_()]])),
-        [reading("uid-p", "main", processes=[process(0, [500 * MIB], sm=[40])])],
+        pods(running_pod("p", allocated=[[slice_()]])),
+        [reading("uid-ns-p", "main", processes=[process(0, [500 * MIB], sm=[40])])],
         now_s=NOW,
     )
     assert report.devices == (row("main", 500 * MIB, sm_util_percent=40),)
@@ -77,10 +78,10 @@ def test_a_readable_region_gives_the_container_its_use() -> None:
 def test_the_limits_are_the_allocations_not_what_the_container_wrote_into_its_region() -> None:
     # Any process of the container can write its region file; the allocation is the system's.
     report = usage_report(
-        pods(pod_json("p", slots=[[slice_()]])),
+        pods(running_pod("p", allocated=[[slice_()]])),
         [
             reading(
-                "uid-p", "main", limits=[40960 * MIB], sm_limits=[100], processes=[process(0, [500 * MIB])]
+                "uid-ns-p", "main", limits=[40960 * MIB], sm_limits=[100], processes=[process(0, [500 * MIB])]
             )
         ],
         now_s=NOW,
@@ -89,14 +90,14 @@ def test_the_limits_are_the_allocations_not_what_the_container_wrote_into_its_re
 
 
 def test_each_container_of_a_multi_container_pod_has_its_own_rows() -> None:
-    raw = pod_json(
+    raw = running_pod(
         "p",
         containers=["a", "b", "c"],
-        slots=[[slice_(GPU_A, 1000)], [slice_(GPU_B, 2000, 50)], []],
+        allocated=[[slice_(GPU_A, 1000)], [slice_(GPU_B, 2000, 50)], []],
     )
     report = usage_report(
         pods(raw),
-        [reading("uid-p", "a", limits=[1000 * MIB], processes=[process(0, [100 * MIB])])],
+        [reading("uid-ns-p", "a", limits=[1000 * MIB], processes=[process(0, [100 * MIB])])],
         now_s=NOW,
     )
     assert [(r.container, r.device_uuid, r.limit_bytes, r.used_bytes) for r in report.devices] == [
@@ -108,32 +109,34 @@ def test_each_container_of_a_multi_container_pod_has_its_own_rows() -> None:
 
 def test_an_unreadable_region_reports_the_limit_and_no_use() -> None:
     report = usage_report(
-        pods(pod_json("p", slots=[[slice_()]])), [reading("uid-p", "main", problem="truncated")], now_s=NOW
+        pods(running_pod("p", allocated=[[slice_()]])),
+        [reading("uid-ns-p", "main", problem="truncated")],
+        now_s=NOW,
     )
     assert report.devices == (row("main", None),)
-    assert report.containers == (ContainerRow("team-a", "p", "main", "unreadable"),)
+    assert report.containers == (ContainerRow("ns", "p", "main", "unreadable"),)
 
 
 def test_devices_are_indexed_in_the_container_in_slot_order() -> None:
     report = usage_report(
-        pods(pod_json("p", slots=[[slice_(GPU_A, 1000), slice_(GPU_B, 1000)]])), [], now_s=NOW
+        pods(running_pod("p", allocated=[[slice_(GPU_A, 1000), slice_(GPU_B, 1000)]])), [], now_s=NOW
     )
     assert [(r.vdevice_index, r.device_uuid) for r in report.devices] == [(0, GPU_A), (1, GPU_B)]
 
 
 def test_terminated_containers_and_finished_pods_have_no_rows() -> None:
-    raw_running = pod_json("p", init=["setup"], containers=["main"], slots=[[slice_()], [slice_()]])
+    raw_running = running_pod("p", init=["setup"], containers=["main"], allocated=[[slice_()], [slice_()]])
     raw_running["status"]["initContainerStatuses"] = [
         {"name": "setup", "state": {"terminated": {"exitCode": 0}}}
     ]
-    done = pod_json("q", slots=[[slice_()]], phase="Succeeded")
-    report = usage_report(pods(raw_running, done), [reading("uid-q", "main")], now_s=NOW)
+    done = running_pod("q", allocated=[[slice_()]], phase="Succeeded")
+    report = usage_report(pods(raw_running, done), [reading("uid-ns-q", "main")], now_s=NOW)
     assert [(r.pod, r.container) for r in report.devices] == [("p", "main")]
 
 
 def test_a_native_sidecar_has_rows_beside_the_app_once_the_init_container_before_it_is_done() -> None:
-    raw = pod_json(
-        "p", init=["setup", "proxy"], containers=["main"], slots=[[slice_()], [slice_()], [slice_()]]
+    raw = running_pod(
+        "p", init=["setup", "proxy"], containers=["main"], allocated=[[slice_()], [slice_()], [slice_()]]
     )
     raw["spec"]["initContainers"][1]["restartPolicy"] = "Always"
     raw["status"]["initContainerStatuses"] = [
@@ -146,8 +149,8 @@ def test_a_native_sidecar_has_rows_beside_the_app_once_the_init_container_before
 
 def test_regions_of_pods_or_containers_not_on_the_node_are_orphans() -> None:
     report = usage_report(
-        pods(pod_json("p", slots=[[slice_()]])),
-        [reading("uid-gone", "main"), reading("uid-p", "renamed"), reading("uid-p", "main")],
+        pods(running_pod("p", allocated=[[slice_()]])),
+        [reading("uid-ns-gone", "main"), reading("uid-ns-p", "renamed"), reading("uid-ns-p", "main")],
         now_s=NOW,
     )
     assert [(r.pod, r.container) for r in report.devices] == [("p", "main")]
@@ -155,13 +158,13 @@ def test_regions_of_pods_or_containers_not_on_the_node_are_orphans() -> None:
 
 
 def test_seconds_since_the_last_kernel_only_where_one_was_recorded() -> None:
-    p = pods(pod_json("p", containers=["a", "b", "c"], slots=[[slice_()], [slice_()], [slice_()]]))
+    p = pods(running_pod("p", containers=["a", "b", "c"], allocated=[[slice_()], [slice_()], [slice_()]]))
     report = usage_report(
         p,
         [
-            reading("uid-p", "a", last_kernel_time=int(NOW) - 42),
-            reading("uid-p", "b", last_kernel_time=0),
-            reading("uid-p", "c", last_kernel_time=int(NOW) + 5),  # a clock ahead of ours
+            reading("uid-ns-p", "a", last_kernel_time=int(NOW) - 42),
+            reading("uid-ns-p", "b", last_kernel_time=0),
+            reading("uid-ns-p", "c", last_kernel_time=int(NOW) + 5),  # a clock ahead of ours
         ],
         now_s=NOW,
     )
