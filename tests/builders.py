@@ -19,12 +19,12 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from hamipy.protocol import keys
+from hamipy.protocol import ProtocolError, keys
 from hamipy.protocol.config import Config
 from hamipy.protocol.devices import ContainerDevice, DeviceInfo
 from hamipy.protocol.node_devices import encode_node_devices
 from hamipy.protocol.node_handshake import plugin_report
-from hamipy.protocol.pod_devices import encode_pod_devices
+from hamipy.protocol.pod_devices import decode_pod_devices, encode_pod_devices
 
 __all__ = [
     "GPU_TYPE",
@@ -290,22 +290,35 @@ def gpu_pod(
 
 def allocating_pod(
     name: str,
-    *containers: dict[str, Any],
+    *containers: dict[str, Any] | str,
     node: str,
     allocated: Slots | str | None = None,
     to_allocate: Slots | str | None = None,
-    init: Sequence[dict[str, Any]] = (),
+    init: Sequence[dict[str, Any] | str] = (),
     phase: str = "allocating",
     bind_time: int = 1,
     scheduler_name: str | None = SCHEDULER,
 ) -> dict[str, Any]:
     """A stored pod a scheduler bound to ``node`` at ``bind_time``, its device plugin serving it:
     bind ``phase``, and the ``allocated`` and ``to_allocate`` devices (``allocation``) given.
+    A container given by name asks for as many GPUs as its slot holds (init containers' slots
+    first; none for a slot that is empty, absent or unreadable), as the scheduler planned it.
     ``scheduler_name`` None: no ``schedulerName`` (a body that named none)."""
+    planned = to_allocate if to_allocate is not None else allocated
+    try:
+        slots = decode_pod_devices(planned or "") if planned is None or isinstance(planned, str) else planned
+    except ProtocolError:
+        slots = []
+
+    def built(index: int, c: dict[str, Any] | str) -> dict[str, Any]:
+        if not isinstance(c, str):
+            return c
+        return container(c, gpu=(len(slots[index]) or None) if index < len(slots) else None)
+
     return gpu_pod(
         name,
-        *containers,
-        init=init,
+        *(built(len(init) + i, c) for i, c in enumerate(containers)),
+        init=[built(i, c) for i, c in enumerate(init)],
         annotations=allocation(
             allocated=allocated, to_allocate=to_allocate, node=node, phase=phase, bind_time=bind_time
         ),

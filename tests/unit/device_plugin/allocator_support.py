@@ -1,5 +1,5 @@
 """Waiting pods as our scheduler (or a tenant forging its annotations) leaves them, and an
-``Allocator`` over a fake API with the pods listed, for the serving-rule and preference tests."""
+``Allocator`` over a ``FakeKube`` with the pods listed, for the serving-rule and preference tests."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ import builders
 import grpc
 import grpc.aio
 import pytest
-from plugin_fakes import NODE, FakeKube, FakePodResources, log_lines
+from fake_kube import FakeKube
+from plugin_fakes import NODE, PODS, FakePodResources, log_lines
 
 from hamipy.device_plugin.allocating import ServeRules
 from hamipy.device_plugin.allocator import Allocator
@@ -54,21 +55,16 @@ def waiting_pod(
     scheduler: str | None = "hami-scheduler",
     bind_time: int = 1,
 ) -> dict[str, Any]:
-    """A pod bound to NODE in ``bind-phase=allocating`` whose allocation (and what is left of it)
-    is ``slots``, one per container, init containers first (or fewer, as HAMi's scheduler writes
-    them). ``scheduler`` None: no
-    ``schedulerName`` (as a fake API server stores a body that names none)."""
-    return builders.pod(
+    """``builders.allocating_pod`` on NODE with all of ``slots`` still to serve, one per container,
+    init containers first (or fewer, as HAMi's scheduler writes them)."""
+    return builders.allocating_pod(
         name,
         *containers,
+        node=NODE,
+        allocated=slots,
+        to_allocate=slots,
         init=init,
-        namespace="ns",
-        uid=f"uid-{name}",
-        resource_version="5",
-        annotations=builders.allocation(
-            allocated=slots, to_allocate=slots, phase="allocating", bind_time=bind_time, node=NODE
-        ),
-        node_name=NODE,
+        bind_time=bind_time,
         scheduler_name=scheduler,
     )
 
@@ -96,21 +92,20 @@ def legit_pod(name: str = "legit", *, bind_time: int = 2) -> dict[str, Any]:
     )
 
 
-class FileWatchingKube(FakeKube):
-    """Records, at each pod patch, whether the file ``watched`` is there."""
+def recording_pod_patches(api: FakeKube, watched: Path) -> list[bool]:
+    """Whether the file ``watched`` is there, at each of ``api``'s pod patches."""
+    seen: list[bool] = []
 
-    def __init__(self, pods: Sequence[dict[str, Any]], watched: Path) -> None:
-        super().__init__(pods)
-        self.watched = watched
-        self.at_pod_patches: list[bool] = []
+    def record(method: str, path: str, body: Any) -> None:
+        if method == "PATCH" and "/pods/" in path:
+            seen.append(watched.is_file())
 
-    def _patch_pod(self, namespace: str, name: str, body: Any) -> dict[str, Any]:
-        self.at_pod_patches.append(self.watched.is_file())
-        return super()._patch_pod(namespace, name, body)
+    api.on_request = record
+    return seen
 
 
 def annotations_of(api: FakeKube, name: str) -> dict[str, str]:
-    result: dict[str, str] = api.pods[f"uid-{name}"]["metadata"]["annotations"]
+    result: dict[str, str] = api.pod("ns", name)["metadata"]["annotations"]
     return result
 
 
@@ -132,9 +127,9 @@ async def make_allocator(
     kubelet: FakePodResources | None = None,
     strategy: str = "envvar",
 ) -> Allocator:
-    """An allocator for NODE over ``api``, its pod cache listed once (``api.lists`` reset), asking
-    ``kubelet`` (default: a kubelet admitting ``api``'s pods in bind order) which pod is admitted,
-    answering in the device list ``strategy`` (CDI specs in ``<tmp_path>/cdi``)."""
+    """An allocator for NODE over ``api``, its pod cache listed once (``api``'s log cleared after),
+    asking ``kubelet`` (default: a kubelet admitting ``api``'s pods in bind order) which pod is
+    admitted, answering in the device list ``strategy`` (CDI specs in ``<tmp_path>/cdi``)."""
     config = load_config(
         f"nvidia:\n  hookPath: {tmp_path}/vgpu\n  deviceListStrategy: {strategy}\n"
         f"  cdiSpecDir: {tmp_path}/cdi\n"
@@ -142,7 +137,9 @@ async def make_allocator(
     telemetry = Telemetry.create(stream=log or io.StringIO())
     cache = PodCache(node_pods_informer(api, NODE, logger=telemetry.logger, settings=InformerSettings()))
     await cache.informer.list_once()
-    api.lists = 0
+    lists = {r.query.get("fieldSelector") for r in api.requests if r.path == PODS}
+    assert lists == {f"spec.nodeName={NODE}"}, "its node's pods only"
+    api.requests.clear()
     return Allocator(
         api=NodeKube(api, node_name=NODE),
         pods=cache,

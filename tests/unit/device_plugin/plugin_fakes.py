@@ -1,122 +1,38 @@
-"""Fakes for the device plugin's unit tests: an API server over dicts (a ``hamipy.kube.KubeApi``),
-GPUs, a health watch, a kubelet that accepts ``Register``, and the kubelet's PodResources view."""
+"""Fakes for the device plugin's unit tests: the API server of its node (a ``FakeKube``), GPUs, a
+health watch, a kubelet that accepts ``Register``, and the kubelet's PodResources view."""
 
 from __future__ import annotations
 
 import asyncio
-import copy
 import io
 import json
 import threading
-from collections.abc import AsyncIterator, Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import builders
 import grpc
+from fake_kube import FakeKube
 
 from hamipy.device_plugin.allocating import KubeletPod, KubeletPods
 from hamipy.device_plugin.devices import Gpu
 from hamipy.device_plugin.errors import KubeletUnreachable
-from hamipy.kube.errors import Conflict, KubeError, NotFound
+from hamipy.kube.resources import pod_path
 from hamipy.kubelet_api import KUBELET_SOCKET
 from hamipy.kubelet_api.v1beta1 import api_pb2, api_pb2_grpc
 from hamipy.protocol import ProtocolError, keys
 from hamipy.protocol.pod_devices import decode_pod_devices
 
 NODE = "n1"
+PODS = pod_path()
+"""The pods of every node: what the plugin lists and watches (narrowed to NODE)."""
 GPU_A = Gpu(0, "GPU-aaaaaaaa-0000-4000-8000-000000000000", "NVIDIA A100", 81920, 0, "00000000:10:00.0")
 
 
-class FakeKube:
-    """One node and its pods as the API server keeps them, behind ``KubeApi``.
-
-    Writes bump the resourceVersion; a node patch with a stale ``resourceVersion`` and a pod patch
-    with another ``uid`` are ``Conflict``; ``conflicts`` node patches lose a race first. A watch
-    replays ``events``: an event, ``None`` (the server ends the watch) or an exception (raised)."""
-
-    def __init__(self, pods: Sequence[dict[str, Any]] = (), *, node: str = NODE) -> None:
-        self.node = builders.node(node, resource_version="1", annotations={})
-        self.pods = {p["metadata"]["uid"]: copy.deepcopy(p) for p in pods}
-        self.version = 10
-        self.conflicts = 0
-        self.lists = 0
-        self.fail_pod_patches: list[KubeError] = []
-        self.calls: list[tuple[str, str]] = []
-        self.events: asyncio.Queue[dict[str, Any] | BaseException | None] = asyncio.Queue()
-
-    def _bump(self, obj: dict[str, Any]) -> None:
-        self.version += 1
-        obj["metadata"]["resourceVersion"] = str(self.version)
-
-    async def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: Sequence[tuple[str, str]] = (),
-        body: Any = None,
-        content_type: str = "application/json",
-        timeout_s: float = 10.0,
-    ) -> Any:
-        self.calls.append((method, path))
-        parts = path.strip("/").split("/")
-        if parts[:3] == ["api", "v1", "nodes"]:
-            return self._node(method, body)
-        if path == "/api/v1/pods" and method == "GET":
-            assert dict(query)["fieldSelector"] == f"spec.nodeName={self.node['metadata']['name']}"
-            self.lists += 1
-            items = copy.deepcopy(list(self.pods.values()))
-            return {"items": items, "metadata": {"resourceVersion": str(self.version)}}
-        if parts[:3] == ["api", "v1", "namespaces"] and len(parts) == 6 and method == "PATCH":
-            return self._patch_pod(parts[3], parts[5], body)
-        raise KubeError(f"{method} {path}: not faked", status=501)
-
-    def _node(self, method: str, body: Any) -> dict[str, Any]:
-        meta = self.node["metadata"]
-        if method == "PATCH":
-            wanted = body["metadata"].get("resourceVersion")
-            if self.conflicts:
-                self.conflicts -= 1
-                self._bump(self.node)
-                raise Conflict("lost the race", status=409)
-            if wanted is not None and wanted != meta["resourceVersion"]:
-                raise Conflict(f"node: resourceVersion {wanted} is not {meta['resourceVersion']}", status=409)
-            for key, value in body["metadata"]["annotations"].items():
-                if value is None:
-                    meta["annotations"].pop(key, None)
-                else:
-                    meta["annotations"][key] = value
-            self._bump(self.node)
-        return copy.deepcopy(self.node)
-
-    def _patch_pod(self, namespace: str, name: str, body: Any) -> dict[str, Any]:
-        found = [
-            p
-            for p in self.pods.values()
-            if (p["metadata"]["namespace"], p["metadata"]["name"]) == (namespace, name)
-        ]
-        if not found:
-            raise NotFound(f"pod {namespace}/{name}", status=404)
-        if self.fail_pod_patches:
-            raise self.fail_pod_patches.pop(0)
-        pod = found[0]
-        if body["metadata"]["uid"] != pod["metadata"]["uid"]:
-            raise Conflict(f"pod {namespace}/{name}: another uid", status=409)
-        pod["metadata"].setdefault("annotations", {}).update(body["metadata"]["annotations"])
-        self._bump(pod)
-        return copy.deepcopy(pod)
-
-    async def stream(
-        self, path: str, *, query: Sequence[tuple[str, str]], inactivity_s: float
-    ) -> AsyncIterator[dict[str, Any]]:
-        while True:
-            item = await self.events.get()
-            if item is None:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
+def node_kube(*pods: dict[str, Any]) -> FakeKube:
+    """An API server holding NODE (no annotations yet) and ``pods``."""
+    return FakeKube(builders.node(NODE, annotations={}), *pods)
 
 
 class FakeHealth:
@@ -259,7 +175,7 @@ def _listed(pod: dict[str, Any], node: str) -> bool:
 
 
 class FakePodResources:
-    """``kubelet_view`` over the pods of a ``FakeKube`` as they are at each call (``pods`` is the
+    """``kubelet_view`` over NODE's pods in a ``FakeKube`` as they are at each call (``pods`` is the
     allocator's ``kubelet``); ``order`` and ``also`` as there; ``unreachable`` makes ``pods`` raise."""
 
     def __init__(self, api: FakeKube) -> None:
@@ -273,8 +189,7 @@ class FakePodResources:
         self.calls += 1
         if self.unreachable:
             raise KubeletUnreachable("the kubelet's PodResources API did not answer: UNAVAILABLE")
-        node = self.api.node["metadata"]["name"]
-        return kubelet_view(self.api.pods.values(), node=node, order=self.order, also=self.also)
+        return kubelet_view(self.api.items(pod_path()), node=NODE, order=self.order, also=self.also)
 
 
 def log_lines(stream: io.StringIO) -> list[dict[str, Any]]:

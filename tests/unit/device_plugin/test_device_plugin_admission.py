@@ -28,7 +28,8 @@ from allocator_support import (
     refused_over_grpc,
     waiting_pod,
 )
-from plugin_fakes import NODE, FakeKube, FakePodResources
+from fake_kube import FakeKube
+from plugin_fakes import NODE, PODS, FakePodResources, node_kube
 
 from hamipy.device_plugin.allocating import KubeletPod, KubeletPods
 from hamipy.device_plugin.allocator import Allocator, Answer, Preference
@@ -77,7 +78,7 @@ async def test_each_allocate_serves_the_pod_the_kubelet_admits_not_the_first_bou
     # Bound p1, p2, p3; a restarted kubelet (or one retrying after a plugin crash) admits them in
     # another order: each container gets its own pod's slot.
     pods = [one_gpu_pod(name, *PLANNED[name], bind_time=i) for i, name in enumerate(PLANNED)]
-    api = FakeKube(pods)
+    api = node_kube(*pods)
     kubelet = FakePodResources(api)
     kubelet.order = order
     allocator = await make_allocator(api, tmp_path, kubelet=kubelet)
@@ -86,7 +87,7 @@ async def test_each_allocate_serves_the_pod_the_kubelet_admits_not_the_first_bou
         allocation = await admit(allocator)
         assert allocation.envs["NVIDIA_VISIBLE_DEVICES"] == uuid
         assert allocation.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == f"{mem}m"
-        assert allocation.limits_path == f"{tmp_path}/vgpu/containers/uid-{name}_main/limits"
+        assert allocation.limits_path == f"{tmp_path}/vgpu/containers/uid-ns-{name}_main/limits"
         assert phase_of(api, name) == "success"
         for later in order[i + 1 :]:
             assert phase_of(api, later) == "allocating"
@@ -100,7 +101,7 @@ async def test_a_pod_the_kubelet_rejected_is_never_served_and_the_next_gets_its_
     # The plugin crashed mid-Allocate: the kubelet rejected "crashed" (it is no longer listed) but
     # its status has not landed, so it still says bind-phase=allocating; it was bound first.
     crashed = one_gpu_pod("crashed", UUID_A, 10000, bind_time=1)
-    api = FakeKube([crashed, one_gpu_pod("next", UUID_B, 20000, bind_time=2)])
+    api = node_kube(crashed, one_gpu_pod("next", UUID_B, 20000, bind_time=2))
     kubelet = FakePodResources(api)
     kubelet.order = ["next"]
     allocator = await make_allocator(api, tmp_path, kubelet=kubelet)
@@ -113,20 +114,18 @@ async def test_a_pod_the_kubelet_rejected_is_never_served_and_the_next_gets_its_
     with pytest.raises(AllocateError, match="no pod the kubelet is admitting on node n1"):
         await allocator.allocate([[f"{UUID_A}-0"]])
     assert annotations_of(api, "crashed") == crashed["metadata"]["annotations"]
-    assert not (tmp_path / "vgpu" / "containers" / "uid-crashed_main").exists()
+    assert not (tmp_path / "vgpu" / "containers" / "uid-ns-crashed_main").exists()
 
 
 def intruder(kind: str) -> dict[str, Any]:
     """A GPU pod bound to NODE by ``spec.nodeName``, not placed by our scheduler: another scheduler's,
     or ours by name but with no allocation."""
-    return builders.pod(
+    return builders.gpu_pod(
         "intruder",
         builders.container("main", gpu=1),
-        namespace="ns",
-        uid="uid-intruder",
-        resource_version="5",
         node_name=NODE,
-        scheduler_name="my-scheduler" if kind == "other-scheduler" else "hami-scheduler",
+        phase=None,
+        scheduler_name="my-scheduler" if kind == "other-scheduler" else builders.SCHEDULER,
     )
 
 
@@ -135,7 +134,7 @@ async def test_a_gpu_pod_without_an_allocation_is_refused_and_takes_no_waiting_p
     tmp_path: Path, kind: str
 ) -> None:
     legit = legit_pod(bind_time=1)
-    api = FakeKube([legit, intruder(kind)])
+    api = node_kube(legit, intruder(kind))
     log = io.StringIO()
     allocator = await make_allocator(api, tmp_path, log=log)
 
@@ -162,7 +161,7 @@ async def test_two_pods_that_could_be_in_line_are_refused_naming_both_and_nothin
 ) -> None:
     pods = [one_gpu_pod("a", UUID_A, 10000, bind_time=1), one_gpu_pod("b", UUID_B, 20000, bind_time=1)]
     before = copy.deepcopy(pods)
-    api = FakeKube(pods)
+    api = node_kube(*pods)
     kubelet = FakePodResources(api)
     kubelet.also = {"b"}  # the kubelet lists both as being admitted (its restart race)
     log = io.StringIO()
@@ -201,7 +200,7 @@ async def test_a_kubelet_that_does_not_answer_refuses_the_allocate_and_touches_n
     tmp_path: Path,
 ) -> None:
     legit = legit_pod()
-    api = FakeKube([legit])
+    api = node_kube(legit)
     kubelet = FakePodResources(api)
     kubelet.unreachable = True
     log = io.StringIO()
@@ -217,7 +216,7 @@ async def test_a_kubelet_that_does_not_answer_refuses_the_allocate_and_touches_n
     assert "PodResources API did not answer: UNAVAILABLE" in (refused.details() or "")
     assert annotations_of(api, "legit") == legit["metadata"]["annotations"]
     assert writes(api) == []
-    assert api.lists == 0, "no pod is looked at"
+    assert api.calls.count(("GET", PODS)) == 0, "no pod is looked at"
     assert not (tmp_path / "vgpu" / "containers").exists()
     # Once it answers, the pod it admits is served.
     kubelet.unreachable = False

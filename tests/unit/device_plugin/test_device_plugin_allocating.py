@@ -12,7 +12,7 @@ import pytest
 from plugin_fakes import HELD, kubelet_view
 
 from hamipy.device_plugin.allocating import Choice, KubeletPod, KubeletPods, choose, pending_pods
-from hamipy.protocol import ContainerDevice, ProtocolError, decode_pod_devices, keys
+from hamipy.protocol import ContainerDevice, decode_pod_devices, keys
 
 NODE = "gpu-node-1"
 DEV_A = "GPU-A,NVIDIA,2000,30:"
@@ -29,29 +29,11 @@ def pod(
     containers: tuple[str, ...] = ("main",),
     node: str = NODE,
 ) -> dict[str, Any]:
-    """A pod the extender bound to ``node``: its ``to_allocate`` devices (``None``: no annotation),
-    bind phase and time; every container asks for as many GPUs as its slot holds (as the extender
-    planned it)."""
-    asks = _asks(to_allocate, len(init) + len(containers))
-    return builders.pod(
-        name,
-        *(builders.container(c, gpu=asks[len(init) + i]) for i, c in enumerate(containers)),
-        init=[builders.container(c, gpu=asks[i]) for i, c in enumerate(init)],
-        namespace="ns",
-        uid=f"uid-{name}",
-        annotations=builders.allocation(to_allocate=to_allocate, node=node, phase=phase, bind_time=bind_time),
-        node_name=node,
-        scheduler_name="hami-scheduler",
+    """``builders.allocating_pod``: bound to ``node`` with ``to_allocate`` (``None``: no
+    annotation) left to serve, each container asking for what its slot holds."""
+    return builders.allocating_pod(
+        name, *containers, node=node, to_allocate=to_allocate, init=init, phase=phase, bind_time=bind_time
     )
-
-
-def _asks(to_allocate: str | None, containers: int) -> list[int | None]:
-    """Per container, the GPUs its slot of ``to_allocate`` holds (None: none, or unreadable)."""
-    try:
-        slots = decode_pod_devices(to_allocate or "")
-    except ProtocolError:
-        return [None] * containers
-    return [(len(slots[i]) or None) if i < len(slots) else None for i in range(containers)]
 
 
 def listed(*pods: dict[str, Any], held: Mapping[str, frozenset[str]] | None = None) -> KubeletPods:
@@ -186,17 +168,14 @@ def test_a_native_sidecar_is_served_in_its_slot_between_the_init_containers() ->
 
 def test_a_list_without_the_empty_slot_of_an_init_container_serves_the_gpu_container() -> None:
     # HAMi's scheduler writes init(no GPU) + main(GPU) as one slot: it is main's.
-    p = builders.pod(
+    p = builders.allocating_pod(
         "hami",
         builders.container("main", gpu=1, priority=0),
         init=[builders.container("setup")],
-        namespace="ns",
-        uid="uid-hami",
-        annotations=builders.allocation(
-            allocated=f"{DEV_A};", to_allocate=f"{DEV_A};", node=NODE, phase="allocating", bind_time=100
-        ),
-        node_name=NODE,
-        scheduler_name="hami-scheduler",
+        node=NODE,
+        allocated=f"{DEV_A};",
+        to_allocate=f"{DEV_A};",
+        bind_time=100,
     )
     served = choose([p], node=NODE, device_count=1, kubelet=listed(p)).served
     assert served is not None

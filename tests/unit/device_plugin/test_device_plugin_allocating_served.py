@@ -8,7 +8,7 @@ from pathlib import Path
 
 import builders
 import pytest
-from plugin_fakes import NODE, FakeKube, FakePodResources
+from plugin_fakes import NODE, FakePodResources, node_kube
 
 from hamipy.device_plugin.allocator import Allocator
 from hamipy.device_plugin.kube import NodeKube, node_pods_informer
@@ -31,21 +31,10 @@ async def test_a_container_using_all_of_a_gpus_cores_is_served(
     tmp_path: Path, cores: int, memory: int
 ) -> None:
     devices = [[ContainerDevice(UUID, "NVIDIA", memory, cores)]]
-    api = FakeKube(
-        [
-            builders.pod(
-                "whole",
-                builders.container("main", gpu=1),
-                namespace="ns",
-                uid="uid-whole",
-                resource_version="5",
-                annotations=builders.allocation(
-                    allocated=devices, to_allocate=devices, phase="allocating", bind_time=1
-                ),
-                node_name=NODE,
-                scheduler_name="hami-scheduler",
-            )
-        ]
+    api = node_kube(
+        builders.allocating_pod(
+            "whole", builders.container("main", gpu=1), node=NODE, allocated=devices, to_allocate=devices
+        )
     )
     config = load_config(f"nvidia:\n  hookPath: {tmp_path}/vgpu\n")
     telemetry = Telemetry.create(stream=io.StringIO())
@@ -64,6 +53,6 @@ async def test_a_container_using_all_of_a_gpus_cores_is_served(
     assert served.envs["NVIDIA_VISIBLE_DEVICES"] == UUID
     assert served.envs["CUDA_DEVICE_SM_LIMIT"] == str(cores)
     assert served.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == f"{memory}m"
-    annotations = api.pods["uid-whole"]["metadata"]["annotations"]
+    annotations = api.pod("ns", "whole")["metadata"]["annotations"]
     assert annotations[keys.BIND_PHASE] == "success"
     assert annotations[keys.DEVICES_TO_ALLOCATE] == ";"

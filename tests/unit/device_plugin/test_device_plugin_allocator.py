@@ -10,7 +10,8 @@ from typing import Any
 import builders
 import pytest
 from allocator_support import dev, waiting_pod
-from plugin_fakes import NODE, FakeKube, FakePodResources
+from fake_kube import FakeKube
+from plugin_fakes import NODE, PODS, FakePodResources, node_kube
 
 from hamipy.device_plugin.allocator import Allocator
 from hamipy.device_plugin.errors import AllocateError
@@ -19,38 +20,25 @@ from hamipy.device_plugin.pod_cache import PodCache
 from hamipy.device_plugin.telemetry import Telemetry
 from hamipy.kube.errors import KubeError
 from hamipy.kube.informer import InformerSettings
-from hamipy.protocol import ProtocolError, decode_pod_devices, keys
+from hamipy.kube.resources import node_path, pod_path
+from hamipy.protocol import keys
 from hamipy.protocol.config import load_config
 from hamipy.protocol.node_lock import NodeLock, format_node_lock
 
 
 def fake_api(pods: list[dict[str, Any]], *, lock_owner: str | None = None) -> FakeKube:
-    api = FakeKube(pods)
+    api = node_kube(*pods)
     if lock_owner is not None:
         lock = NodeLock(time=datetime.now(UTC), namespace="ns", name=lock_owner)
-        api.node["metadata"]["annotations"][keys.NODE_LOCK] = format_node_lock(lock)
+        api.node(NODE)["metadata"]["annotations"][keys.NODE_LOCK] = format_node_lock(lock)
     return api
 
 
 def pod(name: str, to_allocate: str, *, bind_time: int = 1) -> dict[str, Any]:
-    """A pod bound to NODE by our scheduler, its two containers' devices ``to_allocate`` (and
-    allocated) still to serve; each container asks for as many GPUs as its slot holds."""
-    try:
-        asks = [len(slot) or None for slot in decode_pod_devices(to_allocate)]
-    except ProtocolError:
-        asks = [1, None]
-    return builders.pod(
-        name,
-        builders.container("main", gpu=asks[0]),
-        builders.container("second", gpu=asks[1]),
-        namespace="ns",
-        uid=f"uid-{name}",
-        resource_version="5",
-        annotations=builders.allocation(
-            allocated=to_allocate, to_allocate=to_allocate, phase="allocating", bind_time=bind_time
-        ),
-        node_name=NODE,
-        scheduler_name="hami-scheduler",
+    """``builders.allocating_pod`` on NODE: containers "main" and "second", each asking for what its
+    slot of ``to_allocate`` holds, all of it still to serve."""
+    return builders.allocating_pod(
+        name, "main", "second", node=NODE, allocated=to_allocate, to_allocate=to_allocate, bind_time=bind_time
     )
 
 
@@ -62,7 +50,7 @@ async def make(
     cache = PodCache(node_pods_informer(api, NODE, logger=telemetry.logger, settings=InformerSettings()))
     if cached:
         await cache.informer.list_once()
-        api.lists = 0
+        api.requests.clear()
     allocator = Allocator(
         api=NodeKube(api, node_name=NODE),
         pods=cache,
@@ -76,7 +64,7 @@ async def make(
 
 
 def annotations_of(api: FakeKube, name: str) -> dict[str, str]:
-    result: dict[str, str] = api.pods[f"uid-{name}"]["metadata"]["annotations"]
+    result: dict[str, str] = api.pod("ns", name)["metadata"]["annotations"]
     return result
 
 
@@ -86,16 +74,18 @@ async def test_two_containers_are_served_in_order_then_the_pod_succeeds(tmp_path
     (first,) = await allocator.allocate([["GPU-A-0"]])
     assert first.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-A"
     assert first.envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"] == f"{tmp_path}/vgpu/c0ffee.cache"
-    assert (tmp_path / "vgpu" / "containers" / "uid-p_main").is_dir()
+    assert (tmp_path / "vgpu" / "containers" / "uid-ns-p_main").is_dir()
     assert annotations_of(api, "p")[keys.BIND_PHASE] == "allocating"
-    assert keys.NODE_LOCK in api.node["metadata"]["annotations"], "the lock stays until the pod is served"
+    assert keys.NODE_LOCK in api.node(NODE)["metadata"]["annotations"], (
+        "the lock stays until the pod is served"
+    )
     (second,) = await allocator.allocate([["GPU-B-3"]])
     assert second.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-B"
     assert second.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "2000m"
     assert annotations_of(api, "p")[keys.BIND_PHASE] == "success"
     assert annotations_of(api, "p")[keys.DEVICES_TO_ALLOCATE] == ";;"
-    assert keys.NODE_LOCK not in api.node["metadata"]["annotations"]
-    assert api.lists == 0, "served from the cache"
+    assert keys.NODE_LOCK not in api.node(NODE)["metadata"]["annotations"]
+    assert api.calls.count(("GET", PODS)) == 0, "served from the cache"
 
 
 async def test_hamis_list_without_the_init_containers_empty_slot_serves_main_as_itself(
@@ -113,9 +103,9 @@ async def test_hamis_list_without_the_init_containers_empty_slot_serves_main_as_
     allocator, _ = await make(api, tmp_path)
     (served,) = await allocator.allocate([["GPU-A-0"]])
     assert served.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-A"
-    assert (tmp_path / "vgpu" / "containers" / "uid-p_main").is_dir()
-    assert not (tmp_path / "vgpu" / "containers" / "uid-p_setup").exists()
-    assert served.limits_path == f"{tmp_path}/vgpu/containers/uid-p_main/limits"
+    assert (tmp_path / "vgpu" / "containers" / "uid-ns-p_main").is_dir()
+    assert not (tmp_path / "vgpu" / "containers" / "uid-ns-p_setup").exists()
+    assert served.limits_path == f"{tmp_path}/vgpu/containers/uid-ns-p_main/limits"
     assert annotations_of(api, "p")[keys.BIND_PHASE] == "success"
 
 
@@ -124,15 +114,15 @@ async def test_another_pods_lock_is_left_alone(tmp_path: Path) -> None:
     allocator, _ = await make(api, tmp_path)
     await allocator.allocate([["GPU-A-0"]])
     assert annotations_of(api, "p")[keys.BIND_PHASE] == "success"
-    assert keys.NODE_LOCK in api.node["metadata"]["annotations"]
+    assert keys.NODE_LOCK in api.node(NODE)["metadata"]["annotations"]
 
 
 async def test_lock_release_retries_a_lost_race(tmp_path: Path) -> None:
     api = fake_api([pod("p", "GPU-A,NVIDIA,1000,10:;;")], lock_owner="p")
-    api.conflicts = 2
+    api.race(node_path(NODE), times=2)
     allocator, _ = await make(api, tmp_path)
     await allocator.allocate([["GPU-A-0"]])
-    assert keys.NODE_LOCK not in api.node["metadata"]["annotations"]
+    assert keys.NODE_LOCK not in api.node(NODE)["metadata"]["annotations"]
 
 
 async def test_a_pod_the_cache_has_not_seen_is_found_by_a_fresh_list(tmp_path: Path) -> None:
@@ -140,7 +130,7 @@ async def test_a_pod_the_cache_has_not_seen_is_found_by_a_fresh_list(tmp_path: P
     allocator, _ = await make(api, tmp_path, cached=False)
     (allocation,) = await allocator.allocate([["GPU-A-0"]])
     assert allocation.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-A"
-    assert api.lists == 1
+    assert api.calls.count(("GET", PODS)) == 1
 
 
 async def test_no_waiting_pod_is_a_clear_error(tmp_path: Path) -> None:
@@ -163,7 +153,7 @@ async def test_malformed_pod_is_marked_failed_and_its_lock_released(tmp_path: Pa
     with pytest.raises(AllocateError):
         await allocator.allocate([["GPU-A-0"]])
     assert annotations_of(api, "bad")[keys.BIND_PHASE] == "failed"
-    assert keys.NODE_LOCK not in api.node["metadata"]["annotations"]
+    assert keys.NODE_LOCK not in api.node(NODE)["metadata"]["annotations"]
 
 
 async def test_an_unbuildable_allocation_fails_the_pod(tmp_path: Path) -> None:
@@ -177,20 +167,22 @@ async def test_an_unbuildable_allocation_fails_the_pod(tmp_path: Path) -> None:
 
 async def test_an_api_error_fails_the_allocate_and_the_pod_with_its_cause(tmp_path: Path) -> None:
     api = fake_api([pod("p", "GPU-A,NVIDIA,1000,10:;;")], lock_owner="p")
-    api.fail_pod_patches.append(KubeError("PATCH pod: HTTP 500: etcd is busy", status=500))
+    api.fail(
+        KubeError("PATCH pod: HTTP 500: etcd is busy", status=500), "PATCH", pod_path("ns", "p"), times=1
+    )
     allocator, _ = await make(api, tmp_path)
     with pytest.raises(AllocateError, match="pod ns/p: PATCH pod: HTTP 500: etcd is busy"):
         await allocator.allocate([["GPU-A-0"]])
     assert annotations_of(api, "p")[keys.BIND_PHASE] == "failed"
-    assert keys.NODE_LOCK not in api.node["metadata"]["annotations"]
+    assert keys.NODE_LOCK not in api.node(NODE)["metadata"]["annotations"]
 
 
 async def test_a_lock_every_release_loses_is_left_to_expire(tmp_path: Path) -> None:
     api = fake_api([pod("p", "GPU-A,NVIDIA,1000,10:;;")], lock_owner="p")
-    api.conflicts = 100
+    api.race(node_path(NODE), times=100)
     log = io.StringIO()
     allocator, _ = await make(api, tmp_path, log=log)
     await allocator.allocate([["GPU-A-0"]])
     assert annotations_of(api, "p")[keys.BIND_PHASE] == "success"
-    assert keys.NODE_LOCK in api.node["metadata"]["annotations"]
+    assert keys.NODE_LOCK in api.node(NODE)["metadata"]["annotations"]
     assert "node lock not released" in log.getvalue()

@@ -13,15 +13,15 @@ import builders
 import pytest
 from allocator_support import (
     UUID_B,
-    FileWatchingKube,
     allocate_request,
     dev,
     legit_pod,
     make_allocator,
     plugin_stub,
+    recording_pod_patches,
     waiting_pod,
 )
-from plugin_fakes import FakeKube
+from plugin_fakes import node_kube
 
 from hamipy.protocol import keys
 from hamipy.protocol.allocation_env import Mount
@@ -29,7 +29,7 @@ from hamipy.protocol.pod_devices import encode_pod_devices
 
 
 def limits_of(tmp_path: Path, container: str = "main", pod: str = "legit") -> Path:
-    return tmp_path / "vgpu" / "containers" / f"uid-{pod}_{container}" / "limits"
+    return tmp_path / "vgpu" / "containers" / f"uid-ns-{pod}_{container}" / "limits"
 
 
 def gpu_pod(name: str, **asks: Any) -> dict[str, Any]:
@@ -43,7 +43,8 @@ async def test_the_limits_file_is_written_before_the_answer_read_only_and_mounte
     tmp_path: Path,
 ) -> None:
     path = limits_of(tmp_path)
-    api = FileWatchingKube([legit_pod()], path)
+    api = node_kube(legit_pod())
+    written_first = recording_pod_patches(api, path)
     allocator = await make_allocator(api, tmp_path)
     (allocation,) = await allocator.allocate([[f"{UUID_B}-0"]])
     hook = f"{tmp_path}/vgpu"
@@ -52,7 +53,7 @@ async def test_the_limits_file_is_written_before_the_answer_read_only_and_mounte
         "CUDA_DEVICE_SM_LIMIT=40\n"
         f"CUDA_DEVICE_MEMORY_SHARED_CACHE={hook}/c0ffee.cache\n"
     )
-    assert api.at_pod_patches == [True], "written before the pod is marked served"
+    assert written_first == [True], "written before the pod is marked served"
     assert stat.S_IMODE(path.stat().st_mode) == 0o444
     assert allocation.limits_path == str(path)
     assert Mount(container_path=f"{hook}/limits", host_path=str(path), read_only=True) in allocation.mounts
@@ -60,7 +61,7 @@ async def test_the_limits_file_is_written_before_the_answer_read_only_and_mounte
 
 
 async def test_the_kubelet_is_answered_with_the_limits_file_mounted_read_only(tmp_path: Path) -> None:
-    allocator = await make_allocator(FakeKube([legit_pod()]), tmp_path)
+    allocator = await make_allocator(node_kube(legit_pod()), tmp_path)
     async with plugin_stub(allocator) as stub:
         response = await stub.Allocate(allocate_request(f"{UUID_B}-0"), timeout=10)
     (answer,) = response.container_responses
@@ -72,17 +73,17 @@ async def test_the_kubelet_is_answered_with_the_limits_file_mounted_read_only(tm
 async def test_a_second_allocate_of_a_container_replaces_its_limits_file_by_a_new_inode(
     tmp_path: Path,
 ) -> None:
-    api = FakeKube([legit_pod()])
+    api = node_kube(legit_pod())
     await (await make_allocator(api, tmp_path)).allocate([[f"{UUID_B}-0"]])
     path = limits_of(tmp_path)
     first = path.stat().st_ino
     with path.open() as running:  # what a container started with the first answer has mounted
         # The pod is allocated again (after a plugin restart) with other limits.
         slots = encode_pod_devices([[dev(UUID_B, mem=20000, cores=40)]])
-        api.pods["uid-legit"]["metadata"]["annotations"].update(
+        api.pod("ns", "legit")["metadata"]["annotations"].update(
             {keys.BIND_PHASE: "allocating", keys.DEVICES_ALLOCATED: slots, keys.DEVICES_TO_ALLOCATE: slots}
         )
-        api.pods["uid-legit"]["spec"]["containers"][0]["resources"]["limits"][keys.RESOURCE_MEMORY] = "20000"
+        api.pod("ns", "legit")["spec"]["containers"][0]["resources"]["limits"][keys.RESOURCE_MEMORY] = "20000"
         (allocation,) = await (await make_allocator(api, tmp_path)).allocate([[f"{UUID_B}-1"]])
         assert allocation.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "20000m"
         assert path.stat().st_ino != first
@@ -96,7 +97,7 @@ async def test_a_second_allocate_of_a_container_replaces_its_limits_file_by_a_ne
 async def test_the_task_priority_comes_from_the_containers_priority(
     tmp_path: Path, priority: int | None
 ) -> None:
-    api = FakeKube([gpu_pod("p", priority=priority)])
+    api = node_kube(gpu_pod("p", priority=priority))
     (allocation,) = await (await make_allocator(api, tmp_path)).allocate([[f"{UUID_B}-0"]])
     lines = limits_of(tmp_path, pod="p").read_text().splitlines()
     if priority is None:
@@ -110,7 +111,7 @@ async def test_the_task_priority_comes_from_the_containers_priority(
 async def test_a_container_that_disables_control_in_its_env_still_gets_the_interposer(
     tmp_path: Path,
 ) -> None:
-    api = FakeKube([gpu_pod("p", env={"CUDA_DISABLE_CONTROL": "true"})])
+    api = node_kube(gpu_pod("p", env={"CUDA_DISABLE_CONTROL": "true"}))
     (allocation,) = await (await make_allocator(api, tmp_path)).allocate([[f"{UUID_B}-0"]])
     mounts = {m.container_path: m for m in allocation.mounts}
     assert mounts["/etc/ld.so.preload"] == Mount(

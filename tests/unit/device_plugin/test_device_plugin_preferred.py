@@ -21,7 +21,7 @@ from allocator_support import (
     plugin_stub,
     waiting_pod,
 )
-from plugin_fakes import FakeKube
+from plugin_fakes import PODS, node_kube
 
 from hamipy.device_plugin.allocator import Preference
 from hamipy.device_plugin.devices import preferred_ids
@@ -60,7 +60,7 @@ def test_no_preference_when_the_plan_cannot_be_met() -> None:
 
 
 async def test_the_pod_in_line_gets_ids_on_its_planned_gpu_past_a_hijack_pod(tmp_path: Path) -> None:
-    api = FakeKube([hijack_pod(), legit_pod()])
+    api = node_kube(hijack_pod(), legit_pod())
     log = io.StringIO()
     allocator = await make_allocator(api, tmp_path, log=log)
     assert await allocator.preferred([everything()]) == [[f"{UUID_B}-0"]]
@@ -72,7 +72,7 @@ async def test_the_pod_in_line_gets_ids_on_its_planned_gpu_past_a_hijack_pod(tmp
 
 async def test_a_two_gpu_container_gets_one_id_on_each_planned_gpu(tmp_path: Path) -> None:
     pod = waiting_pod("pair", builders.container("main", gpu=2), slots=[[dev(UUID_C), dev(UUID_A)]])
-    allocator = await make_allocator(FakeKube([pod]), tmp_path)
+    allocator = await make_allocator(node_kube(pod), tmp_path)
     available = [*A, *B, *C]
     assert await allocator.preferred([Preference(available, [], 2)]) == [[C[0], A[0]]]
 
@@ -84,7 +84,7 @@ async def test_must_include_from_an_init_container_is_honoured(tmp_path: Path) -
         init=[builders.container("setup", gpu=1)],
         slots=[[dev(UUID_B)], [dev(UUID_B), dev(UUID_C)]],
     )
-    api = FakeKube([pod])
+    api = node_kube(pod)
     allocator = await make_allocator(api, tmp_path)
     await allocator.allocate([[B[1]]])  # the init container
     # The kubelet offers what the init container gave back and asks for it to be kept.
@@ -101,7 +101,7 @@ async def test_two_containers_get_their_own_gpus_one_after_the_other(tmp_path: P
         builders.container("second", gpu=1),
         slots=[[dev(UUID_A)], [dev(UUID_C)]],
     )
-    api = FakeKube([pod])
+    api = node_kube(pod)
     allocator = await make_allocator(api, tmp_path)
     # As the kubelet calls them: a preference, then Allocate, per container.
     assert await allocator.preferred([everything()]) == [[f"{UUID_A}-0"]]
@@ -116,37 +116,37 @@ async def test_two_containers_get_their_own_gpus_one_after_the_other(tmp_path: P
         builders.container("second", gpu=1),
         slots=[[dev(UUID_B)], [dev(UUID_A)]],
     )
-    allocator2 = await make_allocator(FakeKube([pod2]), tmp_path)
+    allocator2 = await make_allocator(node_kube(pod2), tmp_path)
     assert await allocator2.preferred([everything(), everything()]) == [[f"{UUID_B}-0"], [f"{UUID_A}-0"]]
 
 
 async def test_no_pod_in_line_is_an_empty_preference_after_one_fresh_list(tmp_path: Path) -> None:
-    api = FakeKube([hijack_pod()])
+    api = node_kube(hijack_pod())
     allocator = await make_allocator(api, tmp_path)
     assert await allocator.preferred([everything()]) == [[]]
-    assert api.lists == 1
+    assert api.calls.count(("GET", PODS)) == 1
 
 
 async def test_a_pod_the_cache_has_not_seen_is_found_by_a_fresh_list(tmp_path: Path) -> None:
-    api = FakeKube()
+    api = node_kube()
     allocator = await make_allocator(api, tmp_path)
-    api.pods["uid-legit"] = legit_pod()
+    api.add(legit_pod())
     assert await allocator.preferred([everything()]) == [[f"{UUID_B}-0"]]
-    assert api.lists == 1
+    assert api.calls.count(("GET", PODS)) == 1
 
 
 async def test_a_rule_breaker_in_line_gets_no_preference(tmp_path: Path) -> None:
     steal = waiting_pod(
         "steal", builders.container("main", gpu=1), slots=[[dev(UUID_A)]], scheduler="default-scheduler"
     )
-    api = FakeKube([steal, legit_pod()])
+    api = node_kube(steal, legit_pod())
     allocator = await make_allocator(api, tmp_path)
     assert await allocator.preferred([everything()]) == [[]]
     assert phase_of(api, "steal") == "allocating", "failing it is Allocate's business"
 
 
 async def test_an_api_error_is_an_empty_preference_not_an_error(tmp_path: Path) -> None:
-    api = FakeKube()
+    api = node_kube()
     allocator = await make_allocator(api, tmp_path)
 
     async def failing_list() -> tuple[list[dict[str, object]], str]:
@@ -161,7 +161,7 @@ async def test_an_api_error_is_an_empty_preference_not_an_error(tmp_path: Path) 
 
 async def test_the_plugin_offers_preferences_and_answers_them_over_grpc(tmp_path: Path) -> None:
     assert OPTIONS.get_preferred_allocation_available
-    allocator = await make_allocator(FakeKube([hijack_pod(), legit_pod()]), tmp_path)
+    allocator = await make_allocator(node_kube(hijack_pod(), legit_pod()), tmp_path)
     async with plugin_stub(allocator) as stub:
         options = await stub.GetDevicePluginOptions(api_pb2.Empty(), timeout=10)
         assert options.get_preferred_allocation_available

@@ -28,7 +28,7 @@ from allocator_support import (
     refused_over_grpc,
     waiting_pod,
 )
-from plugin_fakes import NODE, FakeKube, kubelet_view
+from plugin_fakes import NODE, kubelet_view, node_kube
 
 from hamipy.device_plugin.allocating import Choice, ServeRules, choose, problems
 from hamipy.device_plugin.errors import AllocateError, UnknownDevice
@@ -230,7 +230,7 @@ def test_the_shape_hamis_scheduler_writes_is_served() -> None:
         builders.container("main", gpu=1, gpumem=3000, gpucores=30),
         init=[builders.container("setup")],
         namespace="ns",
-        uid="uid-from-hami",
+        uid="uid-ns-from-hami",
         annotations={
             keys.VGPU_NODE: NODE,
             keys.VGPU_TIME: "1750000000",
@@ -253,7 +253,7 @@ def test_the_shape_hamis_scheduler_writes_is_served() -> None:
 async def test_the_hijack_pod_is_never_served_and_the_legitimate_pod_gets_its_own_slot(
     tmp_path: Path,
 ) -> None:
-    api = FakeKube([hijack_pod(), legit_pod()])
+    api = node_kube(hijack_pod(), legit_pod())
     log = io.StringIO()
     allocator = await make_allocator(api, tmp_path, log=log)
     (allocation,) = await allocator.allocate([[f"{UUID_B}-0"]])
@@ -263,7 +263,7 @@ async def test_the_hijack_pod_is_never_served_and_the_legitimate_pod_gets_its_ow
     assert phase_of(api, "legit") == "success"
     assert phase_of(api, "hijack") == "allocating", "a pod that is not in line is left alone"
     (line,) = logged(log, NOT_SERVED)
-    assert (line["namespace"], line["pod"], line["uid"]) == ("ns", "hijack", "uid-hijack")
+    assert (line["namespace"], line["pod"], line["uid"]) == ("ns", "hijack", "uid-ns-hijack")
     assert "asks for no nvidia.com/gpu" in line["reason"]
     # Nobody else waits: a further Allocate is refused, and the hijack pod is not logged again.
     with pytest.raises(AllocateError, match="no pod the kubelet is admitting on node n1"):
@@ -280,7 +280,7 @@ async def test_a_pod_of_another_scheduler_fails_and_the_real_pod_is_then_served(
         scheduler="default-scheduler",
         bind_time=1,
     )
-    api = FakeKube([steal, legit_pod(bind_time=2)])
+    api = node_kube(steal, legit_pod(bind_time=2))
     allocator = await make_allocator(api, tmp_path)
     with pytest.raises(
         AllocateError, match="pod ns/steal is not served: schedulerName is 'default-scheduler'"
@@ -298,7 +298,7 @@ async def test_a_pod_of_another_scheduler_fails_and_the_real_pod_is_then_served(
 
 
 async def test_device_ids_on_another_gpu_are_refused_and_the_pod_failed(tmp_path: Path) -> None:
-    api = FakeKube([legit_pod()])
+    api = node_kube(legit_pod())
     allocator = await make_allocator(api, tmp_path)
     with pytest.raises(
         AllocateError, match=rf"pod ns/legit: device IDs \['{UUID_A}-0'\] are not on the GPUs"
@@ -325,7 +325,7 @@ async def test_a_two_gpu_container_needs_ids_on_both_planned_gpus(
     tmp_path: Path, ids: list[str], ok: bool
 ) -> None:
     pod = waiting_pod("pair", builders.container("main", gpu=2), slots=[[dev(UUID_A), dev(UUID_C)]])
-    api = FakeKube([pod])
+    api = node_kube(pod)
     allocator = await make_allocator(api, tmp_path)
     if ok:
         (allocation,) = await allocator.allocate([ids])
@@ -344,7 +344,7 @@ async def test_a_two_gpu_container_needs_ids_on_both_planned_gpus(
 async def test_an_id_that_is_not_ours_is_refused_without_touching_any_pod(
     tmp_path: Path, device: str
 ) -> None:
-    api = FakeKube([hijack_pod(), legit_pod()])
+    api = node_kube(hijack_pod(), legit_pod())
     allocator = await make_allocator(api, tmp_path)
     with pytest.raises(
         UnknownDevice, match=f"device IDs \\[{device}\\] are not devices of the nvidia.com/gpu"
@@ -358,7 +358,7 @@ async def test_an_id_that_is_not_ours_is_refused_without_touching_any_pod(
 
 
 async def test_the_kubelet_is_told_invalid_argument_for_ids_that_are_not_ours(tmp_path: Path) -> None:
-    refused = await refused_over_grpc(await make_allocator(FakeKube([legit_pod()]), tmp_path), "GPU-nope-0")
+    refused = await refused_over_grpc(await make_allocator(node_kube(legit_pod()), tmp_path), "GPU-nope-0")
     assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "GPU-nope-0" in (refused.details() or "")
 
@@ -367,7 +367,7 @@ async def test_a_refusal_naming_thousands_of_unknown_ids_fits_grpcs_metadata(tmp
     # The reason travels as grpc-message metadata (8 KiB by default): past it the kubelet would get
     # a transport error instead of the reason.
     ids = [f"GPU-{i:08d}-0000-4000-8000-000000000000-{i}" for i in range(2000)]
-    refused = await refused_over_grpc(await make_allocator(FakeKube([legit_pod()]), tmp_path), *ids)
+    refused = await refused_over_grpc(await make_allocator(node_kube(legit_pod()), tmp_path), *ids)
     assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT
     details = refused.details() or ""
     assert ids[0] in details
@@ -378,7 +378,7 @@ async def test_a_refusal_naming_thousands_of_unknown_ids_fits_grpcs_metadata(tmp
 
 
 async def test_the_kubelet_is_told_failed_precondition_for_ids_on_the_wrong_gpu(tmp_path: Path) -> None:
-    allocator = await make_allocator(FakeKube([legit_pod()]), tmp_path)
+    allocator = await make_allocator(node_kube(legit_pod()), tmp_path)
     refused = await refused_over_grpc(allocator, f"{UUID_C}-0")
     assert refused.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert f"{UUID_C}-0" in (refused.details() or "")

@@ -20,7 +20,8 @@ import grpc
 import grpc.aio
 import pytest
 from allocator_support import allocate_request
-from plugin_fakes import GPU_A, NODE, FakeHealth, FakeKube, FakeKubelet, log_lines
+from fake_kube import FakeKube
+from plugin_fakes import GPU_A, NODE, PODS, FakeHealth, FakeKubelet, log_lines, node_kube
 
 from hamipy.devcluster import wait_for
 from hamipy.device_plugin.plugin import DevicePlugin
@@ -68,7 +69,7 @@ class Plugin:
 def make_plugin(plugin_dir: Path, tmp_path: Path) -> Callable[..., Plugin]:
     def make(*, health_fails: BaseException | None = None, pods: Sequence[dict[str, Any]] = ()) -> Plugin:
         log = io.StringIO()
-        api = FakeKube(pods)
+        api = node_kube(*pods)
         made: list[FakeHealth] = []
 
         def health_watch(
@@ -117,7 +118,7 @@ async def test_ready_once_registered_with_the_kubelet_and_the_node_and_pods_list
         await ready(p)
         assert await p.readyz() == (200, "ok")
         assert [r.resource_name for r in kubelet.registration.requests] == ["nvidia.com/gpu"]
-        assert keys.NODE_REGISTER in p.api.node["metadata"]["annotations"]
+        assert keys.NODE_REGISTER in p.api.node(NODE)["metadata"]["annotations"]
         assert (plugin_dir / "hamipy-nvidia.sock").exists()
     assert not (plugin_dir / "hamipy-nvidia.sock").exists(), "stopping removes the socket"
     assert p.died() == []
@@ -136,7 +137,7 @@ async def test_a_bug_in_the_pod_watch_fails_readiness_with_the_reason(
     p = make_plugin()
     async with p.plugin.running():
         await ready(p)
-        p.api.events.put_nowait(TypeError("'NoneType' object is not subscriptable"))
+        p.api.send(PODS, TypeError("'NoneType' object is not subscriptable"))
         await asyncio.wait_for(p.plugin.supervisor.failed.wait(), timeout=10)
         reason = "task device-plugin:pod-informer died: TypeError: 'NoneType' object is not subscriptable"
         assert await p.readyz() == (503, reason)
@@ -149,7 +150,7 @@ async def test_a_dead_task_ends_the_run_with_its_reason(
     make_plugin: Callable[..., Plugin], kubelet: FakeKubelet, plugin_dir: Path
 ) -> None:
     p = make_plugin()
-    p.api.events.put_nowait(TypeError("injected"))
+    p.api.send(PODS, TypeError("injected"))
     failure = await asyncio.wait_for(p.plugin.run(asyncio.Event()), timeout=10)
     assert failure == "task device-plugin:pod-informer died: TypeError: injected"
     assert [line["task"] for line in p.died()] == ["device-plugin:pod-informer"]
@@ -199,15 +200,12 @@ async def test_an_allocate_asks_the_kubelets_pod_resources_socket(
     make_plugin: Callable[..., Plugin], kubelet: FakeKubelet, plugin_dir: Path
 ) -> None:
     slots = [[ContainerDevice(GPU_A.uuid, "NVIDIA", 2000, 20)]]
-    waiting = builders.pod(
+    waiting = builders.allocating_pod(
         "p",
         builders.container("main", gpu=1, gpumem=2000, gpucores=20),
-        namespace="ns",
-        uid="uid-p",
-        resource_version="5",
-        annotations=builders.allocation(allocated=slots, to_allocate=slots, phase="allocating", node=NODE),
-        node_name=NODE,
-        scheduler_name="hami-scheduler",
+        node=NODE,
+        allocated=slots,
+        to_allocate=slots,
     )
     p = make_plugin(pods=[waiting])
     request = allocate_request(f"{GPU_A.uuid}-0")
@@ -229,7 +227,7 @@ async def test_an_allocate_asks_the_kubelets_pod_resources_socket(
     (answer,) = response.container_responses
     assert answer.envs["NVIDIA_VISIBLE_DEVICES"] == GPU_A.uuid
     assert answer.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "2000m"
-    assert p.api.pods["uid-p"]["metadata"]["annotations"][keys.BIND_PHASE] == "success"
+    assert p.api.pod("ns", "p")["metadata"]["annotations"][keys.BIND_PHASE] == "success"
     assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert f"PodResources API at {plugin_dir / POD_RESOURCES} did not answer" in (
         caught.value.details() or ""
