@@ -226,15 +226,16 @@ def node(
     labels: Mapping[str, str] | None = None,
     annotations: Mapping[str, str] | None = None,
     allocatable: Mapping[str, str] | None = None,
+    created: str | None = None,
 ) -> dict[str, Any]:
     """A node; with ``devices``, registered as the device plugin registers them (the
     ``node-nvidia-register`` annotation, and ``nvidia.com/gpu`` allocatable: the sum of their split
-    counts, unless ``allocatable`` says otherwise). ``annotations`` come on top of the register one."""
+    counts, unless ``allocatable`` says otherwise). ``annotations`` come on top of the register one;
+    ``created`` is its creationTimestamp."""
     metadata: dict[str, Any] = {"name": name}
-    if uid is not None:
-        metadata["uid"] = uid
-    if resource_version is not None:
-        metadata["resourceVersion"] = resource_version
+    for key, value in (("uid", uid), ("resourceVersion", resource_version), ("creationTimestamp", created)):
+        if value is not None:
+            metadata[key] = value
     if labels is not None:
         metadata["labels"] = dict(labels)
     registered = {keys.NODE_REGISTER: encode_node_devices(devices)} if devices is not None else {}
@@ -365,9 +366,10 @@ def gpu_node(
     *,
     ours: bool = False,
     annotations: Mapping[str, str] | None = None,
+    created: str | None = None,
 ) -> dict[str, Any]:
     """A stored node registered with ``devices`` (two GPUs ``GPU-<name>-<i>`` unless given);
     ``ours``: its device plugin's last report is ours (``REPORT``)."""
     devices = devices if devices is not None else [gpu(f"GPU-{name}-{i}", i) for i in range(2)]
     report = REPORT if ours else {}
-    return stored(node(name, devices, annotations={**report, **(annotations or {})} or None))
+    return stored(node(name, devices, annotations={**report, **(annotations or {})} or None, created=created))

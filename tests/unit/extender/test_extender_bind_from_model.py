@@ -10,12 +10,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from builders import allocation, container, gpu
-from extender_fakes import BIND_SETTINGS, REPORTED, BindRig, bind_rig, node, our_node, pod
+from builders import REPORT, allocation, container, gpu, gpu_node, gpu_pod
+from extender_fakes import BIND_SETTINGS, BindRig, bind_rig
 
 from hamipy.extender.errors import BindRefused
 from hamipy.extender.invariant import check_cluster
 from hamipy.extender.model import ClusterModel, PodUid
+from hamipy.kube.resources import pod_path
 from hamipy.protocol import decode_pod_devices, keys
 from hamipy.protocol.devices import ContainerDevice
 
@@ -24,7 +25,7 @@ NOW = datetime(2026, 11, 24, 10, 0, tzinfo=UTC)
 
 def rig(*nodes: dict[str, Any]) -> BindRig:
     return bind_rig(
-        BIND_SETTINGS, *(nodes or (our_node("n", [gpu("A", 0, count=2)]),)), wall_clock=lambda: NOW
+        BIND_SETTINGS, *(nodes or (gpu_node("n", [gpu("A", 0, count=2)], ours=True),)), wall_clock=lambda: NOW
     )
 
 
@@ -34,7 +35,7 @@ def requests(r: BindRig) -> list[tuple[str, str]]:
 
 
 def bound_uuids(r: BindRig, name: str) -> list[str]:
-    stored = r.kube.pods[("ns", name)]
+    stored = r.kube.pod("ns", name)
     (slot,) = decode_pod_devices(stored["metadata"]["annotations"][keys.DEVICES_ALLOCATED])
     return [d.uuid for d in slot]
 
@@ -46,12 +47,12 @@ def path_count(r: BindRig, path: str) -> float:
 
 async def test_a_watched_pod_is_bound_with_one_binding_and_nothing_else() -> None:
     r = rig()
-    r.add_watched_pod(pod("p"))
-    r.scheduler.filter({"Pod": pod("p"), "NodeNames": ["n"]})
+    r.add_watched_pod(gpu_pod("p"))
+    r.scheduler.filter({"Pod": gpu_pod("p"), "NodeNames": ["n"]})
     await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
     # No hami.io/vgpu-node label patch: only HAMi's components read it, and they do not serve n.
     assert requests(r) == [("POST", "/api/v1/namespaces/ns/pods/p/binding")]
-    stored = r.kube.pods[("ns", "p")]
+    stored = r.kube.pod("ns", "p")
     assert stored["spec"]["nodeName"] == "n"
     assert stored["metadata"]["annotations"][keys.BIND_PHASE] == "allocating"
     assert keys.VGPU_NODE_LABEL not in (stored["metadata"].get("labels") or {})
@@ -65,18 +66,18 @@ async def test_a_watched_pod_is_bound_with_one_binding_and_nothing_else() -> Non
 
 async def test_a_pod_the_watch_has_not_delivered_is_read_once() -> None:
     r = rig()
-    r.kube.add_pod(pod("p"))
+    r.kube.add(gpu_pod("p"))
     await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
     assert [c[0] for c in requests(r)] == ["GET", "POST"]
-    assert r.kube.pods[("ns", "p")]["spec"]["nodeName"] == "n"
+    assert r.kube.pod("ns", "p")["spec"]["nodeName"] == "n"
 
 
 async def test_concurrent_binds_count_each_other_in_flight() -> None:
     """Two pods onto the last slot: the second decides while the first's Binding is in flight and is
     refused; nothing is over-full."""
-    r = rig(our_node("n", [gpu("A", 0, count=1)]))
+    r = rig(gpu_node("n", [gpu("A", 0, count=1)], ours=True))
     for name in ("p", "q"):
-        r.add_watched_pod(pod(name))
+        r.add_watched_pod(gpu_pod(name))
     arrived, release = asyncio.Event(), asyncio.Event()
 
     async def hold(method: str, path: str, body: Any) -> None:
@@ -91,8 +92,8 @@ async def test_concurrent_binds_count_each_other_in_flight() -> None:
         await r.binder.bind(namespace="ns", name="q", uid="uid-ns-q", node="n")
     release.set()
     await first
-    assert r.kube.pods[("ns", "p")]["spec"]["nodeName"] == "n"
-    assert "nodeName" not in r.kube.pods[("ns", "q")]["spec"]
+    assert r.kube.pod("ns", "p")["spec"]["nodeName"] == "n"
+    assert "nodeName" not in r.kube.pod("ns", "q")["spec"]
     assert set(r.model.contributions) == {PodUid("uid-ns-p")}
     report = await check_cluster(r.kube)
     assert report.ok, report.violations
@@ -102,8 +103,8 @@ async def test_a_stale_watched_version_is_read_again_and_written() -> None:
     """The watch has not delivered the pod's last change: the Binding is a Conflict, the pod is read
     and written again with its version, once."""
     r = rig()
-    r.add_watched_pod(pod("p"))
-    r.kube._write(r.kube.pods[("ns", "p")], {"metadata": {"labels": {"team": "a"}}})
+    r.add_watched_pod(gpu_pod("p"))
+    r.kube.write(pod_path("ns", "p"), {"metadata": {"labels": {"team": "a"}}})
     await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
     assert [c[0] for c in requests(r)] == ["POST", "GET", "POST"]
     assert bound_uuids(r, "p") == ["A"]
@@ -114,16 +115,16 @@ async def test_a_pod_bound_by_another_bind_is_left_as_it_is(where: str) -> None:
     """The watch still shows the pod pending, but another bind of it (an earlier leader) bound it:
     on ``n`` (the node asked) the bind succeeds writing nothing, on ``m`` it is refused; either way
     the model takes what the pod really holds."""
-    r = rig(our_node("n", [gpu("A", 0, count=2)]), our_node("m", [gpu("B", 0, count=2)]))
-    r.add_watched_pod(pod("p"))
+    r = rig(
+        gpu_node("n", [gpu("A", 0, count=2)], ours=True), gpu_node("m", [gpu("B", 0, count=2)], ours=True)
+    )
+    r.add_watched_pod(gpu_pod("p"))
     twin = {
         keys.VGPU_NODE: where,
         keys.DEVICES_ALLOCATED: f"{'A' if where == 'n' else 'B'},NVIDIA,1000,0:;",
         keys.BIND_PHASE: "allocating",
     }
-    stored = r.kube.pods[("ns", "p")]
-    r.kube._write(stored, {"metadata": {"annotations": twin}})
-    stored["spec"]["nodeName"] = where
+    r.kube.write(pod_path("ns", "p"), {"metadata": {"annotations": twin}, "spec": {"nodeName": where}})
     if where == "n":
         await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
     else:
@@ -131,7 +132,7 @@ async def test_a_pod_bound_by_another_bind_is_left_as_it_is(where: str) -> None:
             await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
     assert [c[0] for c in requests(r)] == ["POST", "GET"]
     assert (
-        r.kube.pods[("ns", "p")]["metadata"]["annotations"][keys.DEVICES_ALLOCATED]
+        r.kube.pod("ns", "p")["metadata"]["annotations"][keys.DEVICES_ALLOCATED]
         == twin[keys.DEVICES_ALLOCATED]
     )
     held = r.model.contributions[PodUid("uid-ns-p")]
@@ -144,7 +145,7 @@ def ours(model: ClusterModel, name: str) -> bool:
 
 def test_the_node_is_ours_while_our_marker_matches_its_last_report() -> None:
     model = ClusterModel()
-    registered = our_node("n", [gpu("A", 0)])
+    registered = gpu_node("n", [gpu("A", 0)], ours=True)
     model.apply_node("ADDED", registered)
     assert ours(model, "n")
     # The extender's Requesting_ stamp: still ours (the plugin answers it).
@@ -156,34 +157,38 @@ def test_the_node_is_ours_while_our_marker_matches_its_last_report() -> None:
     model.apply_node("MODIFIED", requesting)
     assert ours(model, "n")
     # HAMi's plugin reports (and re-registers): it leaves our marker behind, which no longer matches.
-    hamis = node(
+    hamis = gpu_node(
         "n",
         [gpu("A", 0, count=5)],
         annotations={
             keys.NODE_HANDSHAKE: "Reported_2026-11-24 10:01:00",
-            keys.DEVICE_PLUGIN_MARKER: REPORTED,
+            keys.DEVICE_PLUGIN_MARKER: REPORT[keys.NODE_HANDSHAKE],
         },
     )
     model.apply_node("MODIFIED", hamis)
     assert not ours(model, "n")
-    model.apply_node("ADDED", node("x", [gpu("X", 0)]))
+    model.apply_node("ADDED", gpu_node("x", [gpu("X", 0)]))
     assert not ours(model, "x")  # no marker: HAMi's plugin or an older one of ours
 
 
 @pytest.mark.parametrize("why", ["hamis-plugin", "not-exclusive", "locked-by-another"])
 async def test_elsewhere_the_locked_path_runs(why: str) -> None:
-    n = node("n", [gpu("A", 0, count=2)]) if why == "hamis-plugin" else our_node("n", [gpu("A", 0, count=2)])
+    n = (
+        gpu_node("n", [gpu("A", 0, count=2)])
+        if why == "hamis-plugin"
+        else gpu_node("n", [gpu("A", 0, count=2)], ours=True)
+    )
     r = rig(n)
-    r.add_watched_pod(pod("p"))
+    r.add_watched_pod(gpu_pod("p"))
     if why == "not-exclusive":
         r.binder.exclusive = lambda: False
     if why == "locked-by-another":
         # Another scheduler's lock, 2 s old, whose owner was served: the locked path breaks it.
-        r.add_watched_pod(pod("owner", annotations={keys.BIND_PHASE: "success"}))
+        r.add_watched_pod(gpu_pod("owner", annotations={keys.BIND_PHASE: "success"}))
         r.locked_by("ns", "owner", NOW - timedelta(seconds=2))
-        r.model.apply_node("MODIFIED", r.kube.nodes["n"])
+        r.model.apply_node("MODIFIED", r.kube.node("n"))
     await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
-    assert r.kube.pods[("ns", "p")]["spec"]["nodeName"] == "n"
+    assert r.kube.pod("ns", "p")["spec"]["nodeName"] == "n"
     assert path_count(r, "locked") == 1
     assert path_count(r, "model") == 0
     assert any(method == "PATCH" and "/nodes/n" in path for method, path in requests(r)), "the lock was taken"
@@ -192,8 +197,8 @@ async def test_elsewhere_the_locked_path_runs(why: str) -> None:
 async def test_an_expired_lock_does_not_stop_the_model_path() -> None:
     r = rig()
     r.locked_by("ns", "gone", NOW - timedelta(minutes=6))
-    r.model.apply_node("MODIFIED", r.kube.nodes["n"])
-    r.add_watched_pod(pod("p"))
+    r.model.apply_node("MODIFIED", r.kube.node("n"))
+    r.add_watched_pod(gpu_pod("p"))
     await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
     assert path_count(r, "model") == 1
 
@@ -210,32 +215,34 @@ def reported_freed(r: BindRig) -> list[str | None]:
 
 async def test_a_bind_onto_its_reserved_gpus_reports_nothing_freed() -> None:
     r = rig()
-    r.add_watched_pod(pod("p"))
-    r.scheduler.filter({"Pod": pod("p"), "NodeNames": ["n"]})
+    r.add_watched_pod(gpu_pod("p"))
+    r.scheduler.filter({"Pod": gpu_pod("p"), "NodeNames": ["n"]})
     freed = reported_freed(r)
     await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
-    assert r.kube.pods[("ns", "p")]["spec"]["nodeName"] == "n"
+    assert r.kube.pod("ns", "p")["spec"]["nodeName"] == "n"
     assert freed == []
 
 
 async def test_a_bind_elsewhere_than_its_reservation_reports_the_reserved_node_freed() -> None:
-    r = rig(our_node("n", [gpu("A", 0, count=2)]), our_node("m", [gpu("B", 0, count=2)]))
-    r.add_watched_pod(pod("p"))
-    reserved = r.scheduler.filter({"Pod": pod("p"), "NodeNames": ["n"]})["NodeNames"]
+    r = rig(
+        gpu_node("n", [gpu("A", 0, count=2)], ours=True), gpu_node("m", [gpu("B", 0, count=2)], ours=True)
+    )
+    r.add_watched_pod(gpu_pod("p"))
+    reserved = r.scheduler.filter({"Pod": gpu_pod("p"), "NodeNames": ["n"]})["NodeNames"]
     assert reserved == ["n"]
     freed = reported_freed(r)
     await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="m")
-    assert r.kube.pods[("ns", "p")]["spec"]["nodeName"] == "m"
+    assert r.kube.pod("ns", "p")["spec"]["nodeName"] == "m"
     assert freed == ["n"]
 
 
 async def test_a_refused_bind_reports_its_reservation_freed() -> None:
     r = rig()
-    r.add_watched_pod(pod("p"))
-    r.scheduler.filter({"Pod": pod("p"), "NodeNames": ["n"]})
+    r.add_watched_pod(gpu_pod("p"))
+    r.scheduler.filter({"Pod": gpu_pod("p"), "NodeNames": ["n"]})
     # Meanwhile another pod took both slots of n's only GPU: p no longer fits.
     both = [[ContainerDevice("A", keys.DEVICE_VENDOR_NVIDIA, 100, 0)] for _ in range(2)]
-    x = pod(
+    x = gpu_pod(
         "x",
         container(gpu=1),
         container(gpu=1),
@@ -253,23 +260,25 @@ async def test_a_refused_bind_reports_its_reservation_freed() -> None:
 
 def test_a_pod_filtered_again_onto_its_reserved_gpus_reports_nothing_freed() -> None:
     r = rig()
-    r.add_watched_pod(pod("p"))
-    assert r.scheduler.filter({"Pod": pod("p"), "NodeNames": ["n"]})["NodeNames"] == ["n"]
+    r.add_watched_pod(gpu_pod("p"))
+    assert r.scheduler.filter({"Pod": gpu_pod("p"), "NodeNames": ["n"]})["NodeNames"] == ["n"]
     before = r.model.contributions[PodUid("uid-ns-p")]
     freed = reported_freed(r)
-    assert r.scheduler.filter({"Pod": pod("p"), "NodeNames": ["n"]})["NodeNames"] == ["n"]
+    assert r.scheduler.filter({"Pod": gpu_pod("p"), "NodeNames": ["n"]})["NodeNames"] == ["n"]
     again = r.model.contributions[PodUid("uid-ns-p")]
     assert (again.source, again.node, again.devices) == ("reserved", "n", before.devices)
     assert freed == []
 
 
 def test_a_pod_filtered_again_elsewhere_or_nowhere_reports_its_old_node_freed() -> None:
-    r = rig(our_node("n", [gpu("A", 0, count=2)]), our_node("m", [gpu("B", 0, count=2)]))
-    r.add_watched_pod(pod("p"))
-    assert r.scheduler.filter({"Pod": pod("p"), "NodeNames": ["n"]})["NodeNames"] == ["n"]
+    r = rig(
+        gpu_node("n", [gpu("A", 0, count=2)], ours=True), gpu_node("m", [gpu("B", 0, count=2)], ours=True)
+    )
+    r.add_watched_pod(gpu_pod("p"))
+    assert r.scheduler.filter({"Pod": gpu_pod("p"), "NodeNames": ["n"]})["NodeNames"] == ["n"]
     freed = reported_freed(r)
-    assert r.scheduler.filter({"Pod": pod("p"), "NodeNames": ["m"]})["NodeNames"] == ["m"]
+    assert r.scheduler.filter({"Pod": gpu_pod("p"), "NodeNames": ["m"]})["NodeNames"] == ["m"]
     assert freed == ["n"]
-    assert r.scheduler.filter({"Pod": pod("p"), "NodeNames": ["gone"]})["NodeNames"] == []
+    assert r.scheduler.filter({"Pod": gpu_pod("p"), "NodeNames": ["gone"]})["NodeNames"] == []
     assert PodUid("uid-ns-p") not in r.model.contributions
     assert freed == ["n", "m"]

@@ -8,8 +8,8 @@ import json
 from typing import Any
 
 import pytest
-from builders import container
-from extender_fakes import BindRig, bind_args, bind_rig, pod
+from builders import container, gpu_pod
+from extender_fakes import BindRig, bind_args, bind_rig
 
 from hamipy.extender.model import PodUid
 from hamipy.protocol.config import Config, NvidiaConfig
@@ -18,7 +18,7 @@ POD_PATH = "/api/v1/namespaces/tenant/pods/victim"
 
 
 def victim(*containers: dict[str, Any], scheduler_name: str = "hami-scheduler") -> dict[str, Any]:
-    return pod("victim", *containers, namespace="tenant", scheduler_name=scheduler_name)
+    return gpu_pod("victim", *containers, namespace="tenant", scheduler_name=scheduler_name)
 
 
 def writes(r: BindRig) -> list[tuple[str, str]]:
@@ -35,7 +35,7 @@ async def refused(r: BindRig, args: dict[str, str]) -> str:
     error: str = (await r.scheduler.bind(args))["Error"]
     assert error, "the bind must be refused"
     assert writes(r) == []
-    assert "nodeName" not in r.kube.pods[("tenant", "victim")]["spec"]
+    assert "nodeName" not in r.kube.pod("tenant", "victim")["spec"]
     [line] = warnings(r)
     assert (line["namespace"], line["pod"], line["error"]) == ("tenant", "victim", error)
     return error
@@ -44,7 +44,7 @@ async def refused(r: BindRig, args: dict[str, str]) -> str:
 async def test_a_pod_asking_no_gpu_resource_is_refused() -> None:
     r = bind_rig()
     p = victim(container())
-    r.kube.add_pod(p)
+    r.kube.add(p)
     error = await refused(r, bind_args(p))
     assert error == "pod tenant/victim asks for no GPU resource this extender manages"
 
@@ -53,7 +53,7 @@ async def test_a_pod_asking_no_gpu_resource_is_refused() -> None:
 async def test_a_pod_for_another_scheduler_is_refused(scheduler_name: str) -> None:
     r = bind_rig()
     p = victim(container(gpu=1, gpumem=1000), scheduler_name=scheduler_name)
-    r.kube.add_pod(p)
+    r.kube.add(p)
     error = await refused(r, bind_args(p))
     assert error == f"pod tenant/victim is not for hami-scheduler (schedulerName {scheduler_name})"
 
@@ -61,7 +61,7 @@ async def test_a_pod_for_another_scheduler_is_refused(scheduler_name: str) -> No
 async def test_a_bind_whose_uid_is_not_the_pods_is_refused() -> None:
     r = bind_rig()
     p = victim()
-    r.kube.add_pod(p)
+    r.kube.add(p)
     error = await refused(r, {**bind_args(p), "PodUID": "uid-of-an-earlier-pod"})
     assert error == "pod tenant/victim was replaced (uid uid-tenant-victim, not uid-of-an-earlier-pod)"
 
@@ -69,7 +69,7 @@ async def test_a_bind_whose_uid_is_not_the_pods_is_refused() -> None:
 async def test_a_bind_without_a_pod_uid_is_refused() -> None:
     r = bind_rig()
     p = victim()
-    r.kube.add_pod(p)
+    r.kube.add(p)
     args = bind_args(p)
     del args["PodUID"]
     error = await refused(r, args)
@@ -79,17 +79,17 @@ async def test_a_bind_without_a_pod_uid_is_refused() -> None:
 async def test_the_configured_scheduler_and_resource_names_are_the_ones_accepted() -> None:
     config = Config(scheduler_name="gpu-sched", nvidia=NvidiaConfig(resource_count_name="example.com/vgpu"))
     r = bind_rig(config=config)
-    ours = pod("ours", container(limits={"example.com/vgpu": "1"}), scheduler_name="gpu-sched")
-    r.kube.add_pod(ours)
+    ours = gpu_pod("ours", container(limits={"example.com/vgpu": "1"}), scheduler_name="gpu-sched")
+    r.kube.add(ours)
     assert (await r.scheduler.bind(bind_args(ours)))["Error"] == ""
-    assert r.kube.pods[("ns", "ours")]["spec"]["nodeName"] == "n"
+    assert r.kube.pod("ns", "ours")["spec"]["nodeName"] == "n"
     # nvidia.com/gpu is not a resource of this configuration, and hami-scheduler not its scheduler.
     p = victim(container(gpu=1), scheduler_name="gpu-sched")
-    r.kube.add_pod(p)
+    r.kube.add(p)
     calls = len(r.kube.calls)
     assert "asks for no GPU resource" in (await r.scheduler.bind(bind_args(p)))["Error"]
-    q = pod("q", container(limits={"example.com/vgpu": "1"}))
-    r.kube.add_pod(q)
+    q = gpu_pod("q", container(limits={"example.com/vgpu": "1"}))
+    r.kube.add(q)
     assert (
         "is not for gpu-sched (schedulerName hami-scheduler)"
         in (await r.scheduler.bind(bind_args(q)))["Error"]
@@ -103,18 +103,18 @@ async def test_a_refused_bind_releases_the_pods_reservation() -> None:
     r.add_watched_pod(victim(container(gpu=1, gpumem=1000)))  # reserved while it was ours
     r.scheduler.filter({"Pod": p, "NodeNames": ["n"]})
     assert "uid-tenant-victim" in r.model.contributions
-    r.kube.pods[("tenant", "victim")]["spec"]["schedulerName"] = "default-scheduler"
-    r.model.apply_pod("MODIFIED", r.kube.pods[("tenant", "victim")])  # as the watch delivers it
+    r.kube.pod("tenant", "victim")["spec"]["schedulerName"] = "default-scheduler"
+    r.model.apply_pod("MODIFIED", r.kube.pod("tenant", "victim"))  # as the watch delivers it
     await refused(r, bind_args(p))
     assert r.model.contributions == {}
 
 
 async def test_a_made_up_bind_frees_no_other_pods_reservation() -> None:
     r = bind_rig()
-    reserved = pod("reserved")
+    reserved = gpu_pod("reserved")
     r.add_watched_pod(reserved)
     r.scheduler.filter({"Pod": reserved, "NodeNames": ["n"]})
-    r.kube.add_pod(victim())
+    r.kube.add(victim())
     for args in (
         {**bind_args(victim()), "PodUID": "uid-ns-reserved"},  # another pod's UID
         {**bind_args(reserved), "PodName": "nobody"},  # a pod that does not exist

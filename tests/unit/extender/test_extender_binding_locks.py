@@ -12,14 +12,15 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from builders import gpu
-from extender_fakes import BIND_SETTINGS, BindRig, bind_args, bind_rig, node, pod, shared_rig
+from builders import gpu, gpu_node, gpu_pod
+from extender_fakes import BIND_SETTINGS, BindRig, bind_args, bind_rig, shared_rig
 
 from hamipy.devcluster.waiting import wait_for
 from hamipy.extender import binding
 from hamipy.extender.errors import BindRefused, LockTimeout
 from hamipy.extender.invariant import check_cluster
 from hamipy.kube.errors import KubeError
+from hamipy.kube.resources import node_path
 from hamipy.protocol import keys
 from hamipy.protocol.node_lock import parse_node_lock
 
@@ -73,7 +74,7 @@ def virtual_time(monkeypatch: pytest.MonkeyPatch) -> VirtualTime:
 def held_by_a_live_pod(r: BindRig, when: datetime = NOW, name: str = "holder") -> str:
     """Lock the node for ``ns/<name>``, a pod still being bound (no bind-phase): not breakable
     until the lock expires."""
-    r.kube.add_pod(pod(name, phase="Pending"))
+    r.kube.add(gpu_pod(name, phase="Pending"))
     return r.locked_by("ns", name, when)
 
 
@@ -107,21 +108,21 @@ def breaks(r: BindRig, reason: str) -> float:
 async def test_a_lock_up_to_five_minutes_old_is_held(virtual_time: VirtualTime, age: timedelta) -> None:
     r = bind_rig(BIND_SETTINGS, wall_clock=lambda: NOW)
     value = held_by_a_live_pod(r, NOW - age)
-    r.kube.add_pod(pod("p"))
+    r.kube.add(gpu_pod("p"))
     # Held longer than a bind waits: refused at once, not after waiting 1 s in vain.
     with pytest.raises(LockTimeout, match="node n has been locked by ns/holder since"):
         await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
     assert virtual_time.sleeps == []
     assert r.lock() == value
-    assert "nodeName" not in r.kube.pods[("ns", "p")]["spec"]
+    assert "nodeName" not in r.kube.pod("ns", "p")["spec"]
 
 
 async def test_a_lock_five_minutes_and_a_second_old_is_broken(virtual_time: VirtualTime) -> None:
     r = bind_rig(BIND_SETTINGS, wall_clock=lambda: NOW)
     held_by_a_live_pod(r, NOW - timedelta(minutes=5, seconds=1))
-    r.kube.add_pod(pod("p"))
+    r.kube.add(gpu_pod("p"))
     await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
-    assert r.kube.pods[("ns", "p")]["spec"]["nodeName"] == "n"
+    assert r.kube.pod("ns", "p")["spec"]["nodeName"] == "n"
     assert breaks(r, "expired") == 1
     assert virtual_time.sleeps == [], "an expired lock is broken at once"
 
@@ -134,7 +135,7 @@ async def test_a_held_lock_is_polled_with_doubling_backoff_until_the_deadline(
 ) -> None:
     r = bind_rig()
     held_by_a_live_pod(r, datetime.now(UTC))
-    r.kube.add_pod(pod("p"))
+    r.kube.add(gpu_pod("p"))
     with pytest.raises(LockTimeout, match="node n stayed locked by ns/holder for 1s"):
         await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
     # 0.80 s slept: the next 250 ms would end past the 1 s deadline, so it gives up instead.
@@ -151,7 +152,7 @@ async def test_a_bind_waits_for_its_turn_and_the_lock_within_one_bind_timeout(
     kube-scheduler's ``httpTimeout``, which would otherwise give up on the bind first)."""
     r = bind_rig()
     held_by_a_live_pod(r, datetime.now(UTC))
-    r.kube.add_pod(pod("p"))
+    r.kube.add(gpu_pod("p"))
 
     async def waited() -> float:
         started = virtual_time.now
@@ -171,7 +172,7 @@ async def test_no_sleep_is_started_that_would_end_at_the_deadline(virtual_time: 
     # The deadline falls exactly where the fifth sleep would end.
     r = bind_rig(dataclasses.replace(BIND_SETTINGS, bind_timeout_s=slept + DELAYS[4]))
     held_by_a_live_pod(r, datetime.now(UTC))
-    r.kube.add_pod(pod("p"))
+    r.kube.add(gpu_pod("p"))
     with pytest.raises(LockTimeout):
         await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
     assert virtual_time.sleeps == list(DELAYS[:4])
@@ -184,7 +185,7 @@ async def test_backoff_sleeps_are_jittered_between_half_and_one_and_a_half_delay
     monkeypatch.setattr(binding, "random", types.SimpleNamespace(random=lambda: draw))
     r = bind_rig(dataclasses.replace(BIND_SETTINGS, bind_timeout_s=0.5))
     held_by_a_live_pod(r, datetime.now(UTC))
-    r.kube.add_pod(pod("p"))
+    r.kube.add(gpu_pod("p"))
     with pytest.raises(LockTimeout):
         await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
     assert virtual_time.sleeps[:3] == pytest.approx([d * factor for d in DELAYS[:3]])
@@ -193,7 +194,7 @@ async def test_backoff_sleeps_are_jittered_between_half_and_one_and_a_half_delay
 async def test_a_legacy_lock_without_owner_holds_the_node_until_it_expires(virtual_time: VirtualTime) -> None:
     r = bind_rig(BIND_SETTINGS, wall_clock=lambda: NOW)
     value = r.locked_by("ns", None, NOW - timedelta(minutes=1))
-    r.kube.add_pod(pod("p"))
+    r.kube.add(gpu_pod("p"))
     with pytest.raises(LockTimeout, match=f"locked by a lock taken at {value} since"):
         await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
     assert r.lock() == value
@@ -207,18 +208,18 @@ async def test_a_legacy_lock_without_owner_holds_the_node_until_it_expires(virtu
 
 async def test_a_lost_race_for_the_lock_looks_again() -> None:
     r = shared_rig()
-    r.kube.add_pod(pod("p"))
+    r.kube.add(gpu_pod("p"))
     attempts: list[str] = []
 
     def heartbeat_before_the_first_lock_write(method: str, path: str, body: Any) -> None:
         if method == "PATCH" and path == NODE_PATH:
             attempts.append(body["metadata"]["annotations"][keys.NODE_LOCK] or "release")
             if len(attempts) == 1:
-                r.kube.write_node("n", {"example.com/beat": "1"})
+                r.kube.write(node_path("n"), {"metadata": {"annotations": {"example.com/beat": "1"}}})
 
     r.kube.on_request = heartbeat_before_the_first_lock_write
     await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
-    assert r.kube.pods[("ns", "p")]["spec"]["nodeName"] == "n"
+    assert r.kube.pod("ns", "p")["spec"]["nodeName"] == "n"
     assert [parse_node_lock(a).name for a in attempts[:2]] == ["p", "p"]
     assert attempts[2:] == ["release"]
     assert r.lock() is None
@@ -228,9 +229,9 @@ async def test_a_lock_this_pod_already_holds_is_kept_not_broken() -> None:
     # A retried bind whose first attempt took the lock (HAMi-compatible mode leaves it).
     r = shared_rig()
     r.locked_by("ns", "p", datetime.now(UTC))
-    r.kube.add_pod(pod("p"))
+    r.kube.add(gpu_pod("p"))
     await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
-    assert r.kube.pods[("ns", "p")]["spec"]["nodeName"] == "n"
+    assert r.kube.pod("ns", "p")["spec"]["nodeName"] == "n"
     assert r.telemetry.metrics.lock_waits._value.get() == 0
     assert all(breaks(r, why) == 0 for why in ("expired", "malformed", "owner-gone", "owner-done"))
     assert r.lock() is None
@@ -245,10 +246,10 @@ async def test_a_lock_this_pod_already_holds_is_kept_not_broken() -> None:
 )
 async def test_a_malformed_lock_is_broken(value: str, reason: str) -> None:
     r = bind_rig()
-    r.kube.nodes["n"]["metadata"]["annotations"][keys.NODE_LOCK] = value
-    r.kube.add_pod(pod("p"))
+    r.kube.node("n")["metadata"]["annotations"][keys.NODE_LOCK] = value
+    r.kube.add(gpu_pod("p"))
     await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
-    assert r.kube.pods[("ns", "p")]["spec"]["nodeName"] == "n"
+    assert r.kube.pod("ns", "p")["spec"]["nodeName"] == "n"
     assert breaks(r, reason) == 1
     assert value in r.log.getvalue(), "the broken lock is logged"
 
@@ -256,16 +257,16 @@ async def test_a_malformed_lock_is_broken(value: str, reason: str) -> None:
 async def test_a_lock_whose_owner_failed_allocation_is_broken() -> None:
     r = bind_rig()
     r.locked_by("ns", "old", datetime.now(UTC))
-    r.kube.add_pod(pod("old", node_name="n", annotations={keys.BIND_PHASE: "failed"}))
-    r.kube.add_pod(pod("p"))
+    r.kube.add(gpu_pod("old", node_name="n", annotations={keys.BIND_PHASE: "failed"}))
+    r.kube.add(gpu_pod("p"))
     await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
     assert breaks(r, "owner-done") == 1
 
 
 async def test_a_bind_that_never_took_the_lock_leaves_the_lock_alone() -> None:
     r = bind_rig()
-    r.kube.add_pod(pod("p"))
-    del r.kube.nodes["n"]  # deleted between filter and bind
+    r.kube.add(gpu_pod("p"))
+    r.kube.remove(node_path("n"))  # deleted between filter and bind
     with pytest.raises(BindRefused, match="node n no longer exists"):
         await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
     assert r.kube.calls == [("GET", "/api/v1/namespaces/ns/pods/p"), ("GET", NODE_PATH)]
@@ -277,7 +278,7 @@ async def test_a_bind_that_never_took_the_lock_leaves_the_lock_alone() -> None:
 
 async def test_a_bind_releases_its_lock_without_a_warning() -> None:
     r = shared_rig()
-    r.kube.add_pod(pod("p"))
+    r.kube.add(gpu_pod("p"))
     removals = lock_removals(r)
     await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
     assert removals == [1], "released once, after the Binding"
@@ -287,7 +288,7 @@ async def test_a_bind_releases_its_lock_without_a_warning() -> None:
 
 async def test_a_release_that_loses_every_race_is_logged_and_left_to_expire() -> None:
     r = shared_rig()
-    r.kube.add_pod(pod("p"))
+    r.kube.add(gpu_pod("p"))
 
     def heartbeat_before_every_release(method: str, path: str, body: Any) -> None:
         if (
@@ -295,11 +296,13 @@ async def test_a_release_that_loses_every_race_is_logged_and_left_to_expire() ->
             and path == NODE_PATH
             and body["metadata"]["annotations"][keys.NODE_LOCK] is None
         ):
-            r.kube.write_node("n", {"example.com/beat": str(len(r.kube.calls))})
+            r.kube.write(
+                node_path("n"), {"metadata": {"annotations": {"example.com/beat": str(len(r.kube.calls))}}}
+            )
 
     r.kube.on_request = heartbeat_before_every_release
     await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
-    assert r.kube.pods[("ns", "p")]["spec"]["nodeName"] == "n", "the bind itself succeeded"
+    assert r.kube.pod("ns", "p")["spec"]["nodeName"] == "n", "the bind itself succeeded"
     lock = r.lock()
     assert lock is not None
     assert parse_node_lock(lock).name == "p"
@@ -310,9 +313,11 @@ async def test_a_release_that_loses_every_race_is_logged_and_left_to_expire() ->
 
 
 async def test_a_bind_queued_behind_this_replicas_binds_gives_up_at_its_deadline() -> None:
-    r = shared_rig(dataclasses.replace(BIND_SETTINGS, bind_timeout_s=0.2), node("n", [gpu("A", 0, count=10)]))
+    r = shared_rig(
+        dataclasses.replace(BIND_SETTINGS, bind_timeout_s=0.2), gpu_node("n", [gpu("A", 0, count=10)])
+    )
     for name in ("a", "b", "c", "d"):
-        r.kube.add_pod(pod(name))
+        r.kube.add(gpu_pod(name))
     gate = asyncio.Event()
     held: list[str] = []
 
@@ -333,7 +338,7 @@ async def test_a_bind_queued_behind_this_replicas_binds_gives_up_at_its_deadline
     assert not r.binder._sessions
     # And two binds queued later still share one session (one fresh re-check, one list).
     lists_before = sum(1 for call in r.kube.calls if call == ("GET", "/api/v1/pods"))
-    await asyncio.gather(*(r.scheduler.bind(bind_args(r.kube.pods[("ns", n)])) for n in ("c", "d")))
+    await asyncio.gather(*(r.scheduler.bind(bind_args(r.kube.pod("ns", n))) for n in ("c", "d")))
     assert sum(1 for call in r.kube.calls if call == ("GET", "/api/v1/pods")) - lists_before == 1
     assert r.lock() is None
     assert (await check_cluster(r.kube)).ok
@@ -355,17 +360,17 @@ def fail_hand_overs(r: BindRig, conflicts: int) -> list[int]:
             removals.append(bound)
         elif bound and left[0]:
             left[0] -= 1
-            r.kube.write_node("n", {"example.com/beat": str(left[0])})
+            r.kube.write(node_path("n"), {"metadata": {"annotations": {"example.com/beat": str(left[0])}}})
 
     r.kube.on_request = hook
     return removals
 
 
 async def test_a_session_survives_four_lost_hand_overs() -> None:
-    r = shared_rig(BIND_SETTINGS, node("n", [gpu("A", 0, count=10)]))
-    pods = [pod("p0"), pod("p1")]
+    r = shared_rig(BIND_SETTINGS, gpu_node("n", [gpu("A", 0, count=10)]))
+    pods = [gpu_pod("p0"), gpu_pod("p1")]
     for p in pods:
-        r.kube.add_pod(p)
+        r.kube.add(p)
     removals = fail_hand_overs(r, 4)
     results = await asyncio.gather(*(r.scheduler.bind(bind_args(p)) for p in pods))
     assert [res["Error"] for res in results] == ["", ""]
@@ -375,10 +380,10 @@ async def test_a_session_survives_four_lost_hand_overs() -> None:
 
 async def test_after_five_lost_hand_overs_the_lock_is_freed_and_the_bind_takes_it_anew() -> None:
     # The lock still names p0, bound but not served: the full path must not wait for it.
-    r = shared_rig(BIND_SETTINGS, node("n", [gpu("A", 0, count=10)]))
-    pods = [pod("p0"), pod("p1")]
+    r = shared_rig(BIND_SETTINGS, gpu_node("n", [gpu("A", 0, count=10)]))
+    pods = [gpu_pod("p0"), gpu_pod("p1")]
     for p in pods:
-        r.kube.add_pod(p)
+        r.kube.add(p)
     removals = fail_hand_overs(r, 5)
     results = await asyncio.gather(*(r.scheduler.bind(bind_args(p)) for p in pods))
     assert [res["Error"] for res in results] == ["", ""]
@@ -389,10 +394,10 @@ async def test_after_five_lost_hand_overs_the_lock_is_freed_and_the_bind_takes_i
 
 
 async def test_a_session_bind_that_no_longer_fits_releases_the_lock() -> None:
-    r = shared_rig(BIND_SETTINGS, node("n", [gpu("A", 0, count=1)]))
-    pods = [pod("p0"), pod("p1")]
+    r = shared_rig(BIND_SETTINGS, gpu_node("n", [gpu("A", 0, count=1)]))
+    pods = [gpu_pod("p0"), gpu_pod("p1")]
     for p in pods:
-        r.kube.add_pod(p)
+        r.kube.add(p)
     results = await asyncio.gather(*(r.scheduler.bind(bind_args(p)) for p in pods))
     assert results[0]["Error"] == ""
     assert "pod no longer fits node n" in results[1]["Error"]
@@ -405,10 +410,10 @@ async def test_a_session_bind_that_no_longer_fits_releases_the_lock() -> None:
 async def test_a_session_hand_over_that_fails_frees_the_lock(failing: str) -> None:
     # hand-over: the write that would name p1 fails, the lock still names p0.
     # re-read: p1 took the lock after a lost race, then reading the node's pods failed.
-    r = shared_rig(BIND_SETTINGS, node("n", [gpu("A", 0, count=10)]))
-    pods = [pod("p0"), pod("p1")]
+    r = shared_rig(BIND_SETTINGS, gpu_node("n", [gpu("A", 0, count=10)]))
+    pods = [gpu_pod("p0"), gpu_pod("p1")]
     for p in pods:
-        r.kube.add_pod(p)
+        r.kube.add(p)
     state = {"armed": True, "beat": False}
 
     def hook(method: str, path: str, body: Any) -> None:
@@ -421,7 +426,7 @@ async def test_a_session_hand_over_that_fails_frees_the_lock(failing: str) -> No
                 raise KubeError("boom", status=500)
             if not state["beat"]:
                 state["beat"] = True
-                r.kube.write_node("n", {"example.com/beat": "1"})
+                r.kube.write(node_path("n"), {"metadata": {"annotations": {"example.com/beat": "1"}}})
         if failing == "re-read" and method == "GET" and path == "/api/v1/pods":
             state["armed"] = False
             raise KubeError("boom", status=500)
@@ -431,4 +436,4 @@ async def test_a_session_hand_over_that_fails_frees_the_lock(failing: str) -> No
     assert results[0]["Error"] == ""
     assert "API error while binding to n: boom" in results[1]["Error"]
     assert r.lock() is None, "neither p0's nor p1's lock is left behind"
-    assert "nodeName" not in r.kube.pods[("ns", "p1")]["spec"]
+    assert "nodeName" not in r.kube.pod("ns", "p1")["spec"]

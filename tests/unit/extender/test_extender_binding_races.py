@@ -13,14 +13,15 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from builders import gpu
-from extender_fakes import BIND_SETTINGS, BindRig, bind_rig, node, pod, shared_rig
+from builders import gpu, gpu_node, gpu_pod
+from extender_fakes import BIND_SETTINGS, BindRig, bind_rig, shared_rig
 
 from hamipy.extender.binding import Binder
 from hamipy.extender.errors import BindRefused
 from hamipy.extender.invariant import check_cluster
 from hamipy.extender.model import ClusterModel, PodUid
 from hamipy.extender.telemetry import Telemetry
+from hamipy.kube.resources import node_path, pod_path
 from hamipy.protocol import decode_pod_devices, keys
 from hamipy.protocol.config import Config
 
@@ -28,8 +29,8 @@ from hamipy.protocol.config import Config
 def replica(r: BindRig) -> tuple[Binder, ClusterModel, Telemetry]:
     """A second extender replica over the same API: its own model, binder and metrics."""
     model = ClusterModel()
-    model.replace_nodes(r.kube.nodes.values())
-    model.replace_pods(r.kube.pods.values())
+    model.replace_nodes(r.kube.items(node_path()))
+    model.replace_pods(r.kube.items(pod_path()))
     telemetry = Telemetry.create()
     binder = Binder(api=r.kube, model=model, config=Config(), settings=BIND_SETTINGS, telemetry=telemetry)
     return binder, model, telemetry
@@ -56,8 +57,8 @@ def races(telemetry: Telemetry) -> float:
 
 
 async def test_two_binds_of_one_pod_on_one_node_bind_it_once_and_both_succeed() -> None:
-    r = shared_rig(BIND_SETTINGS, node("n", [gpu("A", 0, count=4)]))
-    r.kube.add_pod(pod("p"))
+    r = shared_rig(BIND_SETTINGS, gpu_node("n", [gpu("A", 0, count=4)]))
+    r.kube.add(gpu_pod("p"))
     other, other_model, other_telemetry = replica(r)
     writes: list[dict[str, Any]] = []
 
@@ -70,7 +71,7 @@ async def test_two_binds_of_one_pod_on_one_node_bind_it_once_and_both_succeed() 
         r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n"),
         other.bind(namespace="ns", name="p", uid="uid-ns-p", node="n"),
     )
-    stored = r.kube.pods[("ns", "p")]
+    stored = r.kube.pod("ns", "p")
     assert stored["spec"]["nodeName"] == "n"
     # The pod carries the first bind's allocation, unchanged by the second.
     winner = writes[0]["metadata"]["annotations"]
@@ -85,8 +86,10 @@ async def test_two_binds_of_one_pod_on_one_node_bind_it_once_and_both_succeed() 
 
 
 async def test_two_binds_of_one_pod_on_two_nodes_bind_it_once_and_the_loser_leaves_it() -> None:
-    r = shared_rig(BIND_SETTINGS, node("n", [gpu("A", 0, count=4)]), node("m", [gpu("B", 0, count=4)]))
-    r.kube.add_pod(pod("p"))
+    r = shared_rig(
+        BIND_SETTINGS, gpu_node("n", [gpu("A", 0, count=4)]), gpu_node("m", [gpu("B", 0, count=4)])
+    )
+    r.kube.add(gpu_pod("p"))
     other, other_model, other_telemetry = replica(r)
     both_read_before_either_binds(r)
     results = await asyncio.gather(
@@ -94,7 +97,7 @@ async def test_two_binds_of_one_pod_on_two_nodes_bind_it_once_and_the_loser_leav
         other.bind(namespace="ns", name="p", uid="uid-ns-p", node="m"),
         return_exceptions=True,
     )
-    stored = r.kube.pods[("ns", "p")]
+    stored = r.kube.pod("ns", "p")
     bound = stored["spec"]["nodeName"]
     (refusal,) = [res for res in results if isinstance(res, BaseException)]
     assert isinstance(refusal, BindRefused)
@@ -127,8 +130,8 @@ def meddle_once(r: BindRig, change: Callable[[], object]) -> None:
 
 async def test_a_pod_deleted_under_a_bind_is_refused_and_nothing_is_left() -> None:
     r = bind_rig()
-    r.kube.add_pod(pod("p"))
-    meddle_once(r, lambda: r.kube.pods.pop(("ns", "p")))
+    r.kube.add(gpu_pod("p"))
+    meddle_once(r, lambda: r.kube.remove(pod_path("ns", "p")))
     with pytest.raises(BindRefused, match="was deleted while being bound"):
         await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
     assert r.model.contributions == {}
@@ -139,10 +142,10 @@ async def test_a_pod_changed_otherwise_under_a_bind_is_read_again_and_bound() ->
     """A label written between the read and the Binding makes the Binding a Conflict; the pod is
     still the same unbound pod asking the same, so it is written again with its new version."""
     r = shared_rig()
-    r.kube.add_pod(pod("p"))
-    meddle_once(r, lambda: r.kube._write(r.kube.pods[("ns", "p")], {"metadata": {"labels": {"team": "a"}}}))
+    r.kube.add(gpu_pod("p"))
+    meddle_once(r, lambda: r.kube.write(pod_path("ns", "p"), {"metadata": {"labels": {"team": "a"}}}))
     await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
-    stored = r.kube.pods[("ns", "p")]
+    stored = r.kube.pod("ns", "p")
     assert stored["spec"]["nodeName"] == "n"
     assert stored["metadata"]["labels"]["team"] == "a"
     (slot,) = decode_pod_devices(stored["metadata"]["annotations"][keys.DEVICES_ALLOCATED])

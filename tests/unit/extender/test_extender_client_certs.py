@@ -15,8 +15,8 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from builders import container
-from extender_fakes import elected, node, pod
+from builders import container, gpu_node, gpu_pod
+from extender_fakes import elected
 from http2_client import H2Client
 
 import hamipy.extender.cli as cli
@@ -88,13 +88,13 @@ def tls_server(pki: Pki, settings: ExtenderSettings, *, metrics_port: int | None
 async def server(pki: Pki) -> AsyncIterator[ExtenderServer]:
     srv = tls_server(pki, ExtenderSettings(max_body_bytes=MAX_BODY), metrics_port=0)
     async with srv:
-        srv.model.replace_nodes([node("a")])
+        srv.model.replace_nodes([gpu_node("a")])
         srv.model.replace_pods([])
         yield srv
 
 
 async def _filter(srv: ExtenderServer, context: ssl.SSLContext) -> int:
-    body = {"Pod": pod("p", container(gpu=1, gpumem=1000)), "NodeNames": ["a"]}
+    body = {"Pod": gpu_pod("p", container(gpu=1, gpumem=1000)), "NodeNames": ["a"]}
     async with (
         aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session,
         session.post(f"{srv.url}/filter", json=body, ssl=context) as resp,
@@ -129,7 +129,7 @@ async def test_probes_and_metrics_answer_on_their_own_plain_port(server: Extende
 
 async def test_over_http2_the_decision_port_answers_as_over_http1(server: ExtenderServer, pki: Pki) -> None:
     """kube-scheduler's Go client chooses HTTP/2 when offered: the same answers, on one connection."""
-    filter_body = json.dumps({"Pod": pod("p", container(gpu=1, gpumem=1000)), "NodeNames": ["a"]})
+    filter_body = json.dumps({"Pod": gpu_pod("p", container(gpu=1, gpumem=1000)), "NodeNames": ["a"]})
     async with (
         aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session,
         session.post(f"{server.url}/filter", data=filter_body, ssl=pki.client) as resp,
@@ -216,7 +216,7 @@ async def test_a_follower_forwards_to_the_leader_over_tls_with_its_own_certifica
         ssl_context=cli.server_tls(cert, key, replica_ca),
     )
     async with leader:
-        leader.model.replace_nodes([node("a")])
+        leader.model.replace_nodes([gpu_node("a")])
         leader.model.replace_pods([])
         settings = ExtenderSettings(leader_election=True, advertise_url="https://127.0.0.1:1")
         follower = Leadership(
@@ -229,7 +229,7 @@ async def test_a_follower_forwards_to_the_leader_over_tls_with_its_own_certifica
             forward_server_name="ext.hami.svc",
         )
         try:
-            body = json.dumps({"Pod": pod("p", container(gpu=1, gpumem=1000)), "NodeNames": ["a"]})
+            body = json.dumps({"Pod": gpu_pod("p", container(gpu=1, gpumem=1000)), "NodeNames": ["a"]})
             answer = await follower.forward("/filter", body.encode())
         finally:
             await follower.close()

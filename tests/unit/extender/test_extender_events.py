@@ -7,8 +7,7 @@ import io
 from typing import Any
 
 import pytest
-from builders import gpu
-from extender_fakes import node, pod
+from builders import gpu, gpu_node, gpu_pod
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -25,7 +24,7 @@ def scheduler() -> tuple[Scheduler, InMemorySpanExporter]:
     exporter = InMemorySpanExporter()
     telemetry = Telemetry.create(stream=io.StringIO(), processor=SimpleSpanProcessor(exporter))
     model = ClusterModel(count_resource="nvidia.com/gpu")
-    model.replace_nodes([node("a", [gpu("A", 0, mem=100)])])
+    model.replace_nodes([gpu_node("a", [gpu("A", 0, mem=100)])])
     model.replace_pods([])
     sched = Scheduler(
         model=model,
@@ -46,7 +45,7 @@ def test_a_pending_pods_identical_retries_add_no_spans(
     scheduler: tuple[Scheduler, InMemorySpanExporter],
 ) -> None:
     sched, exporter = scheduler
-    pending = pod("p")  # asks more memory than node a's GPU has
+    pending = gpu_pod("p")  # asks more memory than node a's GPU has
     for _ in range(30):
         answer = sched.filter({"Pod": pending, "NodeNames": ["a"]})
         assert answer["NodeNames"] == []
@@ -62,7 +61,7 @@ def test_a_pending_pods_identical_retries_add_no_spans(
     )
 
     # The decision changes (another node appears and fits): a new span, saying how many it followed.
-    sched.model.replace_nodes([node("a", [gpu("A", 0, mem=100)]), node("b")])
+    sched.model.replace_nodes([gpu_node("a", [gpu("A", 0, mem=100)]), gpu_node("b")])
     answer = sched.filter({"Pod": pending, "NodeNames": ["a", "b"]})
     assert answer["NodeNames"] == ["b"]
     _, second = filter_spans(exporter)
@@ -72,9 +71,9 @@ def test_a_pending_pods_identical_retries_add_no_spans(
 
 def test_a_changed_failure_is_a_new_span(scheduler: tuple[Scheduler, InMemorySpanExporter]) -> None:
     sched, exporter = scheduler
-    pending = pod("p")
+    pending = gpu_pod("p")
     sched.filter({"Pod": pending, "NodeNames": ["a"]})
     sched.filter({"Pod": pending, "NodeNames": ["a"]})
-    sched.model.replace_nodes([node("a", [gpu("A", 0, mem=100)]), node("c", [gpu("C", 0, mem=200)])])
+    sched.model.replace_nodes([gpu_node("a", [gpu("A", 0, mem=100)]), gpu_node("c", [gpu("C", 0, mem=200)])])
     sched.filter({"Pod": pending, "NodeNames": ["a", "c"]})
     assert [s.attributes["hamipy.filter.repeats"] for s in filter_spans(exporter)] == [0, 1]

@@ -6,8 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from builders import allocation, container, gpu
-from extender_fakes import node, pod
+from builders import allocation, container, gpu, gpu_node, gpu_pod
 
 from hamipy.extender import filtering, fitting
 from hamipy.extender.explanations import Explained, Explanations
@@ -23,17 +22,17 @@ NOW = 1_000_000.0
 
 def holding(name: str, node_name: str, uuid: str, mem: int) -> dict[str, Any]:
     devices = [[ContainerDevice(uuid, keys.DEVICE_VENDOR_NVIDIA, mem, 0)]]
-    return pod(name, node_name=node_name, phase="Running", annotations=allocation(allocated=devices))
+    return gpu_pod(name, node_name=node_name, phase="Running", annotations=allocation(allocated=devices))
 
 
 def ask(mem: int) -> PodAsk:
-    return build_ask(pod("p", container(gpu=1, gpumem=mem)), Config())
+    return build_ask(gpu_pod("p", container(gpu=1, gpumem=mem)), Config())
 
 
 def cluster() -> ClusterModel:
     # Two nodes of one GPU (2 slots, 1000 MiB), 950 MiB taken on each.
     model = ClusterModel()
-    model.replace_nodes([node(n, [gpu(f"GPU-{n}", 0, count=2, mem=1000)]) for n in ("a", "b")])
+    model.replace_nodes([gpu_node(n, [gpu(f"GPU-{n}", 0, count=2, mem=1000)]) for n in ("a", "b")])
     model.replace_pods([holding(f"x-{n}", n, f"GPU-{n}", 950) for n in ("a", "b")])
     return model
 
@@ -83,13 +82,13 @@ def test_a_node_whose_usage_changed_is_explained_anew(fits: list[str]) -> None:
 
 def test_a_node_registered_anew_is_explained_anew(fits: list[str]) -> None:
     model, explained = ClusterModel(), Explanations()
-    model.replace_nodes([node("b", [gpu("GPU-b", 0, count=2, mem=500)])])
+    model.replace_nodes([gpu_node("b", [gpu("GPU-b", 0, count=2, mem=500)])])
     model.replace_pods([])
     first = decide(model, ask(600), ["b"], now=NOW, explained=explained)
     assert {n: r.text() for n, r in first.unresolvable.items()} == {"b": "1/1 CardInsufficientMemory"}
     fits.clear()
     # Registered anew, its GPU now unhealthy: a new node state, at the same version as the old one.
-    model.apply_node("MODIFIED", node("b", [gpu("GPU-b", 0, count=2, mem=500, health=False)]))
+    model.apply_node("MODIFIED", gpu_node("b", [gpu("GPU-b", 0, count=2, mem=500, health=False)]))
     again = decide(model, ask(600), ["b"], now=NOW, explained=explained)
     assert {n: r.text() for n, r in again.unresolvable.items()} == {"b": "1/1 CardNotHealth"}
     assert "b" in fits

@@ -8,8 +8,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from builders import allocation, container, gpu
-from extender_fakes import BIND_SETTINGS, BindRig, bind_args, bind_rig, node, pod
+from builders import allocation, container, gpu, gpu_node, gpu_pod
+from extender_fakes import BIND_SETTINGS, BindRig, bind_args, bind_rig
 
 from hamipy.extender.model import PodUid
 from hamipy.extender.scheduler import UNKNOWN_POD
@@ -20,7 +20,7 @@ NODES = ["n", "m"]
 
 
 def rig() -> BindRig:
-    return bind_rig(BIND_SETTINGS, *(node(name, [gpu(f"GPU-{name}", 0, count=2)]) for name in NODES))
+    return bind_rig(BIND_SETTINGS, *(gpu_node(name, [gpu(f"GPU-{name}", 0, count=2)]) for name in NODES))
 
 
 def filter_all(r: BindRig, p: dict[str, Any]) -> list[str]:
@@ -38,7 +38,7 @@ def decisions(r: BindRig, reason: str) -> float:
 def test_made_up_filters_are_answered_but_reserve_nothing() -> None:
     r = rig()
     for i in range(8):
-        made_up = pod(f"ghost{i}", namespace="tenant")
+        made_up = gpu_pod(f"ghost{i}", namespace="tenant")
         assert filter_all(r, made_up) != []
     assert r.model.contributions == {}
     assert decisions(r, UNKNOWN_POD) == 8
@@ -47,7 +47,7 @@ def test_made_up_filters_are_answered_but_reserve_nothing() -> None:
 
 def test_a_watched_pending_pod_of_ours_is_reserved() -> None:
     r = rig()
-    p = pod("p")
+    p = gpu_pod("p")
     r.add_watched_pod(p)
     [chosen] = filter_all(r, p)
     held = r.model.contributions[PodUid("uid-ns-p")]
@@ -60,8 +60,8 @@ def test_a_watched_pending_pod_of_ours_is_reserved() -> None:
 
 def test_a_pod_filtered_before_the_watch_delivered_it_is_reserved_once_it_did() -> None:
     r = rig()
-    p = pod("p")
-    r.kube.add_pod(p)
+    p = gpu_pod("p")
+    r.kube.add(p)
     assert filter_all(r, p) != []
     assert r.model.contributions == {}
     r.model.apply_pod("ADDED", p)
@@ -71,7 +71,7 @@ def test_a_pod_filtered_before_the_watch_delivered_it_is_reserved_once_it_did() 
 
 def test_a_pending_pod_of_another_scheduler_is_not_reserved() -> None:
     r = rig()
-    p = pod("p", scheduler_name="default-scheduler")
+    p = gpu_pod("p", scheduler_name="default-scheduler")
     r.add_watched_pod(p)
     assert filter_all(r, p) != []
     assert r.model.contributions == {}
@@ -79,11 +79,11 @@ def test_a_pending_pod_of_another_scheduler_is_not_reserved() -> None:
 
 def test_a_pod_gone_or_bound_is_no_longer_reserved_for() -> None:
     r = rig()
-    gone, bound = pod("gone"), pod("bound")
+    gone, bound = gpu_pod("gone"), gpu_pod("bound")
     r.add_watched_pod(gone)
     r.add_watched_pod(bound)
     r.model.apply_pod("DELETED", gone)
-    r.model.apply_pod("MODIFIED", pod("bound", node_name="n", phase="Running"))
+    r.model.apply_pod("MODIFIED", gpu_pod("bound", node_name="n", phase="Running"))
     filter_all(r, gone)
     filter_all(r, bound)
     assert r.model.contributions == {}
@@ -92,14 +92,14 @@ def test_a_pod_gone_or_bound_is_no_longer_reserved_for() -> None:
 
 def test_a_relist_forgets_pending_pods_not_listed() -> None:
     r = rig()
-    r.add_watched_pod(pod("old"))
-    r.model.replace_pods([pod("new")])
+    r.add_watched_pod(gpu_pod("old"))
+    r.model.replace_pods([gpu_pod("new")])
     assert set(r.model.pending) == {PodUid("uid-ns-new")}
 
 
 def test_an_inflated_copy_of_a_real_pod_reserves_what_the_real_pod_asks() -> None:
     r = rig()
-    real = pod("p", container(gpu=1, gpumem=1000))
+    real = gpu_pod("p", container(gpu=1, gpumem=1000))
     r.add_watched_pod(real)
     inflated = copy.deepcopy(real)
     inflated["spec"]["containers"] = [container(gpu=1, gpumem=30000, gpucores=100)]
@@ -116,7 +116,7 @@ def test_an_inflated_copy_of_a_real_pod_reserves_what_the_real_pod_asks() -> Non
 
 def test_a_made_up_filter_of_a_bound_pods_uid_frees_nothing() -> None:
     r = rig()
-    holder = pod(
+    holder = gpu_pod(
         "holder",
         node_name="n",
         phase="Running",
@@ -132,7 +132,7 @@ def test_a_made_up_filter_of_a_bound_pods_uid_frees_nothing() -> None:
 
 async def test_a_filter_during_our_bind_leaves_the_bind_in_flight_alone() -> None:
     r = rig()
-    p = pod("p")
+    p = gpu_pod("p")
     r.add_watched_pod(p)
     seen: list[str] = []
 
@@ -149,9 +149,9 @@ async def test_a_filter_during_our_bind_leaves_the_bind_in_flight_alone() -> Non
 
 async def test_a_failed_bind_of_a_reserved_pod_frees_its_reservation() -> None:
     r = rig()
-    p = pod("p")
+    p = gpu_pod("p")
     r.add_watched_pod(p)
     [chosen] = filter_all(r, p)
-    r.kube.fail[("POST", "/api/v1/namespaces/ns/pods/p/binding")] = KubeError("boom", status=403)
+    r.kube.fail(KubeError("boom", status=403), "POST", "/api/v1/namespaces/ns/pods/p/binding")
     assert (await r.scheduler.bind(bind_args(p, chosen)))["Error"]
     assert r.model.contributions == {}

@@ -8,8 +8,8 @@ from typing import Any
 
 import builders
 import pytest
-from builders import allocation, container, gpu
-from extender_fakes import BIND_SETTINGS, bind_rig, node, pod
+from builders import allocation, container, gpu, gpu_node, gpu_pod
+from extender_fakes import BIND_SETTINGS, bind_rig
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -36,7 +36,9 @@ def dev(uuid: str, mem: int, cores: int = 0) -> ContainerDevice:
 
 def holding(name: str, node_name: str, *devices: ContainerDevice) -> dict[str, Any]:
     """A running pod on ``node_name`` whose one container holds ``devices``."""
-    return pod(name, node_name=node_name, phase="Running", annotations=allocation(allocated=[list(devices)]))
+    return gpu_pod(
+        name, node_name=node_name, phase="Running", annotations=allocation(allocated=[list(devices)])
+    )
 
 
 def model_of(*nodes: dict[str, Any], pods: tuple[dict[str, Any], ...] = ()) -> ClusterModel:
@@ -50,12 +52,12 @@ def ask_of(*containers: dict[str, Any], **annotations: str) -> PodAsk:
     """The ask of a pod of ``containers`` (one asking a GPU and 100 MiB when none) and annotations
     given by key (``ask_of(**{keys.USE_GPU_TYPE: "A100"})``)."""
     return build_ask(
-        pod("p", *(containers or [container(gpu=1, gpumem=100)]), annotations=annotations), CONFIG
+        gpu_pod("p", *(containers or [container(gpu=1, gpumem=100)]), annotations=annotations), CONFIG
     )
 
 
 def typed_node(name: str, type_: str) -> dict[str, Any]:
-    return node(name, [gpu(f"{name}-0", 0, type_=type_), gpu(f"{name}-1", 1, type_=type_)])
+    return gpu_node(name, [gpu(f"{name}-0", 0, type_=type_), gpu(f"{name}-1", 1, type_=type_)])
 
 
 def texts(reasons: dict[str, NodeReasons]) -> dict[str, str]:
@@ -77,9 +79,9 @@ def texts(reasons: dict[str, NodeReasons]) -> dict[str, str]:
 def test_a_skipped_node_does_not_hide_the_nodes_after_it(skipped: str) -> None:
     model = model_of(
         builders.node("plain"),
-        node("full", [gpu("F", 0, count=1)]),
-        node("small", [gpu("S", 0, mem=50)]),
-        node("fits"),
+        gpu_node("full", [gpu("F", 0, count=1)]),
+        gpu_node("small", [gpu("S", 0, mem=50)]),
+        gpu_node("fits"),
         pods=(holding("x", "full", dev("F", 10)),),
     )
     decision = decide(model, ask_of(), [skipped, "fits"], now=NOW)
@@ -88,9 +90,9 @@ def test_a_skipped_node_does_not_hide_the_nodes_after_it(skipped: str) -> None:
 
 def test_summary_check_skips_without_fitting() -> None:
     model = model_of(
-        node("one-gpu", [gpu("O", 0)]),
-        node("small", [gpu("S0", 0, mem=500), gpu("S1", 1, mem=500)]),
-        node("full", [gpu("F", 0, count=1), gpu("G", 1, count=1)]),
+        gpu_node("one-gpu", [gpu("O", 0)]),
+        gpu_node("small", [gpu("S0", 0, mem=500), gpu("S1", 1, mem=500)]),
+        gpu_node("full", [gpu("F", 0, count=1), gpu("G", 1, count=1)]),
         pods=(holding("x", "full", dev("F", 10), dev("G", 10)),),
     )
     decision = decide(model, ask_of(container(gpu=2, gpumem=600)), ["one-gpu", "small", "full"], now=NOW)
@@ -105,14 +107,14 @@ def test_summary_check_skips_without_fitting() -> None:
 
 def test_memory_equal_to_the_free_memory_is_placed() -> None:
     # A whole-GPU ask: exactly what is left, on the only GPU.
-    model = model_of(node("n", [gpu("A", 0, mem=1000)]), pods=(holding("x", "n", dev("A", 400)),))
+    model = model_of(gpu_node("n", [gpu("A", 0, mem=1000)]), pods=(holding("x", "n", dev("A", 400)),))
     decision = decide(model, ask_of(container(gpu=1, gpumem=600)), ["n"], now=NOW)
     assert decision.node == "n"
     assert decide(model, ask_of(container(gpu=1, gpumem=601)), ["n"], now=NOW).node is None
 
 
 def test_cores_equal_to_the_free_cores_are_placed() -> None:
-    model = model_of(node("n", [gpu("A", 0)]), pods=(holding("x", "n", dev("A", 100, 80)),))
+    model = model_of(gpu_node("n", [gpu("A", 0)]), pods=(holding("x", "n", dev("A", 100, 80)),))
     decision = decide(model, ask_of(container(gpu=1, gpumem=100, gpucores=20)), ["n"], now=NOW)
     assert (decision.node, decision.fitted) == ("n", 1)
     refused = decide(model, ask_of(container(gpu=1, gpumem=100, gpucores=21)), ["n"], now=NOW)
@@ -140,7 +142,7 @@ def test_nodes_mid_handshake_are_placed_on() -> None:
 
 
 def test_nodes_whose_handshake_timed_out_are_skipped_and_explained() -> None:
-    model = model_of(handshaking("dead", 60), node("alive"))
+    model = model_of(handshaking("dead", 60), gpu_node("alive"))
     decision = decide(model, ask_of(), ["dead"], now=NOW)
     assert (decision.node, decision.fitted) == (None, 0)
     assert texts(decision.failed) == {"dead": "NodeHandshakeTimeout"}
@@ -186,7 +188,7 @@ def test_type_no_node_has_is_skipped_unfitted_and_explained() -> None:
 
 
 def test_node_with_any_accepted_gpu_type_is_fitted() -> None:
-    mixed = node("mixed", [gpu("T", 0, type_=T4), gpu("A", 1, type_=A100)])
+    mixed = gpu_node("mixed", [gpu("T", 0, type_=T4), gpu("A", 1, type_=A100)])
     decision = decide(model_of(mixed), ask_of(**{keys.USE_GPU_TYPE: "A100"}), ["mixed"], now=NOW)
     assert decision.devices is not None
     assert [[d.uuid for d in slot] for slot in decision.devices] == [["A"]]
@@ -219,8 +221,8 @@ def test_decide_law_the_best_ranked_node_that_fits_wins(
     model's order."""
     names = [f"n{i}" for i in range(len(usage))]
     model = model_of(
-        *(node(name) for name in names),
-        *(node(f"idle{i}") for i in range(unsent)),
+        *(gpu_node(name) for name in names),
+        *(gpu_node(f"idle{i}") for i in range(unsent)),
         pods=tuple(
             holding(f"x{i}", name, dev(f"GPU-{name}-0", mem, cores))
             for i, (name, (mem, cores)) in enumerate(zip(names, usage, strict=True))
@@ -238,8 +240,8 @@ def test_decide_law_the_best_ranked_node_that_fits_wins(
 
 def test_fitted_counts_the_nodes_fitted_until_one_fits() -> None:
     model = model_of(
-        node("busy"),
-        node("idle"),
+        gpu_node("busy"),
+        gpu_node("idle"),
         pods=(holding("x", "busy", dev("GPU-busy-0", 100, 90)),),
     )
     # binpack tries the busy node first: its summary passes (GPU 1 has every core left), but the pod
@@ -254,8 +256,8 @@ def test_fitted_counts_the_nodes_fitted_until_one_fits() -> None:
 
 def test_a_node_without_the_cores_asked_left_on_any_gpu_is_skipped_unfitted_and_explained() -> None:
     model = model_of(
-        node("busy"),
-        node("idle"),
+        gpu_node("busy"),
+        gpu_node("idle"),
         pods=(holding("x", "busy", dev("GPU-busy-0", 100, 90), dev("GPU-busy-1", 100, 90)),),
     )
     # Slots and memory left on both GPUs, 10 cores on each: binpack would try it first.
@@ -273,9 +275,9 @@ def test_a_node_without_the_cores_asked_left_on_any_gpu_is_skipped_unfitted_and_
 
 def test_cooperative_fits_every_candidate_and_returns_those_that_fit_with_scores() -> None:
     model = model_of(
-        node("a"),
-        node("b"),
-        node("small", [gpu("S", 0, mem=10)]),
+        gpu_node("a"),
+        gpu_node("b"),
+        gpu_node("small", [gpu("S", 0, mem=10)]),
         pods=(holding("x", "b", dev("GPU-b-0", 1000, 10)),),
     )
     decision = decide(model, ask_of(), ["a", "b", "small", "ghost"], now=NOW, all_feasible=True)
@@ -289,7 +291,7 @@ def test_cooperative_fits_every_candidate_and_returns_those_that_fit_with_scores
 
 
 def test_cooperative_with_nothing_feasible_explains_every_node() -> None:
-    model = model_of(node("a", [gpu("A", 0, count=1)]), node("small", [gpu("S", 0, mem=10)]))
+    model = model_of(gpu_node("a", [gpu("A", 0, count=1)]), gpu_node("small", [gpu("S", 0, mem=10)]))
     model.apply_pod("ADDED", holding("x", "a", dev("A", 10)))
     decision = decide(model, ask_of(), ["a", "small", "ghost"], now=NOW, all_feasible=True)
     assert decision.feasible == []
@@ -307,8 +309,8 @@ def test_cooperative_with_nothing_feasible_explains_every_node() -> None:
 def test_uuid_selector_tells_alike_nodes_apart_when_explained(order: list[str]) -> None:
     # Two nodes of one shape; the pod names a GPU of a, whose slot is taken now.
     model = model_of(
-        node("a", [gpu("GPU-a", 0, count=1)]),
-        node("b", [gpu("GPU-b", 0, count=1)]),
+        gpu_node("a", [gpu("GPU-a", 0, count=1)]),
+        gpu_node("b", [gpu("GPU-b", 0, count=1)]),
         pods=(holding("x", "a", dev("GPU-a", 10)),),
     )
     decision = decide(model, ask_of(**{keys.USE_GPU_UUID: "GPU-a"}), order, now=NOW)
@@ -326,17 +328,17 @@ def test_uuid_selector_tells_alike_nodes_apart_when_explained(order: list[str]) 
 def test_node_that_could_fit_once_freed_is_failed_not_unresolvable(
     devices: list[DeviceInfo], failed: bool
 ) -> None:
-    model = model_of(node("n", devices), pods=(holding("x", "n", dev("A", 10)),))
+    model = model_of(gpu_node("n", devices), pods=(holding("x", "n", dev("A", 10)),))
     decision = decide(model, ask_of(container(gpu=1, gpumem=500)), ["n"], now=NOW)
     assert ("n" in decision.failed, "n" in decision.unresolvable) == (failed, not failed)
 
 
 def test_malformed_nodes_are_explained_by_what_is_wrong() -> None:
-    bad_register = node("bad-register")
+    bad_register = gpu_node("bad-register")
     bad_register["metadata"]["annotations"][keys.NODE_REGISTER] = "[{not json"
-    model = model_of(bad_register, node("bad-pod"), builders.node("plain"))
+    model = model_of(bad_register, gpu_node("bad-pod"), builders.node("plain"))
     malformed = allocation(allocated="GPU-bad-pod-0,NVIDIA,-5,0:;")
-    model.apply_pod("ADDED", pod("x", node_name="bad-pod", phase="Running", annotations=malformed))
+    model.apply_pod("ADDED", gpu_pod("x", node_name="bad-pod", phase="Running", annotations=malformed))
     names = ["bad-register", "bad-pod", "plain", "ghost"]
     decision = decide(model, ask_of(), names, now=NOW)
     assert (decision.node, decision.fitted) == (None, 0)
@@ -365,7 +367,7 @@ def test_gpu_policy_is_the_first_of_the_pods_chain_else_the_configured_one(
 ) -> None:
     annotations = {keys.GPU_SCHEDULER_POLICY: annotation} if annotation else {}
     config = Config.model_validate({"gpu_scheduler_policy": ",".join(configured)})
-    assert build_ask(pod("p", annotations=annotations), config).gpu_policy == policy
+    assert build_ask(gpu_pod("p", annotations=annotations), config).gpu_policy == policy
 
 
 @pytest.mark.parametrize(
@@ -385,12 +387,12 @@ def test_a_gpu_policy_not_built_yet_refuses_the_pod_instead_of_ignoring_it(
     annotations = {keys.GPU_SCHEDULER_POLICY: annotation} if annotation else {}
     config = Config.model_validate({"gpu_scheduler_policy": ",".join(configured)})
     with pytest.raises(ProtocolError, match=f"GPU policy '{named}' is not supported by hami-py yet"):
-        build_ask(pod("p", container(gpu=2, gpumem=10), annotations=annotations), config)
+        build_ask(gpu_pod("p", container(gpu=2, gpumem=10), annotations=annotations), config)
 
 
 def test_the_filter_answers_an_unbuilt_policy_with_an_unresolvable_reason_on_every_node() -> None:
-    r = bind_rig(BIND_SETTINGS, node("n", [gpu("A", 0), gpu("B", 1)]))
-    p = pod("p", container(gpu=2, gpumem=10), annotations={keys.GPU_SCHEDULER_POLICY: "topology-aware"})
+    r = bind_rig(BIND_SETTINGS, gpu_node("n", [gpu("A", 0), gpu("B", 1)]))
+    p = gpu_pod("p", container(gpu=2, gpumem=10), annotations={keys.GPU_SCHEDULER_POLICY: "topology-aware"})
     r.add_watched_pod(p)
     result = r.scheduler.filter({"Pod": p, "NodeNames": ["n"]})
     assert result["NodeNames"] == []
@@ -449,7 +451,7 @@ def test_a_watched_pods_ask_is_built_once_per_version_of_the_pod(monkeypatch: py
         return real(p, config)
 
     monkeypatch.setattr(filtering, "build_ask", counting)
-    model = model_of(pods=(pod("p", container(gpu=1, gpumem=300)),))
+    model = model_of(pods=(gpu_pod("p", container(gpu=1, gpumem=300)),))
     first = model.pending[PodUid("uid-ns-p")]
     ask = filtering.ask_of(first, CONFIG)
     assert asked_mib(ask) == 300
@@ -457,14 +459,14 @@ def test_a_watched_pods_ask_is_built_once_per_version_of_the_pod(monkeypatch: py
     assert built == ["p"]
     assert filtering.ask_of(first, Config()) is not ask  # under another configuration: its own asks
     assert built == ["p", "p"]
-    model.apply_pod("MODIFIED", pod("p", container(gpu=1, gpumem=500)))  # the pod changed
+    model.apply_pod("MODIFIED", gpu_pod("p", container(gpu=1, gpumem=500)))  # the pod changed
     again = filtering.ask_of(model.pending[PodUid("uid-ns-p")], CONFIG)
     assert asked_mib(again) == 500
     assert built == ["p", "p", "p"]
 
 
 def test_a_malformed_watched_pod_is_refused_every_time() -> None:
-    model = model_of(pods=(pod("bad", container(gpu=1, gpumem="0.5")),))
+    model = model_of(pods=(gpu_pod("bad", container(gpu=1, gpumem="0.5")),))
     pending = model.pending[PodUid("uid-ns-bad")]
     for _ in range(2):
         with pytest.raises(ProtocolError, match="is not a whole number"):

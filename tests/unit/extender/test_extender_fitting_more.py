@@ -9,8 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from builders import allocation, container, gpu
-from extender_fakes import node, pod
+from builders import allocation, container, gpu, gpu_node, gpu_pod
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -39,9 +38,11 @@ def state_of(
     """Node ``n`` with ``devices`` (``cordon``: the GPUs its device-cordon names), and a running pod
     holding ``holding`` (one slot each) on it."""
     model = ClusterModel()
-    model.replace_nodes([node("n", devices, annotations={keys.DEVICE_CORDON: cordon} if cordon else None)])
+    model.replace_nodes(
+        [gpu_node("n", devices, annotations={keys.DEVICE_CORDON: cordon} if cordon else None)]
+    )
     model.replace_pods(
-        [pod("other", node_name="n", phase="Running", annotations=allocation(allocated=holding))]
+        [gpu_pod("other", node_name="n", phase="Running", annotations=allocation(allocated=holding))]
         if holding
         else []
     )
@@ -56,7 +57,7 @@ def fit(
     empty: bool = False,
     preferred: PodDevices | None = None,
 ) -> Fit:
-    ask = build_ask(pod("p", *containers, init=init, annotations=annotations), CONFIG)
+    ask = build_ask(gpu_pod("p", *containers, init=init, annotations=annotations), CONFIG)
     return fit_pod(state, ask, empty=empty, preferred=preferred)
 
 
@@ -92,7 +93,7 @@ def uuids(result: Fit) -> list[list[str]]:
 def test_pod_ask_summary_is_the_most_any_one_container_asks(
     containers: list[dict[str, Any]], init: list[dict[str, Any]], most: tuple[int, int]
 ) -> None:
-    ask = build_ask(pod("p", *containers, init=init), CONFIG)
+    ask = build_ask(gpu_pod("p", *containers, init=init), CONFIG)
     assert (ask.max_count, ask.max_memory_mib) == most
 
 

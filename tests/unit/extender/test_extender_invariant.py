@@ -4,22 +4,22 @@ registers, and an unreadable annotation is a violation rather than a pass."""
 from __future__ import annotations
 
 import builders
-from builders import gpu
-from extender_fakes import FakeKube, node, pod
+from builders import gpu, gpu_node, gpu_pod
+from fake_kube import FakeKube
 
 from hamipy.extender.invariant import check_cluster, check_objects
 from hamipy.protocol import keys
 
 
 def running(name: str, allocated: str) -> dict[str, object]:
-    return pod(name, node_name="n", annotations={keys.DEVICES_ALLOCATED: allocated}, phase="Running")
+    return gpu_pod(name, node_name="n", annotations={keys.DEVICES_ALLOCATED: allocated}, phase="Running")
 
 
 async def test_overcommit_is_reported_per_gpu_and_dimension() -> None:
     kube = FakeKube()
-    kube.add_node(node("n", [gpu("A", 0, count=1, mem=1000)]))
+    kube.add(gpu_node("n", [gpu("A", 0, count=1, mem=1000)]))
     for name in ("a", "b"):
-        kube.add_pod(running(name, "A,NVIDIA,600,0:;"))
+        kube.add(running(name, "A,NVIDIA,600,0:;"))
     report = await check_cluster(kube)
     assert {v.what for v in report.violations} == {"slots", "memory"}
     assert not report.ok
@@ -27,10 +27,10 @@ async def test_overcommit_is_reported_per_gpu_and_dimension() -> None:
 
 async def test_a_cluster_within_capacity_passes_and_finished_pods_do_not_count() -> None:
     kube = FakeKube()
-    kube.add_node(node("n", [gpu("A", 0, count=1, mem=1000)]))
-    kube.add_pod(running("a", "A,NVIDIA,600,0:;"))
-    kube.add_pod(
-        pod(
+    kube.add(gpu_node("n", [gpu("A", 0, count=1, mem=1000)]))
+    kube.add(running("a", "A,NVIDIA,600,0:;"))
+    kube.add(
+        gpu_pod(
             "done", node_name="n", annotations={keys.DEVICES_ALLOCATED: "A,NVIDIA,600,0:;"}, phase="Succeeded"
         )
     )
@@ -40,7 +40,7 @@ async def test_a_cluster_within_capacity_passes_and_finished_pods_do_not_count()
 
 
 def test_an_unreadable_allocation_is_a_violation() -> None:
-    report = check_objects([node("n")], [running("a", "not a device list")])
+    report = check_objects([gpu_node("n")], [running("a", "not a device list")])
     assert not report.ok
     assert "unreadable allocation of ns/a" in str(report.violations[0])
 
@@ -50,9 +50,9 @@ def test_a_native_sidecar_counts_as_running_beside_the_app() -> None:
         policy = {"restartPolicy": "Always"} if sidecar else {}
         init = [{**builders.container("proxy", gpu=1, gpumem=400), **policy}]
         both = {keys.DEVICES_ALLOCATED: "A,NVIDIA,400,0:;A,NVIDIA,400,0:;"}
-        return pod("p", node_name="n", annotations=both, phase="Running", init=init)
+        return gpu_pod("p", node_name="n", annotations=both, phase="Running", init=init)
 
-    gpus = [node("n", [gpu("A", 0, count=2, mem=600)])]
+    gpus = [gpu_node("n", [gpu("A", 0, count=2, mem=600)])]
     report = check_objects(gpus, [bound(sidecar=True)])
     assert [(v.what, v.allocated, v.capacity) for v in report.violations] == [("memory", 800, 600)]
     # A run-to-completion init container counts by its peak against the app, not with it.

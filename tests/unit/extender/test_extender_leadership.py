@@ -14,8 +14,9 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
-from builders import allocation, gpu
-from extender_fakes import FakeKube, bind_args, elected, our_node, pod
+from builders import allocation, gpu, gpu_node, gpu_pod
+from extender_fakes import bind_args, elected
+from fake_kube import FakeKube
 
 from hamipy.devcluster import wait_for
 from hamipy.extender.leadership import FORWARDED_HEADER, REDIRECTED_QUERY, Leadership
@@ -24,6 +25,7 @@ from hamipy.extender.routes import Routes, make_app
 from hamipy.extender.server import ExtenderServer
 from hamipy.extender.settings import ExtenderSettings
 from hamipy.extender.telemetry import Telemetry
+from hamipy.kube.resources import node_path
 from hamipy.protocol.config import Config
 from hamipy.protocol.devices import ContainerDevice
 from hamipy.telemetry.http2 import Http2Request
@@ -78,7 +80,7 @@ async def post(url: str, path: str, body: Any, headers: dict[str, str] | None = 
 
 @pytest.mark.parametrize("path", ["/filter", "/prioritize", "/bind"])
 async def test_a_replica_that_does_not_lead_answers_503_with_why(follower: str, path: str) -> None:
-    body = bind_args(pod("p")) if path == "/bind" else {"Pod": pod("p"), "NodeNames": ["n"]}
+    body = bind_args(gpu_pod("p")) if path == "/bind" else {"Pod": gpu_pod("p"), "NodeNames": ["n"]}
     status, answer = await post(follower, path, body)
     assert status == 503
     assert answer["Error"] == "this extender has not joined the leader election yet"
@@ -103,13 +105,13 @@ async def test_a_new_leader_takes_every_bound_pod_into_its_model_before_binds_de
     """The watch has not delivered what the previous leader bound: until the catch-up read, binds
     may not decide from the model; after it, the model holds that pod's allocation."""
     kube = FakeKube()
-    kube.add_node(our_node("n", [gpu("A", 0, count=2)]))
-    kube.add_pod(
-        pod("earlier", node_name="n", annotations=allocation(allocated="A,NVIDIA,1000,0:;", node="n"))
+    kube.add(gpu_node("n", [gpu("A", 0, count=2)], ours=True))
+    kube.add(
+        gpu_pod("earlier", node_name="n", annotations=allocation(allocated="A,NVIDIA,1000,0:;", node="n"))
     )
-    kube.add_pod(pod("pending"))
+    kube.add(gpu_pod("pending"))
     model = ClusterModel()
-    model.replace_nodes(kube.nodes.values())
+    model.replace_nodes(kube.items(node_path()))
     model.replace_pods([])
     leadership = Leadership(
         election=True,
@@ -133,11 +135,11 @@ async def test_a_replica_another_leads_drops_its_reservations_and_keeps_allocati
     """What it reserved while it led (a filter's choice, a Binding whose answer was lost) would hold
     GPUs in its model for no one: a follower never filters or binds."""
     kube = FakeKube()
-    kube.add_node(our_node("n", [gpu("A", 0, count=2)]))
+    kube.add(gpu_node("n", [gpu("A", 0, count=2)], ours=True))
     model = ClusterModel()
-    model.replace_nodes(kube.nodes.values())
+    model.replace_nodes(kube.items(node_path()))
     model.replace_pods(
-        [pod("earlier", node_name="n", annotations=allocation(allocated="A,NVIDIA,1000,0:;", node="n"))]
+        [gpu_pod("earlier", node_name="n", annotations=allocation(allocated="A,NVIDIA,1000,0:;", node="n"))]
     )
     model.reserve(
         uid=PodUid("uid-ns-p"),
@@ -185,7 +187,7 @@ async def test_a_redirecting_follower_sends_the_caller_to_the_leader_and_reads_n
 async def test_a_redirected_request_that_reaches_a_follower_is_refused_not_redirected_again(
     redirecting: str,
 ) -> None:
-    status, answer = await post(redirecting, f"/filter?{REDIRECTED_QUERY}=other", {"Pod": pod("p")})
+    status, answer = await post(redirecting, f"/filter?{REDIRECTED_QUERY}=other", {"Pod": gpu_pod("p")})
     assert status == 503
     assert answer["Error"].endswith("is not the leader")
 
@@ -202,7 +204,7 @@ async def test_over_http2_a_follower_redirects_and_never_passes_a_request_on_twi
     answer = await redirecting.respond_http2(http2_post("/bind", b"not even JSON"))
     assert answer.status == 307
     assert answer.headers["location"] == f"http://leader.test:8888/bind?{REDIRECTED_QUERY}=me_1"
-    body = json.dumps({"Pod": pod("p"), "NodeNames": ["n"]}).encode()
+    body = json.dumps({"Pod": gpu_pod("p"), "NodeNames": ["n"]}).encode()
     for request in (
         http2_post("/filter", body, query=f"{REDIRECTED_QUERY}=other"),
         http2_post("/filter", body, headers={FORWARDED_HEADER.lower(): "replica-0"}),
@@ -222,7 +224,7 @@ async def test_over_http2_a_follower_redirects_and_never_passes_a_request_on_twi
 async def test_redirected_is_read_from_the_parsed_query_over_both_protocols(
     redirecting: str, query: str, status: int
 ) -> None:
-    body = {"Pod": pod("p"), "NodeNames": ["n"]}
+    body = {"Pod": gpu_pod("p"), "NodeNames": ["n"]}
     async with (
         aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session,
         session.post(f"{redirecting}/filter?{query}", json=body, allow_redirects=False) as resp,
@@ -273,7 +275,7 @@ def test_a_leader_whose_model_is_not_listed_yet_decides_nothing() -> None:
 
 async def test_a_leader_still_listing_answers_503_with_why() -> None:
     async with serving(elector=elected(), leader_wait_s=0.1, ready=lambda: False) as url:
-        status, answer = await post(url, "/filter", {"Pod": pod("p"), "NodeNames": ["n"]})
+        status, answer = await post(url, "/filter", {"Pod": gpu_pod("p"), "NodeNames": ["n"]})
     assert status == 503
     assert answer["Error"] == (
         "this extender (me_1) holds the Lease but cannot decide yet "
@@ -283,9 +285,9 @@ async def test_a_leader_still_listing_answers_503_with_why() -> None:
 
 async def test_a_cold_standby_taking_the_lease_lists_the_cluster_then_catches_up_then_decides() -> None:
     kube = FakeKube()
-    kube.add_node(our_node("n", [gpu("A", 0, count=2)]))
-    kube.add_pod(
-        pod("earlier", node_name="n", annotations=allocation(allocated="A,NVIDIA,1000,0:;", node="n"))
+    kube.add(gpu_node("n", [gpu("A", 0, count=2)], ours=True))
+    kube.add(
+        gpu_pod("earlier", node_name="n", annotations=allocation(allocated="A,NVIDIA,1000,0:;", node="n"))
     )
     srv = cold_server(kube)
     srv.leadership.elector = elected(transitions=2)

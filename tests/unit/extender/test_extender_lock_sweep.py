@@ -9,8 +9,8 @@ import dataclasses
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from builders import gpu
-from extender_fakes import BIND_SETTINGS, REPORT, BindRig, bind_args, bind_rig, node, pod, shared_rig
+from builders import REPORT, gpu, gpu_node, gpu_pod
+from extender_fakes import BIND_SETTINGS, BindRig, bind_args, bind_rig, shared_rig
 
 from hamipy.extender.settings import ExtenderSettings
 from hamipy.kube.errors import KubeError
@@ -52,10 +52,10 @@ def api_down_for_releases(r: BindRig) -> dict[str, bool]:
 
 async def test_a_release_the_api_failed_is_retried_until_it_lands() -> None:
     r = shared_rig()
-    r.kube.add_pod(pod("p"))
+    r.kube.add(gpu_pod("p"))
     state = api_down_for_releases(r)
     await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
-    assert r.kube.pods[("ns", "p")]["spec"]["nodeName"] == "n", "the bind itself landed"
+    assert r.kube.pod("ns", "p")["spec"]["nodeName"] == "n", "the bind itself landed"
     assert r.lock() is not None, "its release did not"
     assert r.binder.sweeper.owed == {"n": ("ns", "p")}
     assert owed(r) == 1
@@ -72,7 +72,7 @@ async def test_a_release_the_api_failed_is_retried_until_it_lands() -> None:
 
 async def test_an_owed_release_never_removes_a_lock_that_names_another_pod() -> None:
     r = bind_rig()
-    r.kube.add_pod(pod("p"))
+    r.kube.add(gpu_pod("p"))
     state = api_down_for_releases(r)
     await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
     state["down"] = False
@@ -87,8 +87,8 @@ async def test_a_node_locked_again_by_a_bind_of_ours_is_no_longer_owed() -> None
     # HAMi's discipline (lock held until Allocate): the second bind of p leaves its lock for the
     # device plugin; the sweep must not take it away.
     settings = dataclasses.replace(BIND_SETTINGS, release_lock_after_bind=False)
-    r = bind_rig(settings, node("n", [gpu("A", 0, count=4)]))
-    r.kube.add_pod(pod("p"))
+    r = bind_rig(settings, gpu_node("n", [gpu("A", 0, count=4)]))
+    r.kube.add(gpu_pod("p"))
     r.binder.sweeper.owe("n", "ns", "p")  # an earlier bind of p failed, and so did its release
     r.locked_by("ns", "p", datetime.now(UTC))
     await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
@@ -115,12 +115,12 @@ def stuck_rig(owner_phase: str | None, *, deciding: bool = True) -> BindRig:
     r = bind_rig()
     r.binder.sweeper.deciding = lambda: deciding
     if owner_phase is not None:
-        holder = pod("holder", phase="Pending")
+        holder = gpu_pod("holder", phase="Pending")
         if owner_phase != "pending":
             holder["metadata"].setdefault("annotations", {})[keys.BIND_PHASE] = owner_phase
-        r.kube.add_pod(holder)
+        r.kube.add(holder)
     r.locked_by("ns", "holder", datetime.now(UTC) - timedelta(seconds=30))
-    r.model.apply_node("MODIFIED", r.kube.nodes["n"])
+    r.model.apply_node("MODIFIED", r.kube.node("n"))
     return r
 
 
@@ -142,12 +142,12 @@ def bound_owner_rig(settings: ExtenderSettings, *, ours: bool = True, bound_to: 
     """Node ``n`` (registered by our device plugin, or by HAMi's) locked 30 s ago by ``ns/holder``,
     bound to ``bound_to`` but not yet served (``allocating``): its binder died between its Binding
     and its release."""
-    n = node("n", [gpu("A", 0, count=2)], annotations=dict(REPORT) if ours else None)
+    n = gpu_node("n", [gpu("A", 0, count=2)], annotations=dict(REPORT) if ours else None)
     r = bind_rig(settings, n)
-    holder = pod("holder", node_name=bound_to, annotations={keys.BIND_PHASE: "allocating"})
-    r.kube.add_pod(holder)
+    holder = gpu_pod("holder", node_name=bound_to, annotations={keys.BIND_PHASE: "allocating"})
+    r.kube.add(holder)
     r.locked_by("ns", "holder", datetime.now(UTC) - timedelta(seconds=30))
-    r.model.apply_node("MODIFIED", r.kube.nodes["n"])
+    r.model.apply_node("MODIFIED", r.kube.node("n"))
     return r
 
 
@@ -183,7 +183,7 @@ async def test_only_the_deciding_replica_sweeps_stuck_locks() -> None:
 async def test_a_young_lock_is_not_checked() -> None:
     r = bind_rig()
     r.locked_by("ns", "holder", datetime.now(UTC))
-    r.model.apply_node("MODIFIED", r.kube.nodes["n"])
+    r.model.apply_node("MODIFIED", r.kube.node("n"))
     await r.binder.sweeper.sweep()
     assert r.lock() is not None
     assert r.kube.calls == []
@@ -193,27 +193,27 @@ async def test_a_young_lock_is_not_checked() -> None:
 
 
 def two_nodes_one_stuck() -> BindRig:
-    r = bind_rig(BIND_SETTINGS, node("n", [gpu("A", 0, count=4)]), node("m", [gpu("B", 0, count=4)]))
-    r.kube.add_pod(pod("holder", phase="Pending"))
+    r = bind_rig(BIND_SETTINGS, gpu_node("n", [gpu("A", 0, count=4)]), gpu_node("m", [gpu("B", 0, count=4)]))
+    r.kube.add(gpu_pod("holder", phase="Pending"))
     r.locked_by("ns", "holder", datetime.now(UTC) - timedelta(seconds=30))
-    r.model.apply_node("MODIFIED", r.kube.nodes["n"])
+    r.model.apply_node("MODIFIED", r.kube.node("n"))
     return r
 
 
 async def test_the_filter_passes_over_a_node_whose_lock_is_stuck() -> None:
     r = two_nodes_one_stuck()
-    r.add_watched_pod(pod("p"))
-    result = r.scheduler.filter({"Pod": r.kube.pods[("ns", "p")], "NodeNames": ["n", "m"]})
+    r.add_watched_pod(gpu_pod("p"))
+    result = r.scheduler.filter({"Pod": r.kube.pod("ns", "p"), "NodeNames": ["n", "m"]})
     assert result["NodeNames"] == ["m"]
     # With m gone too, the reason names the lock.
-    result = r.scheduler.filter({"Pod": r.kube.pods[("ns", "p")], "NodeNames": ["n"]})
+    result = r.scheduler.filter({"Pod": r.kube.pod("ns", "p"), "NodeNames": ["n"]})
     assert result["NodeNames"] == []
     assert "NodeLockHeld: node lock held by ns/holder since" in result["FailedNodes"]["n"]
 
 
 async def test_the_lock_owner_itself_may_still_be_placed_on_its_node() -> None:
     r = two_nodes_one_stuck()
-    holder = r.kube.pods[("ns", "holder")]
+    holder = r.kube.pod("ns", "holder")
     r.model.apply_pod("ADDED", holder)
     result = r.scheduler.filter({"Pod": holder, "NodeNames": ["n"]})
     assert result["NodeNames"] == ["n"]
@@ -221,17 +221,17 @@ async def test_the_lock_owner_itself_may_still_be_placed_on_its_node() -> None:
 
 async def test_a_young_lock_does_not_keep_the_filter_away() -> None:
     r = bind_rig()
-    r.kube.add_pod(pod("holder", phase="Pending"))
+    r.kube.add(gpu_pod("holder", phase="Pending"))
     r.locked_by("ns", "holder", datetime.now(UTC))
-    r.model.apply_node("MODIFIED", r.kube.nodes["n"])
-    r.add_watched_pod(pod("p"))
-    result = r.scheduler.filter({"Pod": r.kube.pods[("ns", "p")], "NodeNames": ["n"]})
+    r.model.apply_node("MODIFIED", r.kube.node("n"))
+    r.add_watched_pod(gpu_pod("p"))
+    result = r.scheduler.filter({"Pod": r.kube.pod("ns", "p"), "NodeNames": ["n"]})
     assert result["NodeNames"] == ["n"]
 
 
 async def test_a_bind_to_a_node_whose_lock_is_stuck_is_refused_at_once() -> None:
     r = two_nodes_one_stuck()
-    r.kube.add_pod(pod("p"))
-    answer = await r.scheduler.bind(bind_args(r.kube.pods[("ns", "p")]))
+    r.kube.add(gpu_pod("p"))
+    answer = await r.scheduler.bind(bind_args(r.kube.pod("ns", "p")))
     assert "node n has been locked by ns/holder since" in answer["Error"]
     assert r.telemetry.metrics.lock_waits._value.get() == 0, "it did not wait"

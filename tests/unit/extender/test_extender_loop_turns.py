@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from builders import gpu
-from extender_fakes import BIND_SETTINGS, bind_args, bind_rig, our_node, pod
+from builders import gpu, gpu_node, gpu_pod
+from extender_fakes import BIND_SETTINGS, bind_args, bind_rig
 
 from hamipy.extender.loop_turns import OnePerTurn
 
@@ -52,10 +52,10 @@ async def test_a_waiter_cancelled_in_line_gives_up_its_place() -> None:
 
 
 async def test_binds_answered_together_by_the_apiserver_let_a_filter_in_before_their_answers() -> None:
-    r = bind_rig(BIND_SETTINGS, our_node("n", [gpu("A", 0, count=10)]))
+    r = bind_rig(BIND_SETTINGS, gpu_node("n", [gpu("A", 0, count=10)], ours=True))
     names = [f"p{i}" for i in range(4)]
     for name in names:
-        r.add_watched_pod(pod(name))
+        r.add_watched_pod(gpu_pod(name))
     apiserver = asyncio.Event()  # answers every Binding at once, as one etcd commit does
     all_sent = asyncio.Event()
     sent: list[str] = []
@@ -72,7 +72,7 @@ async def test_binds_answered_together_by_the_apiserver_let_a_filter_in_before_t
     order: list[str] = []
 
     async def bind(name: str) -> None:
-        result = await r.scheduler.bind(bind_args(pod(name)))
+        result = await r.scheduler.bind(bind_args(gpu_pod(name)))
         assert result["Error"] == ""
         order.append(name)
 
@@ -82,4 +82,4 @@ async def test_binds_answered_together_by_the_apiserver_let_a_filter_in_before_t
     asyncio.get_running_loop().call_soon(order.append, "filter")  # readable as the burst lands
     await asyncio.wait_for(asyncio.gather(*binds), timeout=5)
     assert order == ["filter", *names]
-    assert all(r.kube.pods[("ns", name)]["spec"]["nodeName"] == "n" for name in names)
+    assert all(r.kube.pod("ns", name)["spec"]["nodeName"] == "n" for name in names)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from extender_fakes import node, pod
+from builders import gpu_node, gpu_pod
 from prometheus_client.parser import text_string_to_metric_families
 
 from hamipy.extender.model import ClusterModel
@@ -17,7 +17,7 @@ NODES = 20
 
 
 def allocated(name: str, on: str, uuid: str) -> dict[str, object]:
-    return pod(
+    return gpu_pod(
         name,
         node_name=on,
         phase="Running",
@@ -27,7 +27,7 @@ def allocated(name: str, on: str, uuid: str) -> dict[str, object]:
 
 def cluster() -> ClusterModel:
     model = ClusterModel()
-    model.replace_nodes([node(f"n{i}") for i in range(NODES)])  # two GPUs each
+    model.replace_nodes([gpu_node(f"n{i}") for i in range(NODES)])  # two GPUs each
     model.replace_pods([allocated(f"p{i}", f"n{i}", f"GPU-n{i}-0") for i in range(NODES)])
     return model
 
@@ -42,8 +42,8 @@ async def test_the_loop_runs_between_steps_while_the_model_changes() -> None:
         nonlocal steps
         while rendering:
             steps += 1
-            model.apply_node("DELETED", node(f"n{steps}"))
-            model.apply_node("ADDED", node(f"new{steps}"))
+            model.apply_node("DELETED", gpu_node(f"n{steps}"))
+            model.apply_node("ADDED", gpu_node(f"new{steps}"))
             model.apply_pod("DELETED", allocated(f"p{steps}", f"n{steps}", f"GPU-n{steps}-0"))
             model.apply_pod("ADDED", allocated(f"q{steps}", "n0", "GPU-n0-1"))
             await asyncio.sleep(0)

@@ -10,8 +10,7 @@ from typing import Any
 
 import builders
 import pytest
-from builders import allocation, container, gpu
-from extender_fakes import node, pod
+from builders import allocation, container, gpu, gpu_node, gpu_pod
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -55,7 +54,7 @@ def running(
     """A pod holding ``devices`` (its allocation annotation), on ``node_name`` or, mid-bind,
     ``vgpu_node``; ``init`` of its slots are init containers."""
     inits = [container(f"i{i}", gpu=1) for i in range(init)]
-    return pod(
+    return gpu_pod(
         name,
         node_name=node_name,
         init=inits,
@@ -95,7 +94,7 @@ def stamped(seconds_before_now: float, *, allocatable: str = "0") -> dict[str, A
 
 
 def test_registered_node_starts_with_nothing_used() -> None:
-    state, problem = node_from_json(node("n", TWO_GPUS, annotations={keys.DEVICE_CORDON: "B"}))
+    state, problem = node_from_json(gpu_node("n", TWO_GPUS, annotations={keys.DEVICE_CORDON: "B"}))
     assert problem is None
     assert [(g.uuid, g.used_slots, g.used_mem, g.used_cores, g.cordoned) for g in state.gpus] == [
         ("A", 0, 0, 0, False),
@@ -133,10 +132,10 @@ def test_node_known_only_from_a_pod_offers_nothing() -> None:
     assert not placeholder.usable(NOW)
     assert (placeholder.free_slot_gpus, placeholder.max_free_mem, placeholder.allocatable_gpus) == (0, 0, 0)
     assert NodeState("fresh") == NodeState("fresh", registered=False, free_slot_gpus=0, max_free_mem=0)
-    ask = build_ask(pod("p"), CONFIG)
+    ask = build_ask(gpu_pod("p"), CONFIG)
     assert decide(model, ask, ["late"], now=NOW).unresolvable["late"].text() == "NodeUnregistered"
     # The node registers: it still holds the malformed allocation, so it offers nothing yet.
-    model.apply_node("ADDED", node("late"))
+    model.apply_node("ADDED", gpu_node("late"))
     assert decide(model, ask, ["late"], now=NOW).failed["late"].text() == "NodeAllocationUnknown"
     model.apply_pod("DELETED", running("bad", "late", "GPU-late-0,NVIDIA,-5,0:;"))
     assert decide(model, ask, ["late"], now=NOW).node == "late"
@@ -199,7 +198,7 @@ def test_only_a_requesting_stamp_can_kill_a_node(handshake: str) -> None:
 
 
 def test_handshake_change_keeps_the_gpus_and_their_usage() -> None:
-    model = model_of(node("n", TWO_GPUS), pods=[running("a", "n", [[dev("A", 300, 20)]])])
+    model = model_of(gpu_node("n", TWO_GPUS), pods=[running("a", "n", [[dev("A", 300, 20)]])])
     before = model.nodes["n"]
     model.apply_node("MODIFIED", stamped(10))
     after = model.nodes["n"]
@@ -215,7 +214,7 @@ def test_handshake_change_keeps_the_gpus_and_their_usage() -> None:
 def test_node_score_is_the_sum_of_slot_core_and_memory_ratios() -> None:
     # HAMi's NodeScore: 2/20 slots + 40/200 cores + 500/2000 MiB, before the pod is placed.
     model = model_of(
-        node("n", TWO_GPUS),
+        gpu_node("n", TWO_GPUS),
         pods=[running("a", "n", [[dev("A", 300, 30)]]), running("b", "n", [[dev("B", 200, 10)]])],
     )
     assert model.nodes["n"].score == pytest.approx(0.1 + 0.2 + 0.25)
@@ -223,7 +222,7 @@ def test_node_score_is_the_sum_of_slot_core_and_memory_ratios() -> None:
 
 def test_node_score_ignores_a_dimension_the_node_has_none_of() -> None:
     no_cores = [gpu("A", 0, count=4, mem=1000, core=0)]
-    model = model_of(node("n", no_cores), pods=[running("a", "n", [[dev("A", 500, 0)]])])
+    model = model_of(gpu_node("n", no_cores), pods=[running("a", "n", [[dev("A", 500, 0)]])])
     assert model.nodes["n"].score == pytest.approx(0.25 + 0.5)
 
 
@@ -236,7 +235,7 @@ def test_free_slot_gpus_and_freest_memory_count_only_gpus_that_can_take_a_pod() 
         gpu("busy", 4, mem=3000),  # 3000 MiB taken: a slot, no memory
     ]
     model = model_of(
-        node("n", devices, annotations={keys.DEVICE_CORDON: "fenced"}),
+        gpu_node("n", devices, annotations={keys.DEVICE_CORDON: "fenced"}),
         pods=[
             running("a", "n", [[dev("full", 100)]]),
             running("b", "n", [[dev("half", 1500)]]),
@@ -248,13 +247,15 @@ def test_free_slot_gpus_and_freest_memory_count_only_gpus_that_can_take_a_pod() 
 
 
 def test_a_node_with_every_slot_taken_offers_no_memory() -> None:
-    model = model_of(node("n", [gpu("A", 0, count=1, mem=1000)]), pods=[running("a", "n", [[dev("A", 10)]])])
+    model = model_of(
+        gpu_node("n", [gpu("A", 0, count=1, mem=1000)]), pods=[running("a", "n", [[dev("A", 10)]])]
+    )
     state = model.nodes["n"]
     assert (state.free_slot_gpus, state.max_free_mem) == (0, 0)
 
 
 def test_a_gpu_with_its_memory_all_taken_offers_zero_not_one() -> None:
-    model = model_of(node("n", [gpu("A", 0, mem=1000)]), pods=[running("a", "n", [[dev("A", 1000)]])])
+    model = model_of(gpu_node("n", [gpu("A", 0, mem=1000)]), pods=[running("a", "n", [[dev("A", 1000)]])])
     state = model.nodes["n"]
     assert (state.free_slot_gpus, state.max_free_mem) == (1, 0)
 
@@ -265,7 +266,7 @@ def test_node_type_key_lists_its_gpu_types_once_in_upper_case() -> None:
         gpu("B", 1, type_="nvidia-a100"),
         gpu("C", 2, type_="NVIDIA-T4"),
     ]
-    state, _ = node_from_json(node("n", devices))
+    state, _ = node_from_json(gpu_node("n", devices))
     assert state.type_key == ("NVIDIA-A100", "NVIDIA-T4")
 
 
@@ -362,12 +363,12 @@ def test_a_sidecar_is_held_with_the_apps_and_the_init_containers_after_it() -> N
 @pytest.mark.parametrize(
     ("p", "finished"),
     [
-        pytest.param(pod("p", phase="Running"), False, id="running"),
-        pytest.param(pod("p", phase="Pending"), False, id="pending"),
-        pytest.param(pod("p", phase="Succeeded"), True, id="succeeded"),
-        pytest.param(pod("p", phase="Failed"), True, id="failed"),
-        pytest.param(deleting(pod("p", phase="Running")), False, id="being-deleted"),
-        pytest.param(deleting(pod("p", phase="Failed")), True, id="deleted-and-stopped"),
+        pytest.param(gpu_pod("p", phase="Running"), False, id="running"),
+        pytest.param(gpu_pod("p", phase="Pending"), False, id="pending"),
+        pytest.param(gpu_pod("p", phase="Succeeded"), True, id="succeeded"),
+        pytest.param(gpu_pod("p", phase="Failed"), True, id="failed"),
+        pytest.param(deleting(gpu_pod("p", phase="Running")), False, id="being-deleted"),
+        pytest.param(deleting(gpu_pod("p", phase="Failed")), True, id="deleted-and-stopped"),
         pytest.param({"metadata": {"name": "p"}}, False, id="no-status"),
     ],
 )
@@ -378,9 +379,9 @@ def test_pod_finished(p: dict[str, Any], finished: bool) -> None:
 @pytest.mark.parametrize(
     ("p", "leaving"),
     [
-        pytest.param(pod("p", phase="Running"), False, id="running"),
-        pytest.param(pod("p", phase="Succeeded"), True, id="succeeded"),
-        pytest.param(deleting(pod("p", phase="Running")), True, id="being-deleted"),
+        pytest.param(gpu_pod("p", phase="Running"), False, id="running"),
+        pytest.param(gpu_pod("p", phase="Succeeded"), True, id="succeeded"),
+        pytest.param(deleting(gpu_pod("p", phase="Running")), True, id="being-deleted"),
         pytest.param({"metadata": {"name": "p"}}, False, id="no-status"),
     ],
 )
@@ -389,7 +390,7 @@ def test_pod_leaving(p: dict[str, Any], leaving: bool) -> None:
 
 
 def test_allocation_counts_on_spec_node_not_on_vgpu_node() -> None:
-    model = model_of(node("a", TWO_GPUS), node("b", [gpu("C", 0)]))
+    model = model_of(gpu_node("a", TWO_GPUS), gpu_node("b", [gpu("C", 0)]))
     mid_bind = running("p", None, [[dev("A", 100, 10)]], vgpu_node="a", phase="Pending")
     model.apply_pod("ADDED", mid_bind)
     assert used(model, "a")["A"] == (0, 0, 0)
@@ -406,15 +407,15 @@ def test_allocation_counts_on_spec_node_not_on_vgpu_node() -> None:
 
 
 def test_pod_without_a_node_or_allocation_takes_nothing() -> None:
-    model = model_of(node("n", TWO_GPUS))
-    model.apply_pod("ADDED", pod("unplaced", annotations=allocation(allocated=[[dev("A", 100)]])))
-    model.apply_pod("ADDED", pod("unallocated", node_name="n"))
+    model = model_of(gpu_node("n", TWO_GPUS))
+    model.apply_pod("ADDED", gpu_pod("unplaced", annotations=allocation(allocated=[[dev("A", 100)]])))
+    model.apply_pod("ADDED", gpu_pod("unallocated", node_name="n"))
     assert model.contributions == {}
     assert used(model, "n")["A"] == (0, 0, 0)
 
 
 def test_allocation_removed_frees_the_gpu_but_a_reservation_stays() -> None:
-    model = model_of(node("n", TWO_GPUS))
+    model = model_of(gpu_node("n", TWO_GPUS))
     model.apply_pod("ADDED", running("held", "n", [[dev("A", 100)]]))
     model.reserve(
         uid=PodUid("uid-ns-planned"),
@@ -427,13 +428,13 @@ def test_allocation_removed_frees_the_gpu_but_a_reservation_stays() -> None:
     )
     # A failed bind removes the annotations: the allocation goes. A reserved pod's events without
     # an allocation leave its reservation.
-    model.apply_pod("MODIFIED", pod("held", node_name="n", phase="Running"))
-    model.apply_pod("MODIFIED", pod("planned"))
+    model.apply_pod("MODIFIED", gpu_pod("held", node_name="n", phase="Running"))
+    model.apply_pod("MODIFIED", gpu_pod("planned"))
     assert used(model, "n") == {"A": (0, 0, 0), "B": (1, 200, 0)}
 
 
 def test_same_allocation_seen_again_changes_nothing() -> None:
-    model = model_of(node("n", TWO_GPUS))
+    model = model_of(gpu_node("n", TWO_GPUS))
     model.apply_pod("ADDED", running("p", "n", [[dev("A", 100, 10)]]))
     generation = model.generation
     model.apply_pod("MODIFIED", running("p", "n", [[dev("A", 100, 10)]]))
@@ -445,7 +446,7 @@ def test_same_allocation_seen_again_changes_nothing() -> None:
 
 
 def test_allocation_replaces_a_reservation_of_the_same_pod() -> None:
-    model = model_of(node("n", TWO_GPUS))
+    model = model_of(gpu_node("n", TWO_GPUS))
     model.reserve(
         uid=PodUid("uid-ns-p"),
         namespace="ns",
@@ -464,7 +465,7 @@ def test_allocation_replaces_a_reservation_of_the_same_pod() -> None:
 
 @pytest.mark.parametrize("how", ["deleted", "succeeded", "failed", "stopped-while-deleted"])
 def test_finished_pod_frees_its_gpus(how: str) -> None:
-    model = model_of(node("n", TWO_GPUS))
+    model = model_of(gpu_node("n", TWO_GPUS))
     p = running("p", "n", [[dev("A", 100, 10)]])
     model.apply_pod("ADDED", p)
     if how == "deleted":
@@ -480,7 +481,7 @@ def test_finished_pod_frees_its_gpus(how: str) -> None:
 
 def test_pod_being_deleted_holds_its_gpus_until_its_containers_stop() -> None:
     # Its containers run through the grace period: the GPU is not free until the kubelet says so.
-    model = model_of(node("n", TWO_GPUS))
+    model = model_of(gpu_node("n", TWO_GPUS))
     p = running("p", "n", [[dev("A", 100, 10)]])
     model.apply_pod("ADDED", p)
     model.apply_pod("MODIFIED", deleting(p))
@@ -490,7 +491,7 @@ def test_pod_being_deleted_holds_its_gpus_until_its_containers_stop() -> None:
 
 
 def test_malformed_allocation_is_reported_and_blocks_its_node_until_fixed() -> None:
-    model = model_of(node("n", TWO_GPUS))
+    model = model_of(gpu_node("n", TWO_GPUS))
     model.apply_pod("ADDED", running("p", "n", [[dev("A", 100)]]))
     problems = model.apply_pod("MODIFIED", running("p", "n", "A,NVIDIA,lots,0:;"))
     assert [(p.kind, p.namespace, p.name, p.uid, p.field) for p in problems] == [
@@ -508,9 +509,9 @@ def test_gpu_the_node_no_longer_registers_takes_nothing_from_the_others() -> Non
     gone = [f"G{i}" for i in range(8)]
     kept = [f"K{i}" for i in range(8)]
     everything = [gpu(u, i) for i, u in enumerate(gone + kept)]
-    model = model_of(node("n", everything))
+    model = model_of(gpu_node("n", everything))
     model.apply_pod("ADDED", running("p", "n", [[dev(u, 100, 1) for u in gone + kept]]))
-    model.apply_node("MODIFIED", node("n", [gpu(u, i) for i, u in enumerate(kept)]))
+    model.apply_node("MODIFIED", gpu_node("n", [gpu(u, i) for i, u in enumerate(kept)]))
     assert used(model, "n") == dict.fromkeys(kept, (1, 100, 1))
     # And when the pod goes, the remaining GPUs are freed exactly once.
     model.apply_pod("DELETED", running("p", "n", []))
@@ -521,22 +522,24 @@ def test_gpu_the_node_no_longer_registers_takes_nothing_from_the_others() -> Non
 
 
 def test_register_change_recounts_the_new_gpus_from_the_pods() -> None:
-    model = model_of(node("n", TWO_GPUS), pods=[running("p", "n", [[dev("A", 100, 10)], [dev("A", 50, 5)]])])
-    model.apply_node("MODIFIED", node("n", [gpu("A", 0, mem=2000), gpu("B", 1)]))
+    model = model_of(
+        gpu_node("n", TWO_GPUS), pods=[running("p", "n", [[dev("A", 100, 10)], [dev("A", 50, 5)]])]
+    )
+    model.apply_node("MODIFIED", gpu_node("n", [gpu("A", 0, mem=2000), gpu("B", 1)]))
     assert used(model, "n")["A"] == (2, 150, 15)
     assert model.nodes["n"].max_free_mem == 32768
 
 
 def test_cordon_change_takes_effect_with_usage_kept() -> None:
-    model = model_of(node("n", TWO_GPUS), pods=[running("p", "n", [[dev("A", 100, 10)]])])
-    model.apply_node("MODIFIED", node("n", TWO_GPUS, annotations={keys.DEVICE_CORDON: "A, "}))
+    model = model_of(gpu_node("n", TWO_GPUS), pods=[running("p", "n", [[dev("A", 100, 10)]])])
+    model.apply_node("MODIFIED", gpu_node("n", TWO_GPUS, annotations={keys.DEVICE_CORDON: "A, "}))
     assert [g.cordoned for g in model.nodes["n"].gpus] == [True, False]
     assert used(model, "n")["A"] == (1, 100, 10)
     assert model.nodes["n"].free_slot_gpus == 1
 
 
 def test_malformed_register_is_reported_and_offers_nothing() -> None:
-    bad = node("n")
+    bad = gpu_node("n")
     bad["metadata"]["annotations"][keys.NODE_REGISTER] = "[{not json"
     model = ClusterModel()
     problems = model.apply_node("ADDED", bad)
@@ -549,10 +552,10 @@ def test_malformed_register_is_reported_and_offers_nothing() -> None:
 
 
 def test_deleted_node_is_forgotten_and_returns_with_its_pods_counted() -> None:
-    model = model_of(node("n", TWO_GPUS), pods=[running("p", "n", [[dev("A", 100, 10)]])])
-    assert model.apply_node("DELETED", node("n", TWO_GPUS)) == []
+    model = model_of(gpu_node("n", TWO_GPUS), pods=[running("p", "n", [[dev("A", 100, 10)]])])
+    assert model.apply_node("DELETED", gpu_node("n", TWO_GPUS)) == []
     assert "n" not in model.nodes
-    model.apply_node("ADDED", node("n", TWO_GPUS))
+    model.apply_node("ADDED", gpu_node("n", TWO_GPUS))
     assert used(model, "n")["A"] == (1, 100, 10)
 
 
@@ -567,17 +570,17 @@ def test_unregistered_node_is_known_but_not_registered() -> None:
 
 
 def test_node_relist_forgets_nodes_not_listed() -> None:
-    model = model_of(node("a"), node("b"))
-    bad = node("c")
+    model = model_of(gpu_node("a"), gpu_node("b"))
+    bad = gpu_node("c")
     bad["metadata"]["annotations"][keys.NODE_REGISTER] = "nope"
-    problems = model.replace_nodes([node("a"), bad])
+    problems = model.replace_nodes([gpu_node("a"), bad])
     assert sorted(model.nodes) == ["a", "c"]
     assert [p.name for p in problems] == ["c"]
 
 
 def test_pod_relist_drops_stale_allocations_and_keeps_listed_ones_once() -> None:
     model = model_of(
-        node("n", TWO_GPUS),
+        gpu_node("n", TWO_GPUS),
         pods=[running("stays", "n", [[dev("A", 100, 10)]]), running("gone", "n", [[dev("B", 200, 20)]])],
     )
     model.reserve(
@@ -597,7 +600,7 @@ def test_pod_relist_drops_stale_allocations_and_keeps_listed_ones_once() -> None
 
 
 def test_pod_relist_reports_malformed_and_forgets_bad_pods_not_listed() -> None:
-    model = model_of(node("n", TWO_GPUS), node("m", TWO_GPUS))
+    model = model_of(gpu_node("n", TWO_GPUS), gpu_node("m", TWO_GPUS))
     model.apply_pod("ADDED", running("old-bad", "n", "A,NVIDIA,x,0:;"))
     problems = model.replace_pods([running("new-bad", "m", "A,NVIDIA,y,0:;")])
     assert [p.name for p in problems] == ["new-bad"]
@@ -619,7 +622,7 @@ def test_model_is_synced_once_nodes_and_pods_are_listed(
 ) -> None:
     model = ClusterModel()
     if nodes_listed:
-        model.replace_nodes([node("n")])
+        model.replace_nodes([gpu_node("n")])
     if pods_listed:
         model.replace_pods([])
     assert model.synced is synced
@@ -641,7 +644,7 @@ def reserve(model: ClusterModel, name: str, devices: list[list[ContainerDevice]]
 
 
 def test_reservation_expires_at_its_time_not_before() -> None:
-    model = model_of(node("n", TWO_GPUS))
+    model = model_of(gpu_node("n", TWO_GPUS))
     reserve(model, "p", [[dev("A", 100)]], NOW + 60)
     reserve(model, "q", [[dev("B", 100)]], NOW + 90)
     assert model.expire(NOW + 59.9) == 0
@@ -653,7 +656,7 @@ def test_reservation_expires_at_its_time_not_before() -> None:
 
 
 def test_renewed_reservation_outlives_its_first_expiry() -> None:
-    model = model_of(node("n", TWO_GPUS))
+    model = model_of(gpu_node("n", TWO_GPUS))
     reserve(model, "p", [[dev("A", 100)]], NOW + 60)
     reserve(model, "p", [[dev("B", 300)]], NOW + 120)
     assert used(model, "n") == {"A": (0, 0, 0), "B": (1, 300, 0)}
@@ -663,7 +666,7 @@ def test_renewed_reservation_outlives_its_first_expiry() -> None:
 
 
 def test_release_drops_a_reservation_and_an_allocation_only_when_told() -> None:
-    model = model_of(node("n", TWO_GPUS), pods=[running("held", "n", [[dev("A", 100)]])])
+    model = model_of(gpu_node("n", TWO_GPUS), pods=[running("held", "n", [[dev("A", 100)]])])
     reserve(model, "p", [[dev("B", 100)]], NOW + 60)
     model.release(PodUid("uid-ns-held"))
     model.release(PodUid("uid-ns-held"), source="binding")
@@ -677,7 +680,7 @@ def test_release_drops_a_reservation_and_an_allocation_only_when_told() -> None:
 
 
 def test_allocation_recorded_by_bind_makes_its_watch_event_a_no_op() -> None:
-    model = model_of(node("n", TWO_GPUS))
+    model = model_of(gpu_node("n", TWO_GPUS))
     reserve(model, "p", [[dev("A", 100, 10)]], NOW + 60)
     p = running("p", "n", [[dev("A", 100, 10)]])
     raw = p["metadata"]["annotations"][keys.DEVICES_ALLOCATED]
@@ -698,6 +701,6 @@ def test_allocation_recorded_by_bind_makes_its_watch_event_a_no_op() -> None:
 
 
 def test_init_containers_of_a_pod_count_by_their_peak() -> None:
-    model = model_of(node("n", TWO_GPUS))
+    model = model_of(gpu_node("n", TWO_GPUS))
     model.apply_pod("ADDED", running("p", "n", [[dev("A", 900, 50)], [dev("A", 300, 10)]], init=1))
     assert used(model, "n")["A"] == (1, 900, 50)

@@ -11,8 +11,7 @@ from typing import Any
 
 import builders
 import pytest
-from builders import allocation, gpu
-from extender_fakes import pod
+from builders import allocation, gpu, gpu_pod
 
 from hamipy.extender.model import ClusterModel, NodeName, PodUid, now_epoch
 from hamipy.extender.telemetry import Telemetry
@@ -42,7 +41,7 @@ def test_no_readable_allocatable_count_counts_as_none_for_liveness(allocatable: 
 
 def test_a_bound_pod_with_an_empty_allocation_holds_nothing_and_blocks_nothing() -> None:
     model = model_with(builders.node("n", TWO_GPUS))
-    problems = model.apply_pod("ADDED", pod("p", node_name="n", annotations={keys.DEVICES_ALLOCATED: ""}))
+    problems = model.apply_pod("ADDED", gpu_pod("p", node_name="n", annotations={keys.DEVICES_ALLOCATED: ""}))
     assert problems == []
     assert not model.contributions
     assert model.nodes["n"].usable(NOW)
@@ -50,7 +49,7 @@ def test_a_bound_pod_with_an_empty_allocation_holds_nothing_and_blocks_nothing()
 
 def test_a_pending_pod_keeps_its_identity_preferences_and_asks_only() -> None:
     model = model_with(builders.node("n", TWO_GPUS))
-    p = pod("p", annotations={keys.USE_GPU_TYPE: "A100"})
+    p = gpu_pod("p", annotations={keys.USE_GPU_TYPE: "A100"})
     p["metadata"]["managedFields"] = [{"manager": "kubectl"}]
     p["status"] = {"phase": "Pending", "conditions": []}
     assert model.apply_pod("ADDED", p) == []
@@ -72,9 +71,9 @@ def test_every_change_moves_the_generation_forward() -> None:
     model.apply_node("ADDED", builders.node("n", TWO_GPUS))
     seen.append(model.generation)
     devices = [[ContainerDevice("A", keys.DEVICE_VENDOR_NVIDIA, 100, 10)]]
-    model.apply_pod("ADDED", pod("p", node_name="n", annotations=allocation(allocated=devices)))
+    model.apply_pod("ADDED", gpu_pod("p", node_name="n", annotations=allocation(allocated=devices)))
     seen.append(model.generation)
-    model.apply_pod("DELETED", pod("p", node_name="n"))
+    model.apply_pod("DELETED", gpu_pod("p", node_name="n"))
     seen.append(model.generation)
     assert seen == sorted(set(seen)), seen
 
@@ -100,7 +99,7 @@ def test_held_counts_each_pod_once_under_its_current_source_and_the_gauge_reads_
 
     assert [gauge(s) for s in ("allocated", "reserved", "binding")] == [1.0, 1.0, 0.0]
     assert model.expire(NOW) == 1
-    model.apply_pod("DELETED", pod("p", node_name="n"))
+    model.apply_pod("DELETED", gpu_pod("p", node_name="n"))
     steps.append(dict(model.held))
     assert steps == [
         {"allocated": 0, "binding": 0, "reserved": 1},
@@ -113,7 +112,7 @@ def test_held_counts_each_pod_once_under_its_current_source_and_the_gauge_reads_
 
 def test_a_node_deleted_before_its_malformed_pod_is_whole_when_it_returns() -> None:
     model = model_with(builders.node("n", TWO_GPUS))
-    bad = pod("bad", node_name="n", annotations={keys.DEVICES_ALLOCATED: "not,a,slot"})
+    bad = gpu_pod("bad", node_name="n", annotations={keys.DEVICES_ALLOCATED: "not,a,slot"})
     assert model.apply_pod("ADDED", bad)  # reported
     assert not model.nodes["n"].usable(NOW)
     model.apply_node("DELETED", builders.node("n", TWO_GPUS))
@@ -125,21 +124,21 @@ def test_a_node_deleted_before_its_malformed_pod_is_whole_when_it_returns() -> N
 def test_apply_pod_always_answers_a_list_of_problems() -> None:
     model = model_with(builders.node("n", TWO_GPUS))
     devices = [[ContainerDevice("A", keys.DEVICE_VENDOR_NVIDIA, 100, 10)]]
-    placed = pod("p", node_name="n", annotations=allocation(allocated=devices))
+    placed = gpu_pod("p", node_name="n", annotations=allocation(allocated=devices))
     assert model.apply_pod("ADDED", placed) == []
     # Its annotations removed (a failed bind cleaned up), then finished, then an unbound pod.
-    assert model.apply_pod("MODIFIED", pod("p", node_name="n")) == []
-    assert model.apply_pod("MODIFIED", pod("p", node_name="n", phase="Succeeded")) == []
-    assert model.apply_pod("ADDED", pod("q")) == []
-    (problem,) = model.apply_pod("ADDED", pod("r", annotations={keys.DEVICES_ALLOCATED: "garbage"}))
+    assert model.apply_pod("MODIFIED", gpu_pod("p", node_name="n")) == []
+    assert model.apply_pod("MODIFIED", gpu_pod("p", node_name="n", phase="Succeeded")) == []
+    assert model.apply_pod("ADDED", gpu_pod("q")) == []
+    (problem,) = model.apply_pod("ADDED", gpu_pod("r", annotations={keys.DEVICES_ALLOCATED: "garbage"}))
     assert problem.name == "r"
     assert problem.field.startswith(keys.DEVICES_ALLOCATED)
     # A list with all of those kinds of pods in it.
     listed = [
         placed,
-        pod("s", phase="Failed"),
-        pod("q"),
-        pod("r", annotations={keys.DEVICES_ALLOCATED: "garbage"}),
+        gpu_pod("s", phase="Failed"),
+        gpu_pod("q"),
+        gpu_pod("r", annotations={keys.DEVICES_ALLOCATED: "garbage"}),
     ]
     assert [p.name for p in model.replace_pods(listed)] == ["r"]
 

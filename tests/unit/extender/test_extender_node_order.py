@@ -3,10 +3,7 @@ that the model keeps it equal to its nodes sorted by score through every kind of
 
 from __future__ import annotations
 
-from typing import Any
-
-from builders import allocation, container, gpu
-from extender_fakes import node, pod
+from builders import allocation, container, gpu, gpu_node, gpu_pod, running_pod
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -38,11 +35,6 @@ def test_put_moves_a_node_whose_score_changed_and_drop_forgets_it() -> None:
     assert (order.score("b"), len(order)) == (None, 1)
 
 
-def running(name: str, node_name: str, mem: int, cores: int) -> dict[str, Any]:
-    devices = [[ContainerDevice(f"GPU-{node_name}-0", keys.DEVICE_VENDOR_NVIDIA, mem, cores)]]
-    return pod(name, node_name=node_name, phase="Running", annotations=allocation(allocated=devices))
-
-
 NODES = [f"n{i}" for i in range(4)]
 SLOT = st.integers(min_value=0, max_value=5)
 OPS = st.lists(
@@ -64,17 +56,22 @@ def apply(model: ClusterModel, op: str, name: str, n: int) -> None:
     match op:
         case "node" | "relist":
             # n GPUs: re-registering with another count changes the node's score
-            state = node(name, [gpu(f"GPU-{name}-{i}", i, mem=1000 * (i + 1)) for i in range(n)])
+            state = gpu_node(name, [gpu(f"GPU-{name}-{i}", i, mem=1000 * (i + 1)) for i in range(n)])
             if op == "node":
                 model.apply_node("ADDED", state)
             else:  # a full list of only this node: the others are forgotten
                 model.replace_nodes([state])
         case "delete-node":
-            model.apply_node("DELETED", node(name))
+            model.apply_node("DELETED", gpu_node(name))
         case "pod":
-            model.apply_pod("MODIFIED", running(f"p{n}", name, 100 * (n + 1), 5 * n))
+            model.apply_pod(
+                "MODIFIED",
+                running_pod(f"p{n}", allocated=f"GPU-{name}-0,NVIDIA,{100 * (n + 1)},{5 * n}:;", node=name),
+            )
         case "delete-pod":
-            model.apply_pod("DELETED", running(f"p{n}", name, 0, 0))
+            model.apply_pod(
+                "DELETED", running_pod(f"p{n}", allocated=f"GPU-{name}-0,NVIDIA,0,0:;", node=name)
+            )
         case "reserve":
             uid = PodUid(f"r{n}")
             devices = [[ContainerDevice(f"GPU-{name}-0", keys.DEVICE_VENDOR_NVIDIA, 50 * (n + 1), n)]]
@@ -91,7 +88,7 @@ def apply(model: ClusterModel, op: str, name: str, n: int) -> None:
             model.release(PodUid(f"r{n}"))
         case "bad-pod":  # a malformed allocation: on an unknown node, the model makes a placeholder node
             malformed = allocation(allocated="x")
-            bad = pod(f"b{n}", container(gpu=1), node_name=name, phase="Running", annotations=malformed)
+            bad = gpu_pod(f"b{n}", container(gpu=1), node_name=name, phase="Running", annotations=malformed)
             model.apply_pod("MODIFIED", bad)
 
 
@@ -101,7 +98,7 @@ def test_the_model_keeps_the_order_equal_to_its_nodes_sorted_by_score(
     ops: list[tuple[str, str, int]],
 ) -> None:
     model = ClusterModel()
-    model.replace_nodes([node(name) for name in NODES[:2]])
+    model.replace_nodes([gpu_node(name) for name in NODES[:2]])
     for op in ops:
         apply(model, *op)
         scores = {name: state.score for name, state in model.nodes.items()}

@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from builders import container, gpu
-from extender_fakes import BIND_SETTINGS, BindRig, bind_rig, our_node, pod
+from builders import container, gpu, gpu_node, gpu_pod
+from extender_fakes import BIND_SETTINGS, BindRig, bind_rig
 
 from hamipy.extender.disruption_budgets import selector_matches
 from hamipy.extender.filtering import build_ask
@@ -27,7 +27,7 @@ def running(
     name: str, uuid: str, mib: int, *, priority: int = 0, namespace: str = "ns", node: str = "n", **extra: Any
 ) -> dict[str, Any]:
     """A bound, running pod holding ``mib`` of GPU ``uuid``, at ``priority``."""
-    p = pod(name, container(gpu=1, gpumem=mib), namespace=namespace, node_name=node, phase="Running")
+    p = gpu_pod(name, container(gpu=1, gpumem=mib), namespace=namespace, node_name=node, phase="Running")
     p["metadata"]["annotations"][keys.DEVICES_ALLOCATED] = f"{uuid},NVIDIA,{mib},0:;"
     p["spec"]["priority"] = priority
     for key, value in extra.items():
@@ -41,14 +41,16 @@ def running(
 def pending(
     name: str, mib: int, *, priority: int = 1000, namespace: str = "ns", **spec: Any
 ) -> dict[str, Any]:
-    p = pod(name, container(gpu=1, gpumem=mib), namespace=namespace)
+    p = gpu_pod(name, container(gpu=1, gpumem=mib), namespace=namespace)
     p["spec"].update(priority=priority, **spec)
     return p
 
 
 def model_with(gpus: int, *pods: dict[str, Any], mem: int = 80 * GIB, slots: int = 10) -> ClusterModel:
     model = ClusterModel()
-    model.replace_nodes([our_node("n", [gpu(f"G{i}", i, mem=mem, count=slots) for i in range(gpus)])])
+    model.replace_nodes(
+        [gpu_node("n", [gpu(f"G{i}", i, mem=mem, count=slots) for i in range(gpus)], ours=True)]
+    )
     model.replace_pods(pods)
     return model
 
@@ -195,8 +197,13 @@ def test_label_selectors_match_as_kubernetes_does(
 # ---- the filter carries it out
 
 
+def deleted(r: BindRig) -> list[str]:
+    """The pods the extender deleted, and the API server with them."""
+    return sorted(p.rsplit("/", 1)[1] for m, p in r.kube.calls if m == "DELETE" and p not in r.kube.objects)
+
+
 def preemption_rig(*pods: dict[str, Any]) -> BindRig:
-    r = bind_rig(BIND_SETTINGS, our_node("n", [gpu("G0", 0, mem=80 * GIB)]))
+    r = bind_rig(BIND_SETTINGS, gpu_node("n", [gpu("G0", 0, mem=80 * GIB)], ours=True))
     for p in pods:
         r.add_watched_pod(p)
     return r
@@ -213,9 +220,9 @@ async def test_the_filter_evicts_the_victims_holds_the_gpu_and_says_so() -> None
     assert r.model.contributions[PodUid("uid-ns-big")].source == "reserved"
     assert r.evictor is not None
     await r.evictor.idle()
-    gone = sorted(name for _, name in r.kube.deleted)
+    gone = deleted(r)
     assert len(gone) == 2
-    assert r.kube.pods[("ns", "big")]["status"]["nominatedNodeName"] == "n"
+    assert r.kube.pod("ns", "big")["status"]["nominatedNodeName"] == "n"
     messages = [(e.reason, e.message) for e in r.events.recorded]
     assert (
         "Preempted",
@@ -225,7 +232,7 @@ async def test_the_filter_evicts_the_victims_holds_the_gpu_and_says_so() -> None
     # While the victims stop, the pod waits, its GPU still held; nothing more is evicted.
     waiting = r.scheduler.filter({"Pod": big, "NodeNames": ["n"]})
     assert "waiting for 2 preempted pod(s) to stop" in waiting["FailedNodes"]["n"]
-    assert len(r.kube.deleted) == 2
+    assert len(deleted(r)) == 2
     # Once they are gone, their room is the preemptor's: a low-priority pod does not get it.
     for name in gone:
         r.model.apply_pod("DELETED", running(name, "G0", 20 * GIB))
@@ -242,7 +249,7 @@ async def test_equal_priorities_never_preempt_through_the_filter() -> None:
     r.add_watched_pod(big)
     answer = r.scheduler.filter({"Pod": big, "NodeNames": ["n"]})
     assert PREEMPTING not in answer["FailedNodes"]["n"]
-    assert r.kube.deleted == []
+    assert deleted(r) == []
     assert PodUid("uid-ns-big") not in r.model.contributions
 
 
@@ -250,7 +257,7 @@ async def test_a_failed_eviction_drops_the_preemption() -> None:
     from hamipy.kube.errors import KubeError
 
     r = preemption_rig(running("low", "G0", 80 * GIB))
-    r.kube.fail[("DELETE", "/api/v1/namespaces/ns/pods/low")] = KubeError("refused", status=500)
+    r.kube.fail(KubeError("refused", status=500), "DELETE", "/api/v1/namespaces/ns/pods/low")
     big = pending("big", 40 * GIB)
     r.add_watched_pod(big)
     r.scheduler.filter({"Pod": big, "NodeNames": ["n"]})

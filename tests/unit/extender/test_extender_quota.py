@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from builders import container, gpu
-from extender_fakes import BIND_SETTINGS, BindRig, bind_rig, our_node, pod
+from builders import container, gpu, gpu_node, gpu_pod
+from extender_fakes import BIND_SETTINGS, BindRig, bind_rig
 
 from hamipy.extender.errors import BindRefused
 from hamipy.extender.model import ClusterModel, PodUid
@@ -28,16 +28,9 @@ def quota(name: str, namespace: str = "ns", **hard: str) -> dict[str, Any]:
 
 def rig(*quotas: dict[str, Any], mem: int = 32768, gpus: int = 2) -> BindRig:
     """Node ``n`` our device plugin serves (binds decide from the model), ``quotas`` listed."""
-    r = bind_rig(BIND_SETTINGS, our_node("n", [gpu(f"G{i}", i, mem=mem) for i in range(gpus)]))
+    r = bind_rig(BIND_SETTINGS, gpu_node("n", [gpu(f"G{i}", i, mem=mem) for i in range(gpus)], ours=True))
     r.model.quotas.replace(quotas)
     return r
-
-
-def gpu_pod(
-    name: str, *, count: int = 1, gpumem: int | None = 8192, pct: int | None = None, cores: int = 0
-) -> dict[str, Any]:
-    c = container(gpu=count, gpumem=gpumem, gpumem_percentage=pct, gpucores=cores or None)
-    return pod(name, c)
 
 
 def filter_(r: BindRig, p: dict[str, Any]) -> dict[str, Any]:
@@ -93,7 +86,7 @@ def test_custom_resource_names_give_their_own_keys() -> None:
 
 def test_a_two_gpu_pod_is_charged_twice_and_reservations_count() -> None:
     r = rig(quota("q", mem="65536"))
-    answer = filter_(r, gpu_pod("two", count=2, gpumem=4096, cores=10))
+    answer = filter_(r, gpu_pod("two", container(gpu=2, gpumem=4096, gpucores=10)))
     assert answer["NodeNames"] == ["n"]
     assert r.model.namespace_usage["ns"] == [8192, 20]  # reserved, not yet bound
     assert r.model.used_by("ns", exclude=PodUid("uid-ns-two")) == (0, 0)
@@ -103,7 +96,7 @@ def test_a_two_gpu_pod_is_charged_twice_and_reservations_count() -> None:
 
 def test_a_percentage_is_charged_as_resolved_on_the_gpu_chosen() -> None:
     r = rig(quota("q", mem="65536"), mem=40000)
-    filter_(r, gpu_pod("half", gpumem=None, pct=50))
+    filter_(r, gpu_pod("half", container(gpu=1, gpumem_percentage=50)))
     assert r.model.namespace_usage["ns"][0] == 20000
 
 
@@ -113,24 +106,26 @@ def test_a_percentage_is_charged_as_resolved_on_the_gpu_chosen() -> None:
 def test_the_third_pod_over_the_quota_fails_every_node_naming_the_quota() -> None:
     r = rig(quota("team", mem="16384"))
     for name in ("a", "b"):
-        assert filter_(r, gpu_pod(name))["NodeNames"] == ["n"]
-    answer = filter_(r, gpu_pod("c"))
+        assert filter_(r, gpu_pod(name, container(gpu=1, gpumem=8192)))["NodeNames"] == ["n"]
+    answer = filter_(r, gpu_pod("c", container(gpu=1, gpumem=8192)))
     assert answer["NodeNames"] == []
     reason = answer["FailedNodes"]["n"]
     assert reason == (
         f"{QUOTA_EXCEEDED}: quota ns/team: limits.nvidia.com/gpumem is 16384, 16384 used, the pod asks 8192"
     )
     # Another namespace is not charged for ns's pods.
-    assert filter_(r, pod("d", container(gpu=1, gpumem=8192), namespace="other"))["NodeNames"] == ["n"]
+    assert filter_(r, gpu_pod("d", container(gpu=1, gpumem=8192), namespace="other"))["NodeNames"] == ["n"]
 
 
 def test_a_freed_quota_admits_the_waiting_pod() -> None:
     r = rig(quota("team", mem="16384"))
-    filter_(r, gpu_pod("a"))
-    filter_(r, gpu_pod("b"))
-    assert filter_(r, gpu_pod("c"))["NodeNames"] == []
+    filter_(r, gpu_pod("a", container(gpu=1, gpumem=8192)))
+    filter_(r, gpu_pod("b", container(gpu=1, gpumem=8192)))
+    assert filter_(r, gpu_pod("c", container(gpu=1, gpumem=8192)))["NodeNames"] == []
     r.model.release(PodUid("uid-ns-a"))
-    assert r.scheduler.filter({"Pod": gpu_pod("c"), "NodeNames": ["n"]})["NodeNames"] == ["n"]
+    assert r.scheduler.filter({"Pod": gpu_pod("c", container(gpu=1, gpumem=8192)), "NodeNames": ["n"]})[
+        "NodeNames"
+    ] == ["n"]
 
 
 def test_a_percentage_pod_goes_where_its_charge_fits() -> None:
@@ -138,11 +133,11 @@ def test_a_percentage_pod_goes_where_its_charge_fits() -> None:
     not end the search, the small GPU's node takes it."""
     r = bind_rig(
         BIND_SETTINGS,
-        our_node("big", [gpu("B", 0, mem=80000)]),
-        our_node("small", [gpu("S", 0, mem=16000)]),
+        gpu_node("big", [gpu("B", 0, mem=80000)], ours=True),
+        gpu_node("small", [gpu("S", 0, mem=16000)], ours=True),
     )
     r.model.quotas.replace([quota("q", mem="10000")])
-    p = gpu_pod("p", gpumem=None, pct=50)
+    p = gpu_pod("p", container(gpu=1, gpumem_percentage=50))
     r.add_watched_pod(p)
     answer = r.scheduler.filter({"Pod": p, "NodeNames": ["big", "small"]})
     assert answer["NodeNames"] == ["small"]
@@ -150,8 +145,8 @@ def test_a_percentage_pod_goes_where_its_charge_fits() -> None:
 
 def test_cores_are_limited_too() -> None:
     r = rig(quota("q", cores="30"))
-    assert filter_(r, gpu_pod("a", cores=20))["NodeNames"] == ["n"]
-    answer = filter_(r, gpu_pod("b", cores=20))
+    assert filter_(r, gpu_pod("a", container(gpu=1, gpumem=8192, gpucores=20)))["NodeNames"] == ["n"]
+    answer = filter_(r, gpu_pod("b", container(gpu=1, gpumem=8192, gpucores=20)))
     assert "limits.nvidia.com/gpucores is 30, 20 used, the pod asks 20" in answer["FailedNodes"]["n"]
 
 
@@ -159,33 +154,33 @@ async def test_a_bind_past_the_quota_is_refused() -> None:
     """A filter that passed before the quota was lowered: the bind re-checks against every pod of
     the namespace (in flight ones included) and writes nothing."""
     r = rig()
-    filter_(r, gpu_pod("a"))
+    filter_(r, gpu_pod("a", container(gpu=1, gpumem=8192)))
     await r.binder.bind(namespace="ns", name="a", uid="uid-ns-a", node="n")
-    filter_(r, gpu_pod("b"))
+    filter_(r, gpu_pod("b", container(gpu=1, gpumem=8192)))
     r.model.quotas.replace([quota("team", mem="12288")])
     with pytest.raises(
         BindRefused, match=f"{QUOTA_EXCEEDED}: quota ns/team: .* 8192 used, the pod asks 8192"
     ):
         await r.binder.bind(namespace="ns", name="b", uid="uid-ns-b", node="n")
-    assert not r.kube.pods[("ns", "b")]["spec"].get("nodeName")
+    assert not r.kube.pod("ns", "b")["spec"].get("nodeName")
     assert PodUid("uid-ns-b") not in r.model.contributions
-    assert keys.DEVICES_ALLOCATED not in r.kube.pods[("ns", "b")]["metadata"]["annotations"]
+    assert keys.DEVICES_ALLOCATED not in r.kube.pod("ns", "b")["metadata"]["annotations"]
 
 
 async def test_a_leader_still_catching_up_binds_no_pod_of_a_namespace_with_a_quota() -> None:
     """A quota spans nodes: the locked path's fresh node state cannot show what the namespace holds
     elsewhere, so until the model counts every bound pod such binds are refused (and retried)."""
-    r = bind_rig(BIND_SETTINGS, our_node("n", [gpu("G0", 0, mem=32768)]), exclusive=False)
+    r = bind_rig(BIND_SETTINGS, gpu_node("n", [gpu("G0", 0, mem=32768)], ours=True), exclusive=False)
     r.model.quotas.replace([quota("team", mem="65536")])
-    filter_(r, gpu_pod("a"))
+    filter_(r, gpu_pod("a", container(gpu=1, gpumem=8192)))
     waits = f"{QUOTA_EXCEEDED}: namespace ns has a GPU quota .* pods \\(a new leader\\)"
     with pytest.raises(BindRefused, match=waits):
         await r.binder.bind(namespace="ns", name="a", uid="uid-ns-a", node="n")
-    assert not r.kube.pods[("ns", "a")]["spec"].get("nodeName")
+    assert not r.kube.pod("ns", "a")["spec"].get("nodeName")
     # A namespace without a quota binds on the locked path as before.
     r.model.quotas.replace([])
     await r.binder.bind(namespace="ns", name="a", uid="uid-ns-a", node="n")
-    assert r.kube.pods[("ns", "a")]["spec"]["nodeName"] == "n"
+    assert r.kube.pod("ns", "a")["spec"]["nodeName"] == "n"
 
 
 # ---- metrics
@@ -194,7 +189,7 @@ async def test_a_leader_still_catching_up_binds_no_pod_of_a_namespace_with_a_quo
 def test_quota_gauges_have_hamis_names_and_labels() -> None:
     r = rig(quota("wide", mem="65536"), quota("narrow", mem="16384", cores="50"))
     r.telemetry.metrics.attach(r.model)
-    filter_(r, gpu_pod("a", count=2, gpumem=4096, cores=10))
+    filter_(r, gpu_pod("a", container(gpu=2, gpumem=4096, gpucores=10)))
     sample = r.telemetry.metrics.registry.get_sample_value
     assert (
         sample(
@@ -221,9 +216,9 @@ def test_quota_gauges_have_hamis_names_and_labels() -> None:
 def test_the_model_charges_namespaces_from_watched_pods() -> None:
     """A pod bound by anyone (its allocation annotation) is charged to its namespace; its end frees it."""
     model = ClusterModel()
-    model.replace_nodes([our_node("n", [gpu("A", 0)])])
+    model.replace_nodes([gpu_node("n", [gpu("A", 0)], ours=True)])
     model.replace_pods([])
-    bound = pod("p", container(gpu=1, gpumem=3000), node_name="n", phase="Running")
+    bound = gpu_pod("p", container(gpu=1, gpumem=3000), node_name="n", phase="Running")
     bound["metadata"]["annotations"][keys.DEVICES_ALLOCATED] = "A,NVIDIA,3000,0:;"
     model.apply_pod("ADDED", bound)
     assert model.namespace_usage == {"ns": [3000, 0]}

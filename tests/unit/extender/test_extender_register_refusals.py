@@ -10,11 +10,10 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Sequence
-from typing import Any
 
 import pytest
-from builders import allocation, container, gpu
-from extender_fakes import BIND_SETTINGS, bind_rig, node, our_node, pod
+from builders import container, gpu, gpu_node, gpu_pod, running_pod
+from extender_fakes import BIND_SETTINGS, bind_rig
 
 from hamipy.extender.errors import BindRefused
 from hamipy.extender.filtering import build_ask, decide
@@ -24,31 +23,12 @@ from hamipy.extender.model import ClusterModel, Problem
 from hamipy.extender.telemetry import Telemetry
 from hamipy.extender.watching import GPU_REFUSED, report_problems
 from hamipy.kube.events import EventRecorder
+from hamipy.kube.resources import pod_path
 from hamipy.protocol import keys
 from hamipy.protocol.config import Config
-from hamipy.protocol.devices import DeviceInfo
 
 OLDER = "2026-01-01T00:00:00Z"
 NEWER = "2026-06-01T00:00:00Z"
-
-
-def born(obj: dict[str, Any], created: str) -> dict[str, Any]:
-    obj["metadata"]["creationTimestamp"] = created
-    return obj
-
-
-def gpu_node(name: str, devices: Sequence[DeviceInfo], created: str) -> dict[str, Any]:
-    return born(our_node(name, devices), created)
-
-
-def on(node_name: str, uuid: str, mem: int = 1000, name: str = "p") -> dict[str, Any]:
-    """A pod bound to ``node_name`` holding ``mem`` MiB of ``uuid``."""
-    return pod(
-        name,
-        node_name=node_name,
-        phase="Running",
-        annotations=allocation(allocated=f"{uuid},NVIDIA,{mem},0:;", node=node_name),
-    )
 
 
 def refused(model: ClusterModel, node_name: str) -> dict[str, str | None]:
@@ -57,7 +37,7 @@ def refused(model: ClusterModel, node_name: str) -> dict[str, str | None]:
 
 def chosen(model: ClusterModel, names: Sequence[str], mem: int = 1000) -> tuple[str | None, list[str]]:
     """The node and GPUs a filter chooses for a pod asking one GPU and ``mem`` MiB."""
-    ask = build_ask(pod("q", container(gpu=1, gpumem=mem)), Config())
+    ask = build_ask(gpu_pod("q", container(gpu=1, gpumem=mem)), Config())
     decision = decide(model, ask, list(names), now=0.0)
     uuids = [d.uuid for slot in decision.devices or [] for d in slot]
     return decision.node, uuids
@@ -65,17 +45,17 @@ def chosen(model: ClusterModel, names: Sequence[str], mem: int = 1000) -> tuple[
 
 def test_a_gpu_registered_with_0_mib_is_refused_and_the_nodes_other_gpus_are_offered() -> None:
     model = ClusterModel()
-    problems = model.apply_node("ADDED", node("n", [gpu("Z", 0, mem=0), gpu("A", 1)]))
+    problems = model.apply_node("ADDED", gpu_node("n", [gpu("Z", 0, mem=0), gpu("A", 1)]))
     assert refused(model, "n") == {"Z": ZERO_MEMORY, "A": None}
     (problem,) = problems
     assert (problem.name, problem.uid, problem.refused) == ("n", "uid-n", True)
     assert "GPU Z (index 0) is not scheduled: it is registered with 0 MiB" in problem.reason
     # A pod asking a percentage (0 % of 0 MiB fits in 0 MiB) or nothing but a GPU never lands on Z.
     for mem_ask in (container(gpu=1), container(gpu=1, gpumem_percentage=10)):
-        decision = decide(model, build_ask(pod("q", mem_ask), Config()), ["n"], now=0.0)
+        decision = decide(model, build_ask(gpu_pod("q", mem_ask), Config()), ["n"], now=0.0)
         assert [d.uuid for slot in decision.devices or [] for d in slot] == ["A"]
     # The same register again reports nothing new.
-    changed = node("n", [gpu("Z", 0, mem=0), gpu("A", 1, count=5)])
+    changed = gpu_node("n", [gpu("Z", 0, mem=0), gpu("A", 1, count=5)])
     assert model.apply_node("MODIFIED", changed) == []
 
 
@@ -83,8 +63,10 @@ def test_a_new_refusal_names_every_gpu_refused_on_the_node() -> None:
     """A node has one ``GPURefused`` Event, whose message each new refusal replaces: it names every
     GPU refused there, not only the one refused last."""
     model = ClusterModel()
-    model.apply_node("ADDED", gpu_node("new", [gpu("Z", 0, mem=0), gpu("X", 1), gpu("A", 2)], NEWER))
-    (problem,) = model.apply_node("ADDED", gpu_node("old", [gpu("X", 0)], OLDER))
+    model.apply_node(
+        "ADDED", gpu_node("new", [gpu("Z", 0, mem=0), gpu("X", 1), gpu("A", 2)], created=NEWER, ours=True)
+    )
+    (problem,) = model.apply_node("ADDED", gpu_node("old", [gpu("X", 0)], created=OLDER, ours=True))
     assert problem.name == "new"
     assert problem.reason == "; ".join(
         [
@@ -99,16 +81,16 @@ def test_a_new_refusal_names_every_gpu_refused_on_the_node() -> None:
 
 def test_a_node_of_only_0_mib_gpus_fits_nothing_and_says_why() -> None:
     model = ClusterModel()
-    model.apply_node("ADDED", node("n", [gpu("Z", 0, mem=0)]))
-    decision = decide(model, build_ask(pod("q"), Config()), ["n"], now=0.0)
+    model.apply_node("ADDED", gpu_node("n", [gpu("Z", 0, mem=0)]))
+    decision = decide(model, build_ask(gpu_pod("q"), Config()), ["n"], now=0.0)
     assert decision.node is None
     assert "CardRefused" in decision.unresolvable["n"].text()
 
 
 @pytest.mark.parametrize("order", ["older-first", "newer-first", "listed"])
 def test_a_uuid_two_nodes_register_is_offered_only_through_the_older_node(order: str) -> None:
-    old = gpu_node("b-old", [gpu("X", 0)], OLDER)
-    new = gpu_node("a-new", [gpu("X", 0), gpu("Y", 1)], NEWER)
+    old = gpu_node("b-old", [gpu("X", 0)], created=OLDER, ours=True)
+    new = gpu_node("a-new", [gpu("X", 0), gpu("Y", 1)], created=NEWER, ours=True)
     model = ClusterModel()
     if order == "listed":  # a list comes in name order: the newer node first
         problems = model.replace_nodes([new, old])
@@ -132,25 +114,30 @@ def test_pods_on_the_refused_entry_count_against_the_owners_gpu() -> None:
     """The newer node registered X first and has a pod on it; then the older node registers X too
     and owns it: that pod runs on the same GPU, so the older node's X has that much less."""
     model = ClusterModel()
-    model.replace_nodes([gpu_node("new", [gpu("X", 0, count=2, mem=2000)], NEWER)])
-    model.replace_pods([on("new", "X", 1500)])
-    model.apply_node("ADDED", gpu_node("old", [gpu("X", 0, count=2, mem=2000)], OLDER))
+    model.replace_nodes([gpu_node("new", [gpu("X", 0, count=2, mem=2000)], created=NEWER, ours=True)])
+    model.replace_pods([running_pod("p", allocated="X,NVIDIA,1500,0:;", node="new")])
+    model.apply_node("ADDED", gpu_node("old", [gpu("X", 0, count=2, mem=2000)], created=OLDER, ours=True))
     (x_old,) = model.nodes["old"].gpus
     assert (x_old.used_slots, x_old.used_mem) == (1, 1500)
     assert chosen(model, ["old", "new"], mem=1000) == (None, [])
     assert chosen(model, ["old"], mem=500) == ("old", ["X"])
     # The pod on the duplicate goes: the owner's X is free again.
-    model.apply_pod("DELETED", on("new", "X", 1500))
+    model.apply_pod("DELETED", running_pod("p", allocated="X,NVIDIA,1500,0:;", node="new"))
     assert (x_old.used_slots, x_old.used_mem) == (0, 0)
 
 
 @pytest.mark.parametrize("how", ["deleted", "unregistered", "relisted"])
 def test_when_the_owner_goes_the_other_nodes_entry_is_offered_with_every_pod_counted(how: str) -> None:
     model = ClusterModel()
-    old = gpu_node("old", [gpu("X", 0, count=4, mem=4000)], OLDER)
-    new = gpu_node("new", [gpu("X", 0, count=4, mem=4000)], NEWER)
+    old = gpu_node("old", [gpu("X", 0, count=4, mem=4000)], created=OLDER, ours=True)
+    new = gpu_node("new", [gpu("X", 0, count=4, mem=4000)], created=NEWER, ours=True)
     model.replace_nodes([old, new])
-    model.replace_pods([on("old", "X", 1000, name="a"), on("new", "X", 500, name="b")])
+    model.replace_pods(
+        [
+            running_pod("a", allocated="X,NVIDIA,1000,0:;", node="old"),
+            running_pod("b", allocated="X,NVIDIA,500,0:;", node="new"),
+        ]
+    )
     freed: list[str | None] = []
     model.on_freed = freed.append
     (x_old,), (x_new,) = model.nodes["old"].gpus, model.nodes["new"].gpus
@@ -159,7 +146,7 @@ def test_when_the_owner_goes_the_other_nodes_entry_is_offered_with_every_pod_cou
     if how == "deleted":
         model.apply_node("DELETED", old)
     elif how == "unregistered":
-        model.apply_node("MODIFIED", gpu_node("old", [gpu("W", 0)], OLDER))
+        model.apply_node("MODIFIED", gpu_node("old", [gpu("W", 0)], created=OLDER, ours=True))
     else:
         model.replace_nodes([new])
     assert refused(model, "new") == {"X": None}
@@ -177,13 +164,20 @@ def test_a_duplicates_register_changing_leaves_the_owners_usage_as_it_is() -> No
     model = ClusterModel()
     model.replace_nodes(
         [
-            gpu_node("old", [gpu("X", 0, count=4, mem=4000)], OLDER),
-            gpu_node("new", [gpu("X", 0, count=4, mem=4000)], NEWER),
+            gpu_node("old", [gpu("X", 0, count=4, mem=4000)], created=OLDER, ours=True),
+            gpu_node("new", [gpu("X", 0, count=4, mem=4000)], created=NEWER, ours=True),
         ]
     )
-    model.replace_pods([on("old", "X", 1000, name="a"), on("new", "X", 500, name="b")])
+    model.replace_pods(
+        [
+            running_pod("a", allocated="X,NVIDIA,1000,0:;", node="old"),
+            running_pod("b", allocated="X,NVIDIA,500,0:;", node="new"),
+        ]
+    )
     for count in (5, 6, 7):
-        model.apply_node("MODIFIED", gpu_node("new", [gpu("X", 0, count=count, mem=4000)], NEWER))
+        model.apply_node(
+            "MODIFIED", gpu_node("new", [gpu("X", 0, count=count, mem=4000)], created=NEWER, ours=True)
+        )
     (x_old,), (x_new,) = model.nodes["old"].gpus, model.nodes["new"].gpus
     assert (x_old.used_slots, x_old.used_mem) == (2, 1500)
     assert (x_new.used_slots, x_new.used_mem, x_new.refused) == (1, 500, DUPLICATE_UUID)
@@ -194,10 +188,18 @@ def test_a_node_re_created_under_its_name_is_younger_though_only_a_re_list_shows
     only in the re-list, its register unchanged: it is a new Node, younger than the other node
     registering the UUID, which owns it from then on."""
     model = ClusterModel()
-    model.replace_nodes([gpu_node("a", [gpu("X", 0)], OLDER), gpu_node("b", [gpu("X", 0)], NEWER)])
+    model.replace_nodes(
+        [
+            gpu_node("a", [gpu("X", 0)], created=OLDER, ours=True),
+            gpu_node("b", [gpu("X", 0)], created=NEWER, ours=True),
+        ]
+    )
     assert (refused(model, "a"), refused(model, "b")) == ({"X": None}, {"X": DUPLICATE_UUID})
     model.replace_nodes(
-        [gpu_node("a", [gpu("X", 0)], "2026-09-01T00:00:00Z"), gpu_node("b", [gpu("X", 0)], NEWER)]
+        [
+            gpu_node("a", [gpu("X", 0)], created="2026-09-01T00:00:00Z", ours=True),
+            gpu_node("b", [gpu("X", 0)], created=NEWER, ours=True),
+        ]
     )
     assert (refused(model, "a"), refused(model, "b")) == ({"X": DUPLICATE_UUID}, {"X": None})
 
@@ -208,17 +210,25 @@ def test_a_refused_entry_never_fits_where_a_full_one_of_the_same_shape_may() -> 
     there); the duplicate of it never fits, so it is unresolvable."""
     model = ClusterModel()
     model.replace_nodes(
-        [gpu_node("old", [gpu("X", 0, mem=2000)], OLDER), gpu_node("new", [gpu("X", 0, mem=2000)], NEWER)]
+        [
+            gpu_node("old", [gpu("X", 0, mem=2000)], created=OLDER, ours=True),
+            gpu_node("new", [gpu("X", 0, mem=2000)], created=NEWER, ours=True),
+        ]
     )
-    model.replace_pods([on("old", "X", 2000)])
-    decision = decide(model, build_ask(pod("q"), Config()), ["old", "new"], now=0.0)
+    model.replace_pods([running_pod("p", allocated="X,NVIDIA,2000,0:;", node="old")])
+    decision = decide(model, build_ask(gpu_pod("q"), Config()), ["old", "new"], now=0.0)
     assert (list(decision.failed), list(decision.unresolvable)) == (["old"], ["new"])
 
 
 def test_a_0_mib_entry_claims_nothing() -> None:
     """A GPU refused for 0 MiB does not keep another node's healthy entry for it from counting."""
     model = ClusterModel()
-    model.replace_nodes([gpu_node("old", [gpu("X", 0, mem=0)], OLDER), gpu_node("new", [gpu("X", 0)], NEWER)])
+    model.replace_nodes(
+        [
+            gpu_node("old", [gpu("X", 0, mem=0)], created=OLDER, ours=True),
+            gpu_node("new", [gpu("X", 0)], created=NEWER, ours=True),
+        ]
+    )
     assert refused(model, "old") == {"X": ZERO_MEMORY}
     assert refused(model, "new") == {"X": None}
 
@@ -229,21 +239,21 @@ async def test_the_locked_bind_refuses_a_duplicate_and_counts_the_owners_twins()
     bound on the other node's entry for it."""
     r = bind_rig(
         BIND_SETTINGS,
-        born(node("old", [gpu("X", 0, count=2, mem=2000)]), OLDER),
-        born(node("new", [gpu("X", 0, count=2, mem=2000), gpu("Y", 1, count=2, mem=500)]), NEWER),
+        gpu_node("old", [gpu("X", 0, count=2, mem=2000)], created=OLDER),
+        gpu_node("new", [gpu("X", 0, count=2, mem=2000), gpu("Y", 1, count=2, mem=500)], created=NEWER),
     )
-    r.kube.add_pod(on("new", "X", 500, name="twin"))
-    r.model.replace_pods(r.kube.pods.values())
+    r.kube.add(running_pod("twin", allocated="X,NVIDIA,500,0:;", node="new"))
+    r.model.replace_pods(r.kube.items(pod_path()))
     # The duplicate X on new has 1500 MiB free, Y too little: p fits only if X were offered.
-    r.kube.add_pod(pod("p", container(gpu=1, gpumem=1000)))
+    r.kube.add(gpu_pod("p", container(gpu=1, gpumem=1000)))
     with pytest.raises(BindRefused, match="CardRefused"):
         await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="new")
-    assert "nodeName" not in r.kube.pods[("ns", "p")]["spec"]
+    assert "nodeName" not in r.kube.pod("ns", "p")["spec"]
     # The owner's X has 2000 MiB less the twin's 500.
-    r.kube.add_pod(pod("q", container(gpu=1, gpumem=1600)))
+    r.kube.add(gpu_pod("q", container(gpu=1, gpumem=1600)))
     with pytest.raises(BindRefused, match="CardInsufficientMemory"):
         await r.binder.bind(namespace="ns", name="q", uid="uid-ns-q", node="old")
-    r.kube.add_pod(pod("s", container(gpu=1, gpumem=1500)))
+    r.kube.add(gpu_pod("s", container(gpu=1, gpumem=1500)))
     await r.binder.bind(namespace="ns", name="s", uid="uid-ns-s", node="old")
 
 
@@ -268,12 +278,24 @@ def test_a_refused_gpu_is_logged_and_reported_on_its_node() -> None:
 
 def test_the_invariant_counts_a_uuid_two_nodes_register_as_one_gpu() -> None:
     nodes = [
-        born(node("old", [gpu("X", 0, count=2, mem=2000)]), OLDER),
-        born(node("new", [gpu("X", 0, count=2, mem=2000)]), NEWER),
+        gpu_node("old", [gpu("X", 0, count=2, mem=2000)], created=OLDER),
+        gpu_node("new", [gpu("X", 0, count=2, mem=2000)], created=NEWER),
     ]
-    fits = check_objects(nodes, [on("old", "X", 1000, name="a"), on("new", "X", 1000, name="b")])
+    fits = check_objects(
+        nodes,
+        [
+            running_pod("a", allocated="X,NVIDIA,1000,0:;", node="old"),
+            running_pod("b", allocated="X,NVIDIA,1000,0:;", node="new"),
+        ],
+    )
     assert fits.ok, fits.violations
-    over = check_objects(nodes, [on("old", "X", 1500, name="a"), on("new", "X", 1000, name="b")])
+    over = check_objects(
+        nodes,
+        [
+            running_pod("a", allocated="X,NVIDIA,1500,0:;", node="old"),
+            running_pod("b", allocated="X,NVIDIA,1000,0:;", node="new"),
+        ],
+    )
     (violation,) = over.violations
     assert (violation.node, violation.device, violation.what) == ("old+new", "X", "memory")
     assert (violation.allocated, violation.capacity) == (2500, 2000)

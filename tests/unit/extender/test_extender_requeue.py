@@ -8,8 +8,9 @@ import contextlib
 import time
 from typing import Any
 
-from builders import container, gpu
-from extender_fakes import BindRig, FakeKube, bind_rig, node, pod
+from builders import container, gpu, gpu_node, gpu_pod
+from extender_fakes import BindRig, bind_rig
+from fake_kube import FakeKube
 
 from hamipy.devcluster import wait_for
 from hamipy.extender.model import ClusterModel, NodeName, PodUid
@@ -18,6 +19,7 @@ from hamipy.extender.telemetry import Telemetry
 from hamipy.extender.watching import ModelFeed
 from hamipy.kube.errors import KubeError
 from hamipy.kube.events import EventRecorder
+from hamipy.kube.resources import node_path
 from hamipy.protocol import keys
 
 
@@ -44,7 +46,7 @@ def requeuer(kube: FakeKube, model: ClusterModel, *, interval_s: float = 1.0) ->
 
 
 def nudged(kube: FakeKube, name: str) -> str | None:
-    value: str | None = kube.nodes[name]["metadata"].get("annotations", {}).get(keys.REQUEUE)
+    value: str | None = kube.node(name)["metadata"].get("annotations", {}).get(keys.REQUEUE)
     return value
 
 
@@ -60,10 +62,10 @@ def rig_with_waiting_pod() -> tuple[BindRig, Requeuer, Clock]:
     rig = bind_rig()
     r, clock = requeuer(rig.kube, rig.model)
     rig.scheduler.on_refused = r.refused
-    big = pod("big", container(gpu=1, gpumem=30000), node_name="n")
+    big = gpu_pod("big", container(gpu=1, gpumem=30000), node_name="n")
     big["metadata"]["annotations"] = {keys.DEVICES_ALLOCATED: "A,NVIDIA,30000,0:;"}
     rig.add_watched_pod(big)
-    waits = pod("waits", container(gpu=1, gpumem=8000))
+    waits = gpu_pod("waits", container(gpu=1, gpumem=8000))
     rig.add_watched_pod(waits)
     result = rig.scheduler.filter({"Pod": waits, "NodeNames": ["n"]})
     assert result["NodeNames"] == []
@@ -73,7 +75,7 @@ def rig_with_waiting_pod() -> tuple[BindRig, Requeuer, Clock]:
 async def test_a_pod_leaving_nudges_the_node_it_left_while_a_refused_pod_waits() -> None:
     rig, r, _ = rig_with_waiting_pod()
     assert r.waiting() == 1
-    rig.model.apply_pod("DELETED", rig.kube.pods[("ns", "big")])
+    rig.model.apply_pod("DELETED", rig.kube.pod("ns", "big"))
     assert await r.nudge()
     assert nudged(rig.kube, "n") is not None
     assert nudges(r, "sent") == 1
@@ -85,7 +87,7 @@ async def test_a_pod_leaving_nudges_the_node_it_left_while_a_refused_pod_waits()
 async def test_nothing_is_written_while_no_refused_pod_waits() -> None:
     rig = bind_rig()
     r, _ = requeuer(rig.kube, rig.model)
-    p = pod("p", node_name="n")
+    p = gpu_pod("p", node_name="n")
     p["metadata"]["annotations"] = {keys.DEVICES_ALLOCATED: "A,NVIDIA,1000,0:;"}
     rig.add_watched_pod(p)
     rig.model.apply_pod("DELETED", p)
@@ -96,9 +98,9 @@ async def test_nothing_is_written_while_no_refused_pod_waits() -> None:
 
 async def test_a_refused_pod_that_is_bound_or_gone_no_longer_counts() -> None:
     rig, r, _ = rig_with_waiting_pod()
-    waits = rig.kube.pods[("ns", "waits")]
+    waits = rig.kube.pod("ns", "waits")
     rig.model.apply_pod("DELETED", waits)
-    rig.model.apply_pod("DELETED", rig.kube.pods[("ns", "big")])
+    rig.model.apply_pod("DELETED", rig.kube.pod("ns", "big"))
     assert r.waiting() == 0
     assert not await r.nudge()
     assert nudged(rig.kube, "n") is None
@@ -107,14 +109,14 @@ async def test_a_refused_pod_that_is_bound_or_gone_no_longer_counts() -> None:
 async def test_a_refusal_is_forgotten_after_its_ttl() -> None:
     rig, r, clock = rig_with_waiting_pod()
     clock.now += REFUSAL_TTL_S + 1
-    rig.model.apply_pod("DELETED", rig.kube.pods[("ns", "big")])
+    rig.model.apply_pod("DELETED", rig.kube.pod("ns", "big"))
     assert not await r.nudge()
 
 
 async def test_a_failed_patch_is_counted_and_logged_not_raised() -> None:
     rig, r, _ = rig_with_waiting_pod()
-    rig.kube.fail[("PATCH", "/api/v1/nodes/n")] = KubeError("apiserver down", status=503)
-    rig.model.apply_pod("DELETED", rig.kube.pods[("ns", "big")])
+    rig.kube.fail(KubeError("apiserver down", status=503), "PATCH", "/api/v1/nodes/n")
+    rig.model.apply_pod("DELETED", rig.kube.pod("ns", "big"))
     assert not await r.nudge()
     assert nudges(r, "failed") == 1
     assert nudges(r, "sent") == 0
@@ -122,10 +124,10 @@ async def test_a_failed_patch_is_counted_and_logged_not_raised() -> None:
 
 async def test_a_freed_node_the_model_no_longer_has_gives_way_to_one_it_has() -> None:
     kube = FakeKube()
-    kube.add_node(node("m"))
+    kube.add(gpu_node("m"))
     model = ClusterModel()
-    model.replace_nodes(kube.nodes.values())
-    model.apply_pod("ADDED", pod("waits"))
+    model.replace_nodes(kube.items(node_path()))
+    model.apply_pod("ADDED", gpu_pod("waits"))
     r, _ = requeuer(kube, model)
     r.refused(PodUid("uid-ns-waits"))
     r.freed(NodeName("gone"))
@@ -172,13 +174,13 @@ def recording(model: ClusterModel) -> list[NodeName | None]:
 def test_the_model_reports_gpus_freed_by_a_pod_leaving_or_a_reservation_dropped() -> None:
     rig = bind_rig()
     freed = recording(rig.model)
-    p = pod("p")
+    p = gpu_pod("p")
     rig.add_watched_pod(p)
     rig.scheduler.filter({"Pod": p, "NodeNames": ["n"]})
     assert freed == []  # a reservation takes, it frees nothing
     rig.model.release(PodUid("uid-ns-p"))
     assert freed == ["n"]
-    bound = pod("q", node_name="n")
+    bound = gpu_pod("q", node_name="n")
     bound["metadata"]["annotations"] = {keys.DEVICES_ALLOCATED: "A,NVIDIA,1000,0:;"}
     rig.add_watched_pod(bound)
     assert freed == ["n"]
@@ -189,14 +191,14 @@ def test_the_model_reports_gpus_freed_by_a_pod_leaving_or_a_reservation_dropped(
 
 def test_a_node_registering_gpus_anew_is_freed_but_its_heartbeats_are_not() -> None:
     kube = FakeKube()
-    kube.add_node(node("n", [gpu("A", 0)]))
+    kube.add(gpu_node("n", [gpu("A", 0)]))
     model = ClusterModel()
-    model.replace_nodes(kube.nodes.values())
+    model.replace_nodes(kube.items(node_path()))
     freed = recording(model)
-    kube.write_node("n", {keys.REQUEUE: "2026-11-24T00:00:00+00:00"})
-    model.apply_node("MODIFIED", kube.nodes["n"])
+    kube.write(node_path("n"), {"metadata": {"annotations": {keys.REQUEUE: "2026-11-24T00:00:00+00:00"}}})
+    model.apply_node("MODIFIED", kube.node("n"))
     assert freed == []  # our own nudge comes back as a node event: it must not nudge again
-    grown = node("n", [gpu("A", 0), gpu("B", 1)])
+    grown = gpu_node("n", [gpu("A", 0), gpu("B", 1)])
     model.apply_node("MODIFIED", grown)
     assert freed == ["n"]
 

@@ -7,7 +7,8 @@ import dataclasses
 import io
 
 import pytest
-from extender_fakes import FakeKube, pod
+from builders import gpu_pod
+from fake_kube import FakeKube
 
 from hamipy.extender import cli
 from hamipy.extender.role_label import RoleLabel
@@ -21,7 +22,7 @@ PATH = pod_path("ns", "extender-0")
 
 
 def labelled(kube: FakeKube) -> str | None:
-    labels = kube.pods[("ns", "extender-0")]["metadata"].get("labels") or {}
+    labels = kube.pod("ns", "extender-0")["metadata"].get("labels") or {}
     return labels.get(keys.EXTENDER_ROLE)
 
 
@@ -43,7 +44,7 @@ def role_label(kube: FakeKube, deciding: list[bool]) -> RoleLabel:
 
 async def test_the_label_follows_the_role_with_one_write_per_change() -> None:
     kube = FakeKube()
-    kube.add_pod(pod("extender-0"))
+    kube.add(gpu_pod("extender-0"))
     deciding = [False]
     label = role_label(kube, deciding)
     await label.sync()
@@ -65,14 +66,14 @@ async def test_the_label_follows_the_role_with_one_write_per_change() -> None:
 
 async def test_a_failed_write_is_tried_again_at_the_next_check() -> None:
     kube = FakeKube()
-    kube.add_pod(pod("extender-0"))
+    kube.add(gpu_pod("extender-0"))
     deciding = [True]
     label = role_label(kube, deciding)
-    kube.fail[("PATCH", PATH)] = KubeError("PATCH: the API server is down")
+    kube.fail(KubeError("PATCH: the API server is down"), "PATCH", PATH)
     await label.sync()
     assert labelled(kube) is None
     assert label.applied is None
-    del kube.fail[("PATCH", PATH)]
+    kube.heal()
     await label.sync()
     assert labelled(kube) == "leader"
     metric = label.telemetry.metrics.registry.get_sample_value

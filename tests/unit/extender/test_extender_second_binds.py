@@ -11,8 +11,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from builders import allocation, container, gpu
-from extender_fakes import BIND_SETTINGS, BindRig, bind_rig, node, our_node, pod, shared_rig
+from builders import allocation, container, gpu, gpu_node, gpu_pod
+from extender_fakes import BIND_SETTINGS, BindRig, bind_rig, shared_rig
 
 from hamipy.extender.errors import BindRefused, LockTimeout
 from hamipy.extender.invariant import check_cluster
@@ -26,12 +26,14 @@ P = PodUid("uid-ns-p")
 
 def exclusive(name: str) -> dict[str, Any]:
     """A pod asking one whole GPU (all its cores): no other pod may share that GPU."""
-    return pod(name, container(gpu=1, gpumem=1000, gpucores=100))
+    return gpu_pod(name, container(gpu=1, gpumem=1000, gpucores=100))
 
 
 def two_nodes() -> BindRig:
     """Nodes ``n`` (GPU ``A``) and ``m`` (GPU ``B``), our device plugin's: binds decide from the model."""
-    return bind_rig(BIND_SETTINGS, our_node("n", [gpu("A", 0)]), our_node("m", [gpu("B", 0)]))
+    return bind_rig(
+        BIND_SETTINGS, gpu_node("n", [gpu("A", 0)], ours=True), gpu_node("m", [gpu("B", 0)], ours=True)
+    )
 
 
 def held_on(r: BindRig) -> tuple[str, str, list[str]]:
@@ -122,7 +124,7 @@ async def test_a_second_bind_waits_for_the_first_in_flight_and_takes_its_outcome
         await second
     assert held_on(r) == ("allocated", "n", ["A"])
     assert bindings.sent == 1
-    assert r.kube.pods[("ns", "p")]["spec"]["nodeName"] == "n"
+    assert r.kube.pod("ns", "p")["spec"]["nodeName"] == "n"
     assert (await check_cluster(r.kube)).ok
 
 
@@ -151,7 +153,7 @@ async def test_a_second_bind_goes_ahead_when_the_first_failed() -> None:
     with pytest.raises(KubeError):
         await first
     await second
-    assert r.kube.pods[("ns", "p")]["spec"]["nodeName"] == "m"
+    assert r.kube.pod("ns", "p")["spec"]["nodeName"] == "m"
     assert held_on(r) == ("allocated", "m", ["B"])
 
 
@@ -174,10 +176,12 @@ async def test_a_failed_bind_leaves_the_allocation_the_watch_reported_meanwhile(
     """A bind of ``p`` on the locked path waits for ``n``'s lock, held by another pod; meanwhile the
     watch reports ``p`` bound to ``m`` (another replica bound it). The bind times out: ``p``'s
     allocation on ``m`` stays counted."""
-    r = shared_rig(BIND_SETTINGS, our_node("n", [gpu("A", 0)]), our_node("m", [gpu("B", 0)]))
+    r = shared_rig(
+        BIND_SETTINGS, gpu_node("n", [gpu("A", 0)], ours=True), gpu_node("m", [gpu("B", 0)], ours=True)
+    )
     r.add_watched_pod(exclusive("p"))
     r.locked_by("ns", "other", datetime.now(UTC))
-    r.kube.add_pod(pod("other"))
+    r.kube.add(gpu_pod("other"))
     on_m = encode_pod_devices([[ContainerDevice("B", "NVIDIA", 1000, 100)]])
     bound = exclusive("p")
     bound["spec"]["nodeName"] = "m"
@@ -222,7 +226,7 @@ async def test_a_binding_whose_answer_is_lost_keeps_its_gpus_counted_until_the_a
     assert held_on(r) == ("reserved", "n", ["A"])
     assert filter_chooses(r, "q") == "m"
     if written:
-        r.model.apply_pod("MODIFIED", r.kube.pods[("ns", "p")])
+        r.model.apply_pod("MODIFIED", r.kube.pod("ns", "p"))
         assert held_on(r) == ("allocated", "n", ["A"])
     else:
         r.model.expire(time.monotonic() + BIND_SETTINGS.reservation_ttl_s)
@@ -233,9 +237,9 @@ async def test_a_binding_in_doubt_on_the_locked_path_stays_counted() -> None:
     """On a node HAMi's device plugin serves, binds take the node lock and decide from fresh API
     state; this replica still decides alone, so a Binding whose answer was lost keeps its GPUs
     counted there too."""
-    r = bind_rig(BIND_SETTINGS, node("n", [gpu("A", 0)]))
+    r = bind_rig(BIND_SETTINGS, gpu_node("n", [gpu("A", 0)]))
     r.add_watched_pod(exclusive("p"))
-    r.kube.fail[("POST", "/api/v1/namespaces/ns/pods/p/binding")] = KubeError("timeout", status=0)
+    r.kube.fail(KubeError("timeout", status=0), "POST", "/api/v1/namespaces/ns/pods/p/binding")
     with pytest.raises(KubeError, match="timeout"):
         await r.binder.bind(namespace="ns", name="p", uid=P, node="n")
     assert held_on(r) == ("reserved", "n", ["A"])
@@ -279,7 +283,7 @@ async def test_a_retried_bind_reads_whether_the_binding_in_doubt_was_written(wri
         await r.binder.bind(namespace="ns", name="p", uid=P, node="m")
         assert held_on(r) == ("allocated", "m", ["B"])
         assert r.model.nodes["n"].gpus[0].used_cores == 0
-    assert r.kube.pods[("ns", "p")]["spec"]["nodeName"] == ("n" if written else "m")
+    assert r.kube.pod("ns", "p")["spec"]["nodeName"] == ("n" if written else "m")
     assert (await check_cluster(r.kube)).ok
 
 
@@ -287,7 +291,7 @@ async def test_a_pod_whose_binding_is_in_doubt_preempts_nothing() -> None:
     """``p`` may already run on ``n``; a filter of it that fits nowhere neither evicts pods for it
     nor moves its hold to the preemption's node."""
     r = two_nodes()
-    low = pod("low", container(gpu=1, gpumem=1000, gpucores=100), node_name="m", phase="Running")
+    low = gpu_pod("low", container(gpu=1, gpumem=1000, gpucores=100), node_name="m", phase="Running")
     low["metadata"]["annotations"] = allocation(allocated="B,NVIDIA,1000,100:;", node="m")
     r.add_watched_pod(low)
     important = exclusive("p")
@@ -299,7 +303,7 @@ async def test_a_pod_whose_binding_is_in_doubt_preempts_nothing() -> None:
     assert r.scheduler.filter({"Pod": important, "NodeNames": ["n", "m"]})["NodeNames"] == []
     assert r.evictor is not None
     await r.evictor.idle()
-    assert r.kube.deleted == []
+    assert [call for call in r.kube.calls if call[0] == "DELETE"] == []
     assert held_on(r) == ("reserved", "n", ["A"])
     assert P not in r.model.nominations
 
@@ -307,9 +311,9 @@ async def test_a_pod_whose_binding_is_in_doubt_preempts_nothing() -> None:
 async def test_a_replica_whose_binds_read_fresh_state_holds_nothing_in_doubt() -> None:
     """Where binds take the locked path (another replica may write), the next bind on the node counts
     the API's state under the lock, so a Binding whose answer was lost keeps nothing reserved."""
-    r = shared_rig(BIND_SETTINGS, our_node("n", [gpu("A", 0)]))
+    r = shared_rig(BIND_SETTINGS, gpu_node("n", [gpu("A", 0)], ours=True))
     r.add_watched_pod(exclusive("p"))
-    r.kube.fail[("POST", "/api/v1/namespaces/ns/pods/p/binding")] = KubeError("timeout", status=0)
+    r.kube.fail(KubeError("timeout", status=0), "POST", "/api/v1/namespaces/ns/pods/p/binding")
     with pytest.raises(KubeError, match="timeout"):
         await r.binder.bind(namespace="ns", name="p", uid=P, node="n")
     assert P not in r.model.contributions

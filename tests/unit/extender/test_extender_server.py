@@ -10,8 +10,8 @@ from typing import Any
 
 import aiohttp
 import pytest
-from builders import container, gpu
-from extender_fakes import FakeKube, node, pod
+from builders import container, gpu, gpu_node, gpu_pod
+from fake_kube import FakeKube
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -73,7 +73,7 @@ async def test_readiness_follows_the_model_sync(server: Any) -> None:
 
 async def test_readiness_waits_for_both_informers_to_list() -> None:
     kube = FakeKube()
-    kube.fail[("GET", "/api/v1/nodes")] = KubeError("GET /api/v1/nodes: HTTP 503: etcd", status=503)
+    kube.fail(KubeError("GET /api/v1/nodes: HTTP 503: etcd", status=503), "GET", "/api/v1/nodes")
     srv = ExtenderServer(
         config=Config(),
         settings=ExtenderSettings(handshake_interval_s=0),
@@ -83,7 +83,7 @@ async def test_readiness_waits_for_both_informers_to_list() -> None:
     async with srv:
         await wait_for(lambda: srv.informers["pods"].listed.is_set() or None, timeout=5, interval=0.01)
         assert await get(srv, "/readyz") == (503, "model not synced yet (listing nodes)")
-        del kube.fail[("GET", "/api/v1/nodes")]  # the API server recovers: the list is retried
+        kube.heal()  # the API server recovers: the list is retried
         await srv.wait_synced(5)
         assert await get(srv, "/readyz") == (200, "ok")
         assert srv.supervisor.failure is None
@@ -107,8 +107,8 @@ async def test_bad_filter_requests_get_400_with_reason(server: Any, body: Any) -
 
 async def test_filter_chooses_reserves_and_traces(server: Any) -> None:
     srv, exporter = server
-    srv.model.replace_nodes([node("a"), node("b")])
-    p = pod("p", container(gpu=1, gpumem=1000), annotations={keys.TRACE_CONTEXT: TRACEPARENT})
+    srv.model.replace_nodes([gpu_node("a"), gpu_node("b")])
+    p = gpu_pod("p", container(gpu=1, gpumem=1000), annotations={keys.TRACE_CONTEXT: TRACEPARENT})
     srv.model.apply_pod("ADDED", p)  # the watch delivered it: the filter reserves for it
     status, answer = await post(srv, "/filter", {"Pod": p, "NodeNames": ["a", "b"]})
     assert status == 200
@@ -121,13 +121,13 @@ async def test_filter_chooses_reserves_and_traces(server: Any) -> None:
 
 async def test_a_watched_pods_filter_decides_from_the_watch_whatever_pod_is_sent(server: Any) -> None:
     srv, _ = server
-    srv.model.replace_nodes([node("a", [gpu("A", 0, mem=1500)])])
+    srv.model.replace_nodes([gpu_node("a", [gpu("A", 0, mem=1500)])])
     srv.model.replace_pods([])
-    sent = pod("p", container(gpu=1, gpumem=1000))
+    sent = gpu_pod("p", container(gpu=1, gpumem=1000))
     sent["spec"]["containers"] = "garbled on the way"  # not read: the watch's copy is what counts
     _, answer = await post(srv, "/filter", {"Pod": sent, "NodeNames": ["a"]})
     assert answer["Error"]  # a pod the watch does not hold is read from the body, and refused
-    srv.model.apply_pod("ADDED", pod("p", container(gpu=1, gpumem=2000)))  # asks more than "a" has
+    srv.model.apply_pod("ADDED", gpu_pod("p", container(gpu=1, gpumem=2000)))  # asks more than "a" has
     status, answer = await post(srv, "/filter", {"Pod": sent, "NodeNames": ["a"]})
     assert status == 200
     assert answer["NodeNames"] == []
@@ -137,8 +137,8 @@ async def test_a_watched_pods_filter_decides_from_the_watch_whatever_pod_is_sent
 
 async def test_filter_failure_explains_and_emits_event(server: Any) -> None:
     srv, _ = server
-    srv.model.replace_nodes([node("a", [gpu("A", 0, mem=100)])])
-    _, answer = await post(srv, "/filter", {"Pod": pod("p"), "NodeNames": ["a"]})
+    srv.model.replace_nodes([gpu_node("a", [gpu("A", 0, mem=100)])])
+    _, answer = await post(srv, "/filter", {"Pod": gpu_pod("p"), "NodeNames": ["a"]})
     assert answer["NodeNames"] == []
     assert answer["FailedAndUnresolvableNodes"] == {"a": "1/1 CardInsufficientMemory"}
     assert srv.events.recorded[-1].reason == "FilteringFailed"
@@ -147,41 +147,43 @@ async def test_filter_failure_explains_and_emits_event(server: Any) -> None:
 
 async def test_not_cache_capable_form_returns_node_objects(server: Any) -> None:
     srv, _ = server
-    items = [node("a"), node("b", [gpu("X", 0, mem=10)])]
-    _, answer = await post(srv, "/filter", {"Pod": pod("p"), "Nodes": {"items": items}})
+    items = [gpu_node("a"), gpu_node("b", [gpu("X", 0, mem=10)])]
+    _, answer = await post(srv, "/filter", {"Pod": gpu_pod("p"), "Nodes": {"items": items}})
     assert [n["metadata"]["name"] for n in answer["Nodes"]["items"]] == ["a"]
     assert answer["NodeNames"] is None
 
 
 async def test_pod_without_gpu_passes_every_node(server: Any) -> None:
     srv, _ = server
-    _, answer = await post(srv, "/filter", {"Pod": pod("p", container()), "NodeNames": ["x", "y"]})
+    _, answer = await post(srv, "/filter", {"Pod": gpu_pod("p", container()), "NodeNames": ["x", "y"]})
     assert answer["NodeNames"] == ["x", "y"]
 
 
 async def test_prioritize_scores_by_policy(server: Any) -> None:
     srv, _ = server
-    srv.model.replace_nodes([node("a"), node("b")])
+    srv.model.replace_nodes([gpu_node("a"), gpu_node("b")])
     srv.model.apply_pod(
         "ADDED",
-        pod(
+        gpu_pod(
             "q",
             node_name="a",
             phase="Running",
             annotations={keys.DEVICES_ALLOCATED: "GPU-a-0,NVIDIA,30000,100:;"},
         ),
     )
-    _, answer = await post(srv, "/prioritize", {"Pod": pod("p"), "NodeNames": ["a", "b"]})
+    _, answer = await post(srv, "/prioritize", {"Pod": gpu_pod("p"), "NodeNames": ["a", "b"]})
     scores = {h["Host"]: h["Score"] for h in answer}
     assert scores["a"] > scores["b"]  # binpack by default
 
 
 async def test_metrics_expose_hami_gauges(server: Any) -> None:
     srv, _ = server
-    srv.model.replace_nodes([node("a", [gpu("A", 0, mem=1000)])])
+    srv.model.replace_nodes([gpu_node("a", [gpu("A", 0, mem=1000)])])
     srv.model.apply_pod(
         "ADDED",
-        pod("q", node_name="a", phase="Running", annotations={keys.DEVICES_ALLOCATED: "A,NVIDIA,250,30:;"}),
+        gpu_pod(
+            "q", node_name="a", phase="Running", annotations={keys.DEVICES_ALLOCATED: "A,NVIDIA,250,30:;"}
+        ),
     )
     _, text = await get(srv, "/metrics")
     assert (

@@ -15,8 +15,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from builders import container
-from extender_fakes import node, pod
+from builders import container, gpu_node, gpu_pod
 
 import hamipy.extender.cli as cli
 from hamipy.devcluster import wait_for
@@ -40,7 +39,7 @@ async def server() -> AsyncIterator[ExtenderServer]:
         limits=LIMITS,
     )
     async with srv:
-        srv.model.replace_nodes([node("a"), node("b")])
+        srv.model.replace_nodes([gpu_node("a"), gpu_node("b")])
         srv.model.replace_pods([])
         yield srv
 
@@ -64,7 +63,7 @@ async def healthz(srv: ExtenderServer) -> int:
 def args_with(path: tuple[str | int, ...], value: object) -> bytes:
     """ExtenderArgs for a GPU pod and two nodes, with the field at ``path`` set to ``value``."""
     args: dict[str, Any] = {
-        "Pod": pod("p", container(gpu=1, gpumem=1000), annotations={"team": "ml"}),
+        "Pod": gpu_pod("p", container(gpu=1, gpumem=1000), annotations={"team": "ml"}),
         "NodeNames": ["a", "b"],
     }
     target: Any = args
@@ -76,11 +75,11 @@ def args_with(path: tuple[str | int, ...], value: object) -> bytes:
 
 def nodes_form(item: object) -> bytes:
     """ExtenderArgs as a scheduler that is not node-cache-capable sends them, with one node item."""
-    return json.dumps({"Pod": pod("p"), "Nodes": {"items": [item]}}).encode()
+    return json.dumps({"Pod": gpu_pod("p"), "Nodes": {"items": [item]}}).encode()
 
 
 def node_with(path: tuple[str, ...], value: object) -> dict[str, Any]:
-    item = copy.deepcopy(node("c"))
+    item = copy.deepcopy(gpu_node("c"))
     target: Any = item
     for key in path[:-1]:
         target = target[key]

@@ -14,8 +14,8 @@ from typing import Any
 
 import aiohttp
 import pytest
-from builders import gpu
-from extender_fakes import FakeKube, node, pod
+from builders import gpu, gpu_node, gpu_pod
+from fake_kube import FakeKube
 
 import hamipy.extender.cli as cli
 from hamipy.devcluster import wait_for
@@ -32,7 +32,7 @@ BUG = TypeError("'NoneType' object is not subscriptable")
 
 
 def extender(kube: FakeKube, log: io.StringIO) -> ExtenderServer:
-    kube.add_node(node("n", [gpu("A", 0)]))
+    kube.add(gpu_node("n", [gpu("A", 0)]))
     return ExtenderServer(
         config=Config(),
         settings=ExtenderSettings(handshake_interval_s=0, api_timeout_s=1.0),
@@ -44,7 +44,7 @@ def extender(kube: FakeKube, log: io.StringIO) -> ExtenderServer:
 def broken_pod_watch() -> FakeKube:
     """An API whose pod watch stream raises what no Kubernetes error handler catches."""
     kube = FakeKube()
-    kube.streams[PODS] = [[BUG]]
+    kube.send(PODS, BUG)
     return kube
 
 
@@ -75,8 +75,8 @@ async def test_a_dead_watch_is_logged_fails_readiness_and_refuses_decisions() ->
         assert status == 503
         assert "task extender-watch-pods died: TypeError" in text
 
-        p = pod("p")
-        kube.add_pod(p)
+        p = gpu_pod("p")
+        kube.add(p)
         for path, body in [
             ("/filter", {"Pod": p, "NodeNames": ["n"]}),
             ("/prioritize", {"Pod": p, "NodeNames": ["n"]}),
@@ -98,7 +98,7 @@ async def test_a_dead_watch_is_logged_fails_readiness_and_refuses_decisions() ->
 
 async def test_wait_synced_reports_a_task_that_died() -> None:
     kube = FakeKube()
-    kube.fail[("GET", "/api/v1/nodes")] = TypeError("not a KubeError")  # type: ignore[assignment]
+    kube.fail(TypeError("not a KubeError"), "GET", "/api/v1/nodes")
     async with extender(kube, io.StringIO()) as srv:
         with pytest.raises(ExtenderError, match="extender-watch-nodes died: TypeError"):
             await srv.wait_synced(5)
@@ -130,7 +130,7 @@ async def test_the_heap_is_trimmed_under_supervision_unless_switched_off(
     interval_s: float, trimming: bool
 ) -> None:
     kube = FakeKube()
-    kube.add_node(node("n", [gpu("A", 0)]))
+    kube.add(gpu_node("n", [gpu("A", 0)]))
     srv = ExtenderServer(
         config=Config(),
         settings=ExtenderSettings(handshake_interval_s=0, api_timeout_s=1.0, heap_trim_interval_s=interval_s),

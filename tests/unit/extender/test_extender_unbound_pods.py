@@ -9,8 +9,8 @@ import asyncio
 import copy
 from typing import Any
 
-from builders import allocation, container, gpu
-from extender_fakes import BIND_SETTINGS, BindRig, bind_args, bind_rig, node, pod, shared_rig
+from builders import allocation, container, gpu, gpu_node, gpu_pod
+from extender_fakes import BIND_SETTINGS, BindRig, bind_args, bind_rig, shared_rig
 
 from hamipy.extender.invariant import check_cluster, check_objects
 from hamipy.extender.model import ClusterModel, PodUid
@@ -25,7 +25,7 @@ EVERYTHING = [[ContainerDevice("A", "NVIDIA", 1000, 100), ContainerDevice("B", "
 
 def squatter(*, bound: bool = False, allocated: Any = EVERYTHING, labelled: bool = True) -> dict[str, Any]:
     """Another tenant's pod asking no GPU, annotated (and labelled) as holding every GPU of node n."""
-    p = pod(
+    p = gpu_pod(
         "squat",
         container(),
         namespace="tenant",
@@ -39,7 +39,7 @@ def squatter(*, bound: bool = False, allocated: Any = EVERYTHING, labelled: bool
 
 
 def rig() -> BindRig:
-    return bind_rig(BIND_SETTINGS, node("n", GPUS))
+    return bind_rig(BIND_SETTINGS, gpu_node("n", GPUS))
 
 
 def used(model: ClusterModel) -> dict[str, tuple[int, int, int]]:
@@ -59,8 +59,8 @@ def test_a_pending_pod_claiming_every_gpu_takes_nothing_and_the_node_still_place
     assert r.model.apply_pod("ADDED", squatter()) == []
     assert r.model.contributions == {}
     assert used(r.model) == {"A": (0, 0, 0), "B": (0, 0, 0)}
-    r.add_watched_pod(pod("p"))
-    assert filter_n(r, pod("p")) == ["n"]
+    r.add_watched_pod(gpu_pod("p"))
+    assert filter_n(r, gpu_pod("p")) == ["n"]
 
 
 def test_a_malformed_allocation_on_a_pending_pod_is_reported_but_blocks_nothing() -> None:
@@ -69,28 +69,28 @@ def test_a_malformed_allocation_on_a_pending_pod_is_reported_but_blocks_nothing(
     assert (problem.kind, problem.namespace, problem.name) == ("Pod", "tenant", "squat")
     assert problem.field.startswith(keys.DEVICES_ALLOCATED)
     assert not r.model.nodes["n"].bad_pods
-    r.add_watched_pod(pod("p"))
-    assert filter_n(r, pod("p")) == ["n"]
+    r.add_watched_pod(gpu_pod("p"))
+    assert filter_n(r, gpu_pod("p")) == ["n"]
 
 
 def test_a_bound_pods_allocation_counts() -> None:
     r = rig()
     r.model.apply_pod("ADDED", squatter(bound=True))
     assert used(r.model) == {"A": (1, 1000, 100), "B": (1, 1000, 100)}
-    r.add_watched_pod(pod("p"))
-    assert filter_n(r, pod("p")) == []
+    r.add_watched_pod(gpu_pod("p"))
+    assert filter_n(r, gpu_pod("p")) == []
 
 
 def test_a_malformed_allocation_on_a_bound_pod_blocks_its_node_until_it_goes() -> None:
     r = rig()
     bad = squatter(bound=True, allocated="not a device list")
     assert len(r.model.apply_pod("ADDED", bad)) == 1
-    r.add_watched_pod(pod("p"))
-    answer = r.scheduler.filter({"Pod": pod("p"), "NodeNames": ["n"]})
+    r.add_watched_pod(gpu_pod("p"))
+    answer = r.scheduler.filter({"Pod": gpu_pod("p"), "NodeNames": ["n"]})
     assert answer["NodeNames"] == []
     assert answer["FailedNodes"] == {"n": "NodeAllocationUnknown"}
     r.model.apply_pod("DELETED", bad)
-    assert filter_n(r, pod("p")) == ["n"]
+    assert filter_n(r, gpu_pod("p")) == ["n"]
 
 
 def test_a_pending_pods_binding_makes_its_allocation_count() -> None:
@@ -107,9 +107,9 @@ def test_a_pending_pods_binding_makes_its_allocation_count() -> None:
 
 async def test_our_bind_in_flight_counts_across_its_watch_events_until_bound() -> None:
     r = rig()
-    p = pod("p", container(gpu=1, gpumem=1000, gpucores=100))
+    p = gpu_pod("p", container(gpu=1, gpumem=1000, gpucores=100))
     r.add_watched_pod(p)
-    other = pod("q", container(gpu=2, gpumem=1000))
+    other = gpu_pod("q", container(gpu=2, gpumem=1000))
     r.add_watched_pod(other)
     seen: list[tuple[str, tuple[int, int, int], list[str]]] = []
 
@@ -117,7 +117,7 @@ async def test_our_bind_in_flight_counts_across_its_watch_events_until_bound() -
         if (method, path) == ("POST", "/api/v1/namespaces/ns/pods/p/binding"):
             # The watch delivers the pod as patched (annotated, not bound yet), and, late, as it
             # was before the patch: neither drops what the bind recorded.
-            annotated = copy.deepcopy(r.kube.pods[("ns", "p")])
+            annotated = copy.deepcopy(r.kube.pod("ns", "p"))
             assert not annotated["spec"].get("nodeName")
             r.model.apply_pod("MODIFIED", annotated)
             r.model.apply_pod("MODIFIED", p)
@@ -132,10 +132,10 @@ async def test_our_bind_in_flight_counts_across_its_watch_events_until_bound() -
     assert r.model.contributions[PodUid("uid-ns-p")].source == "allocated"
     generation = r.model.generation
     # The Binding's watch event (same annotation, now bound) changes nothing.
-    assert r.model.apply_pod("MODIFIED", copy.deepcopy(r.kube.pods[("ns", "p")])) == []
+    assert r.model.apply_pod("MODIFIED", copy.deepcopy(r.kube.pod("ns", "p"))) == []
     assert r.model.generation == generation
     # A stale event from before the Binding, delivered late, does not drop the allocation either.
-    stale = copy.deepcopy(r.kube.pods[("ns", "p")])
+    stale = copy.deepcopy(r.kube.pod("ns", "p"))
     stale["spec"].pop("nodeName")
     r.model.apply_pod("MODIFIED", stale)
     assert r.model.contributions[PodUid("uid-ns-p")].source == "allocated"
@@ -143,7 +143,7 @@ async def test_our_bind_in_flight_counts_across_its_watch_events_until_bound() -
 
 async def test_a_failed_bind_drops_its_in_flight_record() -> None:
     r = rig()
-    p = pod("p")
+    p = gpu_pod("p")
     r.add_watched_pod(p)
 
     def fail_binding(method: str, path: str, body: Any) -> None:
@@ -162,17 +162,17 @@ async def test_a_failed_bind_drops_its_in_flight_record() -> None:
 
 async def test_the_bind_re_check_ignores_a_pending_pod_labelled_and_annotated_for_the_node() -> None:
     r = rig()
-    r.kube.add_pod(squatter())
-    r.add_watched_pod(pod("p", container(gpu=2, gpumem=1000)))
-    assert (await r.scheduler.bind(bind_args(pod("p"))))["Error"] == ""
-    assert r.kube.pods[("ns", "p")]["spec"]["nodeName"] == "n"
+    r.kube.add(squatter())
+    r.add_watched_pod(gpu_pod("p", container(gpu=2, gpumem=1000)))
+    assert (await r.scheduler.bind(bind_args(gpu_pod("p"))))["Error"] == ""
+    assert r.kube.pod("ns", "p")["spec"]["nodeName"] == "n"
     assert (await check_cluster(r.kube)).ok
 
 
 async def test_binds_queued_in_one_lock_session_count_each_other() -> None:
     # One slot per GPU, three pods: the session's fresh state must count what it just bound.
-    r = shared_rig(BIND_SETTINGS, node("n", GPUS))
-    pods = [pod(f"p{i}") for i in range(3)]
+    r = shared_rig(BIND_SETTINGS, gpu_node("n", GPUS))
+    pods = [gpu_pod(f"p{i}") for i in range(3)]
     for p in pods:
         r.add_watched_pod(p)
     results = await asyncio.gather(*(r.scheduler.bind(bind_args(p)) for p in pods))
@@ -183,7 +183,7 @@ async def test_binds_queued_in_one_lock_session_count_each_other() -> None:
 
 
 def test_the_invariant_counts_bound_pods_only() -> None:
-    registered = node("n", GPUS)
+    registered = gpu_node("n", GPUS)
     over = [squatter(), squatter(bound=True)]
     over[1]["metadata"]["name"] = "bound"
     assert check_objects([registered], over).ok

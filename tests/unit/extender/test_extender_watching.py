@@ -11,8 +11,8 @@ from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 
 import pytest
-from builders import gpu
-from extender_fakes import FakeKube, gone, node, pod, watch_event
+from builders import gpu, gpu_node, gpu_pod, running_pod
+from fake_kube import FakeKube, bookmark, gone, watch_event
 
 from hamipy.devcluster import wait_for
 from hamipy.extender.model import ClusterModel, NodeName, PodUid
@@ -22,6 +22,7 @@ from hamipy.extender.watching import Resource, model_informers, stamp_once
 from hamipy.kube.errors import KubeError
 from hamipy.kube.events import EventRecorder
 from hamipy.kube.informer import Informer
+from hamipy.kube.resources import node_path, pod_path
 from hamipy.protocol import keys
 from hamipy.protocol.devices import ContainerDevice
 
@@ -63,38 +64,27 @@ async def until(condition: Callable[[], bool], what: str) -> None:
     await wait_for(lambda: True if condition() else None, timeout=5, interval=0.005, what=what)
 
 
-def running(name: str, gpu_uuid: str, mem: int) -> dict[str, object]:
-    return pod(
-        name,
-        node_name="n",
-        phase="Running",
-        annotations={keys.DEVICES_ALLOCATED: f"{gpu_uuid},NVIDIA,{mem},0:;"},
-    )
-
-
 def a_cluster() -> FakeKube:
     kube = FakeKube()
-    kube.add_node(node("n", [gpu("A", 0, mem=10000)]))
+    kube.add(gpu_node("n", [gpu("A", 0, mem=10000)]))
     return kube
 
 
 async def test_lists_then_applies_events_and_advances_on_bookmarks() -> None:
     kube = a_cluster()
-    added = running("a", "A", 500)
-    added["metadata"]["resourceVersion"] = "7"  # type: ignore[index]
-    kube.streams[PODS] = [
-        [watch_event("ADDED", added), {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "9"}}}]
-    ]
+    added = running_pod("a", allocated="A,NVIDIA,500,0:;", node="n")
+    added["metadata"]["resourceVersion"] = "907"  # type: ignore[index]
+    kube.send(PODS, watch_event("ADDED", added), bookmark(909), None)
     r = Rig(kube)
     async with watching(r.informers):
         await until(lambda: r.restarts("pods", "closed") == 1, "the scripted watch ended")
         assert r.model.synced
         assert r.model.contributions[PodUid("uid-ns-a")].source == "allocated"
         assert r.model.nodes["n"].gpus[0].used_mem == 500
-        assert r.informers["pods"].resource_version == "9"
+        assert r.informers["pods"].resource_version == "909"
         # The watch is re-opened from the bookmark's version.
-        await until(lambda: len([w for w in kube.watches if w[0] == PODS]) == 2, "the watch re-opened")
-    assert [w for w in kube.watches if w[0] == PODS][-1][1]["resourceVersion"] == "9"
+        await until(lambda: len([w for w in kube.watches if w.path == PODS]) == 2, "the watch re-opened")
+    assert [w.query for w in kube.watches if w.path == PODS][-1]["resourceVersion"] == "909"
 
 
 @pytest.mark.parametrize(
@@ -108,10 +98,10 @@ async def test_a_relist_forgets_pods_deleted_while_not_watching_and_keeps_the_ot
     interruption: dict[str, object] | KubeError, cause: str
 ) -> None:
     kube = a_cluster()
-    kube.add_pod(running("kept", "A", 1000))
-    kube.add_pod(running("deleted", "A", 3000))
+    kube.add(running_pod("kept", allocated="A,NVIDIA,1000,0:;", node="n"))
+    kube.add(running_pod("deleted", allocated="A,NVIDIA,3000,0:;", node="n"))
     resumed = asyncio.Event()
-    kube.streams[PODS] = [[resumed, interruption]]
+    kube.send(PODS, resumed, interruption)
     r = Rig(kube)
     async with watching(r.informers):
         await until(lambda: r.model.synced, "listed")
@@ -126,7 +116,7 @@ async def test_a_relist_forgets_pods_deleted_while_not_watching_and_keeps_the_ot
             expires_at=float("inf"),
         )
         assert r.model.nodes["n"].gpus[0].used_mem == 4200
-        del kube.pods[("ns", "deleted")]  # its DELETED event is never seen: no watch is open
+        kube.remove(pod_path("ns", "deleted"))  # its DELETED event is never seen: no watch is open
         resumed.set()
         await until(lambda: r.informers["pods"].lists == 2, "listed again")
     assert set(r.model.contributions) == {PodUid("uid-ns-kept"), PodUid("uid-ns-reserved")}
@@ -137,8 +127,8 @@ async def test_a_relist_forgets_pods_deleted_while_not_watching_and_keeps_the_ot
 
 async def test_a_deleted_event_frees_the_gpus() -> None:
     kube = a_cluster()
-    kube.add_pod(running("a", "A", 1000))
-    kube.streams[PODS] = [[watch_event("DELETED", kube.pods[("ns", "a")])]]
+    kube.add(running_pod("a", allocated="A,NVIDIA,1000,0:;", node="n"))
+    kube.send(PODS, watch_event("DELETED", kube.pod("ns", "a")), None)
     r = Rig(kube)
     async with watching(r.informers):
         await until(lambda: r.restarts("pods", "closed") == 1, "the scripted watch ended")
@@ -148,7 +138,7 @@ async def test_a_deleted_event_frees_the_gpus() -> None:
 
 async def test_malformed_annotations_are_logged_counted_and_reported_as_events() -> None:
     kube = a_cluster()
-    kube.add_pod(pod("bad", node_name="n", phase="Running", annotations={keys.DEVICES_ALLOCATED: "garbage"}))
+    kube.add(gpu_pod("bad", node_name="n", phase="Running", annotations={keys.DEVICES_ALLOCATED: "garbage"}))
     r = Rig(kube)
     async with watching(r.informers):
         await until(lambda: r.model.synced, "listed")
@@ -162,10 +152,10 @@ async def test_malformed_annotations_are_logged_counted_and_reported_as_events()
 
 async def test_handshake_stamped_only_where_needed() -> None:
     kube = FakeKube()
-    kube.add_node(node("n"))
-    kube.add_node(node("m", annotations={keys.NODE_HANDSHAKE: "Requesting_2025-01-01 00:00:00"}))
+    kube.add(gpu_node("n"))
+    kube.add(gpu_node("m", annotations={keys.NODE_HANDSHAKE: "Requesting_2025-01-01 00:00:00"}))
     r = Rig(kube)
-    r.model.replace_nodes(kube.nodes.values())
+    r.model.replace_nodes(kube.items(node_path()))
     stamped = await stamp_once(
         api=kube,
         model=r.model,
@@ -174,4 +164,4 @@ async def test_handshake_stamped_only_where_needed() -> None:
         now=datetime(2025, 6, 1, tzinfo=UTC),
     )
     assert stamped == 1
-    assert kube.nodes["n"]["metadata"]["annotations"][keys.NODE_HANDSHAKE] == "Requesting_2025-06-01 00:00:00"
+    assert kube.node("n")["metadata"]["annotations"][keys.NODE_HANDSHAKE] == "Requesting_2025-06-01 00:00:00"
