@@ -73,7 +73,7 @@ def a_cluster() -> FakeKube:
 async def test_lists_then_applies_events_and_advances_on_bookmarks() -> None:
     kube = a_cluster()
     added = running_pod("a", allocated="A,NVIDIA,500,0:;", node="n")
-    added["metadata"]["resourceVersion"] = "907"  # type: ignore[index]
+    added["metadata"]["resourceVersion"] = "907"
     kube.send(PODS, watch_event("ADDED", added), bookmark(909), None)
     r = Rig(kube)
     async with watching(r.informers):
