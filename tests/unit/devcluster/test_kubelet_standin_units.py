@@ -313,9 +313,7 @@ def test_a_plugin_dir_too_long_for_unix_sockets_is_refused_up_front() -> None:
 
 def _pod(uid: str, created: str) -> dict[str, Any]:
     """A pending pod named ``uid``, created at ``created`` (the order the stand-in admits pods in)."""
-    pod = builders.pod(uid, builders.container(), namespace="ns", uid=uid, phase="Pending")
-    pod["metadata"]["creationTimestamp"] = created
-    return pod
+    return builders.pod(uid, builders.container(), namespace="ns", uid=uid, phase="Pending", created=created)
 
 
 async def _applied(standin: KubeletStandIn, feed: _PodFeed) -> None:

@@ -32,16 +32,11 @@ from hamipy.protocol.cdi import decode_spec
 SPEC = "hami.io-vgpu_uid-ns-legit_main.json"
 
 
-def two_gpu_pod() -> dict[str, object]:
-    return waiting_pod(
-        "pair",
-        container("main", gpu=2, gpumem=1000, gpucores=10),
-        slots=[[dev(UUID_B), dev(UUID_C)]],
-    )
-
-
 async def test_the_answer_names_the_slot_and_its_gpus_and_nothing_else(tmp_path: Path) -> None:
-    allocator = await make_allocator(node_kube(two_gpu_pod()), tmp_path, strategy="cdi-cri")
+    pair = waiting_pod(
+        "pair", container("main", gpu=2, gpumem=1000, gpucores=10), slots=[[dev(UUID_B), dev(UUID_C)]]
+    )
+    allocator = await make_allocator(node_kube(pair), tmp_path, strategy="cdi-cri")
     async with plugin_stub(allocator) as stub:
         response = await stub.Allocate(allocate_request(f"{UUID_B}-0", f"{UUID_C}-1"), timeout=10)
     (answer,) = response.container_responses

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import stat
 from pathlib import Path
-from typing import Any
 
 import builders
 import pytest
@@ -30,13 +29,6 @@ from hamipy.protocol.pod_devices import encode_pod_devices
 
 def limits_of(tmp_path: Path, container: str = "main", pod: str = "legit") -> Path:
     return tmp_path / "vgpu" / "containers" / f"uid-ns-{pod}_{container}" / "limits"
-
-
-def gpu_pod(name: str, **asks: Any) -> dict[str, Any]:
-    """A waiting pod whose container "main" asks one GPU (1000 MiB, 10 %) and ``asks`` more."""
-    return waiting_pod(
-        name, builders.container("main", gpu=1, gpumem=1000, gpucores=10, **asks), slots=[[dev(UUID_B)]]
-    )
 
 
 async def test_the_limits_file_is_written_before_the_answer_read_only_and_mounted_read_only(
@@ -97,7 +89,13 @@ async def test_a_second_allocate_of_a_container_replaces_its_limits_file_by_a_ne
 async def test_the_task_priority_comes_from_the_containers_priority(
     tmp_path: Path, priority: int | None
 ) -> None:
-    api = node_kube(gpu_pod("p", priority=priority))
+    api = node_kube(
+        waiting_pod(
+            "p",
+            builders.container("main", gpu=1, gpumem=1000, gpucores=10, priority=priority),
+            slots=[[dev(UUID_B)]],
+        )
+    )
     (allocation,) = await (await make_allocator(api, tmp_path)).allocate([[f"{UUID_B}-0"]])
     lines = limits_of(tmp_path, pod="p").read_text().splitlines()
     if priority is None:
@@ -111,7 +109,13 @@ async def test_the_task_priority_comes_from_the_containers_priority(
 async def test_a_container_that_disables_control_in_its_env_still_gets_the_interposer(
     tmp_path: Path,
 ) -> None:
-    api = node_kube(gpu_pod("p", env={"CUDA_DISABLE_CONTROL": "true"}))
+    api = node_kube(
+        waiting_pod(
+            "p",
+            builders.container("main", gpu=1, gpumem=1000, gpucores=10, env={"CUDA_DISABLE_CONTROL": "true"}),
+            slots=[[dev(UUID_B)]],
+        )
+    )
     (allocation,) = await (await make_allocator(api, tmp_path)).allocate([[f"{UUID_B}-0"]])
     mounts = {m.container_path: m for m in allocation.mounts}
     assert mounts["/etc/ld.so.preload"] == Mount(

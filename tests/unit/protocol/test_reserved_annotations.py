@@ -4,13 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
+import builders
 import pytest
 
 from hamipy.protocol.reserved_annotations import CDI_ANNOTATION_PREFIX, reserved_annotation_use
 
 
 def pod(annotations: Any) -> dict[str, Any]:
-    return {"metadata": {"name": "p", "annotations": annotations}, "spec": {"containers": []}}
+    """A pod carrying ``annotations`` as written, a malformed value too."""
+    out = builders.pod("p")
+    out["metadata"]["annotations"] = annotations
+    return out
 
 
 @pytest.mark.parametrize(

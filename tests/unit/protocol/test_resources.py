@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from builders import container, pod
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -35,29 +36,6 @@ PCT = "nvidia.com/gpumem-percentage"
 CORES = "nvidia.com/gpucores"
 PRIO = "nvidia.com/priority"
 VGPU_NAMES = ResourceNames(count="nvidia.com/vgpu")
-
-
-def ctr(
-    name: str = "cuda", limits: dict[str, Any] | None = None, requests: dict[str, Any] | None = None
-) -> dict[str, Any]:
-    resources: dict[str, Any] = {}
-    if limits is not None:
-        resources["limits"] = limits
-    if requests is not None:
-        resources["requests"] = requests
-    return {"name": name, "image": "cuda:12", "resources": resources}
-
-
-def pod(*containers: dict[str, Any], init: tuple[dict[str, Any], ...] = ()) -> dict[str, Any]:
-    spec: dict[str, Any] = {"containers": list(containers)}
-    if init:
-        spec["initContainers"] = list(init)
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "p", "namespace": "default"},
-        "spec": spec,
-    }
 
 
 # (id, limits, requests, defaults, expected request)
@@ -186,17 +164,19 @@ def test_container_request(
     defaults: RequestDefaults,
     expected: ContainerRequest | None,
 ) -> None:
-    assert container_request(ctr(limits=limits, requests=requests), defaults=defaults) == expected
+    assert (
+        container_request(container("cuda", limits=limits, requests=requests), defaults=defaults) == expected
+    )
 
 
 def test_configured_names_are_read() -> None:
-    c = ctr(limits={"nvidia.com/vgpu": "2", MEM: "100"})
+    c = container("cuda", limits={"nvidia.com/vgpu": "2", MEM: "100"})
     assert container_request(c, names=VGPU_NAMES) == ContainerRequest(2, 100, None, 0)
     assert container_request(c) is None
 
 
 def test_nvidia_com_vgpu_is_not_read_alongside_the_default_count() -> None:
-    assert container_request(ctr(limits={"nvidia.com/vgpu": "1"})) is None
+    assert container_request(container("cuda", limits={"nvidia.com/vgpu": "1"})) is None
 
 
 def test_null_limits_and_requests_are_empty() -> None:
@@ -206,10 +186,11 @@ def test_null_limits_and_requests_are_empty() -> None:
 
 def test_pod_requests_align_init_and_regular_containers() -> None:
     p = pod(
-        ctr("main", limits={GPU: "1", MEM: "2500", CORES: "25"}),
-        ctr("sidecar", limits={"cpu": "1"}),
-        ctr("second", limits={GPU: "2", PCT: "50"}),
-        init=(ctr("setup"), ctr("warmup", limits={GPU: "1"})),
+        "p",
+        container("main", limits={GPU: "1", MEM: "2500", CORES: "25"}),
+        container("sidecar", limits={"cpu": "1"}),
+        container("second", limits={GPU: "2", PCT: "50"}),
+        init=(container("setup"), container("warmup", limits={GPU: "1"})),
     )
     got = pod_requests(p)
     assert got == PodRequests(
@@ -222,29 +203,33 @@ def test_pod_requests_align_init_and_regular_containers() -> None:
 
 def test_native_sidecars_are_the_init_containers_restarted_always() -> None:
     p = pod(
-        ctr("main", limits={GPU: "1"}),
+        "p",
+        container("main", limits={GPU: "1"}),
         init=(
-            ctr("setup", limits={GPU: "1"}),
-            {**ctr("proxy", limits={GPU: "1"}), "restartPolicy": "Always"},
-            {**ctr("other", limits={"cpu": "1"}), "restartPolicy": "OnFailure"},  # not valid, not a sidecar
-            {**ctr("log"), "restartPolicy": "Always"},
+            container("setup", limits={GPU: "1"}),
+            {**container("proxy", limits={GPU: "1"}), "restartPolicy": "Always"},
+            {
+                **container("other", limits={"cpu": "1"}),
+                "restartPolicy": "OnFailure",
+            },  # not valid, not a sidecar
+            {**container("log"), "restartPolicy": "Always"},
         ),
     )
     assert sidecar_positions(p) == frozenset({1, 3})
     assert pod_requests(p).sidecars == frozenset({1, 3})
-    assert sidecar_positions(pod(ctr("main"))) == frozenset()
+    assert sidecar_positions(pod("p", container("main"))) == frozenset()
     with pytest.raises(ProtocolError, match=r"spec\.initContainers"):
         sidecar_positions({"spec": {"initContainers": "proxy"}})
 
 
 def test_pod_without_gpu() -> None:
-    got = pod_requests(pod(ctr("web", limits={"cpu": "1"})))
+    got = pod_requests(pod("p", container("web", limits={"cpu": "1"})))
     assert got == PodRequests(init=(), containers=(None,))
     assert not got.any
 
 
 def test_pod_requests_use_names_and_defaults() -> None:
-    p = pod(ctr(limits={"nvidia.com/vgpu": "1"}))
+    p = pod("p", container("cuda", limits={"nvidia.com/vgpu": "1"}))
     got = pod_requests(p, names=VGPU_NAMES, defaults=RequestDefaults(memory_mib=1024, cores=10))
     assert got.containers == (ContainerRequest(1, 1024, None, 10),)
 
@@ -268,7 +253,7 @@ BAD_VALUES = [
 def test_malformed_values_name_container_and_resource(
     limits: dict[str, Any], resource: str, shown: str
 ) -> None:
-    p = pod(ctr("ok", limits={GPU: "1"}), ctr("train", limits=limits))
+    p = pod("p", container("ok", limits={GPU: "1"}), container("train", limits=limits))
     with pytest.raises(ProtocolError) as info:
         pod_requests(p)
     message = str(info.value)
@@ -277,22 +262,26 @@ def test_malformed_values_name_container_and_resource(
 
 
 def test_malformed_init_container_is_named_as_such() -> None:
-    p = pod(ctr(limits={GPU: "1"}), init=(ctr("setup", limits={GPU: "x"}),))
+    p = pod("p", container("cuda", limits={GPU: "1"}), init=(container("setup", limits={GPU: "x"}),))
     with pytest.raises(ProtocolError, match=r"initContainers\[0\] 'setup' nvidia.com/gpu"):
         pod_requests(p)
 
 
 def test_one_mib_of_gpumem_is_an_ask() -> None:
-    assert container_request(ctr(limits={GPU: "1", MEM: "1"})) == ContainerRequest(1, 1, None, 0)
+    assert container_request(container("cuda", limits={GPU: "1", MEM: "1"})) == ContainerRequest(
+        1, 1, None, 0
+    )
 
 
 def test_zero_percentage_is_fine_when_gpumem_is_given() -> None:
-    assert container_request(ctr(limits={GPU: "1", MEM: "10", PCT: "0"})) == ContainerRequest(1, 10, None, 0)
+    assert container_request(container("cuda", limits={GPU: "1", MEM: "10", PCT: "0"})) == ContainerRequest(
+        1, 10, None, 0
+    )
 
 
 def test_zero_percentage_explains_itself() -> None:
     with pytest.raises(ProtocolError, match="no memory limit"):
-        container_request(ctr(limits={GPU: "1", PCT: "0"}))
+        container_request(container("cuda", limits={GPU: "1", PCT: "0"}))
 
 
 @pytest.mark.parametrize(
@@ -338,14 +327,14 @@ def test_container_request_needs_exactly_one_memory_form() -> None:
 
 @given(st.integers(min_value=1, max_value=2**31 - 1))
 def test_percentage_clamps_to_100(percentage: int) -> None:
-    got = container_request(ctr(limits={GPU: "1", PCT: str(percentage)}))
+    got = container_request(container("cuda", limits={GPU: "1", PCT: str(percentage)}))
     assert got is not None
     assert got.memory_percentage == min(percentage, 100)
 
 
 @given(st.integers(min_value=0, max_value=2**31 - 1))
 def test_cores_clamp_to_100(cores: int) -> None:
-    got = container_request(ctr(limits={GPU: "1", CORES: str(cores)}))
+    got = container_request(container("cuda", limits={GPU: "1", CORES: str(cores)}))
     assert got is not None
     assert got.cores == min(cores, 100)
 
@@ -443,15 +432,18 @@ def test_cores_fit(cores: int, used: int, usedcores: int, totalcore: int, fits: 
 @pytest.mark.parametrize(
     ("p", "expected"),
     [
-        (pod(ctr(limits={GPU: "1"})), True),
-        (pod(ctr(limits={MEM: "10"})), True),
-        (pod(ctr(requests={PCT: "10"})), True),
-        (pod(ctr(limits={CORES: "10"})), True),
-        (pod(ctr(limits={"cpu": "1"}), init=(ctr(limits={GPU: "1"}),)), True),
-        (pod(ctr(limits={PRIO: "0"})), False),
-        (pod(ctr(limits={"cpu": "1"})), False),
-        (pod(ctr()), False),
-        (pod(ctr(limits={GPU: "garbage"})), True),
+        (pod("p", container("cuda", limits={GPU: "1"})), True),
+        (pod("p", container("cuda", limits={MEM: "10"})), True),
+        (pod("p", container("cuda", requests={PCT: "10"})), True),
+        (pod("p", container("cuda", limits={CORES: "10"})), True),
+        (
+            pod("p", container("cuda", limits={"cpu": "1"}), init=(container("cuda", limits={GPU: "1"}),)),
+            True,
+        ),
+        (pod("p", container("cuda", limits={PRIO: "0"})), False),
+        (pod("p", container("cuda", limits={"cpu": "1"})), False),
+        (pod("p", container("cuda")), False),
+        (pod("p", container("cuda", limits={GPU: "garbage"})), True),
         ({"spec": {"containers": ["junk", {"resources": None}]}}, False),
         ({"spec": {"containers": [{"resources": None}, {"resources": {"limits": {GPU: "1"}}}]}}, True),
         ({}, False),
@@ -476,8 +468,8 @@ def test_requests_any_gpu(p: dict[str, Any], expected: bool) -> None:
 
 
 def test_requests_any_gpu_uses_configured_names() -> None:
-    assert requests_any_gpu(pod(ctr(limits={"nvidia.com/vgpu": "1"})), VGPU_NAMES)
-    assert not requests_any_gpu(pod(ctr(limits={"nvidia.com/vgpu": "1"})))
+    assert requests_any_gpu(pod("p", container("cuda", limits={"nvidia.com/vgpu": "1"})), VGPU_NAMES)
+    assert not requests_any_gpu(pod("p", container("cuda", limits={"nvidia.com/vgpu": "1"})))
 
 
 # webhook defaults -------------------------------------------------------------------------------
@@ -521,19 +513,19 @@ def test_webhook_container_defaults(
     has_resource: bool,
 ) -> None:
     got = webhook_container_defaults(
-        ctr(limits=limits, requests=requests), default_gpu_count=default_gpu_count
+        container("cuda", limits=limits, requests=requests), default_gpu_count=default_gpu_count
     )
     assert got == WebhookDefaults(add_limits=added, has_resource=has_resource)
 
 
 def test_webhook_uses_configured_names() -> None:
-    got = webhook_container_defaults(ctr(limits={MEM: "10"}), names=VGPU_NAMES)
+    got = webhook_container_defaults(container("cuda", limits={MEM: "10"}), names=VGPU_NAMES)
     assert got.add_limits == {"nvidia.com/vgpu": "1"}
 
 
 def test_webhook_refuses_malformed_percentage() -> None:
     with pytest.raises(ProtocolError, match=r"container nvidia.com/gpumem-percentage: is not a whole number"):
-        webhook_container_defaults(ctr(limits={GPU: "1", PCT: "50.5"}))
+        webhook_container_defaults(container("cuda", limits={GPU: "1", PCT: "50.5"}))
 
 
 @pytest.mark.parametrize(
@@ -557,7 +549,7 @@ def test_webhook_refuses_malformed_percentage() -> None:
 )
 def test_validate_webhook_container_refuses(limits: dict[str, Any], resource: str, reason: str) -> None:
     with pytest.raises(ProtocolError, match=reason) as info:
-        validate_webhook_container(ctr("train", limits=limits), label="containers[0] 'train'")
+        validate_webhook_container(container("train", limits=limits), label="containers[0] 'train'")
     assert info.value.field == f"containers[0] 'train' {resource}"
 
 
@@ -567,7 +559,7 @@ def test_validate_webhook_container_refuses(limits: dict[str, Any], resource: st
     ids=["percentage-1", "percentage-100", "cores-above-100-clamped-later", "no-gpu", "count-0"],
 )
 def test_validate_webhook_container_accepts(limits: dict[str, Any]) -> None:
-    validate_webhook_container(ctr(limits=limits))
+    validate_webhook_container(container("cuda", limits=limits))
 
 
 def test_container_label() -> None:

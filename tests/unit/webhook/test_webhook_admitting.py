@@ -7,6 +7,7 @@ import io
 import json
 from typing import Any
 
+import builders
 import pytest
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -19,27 +20,14 @@ from hamipy.webhook.mutation import MutationSettings
 from hamipy.webhook.telemetry import Telemetry
 
 GPU_POD: dict[str, Any] = {
-    "apiVersion": "v1",
-    "kind": "Pod",
+    **builders.pod("", builders.container("cuda", gpu=1), scheduler_name="default-scheduler"),
     "metadata": {"generateName": "train-", "namespace": "ml"},
-    "spec": {
-        "schedulerName": "default-scheduler",
-        "containers": [{"name": "cuda", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
-    },
 }
-PLAIN_POD: dict[str, Any] = {"metadata": {"name": "web"}, "spec": {"containers": [{"name": "nginx"}]}}
-PRIVILEGED_GPU_POD: dict[str, Any] = {
-    "metadata": {"name": "bad"},
-    "spec": {
-        "containers": [
-            {
-                "name": "cuda",
-                "securityContext": {"privileged": True},
-                "resources": {"limits": {"nvidia.com/gpu": "1"}},
-            }
-        ]
-    },
-}
+"""A GPU pod as a Deployment's ReplicaSet creates it: a generated name, still to be given."""
+PLAIN_POD = builders.pod("web", builders.container("nginx"))
+PRIVILEGED_GPU_POD = builders.pod(
+    "bad", builders.container("cuda", gpu=1, securityContext={"privileged": True})
+)
 
 
 def review(

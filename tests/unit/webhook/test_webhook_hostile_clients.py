@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import builders
 import connection_metrics
 import pytest
 
@@ -30,10 +31,7 @@ from hamipy.webhook.mutation import MutationSettings
 from hamipy.webhook.server import ServerSettings, WebhookServer
 from hamipy.webhook.telemetry import Telemetry
 
-GPU_POD: dict[str, Any] = {
-    "metadata": {"name": "p", "namespace": "ns", "annotations": {"team": "ml"}},
-    "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
-}
+GPU_POD = builders.pod("p", builders.container("c", gpu=1), namespace="ns", annotations={"team": "ml"})
 TRICKLE_S = 0.2
 
 

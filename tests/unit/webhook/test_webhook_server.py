@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import builders
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
@@ -29,10 +30,7 @@ REVIEW = {
         "kind": {"group": "", "version": "v1", "kind": "Pod"},
         "operation": "CREATE",
         "namespace": "ns",
-        "object": {
-            "metadata": {"name": "p"},
-            "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpumem": "1000"}}}]},
-        },
+        "object": builders.pod("p", builders.container("c", gpumem=1000)),
     },
 }
 BODY_LIMIT = 64 * 1024
