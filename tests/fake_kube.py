@@ -6,7 +6,9 @@ pages, the list's resourceVersion), POST (create, or a pod's ``binding``), PUT, 
 strategic merge as a JSON merge patch, JSON patch with ``test``), DELETE. Every write gets the next
 resourceVersion, and the API server's preconditions hold: a stale ``resourceVersion`` or another
 ``uid`` in a PUT, a patch, a Binding or a delete's preconditions is a ``Conflict``, as is creating
-what exists or binding a bound pod. Errors are the real client's (``error_for``).
+what exists or binding a bound pod. Stricter than the API server, a PUT without the
+resourceVersion it replaces is a ``Conflict`` too: every replace the services make is guarded.
+Errors are the real client's (``error_for``).
 
 A test sees and changes the server's side without a request: ``add``, ``write`` and ``remove`` are
 another client's writes (a new resourceVersion, no log, no hook), ``get``/``pod``/``node``/``items``
@@ -395,6 +397,8 @@ class FakeKube:
             del self.objects[ref.object_path]
             return {"kind": "Status", "apiVersion": "v1", "status": "Success"}
         if method == "PUT":
+            if not body["metadata"].get("resourceVersion"):
+                raise error_for(409, what, "a PUT here must carry the resourceVersion it replaces")
             self._check(obj, body["metadata"], what)
             return self._replace(obj, body)
         if method == "PATCH" and content_type == JSON_PATCH:

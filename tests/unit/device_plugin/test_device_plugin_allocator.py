@@ -177,6 +177,25 @@ async def test_an_api_error_fails_the_allocate_and_the_pod_with_its_cause(tmp_pa
     assert keys.NODE_LOCK not in api.node(NODE)["metadata"]["annotations"]
 
 
+async def test_a_pod_made_again_under_its_allocate_is_left_alone(tmp_path: Path) -> None:
+    # Deleted and created again under its name while its container was being served: every write
+    # names the served pod's uid, so the new pod is not touched.
+    api = fake_api([pod("p", "GPU-A,NVIDIA,1000,10:;;")], lock_owner="p")
+    allocator, _ = await make(api, tmp_path)
+    again = pod("p", "GPU-A,NVIDIA,1000,10:;;")
+    again["metadata"]["uid"] = "uid-ns-p-again"
+
+    def recreate(method: str, path: str, body: Any) -> None:
+        if method == "PATCH" and path == pod_path("ns", "p"):
+            api.on_request = None
+            api.add(again)
+
+    api.on_request = recreate
+    with pytest.raises(AllocateError, match=r"pod ns/p: .*HTTP 409"):
+        await allocator.allocate([["GPU-A-0"]])
+    assert annotations_of(api, "p") == again["metadata"]["annotations"]
+
+
 async def test_a_lock_every_release_loses_is_left_to_expire(tmp_path: Path) -> None:
     api = fake_api([pod("p", "GPU-A,NVIDIA,1000,10:;;")], lock_owner="p")
     api.race(node_path(NODE), times=100)

@@ -106,6 +106,7 @@ class TestSecret:
             api, namespace=NAMESPACE, secret_name="hamipy-webhook-tls", dns_names=NAMES
         )
         assert (again, renewed) == (first, False)
+        read = api.get(SECRET_PATH)["metadata"]["resourceVersion"]
         fresh, renewed = await ensure_secret(
             api, namespace=NAMESPACE, secret_name="hamipy-webhook-tls", dns_names=NAMES, force=True
         )
@@ -113,6 +114,7 @@ class TestSecret:
         assert fresh.ca_pem != first.ca_pem
         assert secret_bundle(api) == fresh
         assert [c[0] for c in api.calls] == ["GET", "POST", "GET", "GET", "PUT"]
+        assert api.requests[-1].body["metadata"]["resourceVersion"] == read, "a write since is a conflict"
 
     async def test_a_certificate_missing_a_name_is_renewed(self) -> None:
         api = FakeKube()
@@ -161,6 +163,15 @@ class TestCaBundle:
         fresh, renewed, patched = await ensure(api, force=True)
         assert (renewed, patched) == (True, True)
         assert ca_bundles(api) == [fresh.ca_pem]
+
+    async def test_the_patch_applies_only_to_the_version_read(self) -> None:
+        api = FakeKube()
+        bundle, _, _ = await ensure(api, create_configuration=configuration())
+        api.race(CONFIG_PATH)  # another writer changes the configuration between the read and the patch
+        other = generate_certificates(dns_names=NAMES).ca_pem
+        with pytest.raises(CertificateSetupError, match=r"cannot patch caBundle .*HTTP 422"):
+            await patch_ca_bundle(api, configuration_name="hamipy-webhook", ca_pem=other)
+        assert ca_bundles(api) == [bundle.ca_pem]
 
     async def test_a_failed_patch_names_the_configuration(self) -> None:
         api = FakeKube()
