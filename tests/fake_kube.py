@@ -29,7 +29,6 @@ import copy
 import dataclasses
 import fnmatch
 import inspect
-import itertools
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
@@ -112,7 +111,7 @@ def _parse(path: str) -> _Ref:
     if len(rest) >= 3 and rest[0] == "namespaces":
         namespace, rest = rest[1], rest[2:]
     if not rest or parts[0] not in ("api", "apis"):
-        raise KubeError(f"{path}: not a resource path", status=404)
+        raise error_for(404, path, "not a resource path")
     name, sub = [*rest[1:3], "", ""][:2]
     return _Ref(group, namespace, rest[0], name, sub)
 
@@ -126,7 +125,7 @@ def path_of(obj: Mapping[str, Any]) -> str:
     return f"{group}{where}/{obj['kind'].lower()}s/{meta['name']}"
 
 
-def merge_patch(target: dict[str, Any], patch: Mapping[str, Any]) -> None:
+def _merge_patch(target: dict[str, Any], patch: Mapping[str, Any]) -> None:
     """RFC 7386 onto ``target`` in place: ``None`` removes a key, maps merge, anything else replaces."""
     for key, value in patch.items():
         if value is None:
@@ -135,7 +134,7 @@ def merge_patch(target: dict[str, Any], patch: Mapping[str, Any]) -> None:
             inner = target.get(key)
             if not isinstance(inner, dict):
                 inner = target[key] = {}
-            merge_patch(inner, value)
+            _merge_patch(inner, value)
         else:
             target[key] = copy.deepcopy(value)
 
@@ -208,11 +207,11 @@ class _Server:
         self.requests: list[Request] = []
         self.watches: list[Request] = []
         self.feeds: dict[str, asyncio.Queue[WatchStep]] = {}
-        self.versions = itertools.count(FIRST_VERSION)
         self.version = FIRST_VERSION - 1
+        """The latest resourceVersion given."""
 
     def stamp(self, obj: dict[str, Any]) -> None:
-        self.version = next(self.versions)
+        self.version += 1
         obj["metadata"]["resourceVersion"] = str(self.version)
         obj["metadata"].setdefault("uid", f"uid-{self.version}")
 
@@ -291,7 +290,7 @@ class FakeKube:
 
     def write(self, path: str, patch: Mapping[str, Any]) -> None:
         """Another writer merge-patches the object at ``path``: a new resourceVersion."""
-        merge_patch(self.objects[path], patch)
+        _merge_patch(self.objects[path], patch)
         self._server.stamp(self.objects[path])
 
     def remove(self, path: str) -> None:
@@ -407,7 +406,7 @@ class FakeKube:
             meta = dict(body.get("metadata") or {})
             self._check(obj, meta, what)
             meta.pop("resourceVersion", None)
-            merge_patch(obj, {**body, "metadata": meta} if "metadata" in body else body)
+            _merge_patch(obj, {**body, "metadata": meta} if "metadata" in body else body)
             self._server.stamp(obj)
             return obj
         raise error_for(405, what, "method not allowed")
