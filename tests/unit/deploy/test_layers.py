@@ -80,3 +80,13 @@ def test_a_pure_module_importing_io_fails_the_lint(tmp_path: Path) -> None:
     done = lint(overlay)
     assert done.returncode != 0
     assert "hamipy.extender.fitting is not allowed to import hamipy.kube.client" in done.stdout
+
+
+def test_a_decision_module_importing_a_layer_above_fails_the_lint(tmp_path: Path) -> None:
+    """Inside a service: the scoring importing the HTTP routes (a layer above) breaks its layers."""
+    overlay = overlay_with(tmp_path, "extender", ROOT / "services/extender/src/hamipy/extender", "")
+    scoring = overlay / "hamipy" / "extender" / "scoring.py"
+    scoring.write_text(scoring.read_text() + "\nfrom hamipy.extender import routes as _routes  # planted\n")
+    done = lint(overlay)
+    assert done.returncode != 0
+    assert "hamipy.extender.scoring is not allowed to import hamipy.extender.routes" in done.stdout
