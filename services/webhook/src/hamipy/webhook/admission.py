@@ -23,6 +23,8 @@ import json
 from collections.abc import Sequence
 from typing import Any, Final, Literal, NotRequired, TypedDict, cast
 
+from hamipy.webhook.errors import BadReview, BadReviewReason
+
 __all__ = [
     "API_VERSIONS",
     "AdmissionRequest",
@@ -43,9 +45,6 @@ API_V1BETA1: Final = "admission.k8s.io/v1beta1"
 API_VERSIONS: Final = (API_V1, API_V1BETA1)
 """The versions we answer, in order of preference (the configuration we ship lists both)."""
 
-BadReviewReason = Literal[
-    "not_json", "too_deep", "not_object", "wrong_kind", "wrong_version", "no_request", "no_uid", "wrong_type"
-]
 _REQUEST_FIELDS: Final[dict[str, type]] = {
     "name": str,
     "namespace": str,
@@ -55,17 +54,6 @@ _REQUEST_FIELDS: Final[dict[str, type]] = {
 }
 """The request fields read besides ``uid`` and ``object``, and their JSON types (null is absent)."""
 _SHOWN_TEXT: Final = 64
-
-
-class BadReview(ValueError):
-    """The request body is not an AdmissionReview we can answer.
-
-    ``reason`` is a short fixed label (metric label, log key); the message says what was wrong.
-    """
-
-    def __init__(self, reason: BadReviewReason, message: str) -> None:
-        self.reason: BadReviewReason = reason
-        super().__init__(message)
 
 
 class GroupVersionKind(TypedDict):

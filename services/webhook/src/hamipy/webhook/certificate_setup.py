@@ -33,6 +33,7 @@ from hamipy.webhook.certs import (
     secret_data,
     service_dns_names,
 )
+from hamipy.webhook.errors import CertificateSetupError
 
 __all__ = [
     "CertificateSetupError",
@@ -42,10 +43,6 @@ __all__ = [
 ]
 
 _CONFIGURATIONS: Final = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
-
-
-class CertificateSetupError(Exception):
-    """The Secret or the MutatingWebhookConfiguration could not be read or written."""
 
 
 def _secrets_path(namespace: str, name: str = "") -> str:

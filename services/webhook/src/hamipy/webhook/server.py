@@ -47,6 +47,7 @@ from hamipy.telemetry.http_limits import BoundedServer, HttpLimits, start_bounde
 from hamipy.telemetry.supervision import Supervisor
 from hamipy.telemetry.tls import serving_context
 from hamipy.webhook.admitting import Admitter
+from hamipy.webhook.errors import CertificateError
 
 __all__ = [
     "ADMITTER",
@@ -66,10 +67,6 @@ READY: Final = web.AppKey("ready", asyncio.Event)
 SUPERVISOR: Final = web.AppKey("supervisor", Supervisor)
 MAX_BODY: Final = web.AppKey("max_body_bytes", int)
 _JSON: Final = "application/json"
-
-
-class CertificateError(Exception):
-    """The serving certificate or key could not be loaded."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

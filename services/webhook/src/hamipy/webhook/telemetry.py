@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 
 from hamipy.telemetry.http_metrics import HttpConnectionsCollector
 from hamipy.telemetry.service import ServiceTelemetry
-from hamipy.webhook.admission import BadReviewReason
+from hamipy.webhook.errors import BadReviewReason
 
 __all__ = [
     "SERVICE_NAME",
