@@ -156,6 +156,13 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
         help="seconds a filter's reservation counts without a bind",
     )
     serve.add_argument(
+        "--watch-wait",
+        type=float,
+        default=flags.number("watch-wait", _DEFAULTS.watch_wait_s),
+        help="longest seconds a filter waits for the pod watch to deliver the pod it names, so that"
+        " it reserves for it (0: off)",
+    )
+    serve.add_argument(
         "--handshake-interval",
         type=float,
         default=flags.number("handshake-interval", _DEFAULTS.handshake_interval_s),
@@ -287,6 +294,7 @@ def settings_from_args(args: argparse.Namespace) -> ExtenderSettings:
         lock_expiry=timedelta(seconds=float(args.lock_expiry)),
         lock_sweep_interval_s=float(args.lock_sweep_interval),
         reservation_ttl_s=float(args.reservation_ttl),
+        watch_wait_s=float(args.watch_wait),
         handshake_interval_s=float(args.handshake_interval),
         requeue_interval_s=float(args.requeue_interval),
         heap_trim_interval_s=float(args.heap_trim_interval),
