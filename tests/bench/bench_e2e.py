@@ -42,17 +42,17 @@ second with at most 3 requests that are not the benchmark's (after the nodes are
 kube-controller-manager's TTL controller patches each of them, 20 a second), creates its pods 32 at
 a time and measures from the first create to the last pod bound (seen by a watch), and per pod
 from its creation to its binding; then its pods and namespace are deleted and waited for until gone.
-Reported per phase: pods/s, where the pods went (the most on one node and on one GPU: under spread
-a burst must not bunch, a node taking a second pod while a node sent with it has none), the binds
-the extender refused (``pod no longer fits node ...``: under binpack a filter must not choose a node
-its own bind then finds full) and the filters it answered for a pod its watch had not delivered yet
+Reported per phase: pods/s, where the pods went (the most on one node and on one GPU: under spread a
+burst must not bunch, a node taking a second pod while a node sent with it has none), the binds the
+extender refused (``pod no longer fits node ...``: under binpack a filter must not choose a node its
+own bind then finds full) and the filters it answered for a pod its watch had not delivered yet
 (with ``--filter-probe``, the probe's among them), the extender's mean ``/filter`` and ``/bind``
-durations (from its ``/metrics``), with ``--filter-probe`` ``/filter`` as a client sees it while the binds run (a probe
-20 times a second with 420 node names, for a pod the extender has not watched: it decides and
-reserves nothing; asked from a process of its own, as kube-scheduler asks, with a blocking
-HTTP/1.1 client as cheap as Go's; p99 in the table, "client p99", and every round's samples
-pooled per phase at the end, with the kernel's arrival time of each answer beside the time the
-probe read it; its own load lowers the rates), CPU seconds of
+durations (from its ``/metrics``), with ``--filter-probe`` ``/filter`` as a client sees it while the
+binds run (a probe 20 times a second with 420 node names, for a pod the extender has not watched and
+with no resourceVersion: it decides at once and reserves nothing; asked from a process of its own,
+as kube-scheduler asks, with a blocking HTTP/1.1 client as cheap as Go's; p99 in the table, "client
+p99", and every round's samples pooled per phase at the end, with the kernel's arrival time of each
+answer beside the time the probe read it; its own load lowers the rates), CPU seconds of
 each process from the first create to 1 s after the last binding (and the seconds the extender
 spent runnable but waiting for a CPU, "ext waited"), the seconds the extenders' garbage collector
 held them by generation (``hamipy_extender_gc_pause_seconds``, "gc s" 0/1/2), and
