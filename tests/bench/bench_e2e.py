@@ -115,6 +115,7 @@ from _e2e_support import (
     connection_cuts,
     counter_by_label,
     cpu_seconds,
+    family_samples,
     gc_pauses,
     histogram_mean_ms,
     own_cpu_seconds,
@@ -632,6 +633,7 @@ async def placement_phase(bench: Bench, round_no: int, phase: str) -> dict[str, 
         gc_after: dict[str, list[float]] = {}
         binds: Counter[str] = Counter()
         unwatched = 0
+        waits: dict[str, int] = {}
         if extenders:
             async with aiohttp.ClientSession() as session:
                 texts = [await e.metrics(session) for e in extenders]
@@ -650,6 +652,11 @@ async def placement_phase(bench: Bench, round_no: int, phase: str) -> dict[str, 
             unwatched = counter_by_label(
                 texts, "hamipy_extender_decisions", "verb", {"result": "fit", "reason": "UnknownPod"}
             )["filter"]
+            waits = {
+                s.labels["result"]: int(s.value)
+                for s in family_samples(texts, "hamipy_extender_watch_wait_seconds")
+                if s.name.endswith("_count")
+            }
     finally:
         try:
             await asyncio.to_thread(cluster.stop_scheduler, "hami")
@@ -694,6 +701,8 @@ async def placement_phase(bench: Bench, round_no: int, phase: str) -> dict[str, 
         # Filters that fitted a pod the extender's pod watch had not delivered (it reserved nothing
         # for them), the filter probe's own among them.
         result["filters_unwatched"] = unwatched
+        # Filters that waited for the extender's pod watch to deliver their pod, by how it ended.
+        result["filters_waited_for_watch"] = waits
         result["extender_gc_pauses"] = {
             generation: {
                 "collections": int(n - gc_before.get(generation, [0, 0])[0]),
@@ -730,6 +739,9 @@ def _placement_text(phase: Mapping[str, Any]) -> str:
         text += f", per GPU {placed['most_per_gpu']}"
     if "binds_refused" in phase:
         text += f"; binds refused {phase['binds_refused']}; unwatched filters {phase['filters_unwatched']}"
+        waits = phase.get("filters_waited_for_watch") or {}
+        if any(waits.values()):
+            text += "; waited for the watch " + ", ".join(f"{n} {r}" for r, n in sorted(waits.items()))
     return text
 
 
