@@ -9,6 +9,8 @@ API request counts, CPU times.
   phase's counts and CPU are its own.
 - `cpu_seconds`: user + system CPU time of a process, from ``/proc/<pid>/stat``;
   `runqueue_wait_seconds`: the time its threads waited for a CPU, from their ``schedstat``.
+- `placement`: how a phase's pods lie on the nodes and GPUs (the most on one node and on one GPU),
+  so that a spread burst bunched onto a few nodes shows in the figures.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from urllib.parse import parse_qsl, urlsplit
 
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
+
+from hamipy.protocol import decode_pod_devices, keys
 
 RequestKey = tuple[str, str, str]
 """(verb, resource, subresource) as ``apiserver_request_total`` labels them."""
@@ -57,12 +61,15 @@ def family_samples(texts: Iterable[str], name: str) -> Iterator[Sample]:
             yield from family.samples
 
 
-def counter_by_label(texts: Iterable[str], name: str, label: str) -> Counter[str]:
+def counter_by_label(
+    texts: Iterable[str], name: str, label: str, where: Mapping[str, str] | None = None
+) -> Counter[str]:
     """Counter ``name`` (its ``_total`` samples) summed over every text (replicas) by ``label``'s
-    value."""
+    value; only the samples whose labels include ``where``'s."""
+    want = (where or {}).items()
     sums: Counter[str] = Counter()
     for sample in family_samples(texts, name):
-        if sample.name == f"{name}_total":
+        if sample.name == f"{name}_total" and want <= sample.labels.items():
             sums[sample.labels.get(label, "")] += int(sample.value)
     return sums
 
@@ -314,3 +321,28 @@ def rss_mib(pid: int, field: str = "VmRSS") -> float:
         if line.startswith(f"{field}:"):
             return round(int(line.split()[1]) / 1024, 1)
     raise RuntimeError(f"process {pid} reports no {field} (gone, or a kernel thread)")
+
+
+# -- placement -----------------------------------------------------------------------------------
+
+
+def placement(pods: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """Where bound pods lie: ``nodes`` used, the most pods on one node (``most_per_node``) and, from
+    their ``hami.io/vgpu-devices-allocated``, on one GPU (``most_per_gpu``; 0 when no pod carries
+    one, as a phase without the extender). Under spread a node takes a second pod only when every
+    node kube-scheduler sent has one, and a GPU never does before every GPU of its node has one."""
+    per_node: Counter[str] = Counter()
+    per_gpu: Counter[str] = Counter()
+    for pod in pods:
+        node = (pod.get("spec") or {}).get("nodeName")
+        if not node:
+            continue
+        per_node[node] += 1
+        allocated = ((pod.get("metadata") or {}).get("annotations") or {}).get(keys.DEVICES_ALLOCATED)
+        if allocated:
+            per_gpu.update({dev.uuid for slot in decode_pod_devices(allocated) for dev in slot})
+    return {
+        "nodes": len(per_node),
+        "most_per_node": max(per_node.values(), default=0),
+        "most_per_gpu": max(per_gpu.values(), default=0),
+    }

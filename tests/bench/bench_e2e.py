@@ -42,13 +42,17 @@ second with at most 3 requests that are not the benchmark's (after the nodes are
 kube-controller-manager's TTL controller patches each of them, 20 a second), creates its pods 32 at
 a time and measures from the first create to the last pod bound (seen by a watch), and per pod
 from its creation to its binding; then its pods and namespace are deleted and waited for until gone.
-Reported per phase: pods/s, the extender's mean ``/filter`` and ``/bind`` durations (from its
-``/metrics``), with ``--filter-probe`` ``/filter`` as a client sees it while the binds run (a probe
-20 times a second with 420 node names, for a pod the extender has not watched: it decides and
-reserves nothing; asked from a process of its own, as kube-scheduler asks, with a blocking
-HTTP/1.1 client as cheap as Go's; p99 in the table, "client p99", and every round's samples
-pooled per phase at the end, with the kernel's arrival time of each answer beside the time the
-probe read it; its own load lowers the rates), CPU seconds of
+Reported per phase: pods/s, where the pods went (the most on one node and on one GPU: under spread a
+burst must not bunch, a node taking a second pod while a node sent with it has none), the binds the
+extender refused (``pod no longer fits node ...``: under binpack a filter must not choose a node its
+own bind then finds full) and the filters it answered for a pod its watch had not delivered yet
+(with ``--filter-probe``, the probe's among them), the extender's mean ``/filter`` and ``/bind``
+durations (from its ``/metrics``), with ``--filter-probe`` ``/filter`` as a client sees it while the
+binds run (a probe 20 times a second with 420 node names, for a pod the extender has not watched and
+with no resourceVersion: it decides at once and reserves nothing; asked from a process of its own,
+as kube-scheduler asks, with a blocking HTTP/1.1 client as cheap as Go's; p99 in the table, "client
+p99", and every round's samples pooled per phase at the end, with the kernel's arrival time of each
+answer beside the time the probe read it; its own load lowers the rates), CPU seconds of
 each process from the first create to 1 s after the last binding (and the seconds the extender
 spent runnable but waiting for a CPU, "ext waited"), the seconds the extenders' garbage collector
 held them by generation (``hamipy_extender_gc_pause_seconds``, "gc s" 0/1/2), and
@@ -111,9 +115,11 @@ from _e2e_support import (
     connection_cuts,
     counter_by_label,
     cpu_seconds,
+    family_samples,
     gc_pauses,
     histogram_mean_ms,
     own_cpu_seconds,
+    placement,
     quiet_apiserver,
     request_figures,
     rss_mib,
@@ -615,12 +621,19 @@ async def placement_phase(bench: Bench, round_no: int, phase: str) -> dict[str, 
         cpu_after = bench.cpu(extenders)
         after = await apiserver_requests(api)
         own = bench.counter.snapshot()
+        # After the closing scrape: this list is not the phase's API work.
+        placed = placement(
+            (await RawKube(api).request("GET", f"/api/v1/namespaces/{namespace}/pods"))["items"]
+        )
         extender_metrics: dict[str, float] = {}
         cuts: dict[str, int] = {}
         queued = 0
         connections = 0
         peak_rss = 0.0
         gc_after: dict[str, list[float]] = {}
+        binds: Counter[str] = Counter()
+        unwatched = 0
+        waits: dict[str, int] = {}
         if extenders:
             async with aiohttp.ClientSession() as session:
                 texts = [await e.metrics(session) for e in extenders]
@@ -635,6 +648,15 @@ async def placement_phase(bench: Bench, round_no: int, phase: str) -> dict[str, 
             connections = accepted.get("api", 0)
             peak_rss = max(rss_mib(e.pid, "VmHWM") for e in extenders)
             gc_after = gc_pauses(texts)
+            binds = counter_by_label(texts, "hamipy_extender_decisions", "result", {"verb": "bind"})
+            unwatched = counter_by_label(
+                texts, "hamipy_extender_decisions", "verb", {"result": "fit", "reason": "UnknownPod"}
+            )["filter"]
+            waits = {
+                s.labels["result"]: int(s.value)
+                for s in family_samples(texts, "hamipy_extender_watch_wait_seconds")
+                if s.name.endswith("_count")
+            }
     finally:
         try:
             await asyncio.to_thread(cluster.stop_scheduler, "hami")
@@ -658,6 +680,7 @@ async def placement_phase(bench: Bench, round_no: int, phase: str) -> dict[str, 
         "all_bound_in_s": round(elapsed, 2),
         "pods_per_s": round(rate, 1),
         "create_to_bound": percentiles_us([bound[n] - created[n] for n in created]),
+        "placement": placed,
         "api_requests": request_figures(before, after, own, bench.pods),
         "cpu_s": {
             k: round(cpu_after[k] - cpu_before[k], 2) for k in cpu_after if k != "extender_runqueue_wait"
@@ -672,6 +695,14 @@ async def placement_phase(bench: Bench, round_no: int, phase: str) -> dict[str, 
         result["extender_connections_queued"] = queued
         result["extender_connections_accepted"] = connections
         result["extender_peak_rss_mib"] = peak_rss
+        # Binds the extender refused (``pod no longer fits node``...) or failed: kube-scheduler
+        # retried those pods, so the phase's pods all bound all the same.
+        result["binds_refused"] = binds["refused"] + binds["error"]
+        # Filters that fitted a pod the extender's pod watch had not delivered (it reserved nothing
+        # for them), the filter probe's own among them.
+        result["filters_unwatched"] = unwatched
+        # Filters that waited for the extender's pod watch to deliver their pod, by how it ended.
+        result["filters_waited_for_watch"] = waits
         result["extender_gc_pauses"] = {
             generation: {
                 "collections": int(n - gc_before.get(generation, [0, 0])[0]),
@@ -697,6 +728,21 @@ async def placement_phase(bench: Bench, round_no: int, phase: str) -> dict[str, 
             "bench_beside_control_plane": split.bench_beside_control_plane,
         }
     return result
+
+
+def _placement_text(phase: Mapping[str, Any]) -> str:
+    """Where the phase's pods went and what the extender refused:
+    ``; most per node 2, per GPU 1; binds refused 0; unwatched filters 3``."""
+    placed = phase["placement"]
+    text = f"; most per node {placed['most_per_node']}"
+    if placed["most_per_gpu"]:
+        text += f", per GPU {placed['most_per_gpu']}"
+    if "binds_refused" in phase:
+        text += f"; binds refused {phase['binds_refused']}; unwatched filters {phase['filters_unwatched']}"
+        waits = phase.get("filters_waited_for_watch") or {}
+        if any(waits.values()):
+            text += "; waited for the watch " + ", ".join(f"{n} {r}" for r, n in sorted(waits.items()))
+    return text
 
 
 def _gc_text(pauses: Mapping[str, Mapping[str, float]]) -> str:
@@ -767,10 +813,19 @@ def summarize(phases: list[dict[str, Any]], rounds: int) -> dict[str, Any]:
             "excluding_bench": {k: round(v / pods, 3) for k, v in others.most_common(8)},
             "bench_own": {k: round(v / pods, 3) for k, v in own.most_common(4)},
         }
+    worst: dict[str, dict[str, int]] = {}
+    for ph in names:
+        mine = [p for p in phases if p["phase"] == ph]
+        worst[ph] = {
+            "most_per_node": max(p["placement"]["most_per_node"] for p in mine),
+            "most_per_gpu": max(p["placement"]["most_per_gpu"] for p in mine),
+            "binds_refused": sum(p.get("binds_refused", 0) for p in mine),
+        }
     return {
         "phases": names,
         "per_round": per_round,
         "median": median,
+        "placement_worst": worst,
         "api_requests_per_pod_pooled": pooled,
         "filter_client_pooled": _probes_pooled(phases, names),
     }
@@ -818,6 +873,7 @@ def table(phases: list[dict[str, Any]], summary: dict[str, Any]) -> str:
             + (f"; conns {n}" if (n := p.get("extender_connections_accepted")) else "")
             + (f"; peak rss {p['extender_peak_rss_mib']:.0f} MiB" if p.get("extender_peak_rss_mib") else "")
             + _gc_text(p.get("extender_gc_pauses", {}))
+            + _placement_text(p)
         )
     m = summary["median"]
     replicas = "".join(
@@ -832,6 +888,14 @@ def table(phases: list[dict[str, Any]], summary: dict[str, Any]) -> str:
         + ", ".join(f"{ph} {m[f'{ph}_vs_bare']:.2f}" for ph in _ours(names))
         + replicas
         + same_pods
+    )
+    lines.append(
+        "placement, all rounds (the most pods on one node, on one GPU; binds refused, summed): "
+        + ", ".join(
+            f"{ph} {w['most_per_node']}/{w['most_per_gpu']}; {w['binds_refused']}"
+            for ph, w in summary["placement_worst"].items()
+            if ph not in BASELINES
+        )
     )
     lines.append(
         "API requests per placed pod (all rounds pooled; '-bench': without this process's own"
@@ -945,6 +1009,7 @@ async def run(
         "met": {ph: m[f"{ph}_pods_per_s"] >= TARGET_PODS_PER_S for ph in _ours(summary["phases"])},
         "api_requests_per_pod_pooled": summary["api_requests_per_pod_pooled"],
         "filter_client_pooled": summary["filter_client_pooled"],
+        "placement_worst": summary["placement_worst"],
         "api_requests_method": (
             "apiserver_request_total from the kube-apiserver's /metrics once it served nothing but"
             f" the benchmark for 1s before the first create, and {SETTLE_S:g}s after the last pod"
@@ -1055,7 +1120,13 @@ def main() -> None:
                 "phases": figures["phase_names"],
                 **{
                     k: figures[k]
-                    for k in ("median", "per_round", "api_requests_per_pod_pooled", "filter_client_pooled")
+                    for k in (
+                        "median",
+                        "per_round",
+                        "api_requests_per_pod_pooled",
+                        "filter_client_pooled",
+                        "placement_worst",
+                    )
                 },
             },
         )

@@ -236,6 +236,15 @@ def test_the_api_connections_come_from_the_flag_and_the_environment() -> None:
     assert default.api_connections == MAX_CONNECTIONS == 64
 
 
+def test_the_watch_wait_comes_from_the_flag_and_the_environment() -> None:
+    args = cli.build_parser({"HAMIPY_EXTENDER_WATCH_WAIT": "0"}).parse_args(["serve"])
+    assert settings_from(ExtenderSettings, args).watch_wait_s == 0
+    args = cli.build_parser({}).parse_args(["serve", "--watch-wait", "2.5"])
+    assert settings_from(ExtenderSettings, args).watch_wait_s == 2.5
+    default = settings_from(ExtenderSettings, cli.build_parser({}).parse_args(["serve"]))
+    assert default.watch_wait_s == ExtenderSettings().watch_wait_s
+
+
 def test_serve_opens_its_api_client_with_that_many_connections(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every bind in flight holds an API connection for its Binding: the pool is the flag's."""
     asked: list[int] = []

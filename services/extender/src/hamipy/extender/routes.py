@@ -6,7 +6,8 @@ HTTP/2 when the decision port offers it over TLS, and then sends every request o
 ``GET /healthz``, ``/readyz``, ``/metrics``. A body that is not JSON, nested deeper than
 ``json_bodies.MAX_DEPTH``, not the expected argument (a field the decisions read with the wrong
 JSON type: ``_ARGS``, ``_BINDING_ARGS``), or over ``max_body_bytes`` gets HTTP 400 with the reason;
-kube-scheduler counts that as an extender error for the pod and retries it. When a background task
+kube-scheduler counts that as an extender error for the pod and retries it. A filter of a pod the pod
+watch has not delivered yet waits for it first (``hamipy.extender.pod_arrivals``). When a background task
 died the decision routes answer 503 with ``{"Error": reason}``; on a replica that does not lead they
 forward the request to the leader or redirect kube-scheduler there (``hamipy.extender.leadership``).
 """
@@ -25,6 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from hamipy.extender.filter_args import watched_filter_args
 from hamipy.extender.health import Health
 from hamipy.extender.leadership import FORWARDED_HEADER, REDIRECTED_QUERY, Leadership
+from hamipy.extender.pod_arrivals import PodArrivals
 from hamipy.extender.scheduler import BadRequest, Scheduler
 from hamipy.telemetry.http2 import Http2Answer, Http2Request
 from hamipy.telemetry.json_bodies import BadJson, ListOf, MapOf, Shape, decode_json, shape_problem
@@ -94,10 +96,13 @@ class Routes:
         health: Health,
         max_body_bytes: int,
         leadership: Leadership | None = None,
+        arrivals: PodArrivals | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.health = health
         self.max_body_bytes = max_body_bytes
+        self.arrivals = arrivals
+        """Where a filter of a pod the watch has not delivered yet waits for it (None: no wait)."""
         if leadership is None:
             leadership = Leadership(election=False, api=None, model=None, telemetry=scheduler.telemetry)
         self.leadership = leadership
@@ -118,6 +123,8 @@ class Routes:
                 args = watched_filter_args(body, scheduler.watches) if call.verb == "filter" else None
                 if args is None:
                     args = _decoded(body, _ARGS)
+                    if call.verb == "filter" and self.arrivals is not None:
+                        await self.arrivals.wait(args)  # then decided from the watched pod, if it came
                 result = _VERBS[call.verb](scheduler, args)
         except BadRequest as exc:
             return self._bad(call, exc)

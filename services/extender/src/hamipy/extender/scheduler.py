@@ -6,9 +6,10 @@ only. Events are queued (``hamipy.kube.events.EventRecorder``), never awaited he
 
 Anyone who can reach ``/filter`` can send any ExtenderArgs, so a filter reserves only for a pod the
 pod watch has seen pending for our scheduler, and reads that pod's asks from the watched object,
-not from the caller's copy (``_watched``). A pod kube-scheduler filters before our watch delivered
-it (a race of milliseconds) is answered as usual but reserves nothing; its bind still re-checks the
-node under the lock, so that costs at worst a bind refused and retried, never an over-full GPU.
+not from the caller's copy (``_watched``). A filter of a pod our watch has not delivered yet first
+waits for the watch (``hamipy.extender.pod_arrivals``, before ``filter`` is called); one the watch
+still does not hold is answered as usual but reserves nothing (its bind re-checks the node, so that
+costs at worst a bind refused and retried, never an over-full GPU).
 """
 
 from __future__ import annotations

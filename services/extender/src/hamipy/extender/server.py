@@ -38,6 +38,7 @@ from hamipy.extender.eviction import Evictor
 from hamipy.extender.health import Health
 from hamipy.extender.leadership import LEADER_URL_ANNOTATION, Leadership
 from hamipy.extender.model import ClusterModel
+from hamipy.extender.pod_arrivals import PodArrivals
 from hamipy.extender.requeue import Requeuer
 from hamipy.extender.role_label import RoleLabel
 from hamipy.extender.routes import Routes, make_app
@@ -123,10 +124,22 @@ class ExtenderServer:
             timeout_s=settings.api_timeout_s,
         )
         self.informers: dict[Resource, Informer] = {}
+        self.arrivals = PodArrivals(
+            held=lambda uid: uid in self.model.pending,
+            reached=self._pods_version,
+            wait_s=settings.watch_wait_s,
+            metrics=telemetry.metrics,
+        )
+        """Filters of pods the pod watch has not delivered yet wait here (``pod_arrivals``)."""
         binder = None
         if api is not None:
             self.informers = model_informers(
-                api, model=self.model, settings=settings, telemetry=telemetry, events=self.events
+                api,
+                model=self.model,
+                settings=settings,
+                telemetry=telemetry,
+                events=self.events,
+                on_change={"pods": self.arrivals.changed},
             )
         self.health = Health(model=self.model, supervisor=self.supervisor, informers=self.informers)
         election = settings.leader_election and api is not None
@@ -202,6 +215,11 @@ class ExtenderServer:
         self._server: BoundedServer | None = None
         self._serving = asyncio.Event()
 
+    def _pods_version(self) -> str:
+        """The resourceVersion the pod watch has reached ("" before it lists, or without one)."""
+        informer = self.informers.get("pods")
+        return informer.resource_version if informer is not None else ""
+
     def _event_dropped(self, reason: DropReason) -> None:
         self.telemetry.metrics.events_dropped.labels(reason=reason).inc()
 
@@ -274,6 +292,7 @@ class ExtenderServer:
             health=self.health,
             max_body_bytes=self.settings.max_body_bytes,
             leadership=self.leadership,
+            arrivals=self.arrivals,
         )
         app = make_app(routes)
         app.cleanup_ctx.extend((self._time_gc, self._background))

@@ -72,6 +72,13 @@ class ExtenderSettings:
     """How long a filter's reservation counts without a bind confirming it. Longer than a normal
     filter -> bind gap (milliseconds to the bind wait), short enough that a pod the scheduler gave
     up on frees its GPUs soon."""
+    watch_wait_s: float = tuning(
+        5.0, "longest seconds a filter waits for the pod watch to deliver the pod it names (0: no wait)"
+    )
+    """Longest a filter waits for the pod watch to deliver the pod it names (kube-scheduler's watch
+    of the same API server delivered it first): only a pod the watch holds is reserved for
+    (``hamipy.extender.pod_arrivals``). Milliseconds behind a burst; the bound matters when the watch
+    is stuck, and each filter of a new pod then waits this long. 0 turns the wait off."""
     preemption: bool = user(
         True, "preempt lower-priority GPU pods for a pod that fits nowhere (docs/extender.md#preemption)"
     )

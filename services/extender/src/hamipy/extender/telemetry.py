@@ -15,7 +15,9 @@ share counters):
   (kind, field), ``hamipy_extender_events_dropped``, ``hamipy_extender_watch_restarts`` (resource,
   cause), ``hamipy_extender_lock_waits`` / ``..._lock_breaks`` (reason) / ``..._lock_releases_owed``,
   ``..._bind_paths`` (path: model or locked), ``..._bind_races``, ``..._forwarded`` (verb, result),
-  ``..._leader``, ``..._pods_held`` (source), ``..._gpus_refused`` (reason).
+  ``..._leader``, ``..._pods_held`` (source), ``..._gpus_refused`` (reason),
+  ``..._watch_wait_seconds`` (result) and ``..._watch_waiting``: filters that waited for the pod
+  watch to deliver their pod (``hamipy.extender.pod_arrivals``).
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ _MIB: Final = 1024 * 1024
 # Filter is CPU work of well under a millisecond to a few; bind waits on the API and on node locks.
 _FILTER_BUCKETS: Final = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0)
 _BIND_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+# A filter waits for the pod watch for milliseconds behind a burst, seconds when the watch is stuck.
+_WATCH_WAIT_BUCKETS: Final = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
 ROWS_PER_STEP: Final = 500
@@ -192,6 +196,19 @@ class Metrics:
             ["verb", "result", "reason"],
             registry=r,
         )
+        self.watch_waits = Histogram(
+            "hamipy_extender_watch_wait_seconds",
+            "Filters that waited for the pod watch to deliver the pod they name, by result (reached: "
+            "the watch holds it or passed its version; timeout: answered without reserving).",
+            ["result"],
+            buckets=_WATCH_WAIT_BUCKETS,
+            registry=r,
+        )
+        self.watch_waiting = Gauge(
+            "hamipy_extender_watch_waiting",
+            "Filters waiting now for the pod watch to deliver the pod they name.",
+            registry=r,
+        )
         self.malformed = Counter(
             "hamipy_extender_malformed_annotations",
             "Malformed annotations met on nodes and pods (their capacity is not offered).",
@@ -283,6 +300,8 @@ class Metrics:
             self.filter_seconds.labels(result=result)
         for result in ("bound", "refused", "error"):
             self.bind_seconds.labels(result=result)
+        for result in ("reached", "timeout"):
+            self.watch_waits.labels(result=result)
         for result in ("refused", "error"):
             self.decisions.labels(verb="bind", result=result, reason=result)
         for verb in ("filter", "prioritize", "bind"):

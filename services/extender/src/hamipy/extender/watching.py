@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Final, Literal
 
@@ -186,10 +186,11 @@ def model_informers(
     settings: ExtenderSettings,
     telemetry: Telemetry,
     events: EventRecorder,
-    on_change: Callable[[], None] | None = None,
+    on_change: Mapping[Resource, Callable[[], None]] | None = None,
 ) -> dict[Resource, Informer]:
     """An informer per resource, each feeding ``model`` and counting its restarts in
-    ``hamipy_extender_watch_restarts_total{resource,cause}``; not started (``run`` them)."""
+    ``hamipy_extender_watch_restarts_total{resource,cause}``, and calling ``on_change[resource]``
+    after each list and event it applied; not started (``run`` them)."""
     out: dict[Resource, Informer] = {}
     for resource in RESOURCES:
         if resource == "poddisruptionbudgets" and not settings.preemption:
@@ -207,7 +208,13 @@ def model_informers(
             on_restart=restarted,
         )
         watch.subscribe(
-            ModelFeed(resource, model=model, telemetry=telemetry, events=events, on_change=on_change)
+            ModelFeed(
+                resource,
+                model=model,
+                telemetry=telemetry,
+                events=events,
+                on_change=(on_change or {}).get(resource),
+            )
         )
         out[resource] = watch
     return out
