@@ -73,20 +73,30 @@ def test_a_broken_layer_fails_the_lint(
     assert "planted" in done.stdout
 
 
-def test_a_pure_module_importing_io_fails_the_lint(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("module", "planted", "refusal"),
+    [
+        pytest.param(
+            "fitting",
+            "from hamipy.kube import client as _client",
+            "hamipy.extender.fitting is not allowed to import hamipy.kube.client",
+            id="pure-module-imports-io",
+        ),
+        pytest.param(
+            "scoring",
+            "from hamipy.extender import routes as _routes",
+            "hamipy.extender.scoring is not allowed to import hamipy.extender.routes",
+            id="decision-imports-a-layer-above",
+        ),
+    ],
+)
+def test_an_extender_module_importing_what_its_layer_may_not_fails_the_lint(
+    tmp_path: Path, module: str, planted: str, refusal: str
+) -> None:
+    """A pure module importing I/O, and inside the service a module importing a layer above it."""
     overlay = overlay_with(tmp_path, "extender", ROOT / "services/extender/src/hamipy/extender", "")
-    fitting = overlay / "hamipy" / "extender" / "fitting.py"
-    fitting.write_text(fitting.read_text() + "\nfrom hamipy.kube import client as _client  # planted\n")
+    source = overlay / "hamipy" / "extender" / f"{module}.py"
+    source.write_text(source.read_text() + f"\n{planted}  # planted\n")
     done = lint(overlay)
     assert done.returncode != 0
-    assert "hamipy.extender.fitting is not allowed to import hamipy.kube.client" in done.stdout
-
-
-def test_a_decision_module_importing_a_layer_above_fails_the_lint(tmp_path: Path) -> None:
-    """Inside a service: the scoring importing the HTTP routes (a layer above) breaks its layers."""
-    overlay = overlay_with(tmp_path, "extender", ROOT / "services/extender/src/hamipy/extender", "")
-    scoring = overlay / "hamipy" / "extender" / "scoring.py"
-    scoring.write_text(scoring.read_text() + "\nfrom hamipy.extender import routes as _routes  # planted\n")
-    done = lint(overlay)
-    assert done.returncode != 0
-    assert "hamipy.extender.scoring is not allowed to import hamipy.extender.routes" in done.stdout
+    assert refusal in done.stdout
