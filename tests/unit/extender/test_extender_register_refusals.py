@@ -263,7 +263,9 @@ def test_a_refused_gpu_is_logged_and_reported_on_its_node() -> None:
     events = EventRecorder(None, component="hamipy-extender", logger=telemetry.logger)
     reason = "GPU X (index 0) is not scheduled: node old registers the same GPU UUID"
     report_problems(
-        [Problem("Node", "new", "", "uid-new", keys.NODE_REGISTER, reason, refused=True)], telemetry, events
+        [Problem("Node", "new", "", "uid-new", keys.NODE_REGISTER, keys.NODE_REGISTER, reason, refused=True)],
+        telemetry,
+        events,
     )
     (line,) = [json.loads(entry) for entry in log.getvalue().splitlines()]
     assert (line["event"], line["node"], line["error"]) == ("GPU refused; it is not offered", "new", reason)

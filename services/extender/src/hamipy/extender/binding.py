@@ -72,7 +72,7 @@ from typing import Any, Final, NamedTuple
 from hamipy.extender.errors import BindRefused, LockTimeout
 from hamipy.extender.filtering import ask_of, build_ask, quota_check
 from hamipy.extender.fitting import PodAsk, fit_pod
-from hamipy.extender.lock_sweep import LockSweeper
+from hamipy.extender.lock_sweep import LockSweeper, LockVerdict
 from hamipy.extender.model import (
     ClusterModel,
     NodeName,
@@ -628,14 +628,11 @@ class Binder:
                 raise BindRefused(f"node {node} no longer exists") from None
             meta = _meta(obj)
             value = (meta.get("annotations") or {}).get(keys.NODE_LOCK)
-            holder = value
-            breaking: str | None = None
-            if value:
-                breaking, holder = await self.breakable(value, namespace, name, node)
-                if breaking == "mine":
-                    self.sweeper.forget(node)  # the lock is this bind's now, not one we owe
-                    return obj, None
-            if not value or breaking:
+            verdict = await self.breakable(value, namespace, name, node) if value else None
+            if verdict is not None and verdict.kind == "mine":
+                self.sweeper.forget(node)  # the lock is this bind's now, not one we owe
+                return obj, None
+            if verdict is None or verdict.breaks:
                 mine = format_node_lock(NodeLock(self.wall_clock().replace(microsecond=0), namespace, name))
                 try:
                     obj = await patch_node_annotations(
@@ -648,11 +645,13 @@ class Binder:
                 except Conflict:
                     continue  # someone wrote the node first: look again
                 self.sweeper.forget(node)  # the lock is this bind's now, not one we owe
-                if breaking:
-                    self.telemetry.metrics.lock_breaks.labels(reason=breaking).inc()
-                    self.telemetry.logger.info("node lock broken", node=node, lock=value, reason=breaking)
+                if verdict is not None:
+                    reason = verdict.kind
+                    self.telemetry.metrics.lock_breaks.labels(reason=reason).inc()
+                    self.telemetry.logger.info("node lock broken", node=node, lock=value, reason=reason)
                     return obj, _lock_owner(str(value))
                 return obj, None
+            holder = verdict.holder  # held: wait for it
             stuck = self._stuck_since(str(value))
             if stuck is not None:
                 # Held longer than any bind waits: waiting would end in the same timeout. The filter
@@ -681,30 +680,30 @@ class Binder:
         after, expiry = self.settings.bind_timeout_s, self.settings.lock_expiry.total_seconds()
         return lock_held_too_long(lock, self.wall_clock().timestamp(), after_s=after, expiry_s=expiry)
 
-    async def breakable(self, value: str, namespace: str, name: str, node: str) -> tuple[str | None, str]:
-        """(``"mine"`` | a break reason | None, who holds it) for the lock value on ``node``."""
+    async def breakable(self, value: str, namespace: str, name: str, node: str) -> LockVerdict:
+        """The verdict on the lock value on ``node`` for a bind of ``namespace/name``."""
         try:
             lock = parse_node_lock(value)
         except ProtocolError:
-            return "malformed", value
+            return LockVerdict("malformed", value)
         if owned_by(lock, namespace=namespace, name=name):
-            return "mine", value
+            return LockVerdict("mine", value)
         holder = f"{lock.namespace}/{lock.name}" if lock.namespace else f"a lock taken at {value}"
         if lock_expired(lock, now=self.wall_clock(), timeout=self.settings.lock_expiry):
-            return "expired", holder
+            return LockVerdict("expired", holder)
         if lock.namespace is None or lock.name is None:
-            return None, holder
+            return LockVerdict("held", holder)
         try:
             owner = await get_pod(self.api, lock.namespace, lock.name, timeout_s=self.settings.api_timeout_s)
         except NotFound:
-            return "owner-gone", holder
+            return LockVerdict("owner-gone", holder)
         if pod_leaving(owner):
-            return "owner-gone", holder
+            return LockVerdict("owner-gone", holder)
         if (_meta(owner).get("annotations") or {}).get(keys.BIND_PHASE) in _DONE_PHASES:
-            return "owner-done", holder
+            return LockVerdict("owner-done", holder)
         if self._bound_and_left(lock, owner, node):
-            return "owner-bound", holder
-        return None, holder
+            return LockVerdict("owner-bound", holder)
+        return LockVerdict("held", holder)
 
     def _bound_and_left(self, lock: NodeLock, owner: Mapping[str, Any], node: str) -> bool:
         """Whether the lock outlived its bind, held longer than a bind waits: its owner is bound

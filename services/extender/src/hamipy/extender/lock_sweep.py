@@ -20,8 +20,9 @@ then is never touched.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Awaitable, Callable
-from typing import Final
+from typing import Final, Literal
 
 from hamipy.extender.model import ClusterModel, now_epoch
 from hamipy.extender.settings import ExtenderSettings
@@ -30,14 +31,31 @@ from hamipy.kube.client import KubeApi
 from hamipy.kube.errors import KubeError
 from hamipy.kube.node_lock import release_node_lock
 
-__all__ = ["LockSweeper"]
+__all__ = ["LockSweeper", "LockVerdict"]
 
-_STUCK_REASONS: Final = ("owner-gone", "owner-done", "owner-bound")
+BreakReason = Literal["malformed", "expired", "owner-gone", "owner-done", "owner-bound"]
+"""Why a node lock may be broken (the ``reason`` label of ``hamipy_extender_lock_breaks``)."""
+
+_STUCK_REASONS: Final[frozenset[BreakReason]] = frozenset({"owner-gone", "owner-done", "owner-bound"})
 
 Owner = tuple[str, str]
-BreakReason = Callable[[str, str, str, str], Awaitable[tuple[str | None, str]]]
-"""``Binder.breakable``: (a break reason or None, who holds it) for (lock value, namespace, name,
-node)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LockVerdict:
+    """What a bind may do with a node lock it found: ``mine`` (it names the pod being bound),
+    ``held`` (wait for it), or a reason to break it; and who holds it, as a user reads it."""
+
+    kind: Literal["mine", "held"] | BreakReason
+    holder: str
+
+    @property
+    def breaks(self) -> bool:
+        return self.kind not in ("mine", "held")
+
+
+JudgeLock = Callable[[str, str, str, str], Awaitable[LockVerdict]]
+"""``Binder.breakable``: the verdict on (lock value, namespace, name, node)."""
 
 
 class LockSweeper:
@@ -51,7 +69,7 @@ class LockSweeper:
         settings: ExtenderSettings,
         telemetry: Telemetry,
         busy: Callable[[str], bool],
-        breakable: BreakReason,
+        breakable: JudgeLock,
         deciding: Callable[[], bool] = lambda: True,
     ) -> None:
         self.api = api
@@ -98,12 +116,12 @@ class LockSweeper:
             if not state.lock_blocks(now, after_s=after, expiry_s=expiry, pod=("", "")):
                 continue
             try:
-                reason, _ = await self.breakable(value, "", "", state.name)
+                verdict = await self.breakable(value, "", "", state.name)
             except KubeError as exc:
                 self.telemetry.logger.warning("node lock not checked", node=state.name, error=str(exc))
                 continue
-            if reason in _STUCK_REASONS:
-                await self._free(state.name, (lock.namespace, lock.name), reason=reason)
+            if verdict.kind in _STUCK_REASONS:
+                await self._free(state.name, (lock.namespace, lock.name), reason=verdict.kind)
 
     async def _free(self, node: str, owner: Owner, *, reason: str) -> None:
         namespace, name = owner

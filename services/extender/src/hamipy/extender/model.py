@@ -290,13 +290,15 @@ class Nomination:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Problem:
-    """A malformed object: ``kind`` Node or Pod, its identity, and what was wrong; or, ``refused``, a
-    well-formed register entry for a GPU that is not offered (``reason`` says why: ``gpu_claims``)."""
+    """A malformed object: ``kind`` Node or Pod, its identity, the annotation and the field in it
+    that was wrong, and why; or, ``refused``, a well-formed register entry for a GPU that is not
+    offered (``reason`` says why: ``gpu_claims``)."""
 
     kind: Literal["Node", "Pod"]
     name: str
     namespace: str
     uid: str
+    annotation: str
     field: str
     reason: str
     refused: bool = False
@@ -449,7 +451,9 @@ def node_from_json(
             devices = decode_node_devices(state.register_value)
         except ProtocolError as exc:
             state.problem = f"malformed {keys.NODE_REGISTER}: {exc}"
-            problem = Problem("Node", name, "", str(meta.get("uid", "")), exc.field, str(exc))
+            problem = Problem(
+                "Node", name, "", str(meta.get("uid", "")), keys.NODE_REGISTER, exc.field, str(exc)
+            )
         else:
             cordon = _cordoned(state.cordon_value)
             state.gpus = sorted(
@@ -661,7 +665,11 @@ class ClusterModel:
             if state is None:
                 continue
             reason = "; ".join(refusal_text(gpu) for gpu in state.gpus if gpu.refused is not None)
-            problems.append(Problem("Node", name, "", state.uid, keys.NODE_REGISTER, reason, refused=True))
+            problems.append(
+                Problem(
+                    "Node", name, "", state.uid, keys.NODE_REGISTER, keys.NODE_REGISTER, reason, refused=True
+                )
+            )
         return problems
 
     def refused_gpus(self, cause: str) -> int:
@@ -807,7 +815,11 @@ class ClusterModel:
                 try:
                     decode_pod_devices(info.allocated, field=keys.DEVICES_ALLOCATED)
                 except ProtocolError as exc:
-                    return [Problem("Pod", info.name, info.namespace, uid, exc.field, str(exc))]
+                    return [
+                        Problem(
+                            "Pod", info.name, info.namespace, uid, keys.DEVICES_ALLOCATED, exc.field, str(exc)
+                        )
+                    ]
             return []
         self.pending.pop(uid, None)
         self.nominations.pop(uid, None)  # a preemptor bound: its preemption is over
@@ -831,7 +843,9 @@ class ClusterModel:
         except ProtocolError as exc:
             self._set(None, uid)
             self._set_bad(uid, info.node)
-            return [Problem("Pod", info.name, info.namespace, uid, exc.field, str(exc))]
+            return [
+                Problem("Pod", info.name, info.namespace, uid, keys.DEVICES_ALLOCATED, exc.field, str(exc))
+            ]
         self._set_bad(uid, None)
         self._set(
             Contribution(

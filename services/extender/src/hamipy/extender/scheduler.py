@@ -14,9 +14,10 @@ costs at worst a bind refused and retried, never an over-full GPU).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from opentelemetry import trace
 
@@ -71,6 +72,17 @@ _MAX_TRACEPARENTS: Final = 10_000
 
 class BadRequest(ValueError):
     """The body is not the extender argument it should be (answered with HTTP 400)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Filtered:
+    """A filter's decision: the ExtenderFilterResult, its outcome, a short reason (a metric label)
+    and the detail a user reads (the Event's message, the span's status)."""
+
+    answer: dict[str, Any]
+    outcome: Literal["fit", "failed", "passthrough"]
+    reason: str
+    detail: str
 
 
 def _node_names(args: Mapping[str, Any]) -> tuple[list[str], list[Any] | None]:
@@ -152,18 +164,19 @@ class Scheduler:
             current = self.model.contributions.get(uid)
             held = current if current is not None and current.source == "reserved" else None
         try:
-            result, outcome, reason, detail = self._filter(pod, watched, names, items)
+            filtered = self._filter(pod, watched, names, items)
         finally:
             # Set aside quietly by ``_filter``. A reservation that expired meanwhile was reported by
             # ``expire`` too: a second nudge costs little, a lost one leaves refused pods waiting.
             if held is not None and (now := self.model.contributions.get(uid)) is not held:
                 kept = (now.node, now.devices) if now is not None else (None, None)
                 self.model.freed_unless_kept(held, *kept)
-        self._trace_filter(pod, started_ns, nodes=len(names), outcome=outcome, detail=detail)
+        outcome = filtered.outcome
+        self._trace_filter(pod, started_ns, nodes=len(names), outcome=outcome, detail=filtered.detail)
         metrics = self.telemetry.metrics
         metrics.filter_seconds.labels(result=outcome).observe(time.perf_counter() - started)
-        metrics.decisions.labels(verb="filter", result=outcome, reason=reason).inc()
-        return result
+        metrics.decisions.labels(verb="filter", result=outcome, reason=filtered.reason).inc()
+        return filtered.answer
 
     def _trace_filter(
         self, pod: dict[str, Any], started_ns: int, *, nodes: int, outcome: str, detail: str
@@ -204,9 +217,8 @@ class Scheduler:
         watched: PendingPod | None,
         names: list[str],
         items: list[Any] | None,
-    ) -> tuple[dict[str, Any], str, str, str]:
-        """The answer, the outcome (fit, failed, passthrough), a short reason (metric label) and
-        the detail a user reads (the Event's message). ``pod`` is ``watched``'s when there is one."""
+    ) -> _Filtered:
+        """The filter's decision; ``pod`` is ``watched``'s when there is one."""
         uid = PodUid(str(pod["metadata"].get("uid", "")))
         meta = pod["metadata"]
         involved = involved_pod(pod)
@@ -226,9 +238,9 @@ class Scheduler:
             invalid = NodeReasons.of_node(INVALID_REQUEST, str(exc))
             self.events.emit(involved, FILTERING_FAILED, invalid.text(), warning=True)
             result = self._result(names, items, [], {}, dict.fromkeys(names, invalid))
-            return result, "failed", INVALID_REQUEST, invalid.text()
+            return _Filtered(result, "failed", INVALID_REQUEST, invalid.text())
         if not ask.requests.any:
-            return self._result(names, items, names, {}, {}), "passthrough", "NoGPURequest", ""
+            return _Filtered(self._result(names, items, names, {}, {}), "passthrough", "NoGPURequest", "")
         now_mono = self.clock()
         self.model.expire(now_mono)
         if watched is not None:
@@ -255,7 +267,7 @@ class Scheduler:
         if self.settings.cooperative and decision.feasible:
             chosen = [name for name, _, _ in decision.feasible]
             result = self._result(names, items, chosen, decision.failed, decision.unresolvable)
-            return result, "fit", "Fit", f"{len(chosen)} nodes fit"
+            return _Filtered(result, "fit", "Fit", f"{len(chosen)} nodes fit")
         if decision.node is not None and decision.devices is not None:
             reason = "Fit"
             if watched is None:
@@ -267,12 +279,8 @@ class Scheduler:
             chose = f"chose node {decision.node} among {len(names)} ({decision.fitted} fitted)"
             if self.settings.success_events:
                 self.events.emit(involved, FILTERING_SUCCEED, chose)
-            return (
-                self._result(names, items, [decision.node], decision.failed, decision.unresolvable),
-                "fit",
-                reason,
-                chose,
-            )
+            result = self._result(names, items, [decision.node], decision.failed, decision.unresolvable)
+            return _Filtered(result, "fit", reason, chose)
         failed = dict(decision.failed)
         # A pod whose Binding is in doubt may be running already: nothing is evicted for it.
         preempting = None
@@ -286,7 +294,7 @@ class Scheduler:
         message = f"no node fits the pod's GPU request: {summary.text()}"
         self.events.emit(involved, FILTERING_FAILED, message, warning=True)
         result = self._result(names, items, [], failed, decision.unresolvable)
-        return result, "failed", PREEMPTING if preempting else summary.top_cause(), message
+        return _Filtered(result, "failed", PREEMPTING if preempting else summary.top_cause(), message)
 
     def _preempt(
         self, watched: PendingPod, uid: PodUid, ask: PodAsk, names: list[str], now_mono: float

@@ -74,7 +74,7 @@ def report_problems(problems: list[Problem], telemetry: Telemetry, events: Event
             telemetry.logger.error("GPU refused; it is not offered", node=p.name, uid=p.uid, error=p.reason)
             events.emit(involved, GPU_REFUSED, p.reason, warning=True)
             continue
-        telemetry.metrics.malformed.labels(kind=p.kind, field=p.field.split("[", 1)[0]).inc()
+        telemetry.metrics.malformed.labels(kind=p.kind, field=p.annotation).inc()
         telemetry.logger.error(
             "malformed annotation; its capacity is not offered",
             kind=p.kind,

@@ -25,6 +25,7 @@ from hamipy.kube.informer import ChangeKind, Informer, InformerSettings, Restart
 from hamipy.kube.resources import node_pods_query, pod_path
 from hamipy.monitor.pods import PodRecord, pod_record
 from hamipy.monitor.telemetry import Telemetry
+from hamipy.protocol import keys
 
 __all__ = ["PODS_PATH", "PodCache"]
 
@@ -97,7 +98,7 @@ class PodCache:
         error = record.allocation_error
         known = previous.get(record.uid)
         if error is not None and (known is None or known.annotation != record.annotation):
-            self.telemetry.metrics.malformed.labels(field=error.field.split("[", 1)[0]).inc()
+            self.telemetry.metrics.malformed.labels(field=keys.DEVICES_ALLOCATED).inc()
             self.logger.error(
                 "malformed annotation; the pod's GPU limits are not reported",
                 namespace=record.namespace,
