@@ -34,6 +34,7 @@ __all__ = [
     "REGISTRY",
     "ClusterNetwork",
     "NetworkNames",
+    "make_bridge",
     "sweep_network_orphans",
 ]
 
@@ -75,6 +76,15 @@ def ip(*args: str, netns: str | None = None, ok_if: str = "") -> None:
     done = subprocess.run(argv, capture_output=True, text=True, timeout=IP_TIMEOUT_S, check=False)
     if done.returncode != 0 and not (ok_if and ok_if in done.stderr):
         raise DevClusterError(f"{' '.join(argv)} failed: {done.stderr.strip()}")
+
+
+def make_bridge(bridge: str, gateway: str, subnet: str, *, netns: str | None = None) -> None:
+    """A bridge (in ``netns``, else the host's namespace) up with its ``gateway`` address of
+    ``subnet``; one made already is kept."""
+    prefix = ipaddress.IPv4Network(subnet).prefixlen
+    ip("link", "add", "name", bridge, "type", "bridge", netns=netns, ok_if="File exists")
+    ip("addr", "add", f"{gateway}/{prefix}", "dev", bridge, netns=netns, ok_if="File exists")
+    ip("link", "set", bridge, "up", netns=netns)
 
 
 class ClusterNetwork:
@@ -123,10 +133,7 @@ class ClusterNetwork:
 
     def add_bridge(self, bridge: str, gateway: str, subnet: str) -> None:
         """A node's bridge in the namespace, up with its gateway address, and the host's route to it."""
-        prefix = ipaddress.IPv4Network(subnet).prefixlen
-        ip("link", "add", "name", bridge, "type", "bridge", netns=self.names.netns, ok_if="File exists")
-        ip("addr", "add", f"{gateway}/{prefix}", "dev", bridge, netns=self.names.netns, ok_if="File exists")
-        ip("link", "set", bridge, "up", netns=self.names.netns)
+        make_bridge(bridge, gateway, subnet, netns=self.names.netns)
         ip("route", "replace", subnet, "via", self.names.inside_ip)
 
     def delete(self) -> None:

@@ -43,7 +43,7 @@ import tomli_w
 
 from hamipy.devcluster import binaries
 from hamipy.devcluster.cluster_dns import DNS_CLUSTER_DOMAIN
-from hamipy.devcluster.cluster_network import ClusterNetwork
+from hamipy.devcluster.cluster_network import ClusterNetwork, make_bridge
 from hamipy.devcluster.errors import DevClusterError
 from hamipy.devcluster.host_packages import RUNTIME_PACKAGES, ensure_host_packages
 from hamipy.devcluster.images import PAUSE_IMAGE
@@ -276,15 +276,7 @@ class ContainerdRuntime:
         if self.network is not None:
             self.network.add_bridge(self.names.bridge, self.names.gateway, self.names.subnet)
             return
-        bridge, prefix = self.names.bridge, ipaddress.IPv4Network(self.names.subnet).prefixlen
-        for args in (
-            ["link", "add", "name", bridge, "type", "bridge"],
-            ["addr", "add", f"{self.names.gateway}/{prefix}", "dev", bridge],
-            ["link", "set", bridge, "up"],
-        ):
-            done = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=10, check=False)
-            if done.returncode != 0 and "File exists" not in done.stderr:
-                raise DevClusterError(f"ip {' '.join(args)} failed: {done.stderr.strip()}")
+        make_bridge(self.names.bridge, self.names.gateway, self.names.subnet)
 
     def start(self) -> None:
         """Start containerd and import the images. Blocking (run it in a thread from async code)."""
