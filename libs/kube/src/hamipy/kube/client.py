@@ -93,16 +93,7 @@ class NullKube:
     recorded, never written, and no drop counted); a read finds nothing (``NotFound``); a watch
     ends at once, delivering nothing."""
 
-    async def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: Query = (),
-        body: Any = None,
-        content_type: str = JSON,
-        timeout_s: float = API_TIMEOUT_S,
-    ) -> Any:
+    async def request(self, method: str, path: str, **_: Any) -> Any:
         if method == "GET":
             raise NotFound(f"GET {path}: no cluster behind this client (NullKube)", status=404)
         return {}
