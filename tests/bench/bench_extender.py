@@ -42,6 +42,7 @@ from hamipy.extender.model import PodUid, now_epoch
 from hamipy.extender.server import ExtenderServer
 from hamipy.extender.settings import ExtenderSettings
 from hamipy.extender.telemetry import Telemetry
+from hamipy.kube.client import NullKube
 from hamipy.protocol import keys
 from hamipy.protocol.config import Config
 from hamipy.protocol.devices import ContainerDevice, DeviceInfo
@@ -108,7 +109,7 @@ def build(nodes: int) -> ExtenderServer:
         config=Config(),
         settings=ExtenderSettings(),
         telemetry=Telemetry.create(stream=io.StringIO()),
-        api=None,
+        api=NullKube(),
     )
     rng = random.Random(7)
     began = time.perf_counter()

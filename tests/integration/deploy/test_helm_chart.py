@@ -26,12 +26,12 @@ from hamipy.devcluster.binaries import KUBERNETES_VERSION
 from hamipy.devcluster.config import ExtenderTLS, SchedulerConfig, render_scheduler_config
 from hamipy.devcluster.identities import SERVICE_RULES
 from hamipy.devcluster.kubeobjects import ensure_crds, open_crd
+from hamipy.manifests.admission_policy import admission_policies
 from hamipy.protocol import keys
 from hamipy.protocol.config import NvidiaConfig, load_config
 from hamipy.protocol.resources import ResourceNames
 from hamipy.protocol.settings import Declared
 from hamipy.telemetry.tls import serving_context
-from hamipy.webhook.admission_policy import admission_policies
 from hamipy.webhook.registration import webhook_configuration
 
 pytestmark = pytest.mark.integration

@@ -1,7 +1,7 @@
 """The shipped admission policies, bound to one test's namespaces and nodes only, and the pods that
 try to cover the device plugin's mounts, which both security test modules send.
 
-The policies are ``hamipy.webhook.admission_policy``'s; only their names get a suffix and their
+The policies are ``hamipy.manifests.admission_policy``'s; only their names get a suffix and their
 bindings a selector, so that the rest of the session (which writes allocation state as admin to
 simulate the system, and creates pods anywhere) is not affected. The quota policy has its own test
 (test_quota_policy.py): it binds to ResourceQuotas.
@@ -20,9 +20,7 @@ import builders
 from hamipy.devcluster.waiting import wait_for
 from hamipy.kube.client import RawKube
 from hamipy.kube.errors import KubeError, NotFound
-from hamipy.protocol import keys
-from hamipy.protocol.allocation_env import LD_SO_PRELOAD
-from hamipy.webhook.admission_policy import (
+from hamipy.manifests.admission_policy import (
     ANNOTATION_POLICY_NAME,
     ENV_POLICY_NAME,
     MOUNT_POLICY_NAME,
@@ -31,7 +29,9 @@ from hamipy.webhook.admission_policy import (
     POD_POLICY_NAME,
     admission_policies,
 )
-from hamipy.webhook.quota_policy import QUOTA_POLICY_NAME
+from hamipy.manifests.quota_policy import QUOTA_POLICY_NAME
+from hamipy.protocol import keys
+from hamipy.protocol.allocation_env import LD_SO_PRELOAD
 
 __all__ = ["ADMISSION", "COVERING_MOUNTS", "Policies", "mounting_pod"]
 

@@ -2,7 +2,7 @@
 allocation state, who places GPU pods, the env a pod may not set, and where a GPU container's own
 volumes may not go.
 
-The policies are the shipped ones (``hamipy.webhook.admission_policy``), bound to this test's
+The policies are the shipped ones (``hamipy.manifests.admission_policy``), bound to this test's
 namespace and nodes only (``policy_support``). No webhook runs here: the API server alone refuses,
 as it does while the webhook is down or for a namespace the webhook skips.
 """

@@ -1,6 +1,6 @@
 """The GPU quota admission policy in the real kube-apiserver.
 
-The shipped policy (``hamipy.webhook.quota_policy``) is bound to this test's namespace only; its
+The shipped policy (``hamipy.manifests.quota_policy``) is bound to this test's namespace only; its
 parameters are the namespace's own ResourceQuotas. A pod whose ask alone is over a quota's limit is
 refused at creation, as a tenant with pod rights only sees it; one that fits, one that asks a
 percentage (its charge depends on the GPU chosen: the extender's to check) and any pod of a
@@ -21,7 +21,7 @@ from hamipy.devcluster.identities import TENANT_POD_RULES, grant_role, issue_ide
 from hamipy.devcluster.waiting import wait_for
 from hamipy.kube.client import RawKube
 from hamipy.kube.errors import KubeError, NotFound
-from hamipy.webhook.quota_policy import quota_policy
+from hamipy.manifests.quota_policy import quota_policy
 
 pytestmark = pytest.mark.integration
 

@@ -20,6 +20,7 @@ from hamipy.extender.model import ClusterModel
 from hamipy.extender.scheduler import Scheduler
 from hamipy.extender.settings import ExtenderSettings
 from hamipy.extender.telemetry import Telemetry
+from hamipy.kube.client import NullKube
 from hamipy.kube.events import EventRecorder
 from hamipy.kube.leader import LeaderElector, LeaderInfo, LeaseSettings
 from hamipy.kube.resources import node_path
@@ -90,7 +91,7 @@ def bind_rig(
         wall_clock=wall_clock,
         exclusive=lambda: exclusive,
     )
-    events = EventRecorder(None, component="hamipy-extender", logger=telemetry.logger)
+    events = EventRecorder(NullKube(), component="hamipy-extender", logger=telemetry.logger)
     evictor = None
     if settings.preemption:
         evictor = Evictor(

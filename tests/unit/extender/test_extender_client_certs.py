@@ -21,10 +21,12 @@ from http2_client import H2Client
 
 import hamipy.extender.cli as cli
 from hamipy.extender.leadership import Leadership
+from hamipy.extender.model import ClusterModel
 from hamipy.extender.server import ExtenderServer
 from hamipy.extender.settings import ExtenderSettings
 from hamipy.extender.telemetry import Telemetry
 from hamipy.kube.certs import KeyPair, issue_cert, make_ca
+from hamipy.kube.client import NullKube
 from hamipy.protocol.config import Config
 from hamipy.protocol.settings import settings_from
 
@@ -78,7 +80,7 @@ def tls_server(pki: Pki, settings: ExtenderSettings, *, metrics_port: int | None
         config=Config(),
         settings=settings,
         telemetry=Telemetry.create(stream=io.StringIO()),
-        api=None,
+        api=NullKube(),
         ssl_context=cli.server_tls(pki.cert, pki.key, pki.ca),
         metrics_port=metrics_port,
     )
@@ -212,7 +214,7 @@ async def test_a_follower_forwards_to_the_leader_over_tls_with_its_own_certifica
         config=Config(),
         settings=ExtenderSettings(),
         telemetry=Telemetry.create(stream=io.StringIO()),
-        api=None,
+        api=NullKube(),
         ssl_context=cli.server_tls(cert, key, replica_ca),
     )
     async with leader:
@@ -222,8 +224,8 @@ async def test_a_follower_forwards_to_the_leader_over_tls_with_its_own_certifica
         follower = Leadership(
             election=True,
             elector=elected(leader_url=leader.url),
-            api=None,
-            model=None,
+            api=NullKube(),
+            model=ClusterModel(),
             telemetry=Telemetry.create(stream=io.StringIO()),
             forward_ssl=cli.peer_tls(settings, cert, key, replica_ca),
             forward_server_name="ext.hami.svc",

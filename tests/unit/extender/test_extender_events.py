@@ -15,6 +15,7 @@ from hamipy.extender.model import ClusterModel
 from hamipy.extender.scheduler import Scheduler
 from hamipy.extender.settings import ExtenderSettings
 from hamipy.extender.telemetry import Telemetry
+from hamipy.kube.client import NullKube
 from hamipy.kube.events import EventRecorder
 from hamipy.protocol.config import Config
 
@@ -31,7 +32,7 @@ def scheduler() -> tuple[Scheduler, InMemorySpanExporter]:
         config=Config(),
         settings=ExtenderSettings(),
         telemetry=telemetry,
-        events=EventRecorder(None, component="hamipy-extender", logger=telemetry.logger),
+        events=EventRecorder(NullKube(), component="hamipy-extender", logger=telemetry.logger),
         binder=None,
     )
     return sched, exporter

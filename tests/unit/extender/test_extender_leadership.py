@@ -25,13 +25,14 @@ from hamipy.extender.routes import Routes, make_app
 from hamipy.extender.server import ExtenderServer
 from hamipy.extender.settings import ExtenderSettings
 from hamipy.extender.telemetry import Telemetry
+from hamipy.kube.client import NullKube
 from hamipy.kube.resources import node_path
 from hamipy.protocol.config import Config
 from hamipy.protocol.devices import ContainerDevice
 from hamipy.telemetry.http2 import Http2Request
 
 
-def server(api: FakeKube | None, **settings: Any) -> ExtenderServer:
+def server(api: FakeKube | NullKube, **settings: Any) -> ExtenderServer:
     """A replica (not started) with these ``ExtenderSettings``."""
     return ExtenderServer(
         config=Config(),
@@ -43,8 +44,8 @@ def server(api: FakeKube | None, **settings: Any) -> ExtenderServer:
 
 def routes(**leadership: Any) -> Routes:
     """The routes of a replica with leader election on, its ``Leadership`` made with ``leadership``."""
-    srv = server(None)
-    role = Leadership(election=True, api=None, model=None, telemetry=srv.telemetry, **leadership)
+    srv = server(NullKube())
+    role = Leadership(election=True, api=NullKube(), model=srv.model, telemetry=srv.telemetry, **leadership)
     return Routes(srv.scheduler, max_body_bytes=1 << 20, health=srv.health, leadership=role)
 
 
@@ -263,8 +264,8 @@ def test_a_leader_whose_model_is_not_listed_yet_decides_nothing() -> None:
     role = Leadership(
         election=True,
         elector=elected(),
-        api=None,
-        model=None,
+        api=NullKube(),
+        model=ClusterModel(),
         telemetry=Telemetry.create(stream=io.StringIO()),
         ready=lambda: listed,
     )

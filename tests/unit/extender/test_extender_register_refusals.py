@@ -22,6 +22,7 @@ from hamipy.extender.invariant import check_objects
 from hamipy.extender.model import ClusterModel, Problem
 from hamipy.extender.telemetry import Telemetry
 from hamipy.extender.watching import GPU_REFUSED, report_problems
+from hamipy.kube.client import NullKube
 from hamipy.kube.events import EventRecorder
 from hamipy.kube.resources import pod_path
 from hamipy.protocol import keys
@@ -260,7 +261,7 @@ async def test_the_locked_bind_refuses_a_duplicate_and_counts_the_owners_twins()
 def test_a_refused_gpu_is_logged_and_reported_on_its_node() -> None:
     log = io.StringIO()
     telemetry = Telemetry.create(stream=log)
-    events = EventRecorder(None, component="hamipy-extender", logger=telemetry.logger)
+    events = EventRecorder(NullKube(), component="hamipy-extender", logger=telemetry.logger)
     reason = "GPU X (index 0) is not scheduled: node old registers the same GPU UUID"
     report_problems(
         [Problem("Node", "new", "", "uid-new", keys.NODE_REGISTER, keys.NODE_REGISTER, reason, refused=True)],

@@ -17,6 +17,7 @@ from hamipy.extender.model import ClusterModel, NodeName, PodUid
 from hamipy.extender.requeue import REFUSAL_TTL_S, Requeuer
 from hamipy.extender.telemetry import Telemetry
 from hamipy.extender.watching import ModelFeed
+from hamipy.kube.client import NullKube
 from hamipy.kube.errors import KubeError
 from hamipy.kube.events import EventRecorder
 from hamipy.kube.resources import node_path
@@ -215,7 +216,7 @@ def test_a_quota_limit_changed_is_freed_but_its_status_updates_are_not() -> None
     model = ClusterModel()
     freed = recording(model)
     telemetry = Telemetry.create()
-    events = EventRecorder(None, component="hamipy-extender", logger=telemetry.logger)
+    events = EventRecorder(NullKube(), component="hamipy-extender", logger=telemetry.logger)
     feed = ModelFeed("resourcequotas", model=model, telemetry=telemetry, events=events)
     feed.listed([quota({"limits.nvidia.com/gpumem": "8192"})])
     assert freed == [None]

@@ -20,7 +20,7 @@ from hamipy.devcluster import wait_for
 from hamipy.extender.server import ExtenderServer
 from hamipy.extender.settings import ExtenderSettings
 from hamipy.extender.telemetry import Telemetry
-from hamipy.kube.client import MAX_CONNECTIONS
+from hamipy.kube.client import MAX_CONNECTIONS, NullKube
 from hamipy.kube.errors import KubeError
 from hamipy.kube.options import ProcessSettings
 from hamipy.protocol import keys
@@ -38,7 +38,7 @@ async def server() -> AsyncIterator[tuple[ExtenderServer, InMemorySpanExporter]]
         config=Config(),
         settings=ExtenderSettings(cooperative=False, success_events=True),
         telemetry=telemetry,
-        api=None,
+        api=NullKube(),
     )
     await srv.start()
     yield srv, exporter

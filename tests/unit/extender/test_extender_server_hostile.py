@@ -22,6 +22,7 @@ from hamipy.devcluster import wait_for
 from hamipy.extender.server import ExtenderServer
 from hamipy.extender.settings import ExtenderSettings
 from hamipy.extender.telemetry import Telemetry
+from hamipy.kube.client import NullKube
 from hamipy.protocol.config import Config
 from hamipy.protocol.settings import settings_from
 from hamipy.telemetry.http_limits import HttpLimits
@@ -35,7 +36,7 @@ async def server() -> AsyncIterator[ExtenderServer]:
         config=Config(),
         settings=ExtenderSettings(),
         telemetry=Telemetry.create(stream=io.StringIO()),
-        api=None,
+        api=NullKube(),
         limits=LIMITS,
     )
     async with srv:
@@ -245,7 +246,7 @@ async def test_a_client_that_leaves_mid_body_is_one_log_line_naming_it() -> None
         config=Config(),
         settings=ExtenderSettings(),
         telemetry=Telemetry.create(stream=log),
-        api=None,
+        api=NullKube(),
         limits=LIMITS,
     )
     async with srv:

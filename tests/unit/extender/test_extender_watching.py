@@ -19,6 +19,7 @@ from hamipy.extender.model import ClusterModel, NodeName, PodUid
 from hamipy.extender.settings import ExtenderSettings
 from hamipy.extender.telemetry import Telemetry
 from hamipy.extender.watching import Resource, model_informers, stamp_once
+from hamipy.kube.client import NullKube
 from hamipy.kube.errors import KubeError
 from hamipy.kube.events import EventRecorder
 from hamipy.kube.informer import Informer
@@ -35,7 +36,7 @@ class Rig:
         self.kube = kube
         self.model = ClusterModel()
         self.telemetry = Telemetry.create(stream=io.StringIO())
-        self.events = EventRecorder(None, component="hamipy-extender", logger=self.telemetry.logger)
+        self.events = EventRecorder(NullKube(), component="hamipy-extender", logger=self.telemetry.logger)
         self.informers = model_informers(
             kube, model=self.model, settings=SETTINGS, telemetry=self.telemetry, events=self.events
         )

@@ -12,6 +12,7 @@ from fake_kube import FakeKube, path_of
 from kube_support import running_task
 
 from hamipy.devcluster import wait_for
+from hamipy.kube.client import NullKube
 from hamipy.kube.errors import KubeError
 from hamipy.kube.events import DropReason, EventRecorder
 from hamipy.telemetry import make_logger
@@ -26,7 +27,7 @@ async def running(sink: EventRecorder) -> AsyncIterator[EventRecorder]:
         yield sink
 
 
-def make_sink(api: FakeKube | None, *, interval: float = 0.2, **kwargs: Any) -> EventRecorder:
+def make_sink(api: FakeKube | NullKube, *, interval: float = 0.2, **kwargs: Any) -> EventRecorder:
     return EventRecorder(
         api,
         component="hamipy-test",
@@ -121,14 +122,14 @@ async def test_api_errors_are_counted_and_the_sink_keeps_going() -> None:
 
 
 def test_series_are_bounded_least_recent_first() -> None:
-    sink = make_sink(None, cache_size=2)
+    sink = make_sink(NullKube(), cache_size=2)
     for i in range(3):
         sink.emit({**POD, "uid": f"u{i}"}, "FilteringFailed", "m")
     assert [sink.series_count({**POD, "uid": f"u{i}"}, "FilteringFailed") for i in range(3)] == [0, 1, 1]
 
 
 def test_a_full_write_queue_drops_and_counts() -> None:
-    sink = make_sink(None, size=1)
+    sink = make_sink(NullKube(), size=1)
     DROPPED.clear()
     sink.emit({**POD, "uid": "a"}, "FilteringFailed", "m")
     sink.emit({**POD, "uid": "b"}, "FilteringFailed", "m")

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from hamipy.protocol.cel import gpu_pod_expression
 from hamipy.protocol.resources import ResourceNames
 from hamipy.webhook import cli
 from hamipy.webhook.registration import (
     IGNORE_LABEL,
-    gpu_pod_expression,
     render_yaml,
     webhook_configuration,
 )

@@ -151,7 +151,7 @@ slot's spec there, the monitor removes those of pods gone. Nothing otherwise. */
 {{- end -}}
 
 {{/* CEL: the pod names one of our GPU resources in a container's or init container's limits or
-requests. The same expression as hamipy.webhook.registration.gpu_pod_expression (a chart test
+requests. The same expression as hamipy.protocol.cel.gpu_pod_expression (a chart test
 checks it). */}}
 {{- define "hami-py.gpuPodExpression" -}}
 {{- $n := .Values.config.nvidia -}}

@@ -3,7 +3,8 @@
 Objects stay plain dicts: decoding 10,000 pods into generated models would cost more than what the
 services do with them. ``KubeApi`` is the small interface everything else is built on, so a test can
 hand in a fake; ``RawKube`` implements it over an ``ApiClient`` (which supplies the server, the
-certificates and the token). Answers and watch events are decoded by msgspec, in under half the
+certificates and the token); ``NullKube`` is the client of the no-API mode, with no cluster behind
+it. Answers and watch events are decoded by msgspec, in under half the
 standard library's time: a service's watches decode every pod the cluster writes. Every call has a
 timeout; every failure comes out as a ``hamipy.kube.errors.KubeError``.
 """
@@ -19,7 +20,7 @@ from typing import Any, Final, Protocol
 import aiohttp
 import msgspec
 
-from hamipy.kube.errors import KubeError, error_for
+from hamipy.kube.errors import KubeError, NotFound, error_for
 
 __all__ = [
     "API_TIMEOUT_S",
@@ -28,6 +29,7 @@ __all__ = [
     "MERGE_PATCH",
     "STRATEGIC_MERGE_PATCH",
     "KubeApi",
+    "NullKube",
     "Query",
     "RawKube",
     "api_client",
@@ -82,6 +84,24 @@ class KubeApi(Protocol):
         """A watch: one decoded JSON object per line until the server ends it; a stream silent for
         ``inactivity_s`` raises ``KubeError``."""
         ...
+
+
+class NullKube:
+    """``KubeApi`` with no cluster behind it: the no-API mode (benchmarks and unit tests that feed
+    the extender's model themselves), handed to the parts that take a client so that none of them
+    tests for a missing one. A write is accepted and goes nowhere (answered ``{}``: an Event is
+    recorded, never written, and no drop counted); a read finds nothing (``NotFound``); a watch
+    ends at once, delivering nothing."""
+
+    async def request(self, method: str, path: str, **_: Any) -> Any:
+        if method == "GET":
+            raise NotFound(f"GET {path}: no cluster behind this client (NullKube)", status=404)
+        return {}
+
+    async def stream(self, path: str, *, query: Query, inactivity_s: float) -> AsyncIterator[dict[str, Any]]:
+        nothing: tuple[dict[str, Any], ...] = ()
+        for event in nothing:
+            yield event
 
 
 async def api_client(kubeconfig: str | None = None, *, max_connections: int = MAX_CONNECTIONS) -> Any:

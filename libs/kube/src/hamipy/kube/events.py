@@ -107,12 +107,12 @@ def _event_name(component: str, involved: Mapping[str, str], reason: str) -> str
 
 
 class EventRecorder:
-    """Aggregates the Events ``component`` reports and writes them; ``api`` None only records them
-    (unit tests). ``on_drop`` hears of each write not done (a metric)."""
+    """Aggregates the Events ``component`` reports and writes them; with ``NullKube`` it only
+    records them. ``on_drop`` hears of each write not done (a metric)."""
 
     def __init__(
         self,
-        api: KubeApi | None,
+        api: KubeApi,
         *,
         component: str,
         logger: Logger,
@@ -199,8 +199,6 @@ class EventRecorder:
                 continue
             series.queued = False
             series.next_write_at = time.monotonic() + self.update_interval_s
-            if self.api is None:
-                continue
             try:
                 await self._write(self.api, series)
             except KubeError as exc:

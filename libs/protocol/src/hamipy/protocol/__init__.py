@@ -15,6 +15,7 @@ the rest lives in submodules named for what they define:
 - ``config``: the configuration schema (``load_config``)
 - ``settings``: each service's settings, declared once, as flags and environment variables
 - ``keys``: annotation, label and resource names
+- ``cel``: the CEL literals and the GPU-pod test the API server evaluates (registration, policies)
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ pods: refused when a pod is created with one or an update sets or changes one.
 
 Checked in two places from this prefix: the webhook (GPU pods at creation,
 ``reserved_annotation_use``) and the ValidatingAdmissionPolicy of
-``hamipy.webhook.reserved_annotation_policy`` (every pod, creation and update). Pure: no I/O.
+``hamipy.manifests.reserved_annotation_policy`` (every pod, creation and update). Pure: no I/O.
 """
 
 from __future__ import annotations

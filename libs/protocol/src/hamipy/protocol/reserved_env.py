@@ -18,7 +18,7 @@ that name, so it is refused. A source without a prefix cannot be judged at admis
 keys are not part of the pod, and may change later); docs/security.md says what keeps that safe.
 
 Checked in two places from these names: the webhook (GPU pods, ``reserved_env_use``) and the
-ValidatingAdmissionPolicy of ``hamipy.webhook.reserved_env_policy`` (every pod, in CEL, from
+ValidatingAdmissionPolicy of ``hamipy.manifests.reserved_env_policy`` (every pod, in CEL, from
 ``GPU_CONTAINER_NAMES`` and ``PER_DEVICE_PATTERN``). Pure: no I/O.
 """
 

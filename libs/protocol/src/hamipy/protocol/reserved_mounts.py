@@ -24,7 +24,7 @@ device plugin's mounts go to) a ``volumeMounts`` entry is refused when its ``mou
   and the API server checks neither.
 
 The rule takes only equality, prefix, suffix and substring tests, so the ValidatingAdmissionPolicy
-(``hamipy.webhook.reserved_mount_policy``) writes it in CEL from these constants, test for test.
+(``hamipy.manifests.reserved_mount_policy``) writes it in CEL from these constants, test for test.
 Several hook paths may be reserved at once (nodes whose device plugins use different ones). Pure.
 """
 

@@ -73,8 +73,8 @@ class Leadership:
         *,
         election: bool,
         elector: LeaderElector | None = None,
-        api: KubeApi | None,
-        model: ClusterModel | None,
+        api: KubeApi,
+        model: ClusterModel,
         telemetry: Telemetry,
         forward_ssl: ssl.SSLContext | None = None,
         forward_server_name: str | None = None,
@@ -137,7 +137,7 @@ class Leadership:
         while True:
             changed = self.elector.wait_changed()  # taken first: a change during catch-up wakes it
             try:
-                if not self.elector.is_leader() and self.model is not None:
+                if not self.elector.is_leader():
                     # A follower decides nothing: what it reserved as leader (a filter's choice, a
                     # Binding whose answer was lost) would hold GPUs in its model for no one.
                     dropped = self.model.drop_reservations()
@@ -157,8 +157,6 @@ class Leadership:
         """Take into the model every pod bound now, read from the API (a quorum read: it covers
         every write the previous leader made before its fence). The watch may deliver older
         versions of them later; a pod's older, unbound version changes no allocation."""
-        if self.api is None or self.model is None:
-            raise RuntimeError("leader election needs the API and the model")
         while True:
             try:
                 pods, version = await list_all(

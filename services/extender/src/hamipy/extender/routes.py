@@ -87,7 +87,8 @@ class Answer:
 
 
 class Routes:
-    """The decision routes over one ``Scheduler``; without ``leadership`` this is the only replica."""
+    """The decision routes over one ``Scheduler``; ``leadership`` says whether this replica decides
+    or forwards."""
 
     def __init__(
         self,
@@ -95,7 +96,7 @@ class Routes:
         *,
         health: Health,
         max_body_bytes: int,
-        leadership: Leadership | None = None,
+        leadership: Leadership,
         arrivals: PodArrivals | None = None,
     ) -> None:
         self.scheduler = scheduler
@@ -103,8 +104,6 @@ class Routes:
         self.max_body_bytes = max_body_bytes
         self.arrivals = arrivals
         """Where a filter of a pod the watch has not delivered yet waits for it (None: no wait)."""
-        if leadership is None:
-            leadership = Leadership(election=False, api=None, model=None, telemetry=scheduler.telemetry)
         self.leadership = leadership
 
     async def answer(self, call: Call) -> Answer:

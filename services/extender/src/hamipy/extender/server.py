@@ -46,7 +46,7 @@ from hamipy.extender.scheduler import Scheduler
 from hamipy.extender.settings import ExtenderSettings
 from hamipy.extender.telemetry import SERVICE_NAME, Telemetry
 from hamipy.extender.watching import Resource, model_informers, stamp_handshakes
-from hamipy.kube.client import KubeApi
+from hamipy.kube.client import KubeApi, NullKube
 from hamipy.kube.events import DropReason, EventRecorder
 from hamipy.kube.informer import Informer
 from hamipy.kube.leader import LeaderElector, LeaseSettings
@@ -79,8 +79,9 @@ def lease_settings(settings: ExtenderSettings) -> LeaseSettings:
 class ExtenderServer:
     """One running extender (``async with ExtenderServer(...) as server``); ``port`` once started.
 
-    ``api`` None runs without the cluster (no watch, no bind): for benchmarks and unit tests that
-    feed the model themselves. ``supervisor.failed`` is set when a background task died.
+    With ``api`` a ``NullKube`` it runs without the cluster (no watch, bind, eviction, requeue,
+    handshake or election): for benchmarks and unit tests that feed the model themselves.
+    ``supervisor.failed`` is set when a background task died.
     """
 
     def __init__(
@@ -89,7 +90,7 @@ class ExtenderServer:
         config: Config,
         settings: ExtenderSettings,
         telemetry: Telemetry,
-        api: KubeApi | None,
+        api: KubeApi,
         host: str = "127.0.0.1",
         port: int = 0,
         ssl_context: ssl.SSLContext | None = None,
@@ -102,6 +103,8 @@ class ExtenderServer:
         self.settings = settings
         self.telemetry = telemetry
         self.api = api
+        self.cluster = not isinstance(api, NullKube)
+        """Whether a cluster is behind ``api``: only then are the parts that read or write it built."""
         self.host = host
         self.requested_port = port
         self.ssl_context = ssl_context
@@ -132,7 +135,7 @@ class ExtenderServer:
         )
         """Filters of pods the pod watch has not delivered yet wait here (``pod_arrivals``)."""
         binder = None
-        if api is not None:
+        if self.cluster:
             self.informers = model_informers(
                 api,
                 model=self.model,
@@ -142,7 +145,7 @@ class ExtenderServer:
                 on_change={"pods": self.arrivals.changed},
             )
         self.health = Health(model=self.model, supervisor=self.supervisor, informers=self.informers)
-        election = settings.leader_election and api is not None
+        election = settings.leader_election and self.cluster
         cold = election and settings.cold_standby
         self.health.watching = not cold
         self.leadership = Leadership(
@@ -159,7 +162,7 @@ class ExtenderServer:
             ready=self.health.synced,
             before_leading=self._watch_to_lead if cold else None,
         )
-        if api is not None:
+        if self.cluster:
             binder = Binder(
                 api=api,
                 model=self.model,
@@ -169,7 +172,7 @@ class ExtenderServer:
                 exclusive=self.leadership.exclusive,
             )
         evictor = None
-        if api is not None and settings.preemption:
+        if self.cluster and settings.preemption:
             evictor = Evictor(
                 api=api,
                 model=self.model,
@@ -179,7 +182,7 @@ class ExtenderServer:
                 timeout_s=settings.api_timeout_s,
             )
         self.requeuer: Requeuer | None = None
-        if api is not None and settings.requeue_interval_s > 0:
+        if self.cluster and settings.requeue_interval_s > 0:
             self.requeuer = Requeuer(
                 api=api,
                 model=self.model,
@@ -200,7 +203,7 @@ class ExtenderServer:
         )
         self.role_label: RoleLabel | None = None
         own_pod = settings.own_pod_ref()
-        if api is not None and election and own_pod is not None:
+        if election and own_pod is not None:
             pod_namespace, pod_name = own_pod
             self.role_label = RoleLabel(
                 api=api,
@@ -235,7 +238,7 @@ class ExtenderServer:
             self.supervisor.start("extender-lock-sweep", self.scheduler.binder.sweeper.run())
         if self.requeuer is not None:
             self.supervisor.start("extender-requeue", self.requeuer.run())
-        if self.api is not None and self.settings.handshake_interval_s > 0:
+        if self.cluster and self.settings.handshake_interval_s > 0:
             stamping = stamp_handshakes(
                 api=self.api, model=self.model, settings=self.settings, telemetry=self.telemetry
             )
@@ -276,7 +279,6 @@ class ExtenderServer:
         """Join the leader election once serving (the URL published in the Lease needs the port),
         then run it and follow this replica's leadership."""
         await self._serving.wait()
-        assert self.api is not None  # election is only set with the API
         elector = LeaderElector(
             self.api,
             lease_settings(self.settings),

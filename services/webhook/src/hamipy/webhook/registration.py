@@ -18,8 +18,8 @@ from typing import Any, Final
 
 import yaml
 
+from hamipy.protocol.cel import gpu_pod_expression
 from hamipy.protocol.resources import ResourceNames
-from hamipy.webhook.policy_objects import container_asks
 
 __all__ = [
     "CONFIGURATION_NAME",
@@ -27,7 +27,6 @@ __all__ = [
     "MANIFEST_HEADER",
     "WEBHOOK_NAME",
     "WEBHOOK_PATH",
-    "gpu_pod_expression",
     "render_yaml",
     "webhook_configuration",
 ]
@@ -45,15 +44,6 @@ default) only matters when the webhook is unreachable, which then fails GPU pods
 
 
 _DEFAULT_NAMES: Final = ResourceNames()
-
-
-def gpu_pod_expression(names: ResourceNames = _DEFAULT_NAMES) -> str:
-    """CEL that is true for a pod naming any of our GPU resources (as ``requests_any_gpu``)."""
-    clause = container_asks("c", names.gpu_asks)
-    return (
-        f"object.spec.containers.exists(c, {clause}) || "
-        f"(has(object.spec.initContainers) && object.spec.initContainers.exists(c, {clause}))"
-    )
 
 
 def webhook_configuration(

@@ -20,7 +20,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Final
 
+from hamipy.manifests.policy_objects import asks_count, binding, policy, rule
 from hamipy.protocol.allocation_env import ENV_VISIBLE_DEVICES
+from hamipy.protocol.cel import cel_list
 from hamipy.protocol.reserved_env import (
     GPU_CONTAINER_NAMES,
     GPU_RESERVED_REASON,
@@ -30,17 +32,10 @@ from hamipy.protocol.reserved_env import (
     VISIBLE_RESERVED_REASON,
 )
 from hamipy.protocol.resources import ResourceNames
-from hamipy.webhook.policy_objects import binding, cel_list, container_asks, policy, rule
 
-__all__ = ["ENV_POLICY_NAME", "asks_count", "reserved_env_policy"]
+__all__ = ["ENV_POLICY_NAME", "reserved_env_policy"]
 
 ENV_POLICY_NAME: Final = "reserved-env"
-
-
-def asks_count(names: ResourceNames) -> str:
-    """CEL: container ``c`` asks for the GPU count resource (limits or requests): a GPU container,
-    the one the device plugin's Allocate answer goes to."""
-    return container_asks("c", [names.count])
 
 
 def _findings(containers: str, per_entry: str, field: str) -> str:

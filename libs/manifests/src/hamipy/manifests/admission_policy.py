@@ -16,11 +16,11 @@ slice, or take a waiting pod's. So, in the API server, where it holds while the 
   identities create a GPU pod with ``spec.nodeName`` already set. Anyone else's would reach the
   kubelet without our scheduler choosing its GPUs (its own scheduler, or none at all).
 
-And four more, built beside: ``reserved-env`` (``hamipy.webhook.reserved_env_policy``: the env a pod
-may not set), ``reserved-mounts`` (``hamipy.webhook.reserved_mount_policy``: the paths a GPU
+And four more, built beside: ``reserved-env`` (``reserved_env_policy``: the env a pod
+may not set), ``reserved-mounts`` (``reserved_mount_policy``: the paths a GPU
 container's own volumes may not cover), ``reserved-annotations``
-(``hamipy.webhook.reserved_annotation_policy``: the CDI annotations a pod may not carry) and
-``gpu-quota`` (``hamipy.webhook.quota_policy``).
+(``reserved_annotation_policy``: the CDI annotations a pod may not carry) and
+``gpu-quota`` (``quota_policy``).
 
 Built here once; the chart's ``admission-policy.yaml`` is checked against it by a unit test, and
 ``hamipy-webhook manifest --policy`` prints it for the dev cluster and for other installs.
@@ -32,15 +32,15 @@ import json
 from collections.abc import Sequence
 from typing import Any, Final
 
+from hamipy.manifests.policy_objects import binding, policy, rule
+from hamipy.manifests.quota_policy import quota_policy
+from hamipy.manifests.reserved_annotation_policy import ANNOTATION_POLICY_NAME, reserved_annotation_policy
+from hamipy.manifests.reserved_env_policy import ENV_POLICY_NAME, reserved_env_policy
+from hamipy.manifests.reserved_mount_policy import MOUNT_POLICY_NAME, reserved_mount_policy
 from hamipy.protocol import keys
 from hamipy.protocol.allocation_env import DEFAULT_HOOK_PATH
+from hamipy.protocol.cel import cel_list, gpu_pod_expression
 from hamipy.protocol.resources import ResourceNames
-from hamipy.webhook.policy_objects import binding, cel_list, policy, rule
-from hamipy.webhook.quota_policy import quota_policy
-from hamipy.webhook.registration import gpu_pod_expression
-from hamipy.webhook.reserved_annotation_policy import ANNOTATION_POLICY_NAME, reserved_annotation_policy
-from hamipy.webhook.reserved_env_policy import ENV_POLICY_NAME, reserved_env_policy
-from hamipy.webhook.reserved_mount_policy import MOUNT_POLICY_NAME, reserved_mount_policy
 
 __all__ = [
     "ANNOTATION_POLICY_NAME",
@@ -240,8 +240,8 @@ CHART_PLACEHOLDERS: Final = {
 user names and namespaces (each list written as one quoted placeholder), its resource names, and its
 hook path (a path itself, so that cleaning it as one keeps it)."""
 CHART_FILE_HEADER: Final = """\
-# The admission policies of hami-py (hamipy.webhook.admission_policy). Generated: do not edit.
-# Regenerate: python -m hamipy.webhook.admission_policy > deploy/helm/hami-py/files/admission-policies.yaml
+# The admission policies of hami-py (hamipy.manifests.admission_policy). Generated: do not edit.
+# Regenerate: python -m hamipy.manifests.admission_policy > deploy/helm/hami-py/files/admission-policies.yaml
 # The chart's admission-policy.yaml puts in its names, user names, exempt namespaces and resource
 # names for the placeholders; a unit test checks this file against the code.
 """

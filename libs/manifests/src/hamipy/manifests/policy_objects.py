@@ -1,41 +1,26 @@
 """The ValidatingAdmissionPolicy and binding objects every admission policy of ours is built from
 (``admission_policy``, ``reserved_env_policy``, ``reserved_mount_policy``, ``quota_policy``):
-JSON-ready dicts of ``admissionregistration.k8s.io/v1``, labelled as the chart's, and CEL string and
-list literals, and the CEL test of a container asking for resources."""
+JSON-ready dicts of ``admissionregistration.k8s.io/v1``, labelled as the chart's, and the CEL test of
+a GPU container. The CEL literals are ``hamipy.protocol.cel``'s."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any, Final, Literal
 
-__all__ = ["binding", "cel_list", "cel_string", "container_asks", "policy", "rule"]
+from hamipy.protocol.cel import container_asks
+from hamipy.protocol.resources import ResourceNames
+
+__all__ = ["asks_count", "binding", "policy", "rule"]
 
 _API: Final = "admissionregistration.k8s.io/v1"
 _LABELS: Final = {"app.kubernetes.io/name": "hami-py"}
 
 
-def cel_string(text: str) -> str:
-    """``text`` as a CEL string literal. What goes in (paths from the configuration, reasons from
-    code) needs no escaping: ValueError for text holding ``'`` or ``\\``."""
-    if "'" in text or "\\" in text:
-        raise ValueError(f"{text!r}: may not hold ' or \\ (it goes into a CEL string)")
-    return f"'{text}'"
-
-
-def cel_list(items: Sequence[str]) -> str:
-    """``items`` as a CEL list of string literals (``['a', 'b']``; the chart writes the same form)."""
-    return json.dumps(list(items)).replace('"', "'")
-
-
-def container_asks(var: str, names: Sequence[str]) -> str:
-    """CEL: the container ``var`` names one of ``names`` in its limits or requests."""
-    wanted = cel_list(names)
-    return (
-        f"has({var}.resources) && ("
-        f"(has({var}.resources.limits) && {wanted}.exists(r, r in {var}.resources.limits)) || "
-        f"(has({var}.resources.requests) && {wanted}.exists(r, r in {var}.resources.requests)))"
-    )
+def asks_count(names: ResourceNames) -> str:
+    """CEL: container ``c`` asks for the GPU count resource (limits or requests): a GPU container,
+    the one the device plugin's Allocate answer goes to."""
+    return container_asks("c", [names.count])
 
 
 def rule(resource: str, *operations: str) -> dict[str, Any]:

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+from hamipy.manifests.policy_objects import binding, policy, rule
+from hamipy.protocol.cel import cel_string
 from hamipy.protocol.reserved_annotations import CDI_ANNOTATION_PREFIX, CDI_RESERVED_REASON
-from hamipy.webhook.policy_objects import binding, cel_string, policy, rule
 
 __all__ = ["ANNOTATION_POLICY_NAME", "reserved_annotation_policy"]
 

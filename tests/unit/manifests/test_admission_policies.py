@@ -8,11 +8,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from hamipy.kube.options import EXIT_USAGE
+from hamipy.manifests.admission_policy import (
+    ANNOTATION_POLICY_NAME,
+    ENV_POLICY_NAME,
+    MOUNT_POLICY_NAME,
+    PLACEMENT_POLICY_NAME,
+    admission_policies,
+    chart_file,
+)
 from hamipy.protocol import keys
 from hamipy.protocol.allocation_env import LD_SO_PRELOAD
+from hamipy.protocol.cel import container_asks, gpu_pod_expression
 from hamipy.protocol.reserved_env import GPU_CONTAINER_NAMES, PER_DEVICE_PATTERN
 from hamipy.protocol.reserved_mounts import (
     HOOK_REASON,
@@ -23,17 +30,6 @@ from hamipy.protocol.reserved_mounts import (
     PRELOAD_REASON,
 )
 from hamipy.protocol.resources import ResourceNames
-from hamipy.webhook.admission_policy import (
-    ANNOTATION_POLICY_NAME,
-    ENV_POLICY_NAME,
-    MOUNT_POLICY_NAME,
-    PLACEMENT_POLICY_NAME,
-    admission_policies,
-    chart_file,
-)
-from hamipy.webhook.cli import main
-from hamipy.webhook.policy_objects import container_asks
-from hamipy.webhook.registration import gpu_pod_expression
 
 CHART_FILE = (
     Path(__file__).resolve().parents[3] / "deploy" / "helm" / "hami-py" / "files" / "admission-policies.yaml"
@@ -63,16 +59,6 @@ def test_every_allocation_key_is_guarded_and_the_plugin_writes_only_its_own() ->
     assert node_binding["spec"]["policyName"] == node_policy["metadata"]["name"]
     # The trace context is set by the webhook under the pod author's identity: never guarded.
     assert keys.TRACE_CONTEXT not in variables["changedAnnotations"]
-
-
-def test_manifest_policy_prints_the_policies_for_the_users_given(capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["manifest", "--policy", "--format", "json", "--scheduler-user", "s1", "--scheduler-user", "s2"]
-    assert main([*argv, "--device-plugin-user", "p"], env={}) == 0
-    printed = json.loads(capsys.readouterr().out)
-    assert printed == admission_policies(schedulers=["s1", "s2"], device_plugins=["p"])
-    assert main(["manifest", "--policy"], env={}) == 0
-    docs = [d for d in yaml.safe_load_all(capsys.readouterr().out) if d]
-    assert docs == admission_policies(schedulers=[], device_plugins=[])
 
 
 def _named(
@@ -141,50 +127,6 @@ def test_configured_resource_names_reach_every_policy() -> None:
     assert "nvidia.com/" not in text
     for name in NAMES.gpu_asks:
         assert name in text
-
-
-def test_manifest_policy_takes_the_config_exempt_namespaces_and_hook_paths(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
-) -> None:
-    config = tmp_path / "config.yaml"
-    config.write_text("nvidia:\n  resourceCountName: example.com/vgpu\n  hookPath: /opt/hami/vgpu\n")
-    argv = ["manifest", "--policy", "--format", "json", "--config", str(config)]
-    names = ResourceNames(count="example.com/vgpu")
-    assert main([*argv, "--exempt-namespace", "a", "--exempt-namespace", "b"], env={}) == 0
-    printed = json.loads(capsys.readouterr().out)
-    assert printed == admission_policies(
-        schedulers=[],
-        device_plugins=[],
-        names=names,
-        exempt_namespaces=["a", "b"],
-        hook_paths=["/opt/hami/vgpu"],
-    )
-    # Flags name every hook path in use (nodes whose device plugins differ), instead of the config's.
-    assert main([*argv, "--hook-path", "/a", "--hook-path", "/b"], env={}) == 0
-    printed = json.loads(capsys.readouterr().out)
-    assert printed == admission_policies(
-        schedulers=[], device_plugins=[], names=names, hook_paths=["/a", "/b"]
-    )
-
-
-@pytest.mark.parametrize(
-    ("path", "why"),
-    [
-        pytest.param("/it's", "may not hold ' or \\", id="quote"),
-        pytest.param("/a\\b", "may not hold ' or \\", id="backslash"),
-        pytest.param("opt/vgpu", "must be an absolute path without '..'", id="relative"),
-        pytest.param("/opt/../vgpu", "must be an absolute path without '..'", id="dot-dot"),
-    ],
-)
-def test_manifest_policy_refuses_a_hook_path_it_cannot_use(
-    capsys: pytest.CaptureFixture[str], path: str, why: str
-) -> None:
-    with pytest.raises(SystemExit) as exited:
-        main(["manifest", "--policy", "--hook-path", path], env={})
-    assert exited.value.code == EXIT_USAGE
-    captured = capsys.readouterr()
-    assert captured.out == ""
-    assert f"argument --hook-path: {path!r}: {why}" in captured.err
 
 
 def test_the_annotation_policy_reads_every_pods_annotations_at_create_and_update() -> None:

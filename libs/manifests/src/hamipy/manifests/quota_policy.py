@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+from hamipy.manifests.policy_objects import binding, policy, rule
 from hamipy.protocol.resources import ResourceNames
-from hamipy.webhook.policy_objects import binding, policy, rule
 
 __all__ = ["QUOTA_POLICY_NAME", "quota_policy"]
 

@@ -15,7 +15,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Final
 
+from hamipy.manifests.policy_objects import asks_count, binding, policy, rule
 from hamipy.protocol.allocation_env import LD_SO_PRELOAD
+from hamipy.protocol.cel import cel_string
 from hamipy.protocol.reserved_mounts import (
     HOOK_REASON,
     NOT_CANONICAL_ENDS,
@@ -27,8 +29,6 @@ from hamipy.protocol.reserved_mounts import (
     reserved_mount_paths,
 )
 from hamipy.protocol.resources import ResourceNames
-from hamipy.webhook.policy_objects import binding, cel_string, policy, rule
-from hamipy.webhook.reserved_env_policy import asks_count
 
 __all__ = ["MOUNT_POLICY_NAME", "reserved_mount_policy"]
 
