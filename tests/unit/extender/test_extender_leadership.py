@@ -28,7 +28,7 @@ from hamipy.extender.telemetry import Telemetry
 from hamipy.kube.resources import node_path
 from hamipy.protocol.config import Config
 from hamipy.protocol.devices import ContainerDevice
-from hamipy.telemetry.http2 import Http2Request
+from hamipy.serving.http2 import Http2Request
 
 
 def server(api: FakeKube | None, **settings: Any) -> ExtenderServer:

@@ -1,5 +1,5 @@
 """The extender's routes, answered alike over HTTP/1.1 (aiohttp, ``make_app``) and over HTTP/2
-(``Routes.respond_http2``, for ``hamipy.telemetry.http2``): kube-scheduler's Go client chooses
+(``Routes.respond_http2``, for ``hamipy.serving.http2``): kube-scheduler's Go client chooses
 HTTP/2 when the decision port offers it over TLS, and then sends every request on one connection.
 
 ``POST /filter``, ``/prioritize``, ``/bind``, ``/preempt`` (extender JSON, Go field names);
@@ -28,9 +28,9 @@ from hamipy.extender.health import Health
 from hamipy.extender.leadership import FORWARDED_HEADER, REDIRECTED_QUERY, Leadership
 from hamipy.extender.pod_arrivals import PodArrivals
 from hamipy.extender.scheduler import BadRequest, Scheduler
-from hamipy.telemetry.http2 import Http2Answer, Http2Request
+from hamipy.serving.http2 import Http2Answer, Http2Request
+from hamipy.serving.probes import metrics_response
 from hamipy.telemetry.json_bodies import BadJson, ListOf, MapOf, Shape, decode_json, shape_problem
-from hamipy.telemetry.probes import metrics_response
 
 __all__ = ["ROUTES", "UNAVAILABLE_REASON", "Answer", "Call", "Routes", "make_app"]
 

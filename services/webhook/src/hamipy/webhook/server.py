@@ -8,7 +8,7 @@ the disk. A half-written rotation (certificate and key that do not match) is log
 once, and tried again when the files change again, while the old pair keeps serving.
 
 The server's own long-lived tasks (the certificate watch) run under a
-``hamipy.telemetry.supervision.Supervisor``: one that dies is logged by name, ``/readyz`` answers
+``hamipy.serving.supervision.Supervisor``: one that dies is logged by name, ``/readyz`` answers
 503 with the failure from then on, and ``supervisor.failed`` tells ``cli`` to end the process with
 status 1, so the pod is restarted instead of serving with a certificate nobody watches.
 
@@ -18,7 +18,7 @@ status 1, so the pod is restarted instead of serving with a certificate nobody w
 Bodies over ``max_body_bytes``, and bodies that are not an AdmissionReview, get HTTP 400 with a
 reason (``admitting.Admitter.bad_request``); the server keeps serving.
 
-Any pod can reach this server, so both ports run under ``hamipy.telemetry.http_limits``: a client
+Any pod can reach this server, so both ports run under ``hamipy.serving.http_limits``: a client
 that is slow to send its request (TLS handshake included) or its body is cut after
 ``limits.header_timeout_s`` / ``body_timeout_s``, an idle one after ``keepalive_timeout_s``, and at
 most ``max_connections`` are held per port, a newcomer closing an idle connection or the longest sender
@@ -43,9 +43,9 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from hamipy.protocol.settings import tuning, user
-from hamipy.telemetry.http_limits import BoundedServer, HttpLimits, start_bounded_site
-from hamipy.telemetry.supervision import Supervisor
-from hamipy.telemetry.tls import serving_context
+from hamipy.serving.http_limits import BoundedServer, HttpLimits, start_bounded_site
+from hamipy.serving.supervision import Supervisor
+from hamipy.serving.tls import serving_context
 from hamipy.webhook.admitting import Admitter
 from hamipy.webhook.errors import CertificateError
 

@@ -16,7 +16,7 @@ once would make one step of several requests, and filters on other connections w
 it; a slice a turn keeps a step to about one request
 (docs/benchmarks.md#http2-against-http11-on-the-decision-port).
 
-The limits of ``hamipy.telemetry.http_limits`` carry over: the connection is busy while a stream is
+The limits of ``hamipy.serving.http_limits`` carry over: the connection is busy while a stream is
 open and idle (kept alive for ``keepalive_timeout_s``, then closed with GOAWAY) when none is; a
 stream's body must arrive within ``body_timeout_s`` of its headers, and an answer the peer does not
 take (flow control, or a socket it does not read) within ``body_timeout_s``, or the connection is
@@ -58,7 +58,7 @@ _INBOX_MAX: Final = 256 * 1024
 """Received but not yet framed past this, the socket is not read until it is (asyncio reads 256 KiB
 at a time)."""
 
-_log = structlog.get_logger("hamipy.telemetry.http2")
+_log = structlog.get_logger("hamipy.serving.http2")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

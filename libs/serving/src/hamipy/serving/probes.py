@@ -10,7 +10,7 @@ from typing import Final
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from hamipy.telemetry.http_limits import BoundedServer, HttpLimits, start_bounded_site
+from hamipy.serving.http_limits import BoundedServer, HttpLimits, start_bounded_site
 
 __all__ = ["PROBE_LIMITS", "ProbeServer", "metrics_response", "start_probe_server"]
 

@@ -48,7 +48,7 @@ handshake itself (``loop.start_tls``) so that a connection can be cut before its
   closing its next connection would fail a pod's filter or bind. The listen backlog cannot be used
   instead: asyncio only accepts or closes the listening socket.
 - HTTP/2 (``start_bounded_site(http2=...)``, TLS only): a connection whose handshake chose ``h2``
-  is handed to a ``hamipy.telemetry.http2.Http2Session`` instead of aiohttp, and held to the same
+  is handed to a ``hamipy.serving.http2.Http2Session`` instead of aiohttp, and held to the same
   limits per stream (that module's docstring says how). One with a stream open is being served
   (not evicted) even while that stream's body is still coming: the body timeout bounds it.
 """
@@ -65,7 +65,7 @@ from aiohttp import StreamReader, web
 from aiohttp.typedefs import Handler
 
 from hamipy.protocol.settings import tuning
-from hamipy.telemetry.http2 import Http2App, Http2Session
+from hamipy.serving.http2 import Http2App, Http2Session
 
 __all__ = ["BoundedServer", "BoundedSite", "ConnectionStats", "HttpLimits", "start_bounded_site"]
 
@@ -681,7 +681,7 @@ async def start_bounded_site(
     counted either way).
 
     With ``http2`` (and ``ssl_context``) a client may choose HTTP/2 in the handshake (ALPN, set on
-    ``ssl_context`` here); its requests are then answered by ``http2`` (``hamipy.telemetry.http2``)
+    ``ssl_context`` here); its requests are then answered by ``http2`` (``hamipy.serving.http2``)
     instead of ``app``, under the same limits."""
     if http2 is not None:
         if ssl_context is None:
