@@ -4,7 +4,7 @@ from their own apps). Any pod can reach it, so it runs under ``http_limits`` as 
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Final
 
 from aiohttp import web
@@ -12,20 +12,27 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from hamipy.serving.http_limits import BoundedServer, HttpLimits, start_bounded_site
 
-__all__ = ["PROBE_LIMITS", "ProbeServer", "metrics_response", "start_probe_server"]
+__all__ = ["PROBE_LIMITS", "ProbeServer", "start_probe_server", "streamed_response"]
 
 PROBE_LIMITS: Final = HttpLimits(max_connections=64)
 """The defaults but the cap: its callers (the kubelet, Prometheus) hold a few connections at most."""
+_METRICS_HEADERS: Final = {"Content-Type": CONTENT_TYPE_LATEST}
 
 
-async def metrics_response(request: web.Request, body: bytes | Sequence[bytes]) -> web.StreamResponse:
-    """``/metrics``' answer: ``body``, or its chunks written one by one. A scrape of a large model is
+async def streamed_response(
+    request: web.Request,
+    body: bytes | Sequence[bytes],
+    *,
+    status: int = 200,
+    headers: Mapping[str, str],
+) -> web.StreamResponse:
+    """An answer of ``body``, or of its chunks written one by one. A scrape of a large model is
     megabytes (10 MB at 1,000 nodes): joined, it costs the event loop a copy of all of it in one
     step; written in chunks, each is handed to the socket (or its buffer) in a step of
     its own, and a full buffer makes the write wait without holding the loop."""
     if isinstance(body, bytes):
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
-    response = web.StreamResponse(headers={"Content-Type": CONTENT_TYPE_LATEST})
+        return web.Response(status=status, body=body, headers=headers)
+    response = web.StreamResponse(status=status, headers=headers)
     response.content_length = sum(len(chunk) for chunk in body)
     await response.prepare(request)
     if request.method != "HEAD":  # a StreamResponse would write the body after a HEAD's headers
@@ -62,7 +69,7 @@ async def start_probe_server(
     on the loop, in steps."""
 
     async def metrics(request: web.Request) -> web.StreamResponse:
-        return await metrics_response(request, await render())
+        return await streamed_response(request, await render(), headers=_METRICS_HEADERS)
 
     async def healthz(request: web.Request) -> web.Response:
         return web.Response(text="ok")

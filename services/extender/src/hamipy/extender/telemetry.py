@@ -342,7 +342,7 @@ class Metrics:
                 )
 
     async def render_chunks(self) -> list[bytes]:
-        """The exposition text in chunks (``hamipy.serving.probes.metrics_response`` writes them
+        """The exposition text in chunks (both protocols of the decision port and the probe server write them
         without joining): the registry's metrics, then the GPU gauges of the attached model (on
         the event loop, in steps: ``gpu_gauges``)."""
         gauges = [] if self._model is None else await gpu_gauges(self._model)
