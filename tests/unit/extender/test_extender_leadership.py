@@ -211,6 +211,7 @@ async def test_over_http2_a_follower_redirects_and_never_passes_a_request_on_twi
     ):
         answer = await redirecting.respond_http2(request)
         assert answer.status == 503
+        assert isinstance(answer.body, bytes)
         assert json.loads(answer.body)["Error"].endswith("is not the leader")
 
 

@@ -20,7 +20,11 @@ retry a POST it has written.
 
 When every held connection is being served (its whole request in the handler), a new connection
 waits for a slot, first come first served, up to ``max_queued`` of them; past that it is refused.
-A slot freed goes to the longest queued connection.
+A slot freed goes to the longest queued connection. This is for kube-scheduler over HTTP/1.1: it
+sends each bind on a connection of its own and holds it until the extender's Binding is written,
+so a burst of binds behind a slow API server fills the cap, and closing its next connection would
+fail a pod's filter or bind. The listen backlog cannot be used instead: asyncio only accepts or
+closes the listening socket.
 """
 
 from __future__ import annotations

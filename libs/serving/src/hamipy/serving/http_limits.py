@@ -18,23 +18,15 @@ handshake itself (``loop.start_tls``) so that a connection can be cut before its
   and ``IdleTimeout`` split it.
 - Body timeout: from then until the body is complete; a handler still reading it then finds the
   connection cut (answered as 408 to nobody, so aiohttp logs no 500).
-- Connection cap: at most ``max_connections`` connections are held, in TLS handshake or not; at
-  the cap a new one closes a held one that is not being served, chosen as
-  ``hamipy.serving.connection_cap`` says.
 - Connection lost mid-request (the client left with its body unfinished or its answer unsent): one
   log line naming the peer and the reason (``start_bounded_site(logger=...)``) and a count
   (``ConnectionStats.client_gone``); the handler's read fails as under the body timeout, with no
   traceback. A body the handler left unread, which aiohttp drains after the answer
   (``lingering_time``), ends with the connection.
-- Queue: when every held connection is being served (its whole request in the handler), a new
-  connection waits for a slot (``connection_cap``), up to ``max_queued`` of them. A queued
-  connection is not read and has no TLS state yet (a socket and about 1 KiB), and it waits at most
-  the header timeout. While connections queue, a held one is closed once its answer is sent
-  (``Connection: close``), so each finished request hands its slot on. This is for kube-scheduler
-  over HTTP/1.1: it sends each bind on a connection of its own and holds it until the extender's
-  Binding is written, so a burst of binds behind a slow API server fills the cap, and closing its
-  next connection would fail a pod's filter or bind. The listen backlog cannot be used instead:
-  asyncio only accepts or closes the listening socket.
+- Connection cap and queue (``hamipy.serving.connection_cap`` says who is evicted and who waits):
+  a queued connection is not read and has no TLS state yet (a socket and about 1 KiB), and it waits
+  at most the header timeout. While connections queue, a held one is closed once its answer is
+  sent (``Connection: close``), so each finished request hands its slot on.
 - HTTP/2 (``start_bounded_site(http2=...)``, TLS only): a connection whose handshake chose ``h2``
   is handed to a ``hamipy.serving.http2.Http2Session`` instead of aiohttp, and held to the same
   limits per stream (that module's docstring says how). One with a stream open is being served

@@ -1,6 +1,7 @@
-"""The node agents' small HTTP server: ``/metrics`` for Prometheus, ``/healthz`` and ``/readyz`` for
-the kubelet's probes (the device plugin and the monitor; the webhook and the extender serve these
-from their own apps). Any pod can reach it, so it runs under ``http_limits`` as every server of ours."""
+"""``/metrics`` for Prometheus, ``/healthz`` and ``/readyz`` for the kubelet's probes: the node
+agents' small HTTP server (the device plugin's and the monitor's), and the same routes on the
+webhook's apps (the extender's decision port has them in its own route table). Any pod can reach
+them, so they run under ``http_limits`` as every server of ours."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from hamipy.serving.http_limits import BoundedServer, HttpLimits, start_bounded_site
 
-__all__ = ["PROBE_LIMITS", "ProbeServer", "start_probe_server", "streamed_response"]
+__all__ = ["PROBE_LIMITS", "add_probe_routes", "start_probe_server", "streamed_response"]
 
 PROBE_LIMITS: Final = HttpLimits(max_connections=64)
 """The defaults but the cap: its callers (the kubelet, Prometheus) hold a few connections at most."""
@@ -42,26 +43,12 @@ async def streamed_response(
     return response
 
 
-class ProbeServer:
-    """A started server: ``port`` is the bound port (useful with port 0); ``close()`` stops it."""
-
-    def __init__(self, server: BoundedServer) -> None:
-        self.server = server
-        self.runner = server.runner
-        self.port = server.port
-
-    async def close(self) -> None:
-        await self.server.close()
-
-
-async def start_probe_server(
+def add_probe_routes(
+    app: web.Application,
     *,
-    host: str,
-    port: int,
     render: Callable[[], Awaitable[bytes | Sequence[bytes]]],
     not_ready: Callable[[], str | None],
-    limits: HttpLimits = PROBE_LIMITS,
-) -> ProbeServer:
+) -> None:
     """Serve ``await render()`` (the body, or its chunks) on ``/metrics``, ``ok`` on ``/healthz``,
     and on ``/readyz`` ``ok`` or HTTP 503 with the reason ``not_ready()`` gives. ``render`` chooses
     where the work runs: a scrape that reads files runs in a thread
@@ -78,8 +65,20 @@ async def start_probe_server(
         reason = not_ready()
         return web.Response(text="ok") if reason is None else web.Response(status=503, text=reason)
 
-    app = web.Application(client_max_size=1024)  # GETs only: no body worth reading
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
-    return ProbeServer(await start_bounded_site(app, host=host, port=port, limits=limits))
+
+
+async def start_probe_server(
+    *,
+    host: str,
+    port: int,
+    render: Callable[[], Awaitable[bytes | Sequence[bytes]]],
+    not_ready: Callable[[], str | None],
+    limits: HttpLimits = PROBE_LIMITS,
+) -> BoundedServer:
+    """A server of ``add_probe_routes`` alone."""
+    app = web.Application(client_max_size=1024)  # GETs only: no body worth reading
+    add_probe_routes(app, render=render, not_ready=not_ready)
+    return await start_bounded_site(app, host=host, port=port, limits=limits)

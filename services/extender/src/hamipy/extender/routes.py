@@ -161,8 +161,8 @@ class Routes:
                 raise BadRequest(self.too_large())
             return request.body
 
-        forwarded = FORWARDED_HEADER.lower() in request.headers
-        forwarded = forwarded or _has_key(request.query, REDIRECTED_QUERY)
+        query = urllib.parse.parse_qs(request.query, keep_blank_values=True)
+        forwarded = FORWARDED_HEADER.lower() in request.headers or REDIRECTED_QUERY in query
         answer = await self.dispatch(Call(request.method, request.path, forwarded, request.remote, read))
         return Http2Answer(answer.status, answer.body, answer.content_type, answer.headers)
 
@@ -230,11 +230,6 @@ def _decoded(body: bytes, shape: Shape) -> Any:
     if problem is not None:
         raise BadRequest(problem)
     return args
-
-
-def _has_key(query: str, key: str) -> bool:
-    """Whether ``query`` names ``key`` (with a value or not), as aiohttp's parsed query would."""
-    return any(name == key for name, _ in urllib.parse.parse_qsl(query, keep_blank_values=True))
 
 
 def _error(status: int, error: str) -> Answer:

@@ -54,7 +54,7 @@ from hamipy.protocol.config import Config
 from hamipy.serving.heap import heap_trimmer, trim_heap_forever
 from hamipy.serving.http2 import Http2App
 from hamipy.serving.http_limits import BoundedServer, HttpLimits, start_bounded_site
-from hamipy.serving.probes import ProbeServer, start_probe_server
+from hamipy.serving.probes import start_probe_server
 from hamipy.serving.supervision import Supervisor
 
 __all__ = ["ExtenderServer", "lease_settings"]
@@ -107,7 +107,7 @@ class ExtenderServer:
         self.ssl_context = ssl_context
         self.requested_metrics_port = metrics_port
         self.metrics_port: int | None = None
-        self._probes: ProbeServer | None = None
+        self._probes: BoundedServer | None = None
         self.shutdown_timeout_s = shutdown_timeout_s
         self.limits = limits
         self.model = ClusterModel(
@@ -320,7 +320,7 @@ class ExtenderServer:
                 not_ready=self.health.not_ready,
             )
             self.metrics_port = self._probes.port
-            self.telemetry.metrics.connections.add("probes", self._probes.server)
+            self.telemetry.metrics.connections.add("probes", self._probes)
         self.telemetry.logger.info(
             "extender serving",
             host=self.host,
