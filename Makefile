@@ -11,7 +11,7 @@ UV := $(or $(shell command -v uv 2>/dev/null),$(TOOLS_DIR)/bin/uv)
 RUN := $(UV) run --frozen --no-sync
 
 # Typed packages checked with mypy --strict (services join as their issues land).
-TYPED_PACKAGES := hamipy.protocol hamipy.kube hamipy.devcluster hamipy.telemetry hamipy.kubelet_api hamipy.manifests hamipy.webhook hamipy.extender hamipy.device_plugin hamipy.monitor
+TYPED_PACKAGES := hamipy.protocol hamipy.kube hamipy.devcluster hamipy.serving hamipy.telemetry hamipy.kubelet_api hamipy.manifests hamipy.webhook hamipy.extender hamipy.device_plugin hamipy.monitor
 PYTEST_ARGS ?=
 
 .PHONY: help sync lint typecheck native proto kube-binaries images test unit mutate bench gpu-test gpu-wheels up down gpus trace clean

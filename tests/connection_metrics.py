@@ -1,5 +1,5 @@
 """What a service's HTTP limits did, as its tests read it back from the service's own Prometheus
-registry (the ``<prefix>_http_connections*`` metrics of ``hamipy.telemetry.http_metrics``).
+registry (the ``<prefix>_http_connections*`` metrics of ``hamipy.serving.http_metrics``).
 
 Any test imports it as ``connection_metrics``: ``tests/`` is on ``sys.path`` (see ``builders``).
 """

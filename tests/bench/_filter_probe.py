@@ -17,7 +17,7 @@ one, as the chart serves it), the server's checked against ``CA``: the TLS runs 
 (``ssl.MemoryBIO``) over the same socket, so the arrival stamps stay the kernel's.
 
 The extender closes an idle kept-alive connection when kube-scheduler's binds fill its connection
-cap (``hamipy.telemetry.http_limits``); a probe that meets its connection closed asks again on a new
+cap (``hamipy.serving.http_limits``); a probe that meets its connection closed asks again on a new
 one, as Go's client does, and that sample includes the new connection.
 """
 

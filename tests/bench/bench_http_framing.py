@@ -1,6 +1,6 @@
 """What the extender's server spends on HTTP itself per request, HTTP/2 against HTTP/1.1.
 
-Over TLS the extender offers kube-scheduler HTTP/2 (``hamipy.telemetry.http2``, the ``h2``
+Over TLS the extender offers kube-scheduler HTTP/2 (``hamipy.serving.http2``, the ``h2``
 library's pure-Python framing), which spares most of a burst's TLS handshakes
 (``bench_tls_handshake.py``, ``bench_e2e.py --tls``) but frames each request in Python, where
 aiohttp parses HTTP/1.1 in C. This times one request and its answer through each server, in
@@ -26,7 +26,7 @@ import h2.events
 from _results import percentiles_us, record
 from aiohttp import web
 
-from hamipy.telemetry.http2 import Http2Answer, Http2App, Http2Request, Http2Session
+from hamipy.serving.http2 import Http2Answer, Http2App, Http2Request, Http2Session
 
 NODES = 1000
 HEADERS = [

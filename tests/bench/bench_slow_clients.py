@@ -4,7 +4,7 @@ admissions are answered meanwhile.
 Run as a script: ``.venv/bin/python tests/bench/bench_slow_clients.py [--attack headers|bodies]
 [--clients N] [--seconds S]``. For each mode a fresh process serves the webhook over TLS on
 127.0.0.1 (plus its plain probe port): ``bounded`` is ``WebhookServer`` as shipped
-(``hamipy.telemetry.http_limits`` defaults: 10 s header and body timeouts, 256 connections, 512
+(``hamipy.serving.http_limits`` defaults: 10 s header and body timeouts, 256 connections, 512
 queued); ``unbounded`` serves the same app on aiohttp's own ``TCPSite``, with no limits but
 aiohttp's keep-alive. This process then attacks it:
 

@@ -9,7 +9,7 @@ kube-scheduler's client certificate. This times that share alone (the server sid
 handshakes with the extender's own ``server_tls`` context; the client's work is not counted) for the
 chart's certificates (ECDSA P-256, ``deploy/helm/hami-py/templates/extender-tls.yaml``) against
 RSA-2048 ones (Helm's ``genCA``/``genSignedCert`` without a key type), each as served
-(no session tickets: ``hamipy.telemetry.tls``), with OpenSSL's default two TLS 1.3 tickets, and
+(no session tickets: ``hamipy.serving.tls``), with OpenSSL's default two TLS 1.3 tickets, and
 without the demand for kube-scheduler's certificate (what checking it costs).
 
     .venv/bin/python tests/bench/bench_tls_handshake.py [--handshakes N]

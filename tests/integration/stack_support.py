@@ -33,7 +33,7 @@ from hamipy.extender.telemetry import Telemetry as ExtenderTelemetry
 from hamipy.kube.client import RawKube
 from hamipy.protocol import ContainerDevice, decode_pod_devices, keys
 from hamipy.protocol.config import Config
-from hamipy.telemetry.http_limits import HttpLimits
+from hamipy.serving.http_limits import HttpLimits
 from hamipy.webhook.admitting import Admitter
 from hamipy.webhook.certs import CertificateBundle, generate_certificates, write_files
 from hamipy.webhook.mutation import MutationSettings

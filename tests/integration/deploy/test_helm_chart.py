@@ -31,7 +31,7 @@ from hamipy.protocol import keys
 from hamipy.protocol.config import NvidiaConfig, load_config
 from hamipy.protocol.resources import ResourceNames
 from hamipy.protocol.settings import Declared
-from hamipy.telemetry.tls import serving_context
+from hamipy.serving.tls import serving_context
 from hamipy.webhook.registration import webhook_configuration
 
 pytestmark = pytest.mark.integration

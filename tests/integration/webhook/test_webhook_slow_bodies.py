@@ -17,7 +17,7 @@ import pytest
 from stack_support import start_webhook, stop_webhook
 
 from hamipy.devcluster.waiting import wait_for
-from hamipy.telemetry.http_limits import HttpLimits
+from hamipy.serving.http_limits import HttpLimits
 
 pytestmark = pytest.mark.integration
 

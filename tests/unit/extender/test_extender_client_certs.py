@@ -18,6 +18,7 @@ import pytest
 from builders import container, gpu_node, gpu_pod
 from extender_fakes import elected
 from http2_client import H2Client
+from prometheus_client import CONTENT_TYPE_LATEST
 
 import hamipy.extender.cli as cli
 from hamipy.extender.leadership import Leadership
@@ -162,6 +163,61 @@ async def test_over_http2_the_decision_port_answers_as_over_http1(server: Extend
         server.telemetry.metrics.registry.get_sample_value("hamipy_extender_decisions_total", bad_requests)
         == 1
     )
+
+
+_COMPARED_HEADERS = ("content-type", "content-length", "allow", "location")
+Reply = tuple[int, bytes, dict[str, str]]
+
+
+async def _over_http1(
+    server: ExtenderServer, context: ssl.SSLContext, method: str, path: str, body: bytes
+) -> Reply:
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session,
+        session.request(method, server.url + path, data=body, ssl=context, allow_redirects=False) as resp,
+    ):
+        headers = {name: resp.headers[name] for name in _COMPARED_HEADERS if name in resp.headers}
+        return resp.status, await resp.read(), headers
+
+
+async def _over_http2(h2c: H2Client, method: str, path: str, body: bytes) -> Reply:
+    answer = await h2c.request(method, path, body)
+    headers = {name: answer.headers[name] for name in _COMPARED_HEADERS if name in answer.headers}
+    return answer.status, answer.body, headers
+
+
+async def test_every_route_answers_alike_over_http1_and_http2(server: ExtenderServer, pki: Pki) -> None:
+    """One route table for both protocols: each path and method, known or not, gets the same status,
+    body and headers over HTTP/1.1 as over HTTP/2."""
+    args = json.dumps({"Pod": gpu_pod("p", container(gpu=1, gpumem=1000)), "NodeNames": ["a"]}).encode()
+    calls = [
+        *(("POST", f"/{verb}", args) for verb in ("filter", "prioritize", "preempt")),
+        ("POST", "/filter", b"{not json"),
+        ("POST", "/bind", b'{"PodName": 1}'),
+        ("POST", "/bind", b" " * (MAX_BODY + 1)),
+        *((method, path, b"") for method in ("GET", "HEAD") for path in ("/healthz", "/readyz", "/metrics")),
+        ("GET", "/filter", b""),
+        ("HEAD", "/bind", b""),
+        ("POST", "/healthz", b"{}"),
+        ("GET", "/nothing", b""),
+        ("DELETE", "/", b""),
+    ]
+    over_http1 = [await _over_http1(server, pki.client, *call) for call in calls]
+    h2c = await H2Client.connect(server.port, pki.client)  # offers h2 alone from here on
+    try:
+        over_http2 = [await _over_http2(h2c, *call) for call in calls]
+    finally:
+        await h2c.close()
+    for call, one, two in zip(calls, over_http1, over_http2, strict=True):
+        if call[1] == "/metrics":  # the counters move between scrapes; what is exported does not
+            assert one[2]["content-type"] == two[2]["content-type"] == CONTENT_TYPE_LATEST
+            assert call[0] == "HEAD" or int(two[2]["content-length"]) == len(two[1]) > 0
+            one, two = (one[0], _families(one[1]), {}), (two[0], _families(two[1]), {})
+        assert one == two, call
+
+
+def _families(exposition: bytes) -> bytes:
+    return b"\n".join(line for line in exposition.splitlines() if line.startswith(b"# TYPE"))
 
 
 async def test_with_no_http2_the_decision_port_offers_http1_only(pki: Pki) -> None:

@@ -29,7 +29,7 @@ from hamipy.kube.client import NullKube
 from hamipy.kube.resources import node_path
 from hamipy.protocol.config import Config
 from hamipy.protocol.devices import ContainerDevice
-from hamipy.telemetry.http2 import Http2Request
+from hamipy.serving.http2 import Http2Request
 
 
 def server(api: FakeKube | NullKube, **settings: Any) -> ExtenderServer:
@@ -212,6 +212,7 @@ async def test_over_http2_a_follower_redirects_and_never_passes_a_request_on_twi
     ):
         answer = await redirecting.respond_http2(request)
         assert answer.status == 503
+        assert isinstance(answer.body, bytes)
         assert json.loads(answer.body)["Error"].endswith("is not the leader")
 
 

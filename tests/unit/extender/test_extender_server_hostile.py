@@ -25,7 +25,7 @@ from hamipy.extender.telemetry import Telemetry
 from hamipy.kube.client import NullKube
 from hamipy.protocol.config import Config
 from hamipy.protocol.settings import settings_from
-from hamipy.telemetry.http_limits import HttpLimits
+from hamipy.serving.http_limits import HttpLimits
 
 LIMITS = HttpLimits(header_timeout_s=0.5, body_timeout_s=0.5, keepalive_timeout_s=5, max_connections=4)
 

@@ -24,7 +24,7 @@ import pytest
 import hamipy.webhook.cli as cli
 from hamipy.devcluster.waiting import wait_for
 from hamipy.protocol.settings import settings_from
-from hamipy.telemetry.http_limits import HttpLimits
+from hamipy.serving.http_limits import HttpLimits
 from hamipy.webhook.admitting import Admitter
 from hamipy.webhook.certs import CertificateBundle, generate_certificates, write_files
 from hamipy.webhook.mutation import MutationSettings

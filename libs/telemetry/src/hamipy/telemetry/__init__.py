@@ -12,10 +12,10 @@
 
 Metrics stay in each service: their names and labels are the service's own contract. Other
 submodules: ``service`` (``ServiceTelemetry``: one service's logger, metrics and tracer together),
-``probes`` (the node agents' ``/metrics``, ``/healthz``, ``/readyz`` server), ``http_limits`` (the
-timeouts, connection cap and queue every HTTP server of ours runs under), ``json_bodies`` (reading
-an untrusted JSON body: depth-bounded, fields of the wrong JSON type named) and ``heap`` (handing
-the C heap's free pages back to the kernel).
+``exposition`` (gauge families written straight to Prometheus text), ``gc_pauses`` (the garbage
+collector's pauses as a histogram) and ``json_bodies`` (reading an untrusted JSON body:
+depth-bounded, fields of the wrong JSON type named). Serving HTTP and keeping the process up live
+in ``hamipy.serving``.
 """
 
 from __future__ import annotations

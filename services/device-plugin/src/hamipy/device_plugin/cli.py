@@ -35,8 +35,8 @@ from hamipy.kube.errors import KubeError
 from hamipy.kube.options import ProcessSettings, command_line, run_command
 from hamipy.protocol.config import Config, load_config_file
 from hamipy.protocol.settings import Group, settings_from
+from hamipy.serving.supervision import serve_until_signal
 from hamipy.telemetry import TracingConfigError
-from hamipy.telemetry.supervision import serve_until_signal
 
 __all__ = ["ENV_PREFIX", "SETTINGS", "build_parser", "main"]
 

@@ -12,7 +12,7 @@
 Kubernetes errors are ``hamipy.kube.errors``' (``KubeError``, ``Conflict``, ...), shared by every
 service. Library errors (pynvml) are translated at the boundary in ``discovery``. A background task
 that dies is not an exception here: the plugin's supervisor logs it and ends the process
-(``hamipy.telemetry.supervision``).
+(``hamipy.serving.supervision``).
 """
 
 from __future__ import annotations

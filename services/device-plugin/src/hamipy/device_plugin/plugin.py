@@ -1,7 +1,7 @@
 """One running device plugin: discovery, the gRPC service, kubelet and node registration, GPU
 health, this node's pods, and the HTTP endpoints (``/metrics``, ``/healthz``, ``/readyz``).
 
-Every long-lived task runs under one ``hamipy.telemetry.supervision.Supervisor``, by name:
+Every long-lived task runs under one ``hamipy.serving.supervision.Supervisor``, by name:
 
 - ``device-plugin:serve``: the gRPC socket and the kubelet registration (``serving``);
 - ``device-plugin:node-register``: the node's register annotation and handshake (``node_registration``);
@@ -44,8 +44,8 @@ from hamipy.device_plugin.telemetry import Telemetry
 from hamipy.kube.client import KubeApi
 from hamipy.kube.informer import InformerSettings
 from hamipy.protocol.config import Config
-from hamipy.telemetry.probes import start_probe_server
-from hamipy.telemetry.supervision import Supervisor
+from hamipy.serving.probes import start_probe_server
+from hamipy.serving.supervision import Supervisor
 
 __all__ = ["DevicePlugin", "HealthSource", "HealthWatchFactory", "install_interposer"]
 

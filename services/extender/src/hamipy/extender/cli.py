@@ -43,10 +43,10 @@ from hamipy.kube.options import (
 )
 from hamipy.protocol.config import Config, load_config_file
 from hamipy.protocol.settings import Group, settings_from
+from hamipy.serving.http_limits import HttpLimits
+from hamipy.serving.supervision import serve_until_signal
+from hamipy.serving.tls import serving_context
 from hamipy.telemetry import TracingConfigError
-from hamipy.telemetry.http_limits import HttpLimits
-from hamipy.telemetry.supervision import serve_until_signal
-from hamipy.telemetry.tls import serving_context
 
 __all__ = ["COMMANDS", "ENV_PREFIX", "build_parser", "main", "serve"]
 

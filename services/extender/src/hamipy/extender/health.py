@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from hamipy.extender.model import ClusterModel
 from hamipy.extender.watching import Resource
 from hamipy.kube.informer import Informer
-from hamipy.telemetry.supervision import Supervisor
+from hamipy.serving.supervision import Supervisor
 
 __all__ = ["Health"]
 

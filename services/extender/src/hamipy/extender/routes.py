@@ -1,6 +1,8 @@
-"""The extender's routes, answered alike over HTTP/1.1 (aiohttp, ``make_app``) and over HTTP/2
-(``Routes.respond_http2``, for ``hamipy.telemetry.http2``): kube-scheduler's Go client chooses
-HTTP/2 when the decision port offers it over TLS, and then sends every request on one connection.
+"""The extender's routes: one table (``TABLE``, method and path to a handler of a ``Call``) that
+both protocols dispatch from (``Routes.dispatch``), HTTP/1.1 through aiohttp (``make_app``) and
+HTTP/2 through ``Routes.respond_http2`` (for ``hamipy.serving.http2``): kube-scheduler's Go client
+chooses HTTP/2 when the decision port offers it over TLS, and then sends every request on one
+connection. A path the table lacks is answered 404, a method it lacks for the path 405.
 
 ``POST /filter``, ``/prioritize``, ``/bind``, ``/preempt`` (extender JSON, Go field names);
 ``GET /healthz``, ``/readyz``, ``/metrics``. A body that is not JSON, nested deeper than
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import urllib.parse
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final
 
 import msgspec
@@ -28,11 +30,11 @@ from hamipy.extender.health import Health
 from hamipy.extender.leadership import FORWARDED_HEADER, REDIRECTED_QUERY, Leadership
 from hamipy.extender.pod_arrivals import PodArrivals
 from hamipy.extender.scheduler import BadRequest, Scheduler
-from hamipy.telemetry.http2 import Http2Answer, Http2Request
+from hamipy.serving.http2 import Http2Answer, Http2Request
+from hamipy.serving.probes import streamed_response
 from hamipy.telemetry.json_bodies import BadJson, ListOf, MapOf, Shape, decode_json, shape_problem
-from hamipy.telemetry.probes import metrics_response
 
-__all__ = ["ROUTES", "UNAVAILABLE_REASON", "Answer", "Call", "Routes", "make_app"]
+__all__ = ["ROUTES", "TABLE", "UNAVAILABLE_REASON", "Answer", "Call", "Routes", "make_app"]
 
 _JSON: Final = "application/json"
 _TEXT: Final = "text/plain; charset=utf-8"
@@ -67,10 +69,11 @@ _BINDING_ARGS: Final[Shape] = {"PodName": str, "PodNamespace": str, "PodUID": st
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Call:
-    """A decision request as the routes see it, from either protocol."""
+    """A request as the routes see it, from either protocol."""
 
-    verb: str
-    """``filter``, ``prioritize``, ``bind`` or ``preempt``."""
+    method: str
+    path: str
+    """Without the query."""
     forwarded: bool
     """Sent on by another replica (``FORWARDED_HEADER`` or ``REDIRECTED_QUERY``): never sent on again."""
     remote: str | None
@@ -78,12 +81,21 @@ class Call:
     """The body; ``BadRequest`` when it is larger than ``max_body_bytes``. Not called for a
     redirect (kube-scheduler sends the body again to the leader)."""
 
+    @property
+    def verb(self) -> str:
+        """A decision route's: ``filter``, ``prioritize``, ``bind`` or ``preempt``."""
+        return self.path.strip("/")
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Answer:
+    """What both protocols send: the body whole, or in chunks written one by one (``/metrics``)."""
+
     status: int
-    body: bytes
-    location: str | None = None
+    body: bytes | Sequence[bytes]
+    content_type: str | None = _JSON
+    headers: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """Lower-case names, as HTTP/2 has them."""
 
 
 class Routes:
@@ -129,33 +141,29 @@ class Routes:
             return self._bad(call, exc)
         return Answer(200, msgspec.json.encode(result))
 
+    async def dispatch(self, call: Call) -> Answer:
+        """The answer of the handler ``TABLE`` gives the call's method (a HEAD's: its GET's) and
+        path."""
+        handler = TABLE.get(("GET" if call.method == "HEAD" else call.method, call.path))
+        if handler is not None:
+            return await handler(self, call)
+        allowed = [method for method, path in TABLE if path == call.path]
+        if allowed:
+            return Answer(405, b"method not allowed", _TEXT, {"allow": ", ".join(allowed)})
+        return Answer(404, b"not found", _TEXT)
+
     async def respond_http2(self, request: Http2Request) -> Http2Answer:
-        """``answer``, or a probe's or the metrics' answer, to a request that came over HTTP/2."""
-        verb = request.path.strip("/")
-        if verb in _VERBS or verb == "bind":
-            if request.method != "POST":
-                return Http2Answer(405, b"", content_type=None, headers={"allow": "POST"})
+        """``dispatch`` for a request that came over HTTP/2."""
 
-            async def read() -> bytes:
-                if request.too_large:
-                    raise BadRequest(self.too_large())
-                return request.body
+        async def read() -> bytes:
+            if request.too_large:
+                raise BadRequest(self.too_large())
+            return request.body
 
-            forwarded = FORWARDED_HEADER.lower() in request.headers
-            forwarded = forwarded or _has_key(request.query, REDIRECTED_QUERY)
-            call = Call(verb=verb, forwarded=forwarded, remote=request.remote, read=read)
-            answer = await self.answer(call)
-            location = {"location": answer.location} if answer.location is not None else {}
-            return Http2Answer(answer.status, answer.body, headers=location)
-        if request.method not in ("GET", "HEAD") or verb not in ("healthz", "readyz", "metrics"):
-            return Http2Answer(404, b"not found", content_type=_TEXT)
-        if verb == "metrics":
-            chunks = await self.scheduler.telemetry.metrics.render_chunks()
-            return Http2Answer(200, b"".join(chunks), content_type=CONTENT_TYPE_LATEST)
-        reason = self.health.not_ready() if verb == "readyz" else None
-        if reason is not None:
-            return Http2Answer(503, reason.encode(), content_type=_TEXT)
-        return Http2Answer(200, b"ok", content_type=_TEXT)
+        query = urllib.parse.parse_qs(request.query, keep_blank_values=True)
+        forwarded = FORWARDED_HEADER.lower() in request.headers or REDIRECTED_QUERY in query
+        answer = await self.dispatch(Call(request.method, request.path, forwarded, request.remote, read))
+        return Http2Answer(answer.status, answer.body, answer.content_type, answer.headers)
 
     def too_large(self) -> str:
         """The reason a body over ``max_body_bytes`` is refused."""
@@ -193,7 +201,9 @@ class Routes:
         if leadership.redirects:
             # The body is never read: kube-scheduler sends it again to the leader.
             redirect = await leadership.redirect(path)
-            return Answer(redirect.status, redirect.body, redirect.location)
+            if redirect.location is None:
+                return Answer(redirect.status, redirect.body)
+            return Answer(redirect.status, b"", None, {"location": redirect.location})
         try:
             body = await call.read()
         except BadRequest as exc:
@@ -221,13 +231,31 @@ def _decoded(body: bytes, shape: Shape) -> Any:
     return args
 
 
-def _has_key(query: str, key: str) -> bool:
-    """Whether ``query`` names ``key`` (with a value or not), as aiohttp's parsed query would."""
-    return any(name == key for name, _ in urllib.parse.parse_qsl(query, keep_blank_values=True))
-
-
 def _error(status: int, error: str) -> Answer:
     return Answer(status, msgspec.json.encode({"Error": error}))
+
+
+async def _healthz(routes: Routes, call: Call) -> Answer:
+    return Answer(200, b"ok", _TEXT)
+
+
+async def _readyz(routes: Routes, call: Call) -> Answer:
+    reason = routes.health.not_ready()
+    return Answer(200, b"ok", _TEXT) if reason is None else Answer(503, reason.encode(), _TEXT)
+
+
+async def _metrics(routes: Routes, call: Call) -> Answer:
+    chunks = await routes.scheduler.telemetry.metrics.render_chunks()
+    return Answer(200, chunks, CONTENT_TYPE_LATEST)
+
+
+TABLE: Final[Mapping[tuple[str, str], Callable[[Routes, Call], Awaitable[Answer]]]] = {
+    **{("POST", f"/{verb}"): Routes.answer for verb in (*_VERBS, "bind")},
+    ("GET", "/healthz"): _healthz,
+    ("GET", "/readyz"): _readyz,
+    ("GET", "/metrics"): _metrics,
+}
+"""Every route of the decision port, by method and path."""
 
 
 # -- HTTP/1.1 (aiohttp) ---------------------------------------------------------------------------
@@ -235,50 +263,27 @@ def _error(status: int, error: str) -> Answer:
 ROUTES: Final = web.AppKey("routes", Routes)
 
 
-def _aiohttp_call(request: web.Request, verb: str) -> Call:
+async def _respond_http1(request: web.Request) -> web.StreamResponse:
+    """``dispatch`` for a request that came over HTTP/1.1."""
+    routes = request.app[ROUTES]
+
     async def read() -> bytes:
         try:
             return await request.read()
         except web.HTTPRequestEntityTooLarge:
-            raise BadRequest(request.app[ROUTES].too_large()) from None
+            raise BadRequest(routes.too_large()) from None
 
-    forwarded = bool(request.headers.get(FORWARDED_HEADER)) or REDIRECTED_QUERY in request.query
-    return Call(verb=verb, forwarded=forwarded, remote=request.remote, read=read)
-
-
-def _route(verb: str) -> Callable[[web.Request], Awaitable[web.Response]]:
-    async def handle(request: web.Request) -> web.Response:
-        answer = await request.app[ROUTES].answer(_aiohttp_call(request, verb))
-        if answer.location is not None:
-            return web.Response(status=answer.status, headers={"Location": answer.location})
-        return web.Response(status=answer.status, body=answer.body, content_type=_JSON)
-
-    return handle
-
-
-async def _healthz(request: web.Request) -> web.Response:
-    return web.Response(text="ok")
-
-
-async def _readyz(request: web.Request) -> web.Response:
-    reason = request.app[ROUTES].health.not_ready()
-    if reason is not None:
-        return web.Response(status=503, text=reason)
-    return web.Response(text="ok")
-
-
-async def _metrics(request: web.Request) -> web.StreamResponse:
-    metrics = request.app[ROUTES].scheduler.telemetry.metrics
-    return await metrics_response(request, await metrics.render_chunks())
+    forwarded = FORWARDED_HEADER in request.headers or REDIRECTED_QUERY in request.query
+    answer = await routes.dispatch(Call(request.method, request.path, forwarded, request.remote, read))
+    headers = dict(answer.headers)
+    if answer.content_type is not None:
+        headers["Content-Type"] = answer.content_type
+    return await streamed_response(request, answer.body, status=answer.status, headers=headers)
 
 
 def make_app(routes: Routes) -> web.Application:
     """The routes served by aiohttp (no background work: ``ExtenderServer`` adds that)."""
     app = web.Application(client_max_size=routes.max_body_bytes)
     app[ROUTES] = routes
-    for verb in (*_VERBS, "bind"):
-        app.router.add_post(f"/{verb}", _route(verb))
-    app.router.add_get("/healthz", _healthz)
-    app.router.add_get("/readyz", _readyz)
-    app.router.add_get("/metrics", _metrics)
+    app.router.add_route("*", "/{path:.*}", _respond_http1)
     return app

@@ -1,18 +1,18 @@
 """The HTTPS (or HTTP) server kube-scheduler calls, and the background work that keeps the model
 current. The routes are in ``hamipy.extender.routes``; over TLS they are served over HTTP/1.1 and,
-when the client offers it (kube-scheduler does), HTTP/2 (``hamipy.telemetry.http2``), which carries
+when the client offers it (kube-scheduler does), HTTP/2 (``hamipy.serving.http2``), which carries
 all of kube-scheduler's requests on one connection instead of a TLS handshake for most of them.
-Any pod can reach this server, so it runs under ``hamipy.telemetry.http_limits`` (header, body and
+Any pod can reach this server, so it runs under ``hamipy.serving.http_limits`` (header, body and
 keep-alive timeouts, a connection cap; per connection at most ``http2.MAX_STREAMS`` HTTP/2 requests).
 
 With ``metrics_port`` the same ``/healthz``, ``/readyz`` and ``/metrics`` are also served over plain
-HTTP on a port of their own (``hamipy.telemetry.probes``), so that the decision port can demand
+HTTP on a port of their own (``hamipy.serving.probes``), so that the decision port can demand
 kube-scheduler's client certificate (``--tls-client-ca-file``) while the kubelet's probes and
 Prometheus need none (docs/security.md).
 
 ``ExtenderServer`` owns one extender: model, scheduler, binder, event recorder, the informers, the
 handshake loop and the requeue nudges (``hamipy.extender.requeue``). The background ones run under
-a ``Supervisor`` (``hamipy.telemetry.supervision``), started in the app's ``cleanup_ctx`` as named
+a ``Supervisor`` (``hamipy.serving.supervision``), started in the app's ``cleanup_ctx`` as named
 tasks and cancelled on shutdown (SIGTERM: readiness fails first, in-flight requests drain). A task that dies
 is logged by name and, from then on, ``/readyz`` answers 503 with the reason and ``/filter``,
 ``/prioritize`` and ``/bind`` answer 503 with ``{"Error": reason}`` instead of a decision: the
@@ -51,11 +51,11 @@ from hamipy.kube.events import DropReason, EventRecorder
 from hamipy.kube.informer import Informer
 from hamipy.kube.leader import LeaderElector, LeaseSettings
 from hamipy.protocol.config import Config
-from hamipy.telemetry.heap import heap_trimmer, trim_heap_forever
-from hamipy.telemetry.http2 import Http2App
-from hamipy.telemetry.http_limits import BoundedServer, HttpLimits, start_bounded_site
-from hamipy.telemetry.probes import ProbeServer, start_probe_server
-from hamipy.telemetry.supervision import Supervisor
+from hamipy.serving.heap import heap_trimmer, trim_heap_forever
+from hamipy.serving.http2 import Http2App
+from hamipy.serving.http_limits import BoundedServer, HttpLimits, start_bounded_site
+from hamipy.serving.probes import start_probe_server
+from hamipy.serving.supervision import Supervisor
 
 __all__ = ["ExtenderServer", "lease_settings"]
 
@@ -110,7 +110,7 @@ class ExtenderServer:
         self.ssl_context = ssl_context
         self.requested_metrics_port = metrics_port
         self.metrics_port: int | None = None
-        self._probes: ProbeServer | None = None
+        self._probes: BoundedServer | None = None
         self.shutdown_timeout_s = shutdown_timeout_s
         self.limits = limits
         self.model = ClusterModel(
@@ -322,7 +322,7 @@ class ExtenderServer:
                 not_ready=self.health.not_ready,
             )
             self.metrics_port = self._probes.port
-            self.telemetry.metrics.connections.add("probes", self._probes.server)
+            self.telemetry.metrics.connections.add("probes", self._probes)
         self.telemetry.logger.info(
             "extender serving",
             host=self.host,

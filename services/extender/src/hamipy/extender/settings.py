@@ -97,7 +97,7 @@ class ExtenderSettings:
     heap_trim_interval_s: float = tuning(
         60.0, "seconds between hand-backs of the C heap's free pages to the kernel (0: off)"
     )
-    """How often the C heap's free pages are handed back to the kernel (``hamipy.telemetry.heap``):
+    """How often the C heap's free pages are handed back to the kernel (``hamipy.serving.heap``):
     without it, RSS creeps up under pod churn while the bytes in use stay flat. 0 disables it."""
     api_timeout_s: float = tuning(10.0, "seconds per Kubernetes API call")
     """Not watches: theirs is ``watch_inactivity_s``."""

@@ -33,9 +33,9 @@ from prometheus_client.registry import Collector
 
 from hamipy.extender.gpu_claims import DUPLICATE_UUID, ZERO_MEMORY
 from hamipy.extender.model import ClusterModel, Source
+from hamipy.serving.http_metrics import HttpConnectionsCollector
 from hamipy.telemetry.exposition import GaugeText, label_text
 from hamipy.telemetry.gc_pauses import GcPauses
-from hamipy.telemetry.http_metrics import HttpConnectionsCollector
 from hamipy.telemetry.service import ServiceTelemetry
 
 __all__ = ["SERVICE_NAME", "Metrics", "QuotaCollector", "Telemetry", "gpu_gauges"]
@@ -342,7 +342,7 @@ class Metrics:
                 )
 
     async def render_chunks(self) -> list[bytes]:
-        """The exposition text in chunks (``hamipy.telemetry.probes.metrics_response`` writes them
+        """The exposition text in chunks (both protocols of the decision port and the probe server write them
         without joining): the registry's metrics, then the GPU gauges of the attached model (on
         the event loop, in steps: ``gpu_gauges``)."""
         gauges = [] if self._model is None else await gpu_gauges(self._model)

@@ -36,8 +36,8 @@ from hamipy.monitor.settings import HookPathOverride, MonitorSettings
 from hamipy.monitor.telemetry import Telemetry
 from hamipy.protocol.config import Config, load_config_file
 from hamipy.protocol.settings import Group, settings_from
+from hamipy.serving.supervision import serve_until_signal
 from hamipy.telemetry import TracingConfigError
-from hamipy.telemetry.supervision import serve_until_signal
 
 __all__ = ["ENV_PREFIX", "SETTINGS", "build_parser", "main", "settings_from_args"]
 

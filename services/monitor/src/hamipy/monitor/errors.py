@@ -11,7 +11,7 @@ service; the pod informer retries them. Library errors (pynvml, ``OSError`` and 
 from a region file) are translated at the boundary in ``host_gpus`` and ``region_files``. None of
 them stops the monitor: each costs one object its metrics, with a log line and a counter. A
 background task that dies is not an exception here: the monitor's supervisor logs it and ends the
-process (``hamipy.telemetry.supervision``).
+process (``hamipy.serving.supervision``).
 """
 
 from __future__ import annotations

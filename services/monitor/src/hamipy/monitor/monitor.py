@@ -1,7 +1,7 @@
 """One running monitor: the pod watch, the scrape, the feedback and housekeeping pass, and the HTTP
 endpoints (``/metrics``, ``/healthz``, ``/readyz``).
 
-The long-lived tasks run under one ``hamipy.telemetry.supervision.Supervisor``, by name:
+The long-lived tasks run under one ``hamipy.serving.supervision.Supervisor``, by name:
 ``monitor:pod-informer`` (this node's pods, ``pod_cache``) and ``monitor:housekeeping``. One that
 dies (a bug: API errors are retried inside the informer) is logged with its name and error, turns
 ``/readyz`` to 503 with that reason, and ends ``Monitor.run``, which returns the reason: the CLI
@@ -41,8 +41,8 @@ from hamipy.monitor.region_files import RegionFiles
 from hamipy.monitor.settings import MonitorSettings
 from hamipy.monitor.telemetry import Telemetry
 from hamipy.monitor.usage import usage_report
-from hamipy.telemetry.probes import start_probe_server
-from hamipy.telemetry.supervision import Supervisor
+from hamipy.serving.probes import start_probe_server
+from hamipy.serving.supervision import Supervisor
 
 __all__ = ["Monitor"]
 

@@ -42,8 +42,8 @@ from hamipy.kube.options import (
 from hamipy.manifests.admission_policy import admission_policies
 from hamipy.protocol.config import Config, checked_hook_path, load_config_file
 from hamipy.protocol.settings import Group, settings_from
+from hamipy.serving.supervision import serve_until_signal
 from hamipy.telemetry import TracingConfigError
-from hamipy.telemetry.supervision import serve_until_signal
 from hamipy.webhook import certs, registration
 from hamipy.webhook.admitting import Admitter
 from hamipy.webhook.certificate_setup import CertificateSetupError, ensure_certificates

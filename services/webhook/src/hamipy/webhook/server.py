@@ -8,7 +8,7 @@ the disk. A half-written rotation (certificate and key that do not match) is log
 once, and tried again when the files change again, while the old pair keeps serving.
 
 The server's own long-lived tasks (the certificate watch) run under a
-``hamipy.telemetry.supervision.Supervisor``: one that dies is logged by name, ``/readyz`` answers
+``hamipy.serving.supervision.Supervisor``: one that dies is logged by name, ``/readyz`` answers
 503 with the failure from then on, and ``supervisor.failed`` tells ``cli`` to end the process with
 status 1, so the pod is restarted instead of serving with a certificate nobody watches.
 
@@ -18,7 +18,7 @@ status 1, so the pod is restarted instead of serving with a certificate nobody w
 Bodies over ``max_body_bytes``, and bodies that are not an AdmissionReview, get HTTP 400 with a
 reason (``admitting.Admitter.bad_request``); the server keeps serving.
 
-Any pod can reach this server, so both ports run under ``hamipy.telemetry.http_limits``: a client
+Any pod can reach this server, so both ports run under ``hamipy.serving.http_limits``: a client
 that is slow to send its request (TLS handshake included) or its body is cut after
 ``limits.header_timeout_s`` / ``body_timeout_s``, an idle one after ``keepalive_timeout_s``, and at
 most ``max_connections`` are held per port, a newcomer closing an idle connection or the longest sender
@@ -40,20 +40,18 @@ from types import TracebackType
 from typing import Final, Self
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST
 
 from hamipy.protocol.settings import tuning, user
-from hamipy.telemetry.http_limits import BoundedServer, HttpLimits, start_bounded_site
-from hamipy.telemetry.supervision import Supervisor
-from hamipy.telemetry.tls import serving_context
+from hamipy.serving.http_limits import BoundedServer, HttpLimits, start_bounded_site
+from hamipy.serving.probes import add_probe_routes
+from hamipy.serving.supervision import Supervisor
+from hamipy.serving.tls import serving_context
 from hamipy.webhook.admitting import Admitter
 from hamipy.webhook.errors import CertificateError
 
 __all__ = [
     "ADMITTER",
     "MAX_BODY",
-    "READY",
-    "SUPERVISOR",
     "CertificateError",
     "CertificateStore",
     "ServerSettings",
@@ -63,8 +61,6 @@ __all__ = [
 ]
 
 ADMITTER: Final = web.AppKey("admitter", Admitter)
-READY: Final = web.AppKey("ready", asyncio.Event)
-SUPERVISOR: Final = web.AppKey("supervisor", Supervisor)
 MAX_BODY: Final = web.AppKey("max_body_bytes", int)
 _JSON: Final = "application/json"
 
@@ -211,24 +207,6 @@ async def _webhook(request: web.Request) -> web.Response:
     return web.Response(status=answer.status, body=answer.body, content_type=_JSON)
 
 
-async def _healthz(request: web.Request) -> web.Response:
-    return web.Response(text="ok")
-
-
-async def _readyz(request: web.Request) -> web.Response:
-    failure = request.app[SUPERVISOR].failure
-    if failure is not None:
-        return web.Response(status=503, text=f"not ready: {failure}")
-    if request.app[READY].is_set():
-        return web.Response(text="ok")
-    return web.Response(status=503, text="not ready")
-
-
-async def _metrics(request: web.Request) -> web.Response:
-    body = request.app[ADMITTER].telemetry.metrics.render()
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-
 def make_app(
     admitter: Admitter,
     *,
@@ -243,6 +221,7 @@ def make_app(
     drained; a supervised task that died fails readiness for good.
     """
     app = web.Application(client_max_size=max_body_bytes)
+    app[ADMITTER] = admitter
     app[MAX_BODY] = max_body_bytes
     app.router.add_post("/webhook", _webhook)
     _add_probes(app, admitter, ready, supervisor)
@@ -261,12 +240,18 @@ def make_probe_app(
 def _add_probes(
     app: web.Application, admitter: Admitter, ready: asyncio.Event | None, supervisor: Supervisor | None
 ) -> None:
-    app[ADMITTER] = admitter
-    app[READY] = ready if ready is not None else asyncio.Event()
-    app[SUPERVISOR] = supervisor if supervisor is not None else Supervisor(admitter.telemetry.logger)
-    app.router.add_get("/healthz", _healthz)
-    app.router.add_get("/readyz", _readyz)
-    app.router.add_get("/metrics", _metrics)
+    ready = ready if ready is not None else asyncio.Event()
+    supervisor = supervisor if supervisor is not None else Supervisor(admitter.telemetry.logger)
+
+    def not_ready() -> str | None:
+        if supervisor.failure is not None:
+            return f"not ready: {supervisor.failure}"
+        return None if ready.is_set() else "not ready"
+
+    async def render() -> bytes:
+        return admitter.telemetry.metrics.render()
+
+    add_probe_routes(app, render=render, not_ready=not_ready)
 
 
 class WebhookServer:

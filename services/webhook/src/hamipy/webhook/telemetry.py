@@ -16,7 +16,7 @@ from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from hamipy.telemetry.http_metrics import HttpConnectionsCollector
+from hamipy.serving.http_metrics import HttpConnectionsCollector
 from hamipy.telemetry.service import ServiceTelemetry
 from hamipy.webhook.errors import BadReviewReason
 

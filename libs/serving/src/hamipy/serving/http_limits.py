@@ -18,37 +18,17 @@ handshake itself (``loop.start_tls``) so that a connection can be cut before its
   and ``IdleTimeout`` split it.
 - Body timeout: from then until the body is complete; a handler still reading it then finds the
   connection cut (answered as 408 to nobody, so aiohttp logs no 500).
-- Connection cap: at most ``max_connections`` connections are held, in TLS handshake or not. At the
-  cap a new connection closes a held one that is not being served: one sending its request (from
-  accept, TLS handshake included, or from the first byte of a further request, until its body is
-  complete: a handler waiting for the body counts as not served) or one idle between requests. The
-  one sending longest goes if the cap's worth of connections have been accepted since it began;
-  else the one idle longest; else, when none is idle, the one sending longest. Evicting keeps
-  memory at the cap while a client that sends its request promptly (the kubelet, the API server)
-  still gets in: a newcomer is the newest sender, so it is cut before the cap's worth of
-  connections have opened after it only if none is idle and every other held connection is being
-  served or began its request after it. Refusing new connections at the cap instead would let a
-  client that keeps reopening them, or trickles its body, starve the probes and the API server.
-  Idle connections go before a sender younger than that, or a client holding all slots but one
-  idle would leave a newcomer the only one the next connection can cut; an older sender goes
-  before them because a client may be writing its next request on an idle one as it is cut, and
-  Go's HTTP client does not retry a POST it has written.
 - Connection lost mid-request (the client left with its body unfinished or its answer unsent): one
   log line naming the peer and the reason (``start_bounded_site(logger=...)``) and a count
   (``ConnectionStats.client_gone``); the handler's read fails as under the body timeout, with no
   traceback. A body the handler left unread, which aiohttp drains after the answer
   (``lingering_time``), ends with the connection.
-- Queue: when every held connection is being served (its whole request in the handler), a new
-  connection waits for a slot, first come first served, up to ``max_queued`` of them; past that it
-  is closed at once. A queued connection is not read and has no TLS state yet (a socket and about
-  1 KiB), and it waits at most the header timeout. While connections queue, a held one is closed once
-  its answer is sent (``Connection: close``), so each finished request hands its slot on. This is
-  for kube-scheduler over HTTP/1.1: it sends each bind on a connection of its own and holds it until
-  the extender's Binding is written, so a burst of binds behind a slow API server fills the cap, and
-  closing its next connection would fail a pod's filter or bind. The listen backlog cannot be used
-  instead: asyncio only accepts or closes the listening socket.
+- Connection cap and queue (``hamipy.serving.connection_cap`` says who is evicted and who waits):
+  a queued connection is not read and has no TLS state yet (a socket and about 1 KiB), and it waits
+  at most the header timeout. While connections queue, a held one is closed once its answer is
+  sent (``Connection: close``), so each finished request hands its slot on.
 - HTTP/2 (``start_bounded_site(http2=...)``, TLS only): a connection whose handshake chose ``h2``
-  is handed to a ``hamipy.telemetry.http2.Http2Session`` instead of aiohttp, and held to the same
+  is handed to a ``hamipy.serving.http2.Http2Session`` instead of aiohttp, and held to the same
   limits per stream (that module's docstring says how). One with a stream open is being served
   (not evicted) even while that stream's body is still coming: the body timeout bounds it.
 """
@@ -58,16 +38,17 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import ssl
-from typing import Final, Literal, cast
+from typing import Final, cast
 
 import structlog
 from aiohttp import StreamReader, web
 from aiohttp.typedefs import Handler
 
 from hamipy.protocol.settings import tuning
-from hamipy.telemetry.http2 import Http2App, Http2Session
+from hamipy.serving.connection_cap import ConnectionCap, ConnectionStats
+from hamipy.serving.http2 import Http2App, Http2Session
 
-__all__ = ["BoundedServer", "BoundedSite", "ConnectionStats", "HttpLimits", "start_bounded_site"]
+__all__ = ["BoundedServer", "BoundedSite", "HttpLimits", "start_bounded_site"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -114,39 +95,8 @@ class HttpLimits:
             raise ValueError(f"max_queued must be >= 0 (got {self.max_queued})")
 
 
-@dataclasses.dataclass(slots=True)
-class ConnectionStats:
-    """What the limits did since the server started (tests read it; ``held`` is current)."""
-
-    accepted: int = 0
-    """Given a slot, at once or from the queue."""
-    http2: int = 0
-    """Of ``accepted``, those that negotiated HTTP/2 (``start_bounded_site(http2=...)``)."""
-    held: int = 0
-    waiting: int = 0
-    """Of ``held``, those the cap may evict: idle, or still sending their request (TLS handshake,
-    head or body)."""
-    queued: int = 0
-    """Waiting for a slot now (not held)."""
-    queued_total: int = 0
-    """Ever queued (most are then served)."""
-    refused: int = 0
-    """Closed at accept: at the cap with every held connection serving a request and the queue full."""
-    queue_timeouts: int = 0
-    """Closed while queued, after the header timeout."""
-    evicted: int = 0
-    """Closed to make room at the cap (an idle connection, or the longest sender)."""
-    header_timeouts: int = 0
-    body_timeouts: int = 0
-    idle_timeouts: int = 0
-    """Closed after ``keepalive_timeout_s`` without a further request (or with the answer unread)."""
-    client_gone: int = 0
-    """Closed by the client (or its network) while its request was in flight: its body unfinished,
-    or its answer not yet sent."""
-
-
 class _Guard:
-    """One server's connections: the cap, the eviction order, and the middleware that tells each
+    """One server's connections: their cap (``connection_cap``), and the middleware that tells each
     connection when its request reached the application and when the application was done."""
 
     def __init__(
@@ -167,14 +117,9 @@ class _Guard:
         self.server: web.Server | None = None
         self.stopping = False
         """Set once the server stops: the connections it closes then did not lose their clients."""
-        self.held: set[_Connection] = set()
-        self.sending: dict[_Connection, int] = {}
-        """Held connections whose request has not fully arrived, longest sending first (insertion
-        order), each with ``stats.accepted`` as it began: how many connections came after it."""
-        self.idle: dict[_Connection, None] = {}
-        """Held connections kept alive between requests, longest idle first."""
-        self.queue: dict[_Connection, None] = {}
-        """Connections waiting for a slot, first come first (insertion order)."""
+        self.cap: ConnectionCap[_Connection] = ConnectionCap(
+            limits.max_connections, limits.max_queued, self.stats
+        )
         self.by_handler: dict[web.RequestHandler, _Connection] = {}
         self.handshakes: set[asyncio.Task[None]] = set()
 
@@ -197,93 +142,24 @@ class _Guard:
                 raise web.HTTPRequestTimeout() from None
             finally:
                 conn.request_done()
-            if self.queue:
+            if self.cap.queue:
                 response.force_close()  # others wait for a slot: hand this one on once answered
             return response
 
         self.middleware: Final = track_requests
-
-    def admit(self, conn: _Connection) -> Literal["held", "queued", "refused"]:
-        """A new connection: held (at the cap, in place of ``_victim``), queued behind those
-        already queued, or refused when the queue is full."""
-        if len(self.held) >= self.limits.max_connections:
-            victim = self._victim()
-            if victim is not None and not self.queue:
-                self.stats.evicted += 1
-                victim.cut()
-            elif len(self.queue) < self.limits.max_queued:
-                self.queue[conn] = None
-                self.stats.queued_total += 1
-                self._count()
-                return "queued"
-            else:
-                self.stats.refused += 1
-                return "refused"
-        self._hold(conn)
-        return "held"
-
-    def _victim(self) -> _Connection | None:
-        """Who makes room at the cap (the module docstring says why): the longest sender once the
-        cap's worth of connections have been accepted after it began, else the longest idle one,
-        else the longest sender."""
-        sender, began = next(iter(self.sending.items()), (None, 0))
-        if sender is not None and self.stats.accepted - began >= self.limits.max_connections:
-            return sender
-        return next(iter(self.idle), None) or sender
-
-    def _hold(self, conn: _Connection) -> None:
-        self.held.add(conn)
-        self.stats.accepted += 1
-        self._count()
-
-    def send(self, conn: _Connection) -> None:
-        """``conn`` starts sending a request (from accept, or its next request's first byte)."""
-        self.idle.pop(conn, None)
-        self.sending[conn] = self.stats.accepted
-        self._count()
-
-    def rest(self, conn: _Connection) -> None:
-        """``conn`` was answered and is kept alive."""
-        self.sending.pop(conn, None)
-        self.idle[conn] = None
-        self._count()
-
-    def busy(self, conn: _Connection) -> None:
-        """``conn``'s request is whole and in the handler (or an HTTP/2 stream is open)."""
-        self.sending.pop(conn, None)
-        self.idle.pop(conn, None)
-        self._count()
-
-    def release(self, conn: _Connection) -> None:
-        """``conn`` is gone (or was never held): its slot goes to the longest queued connection."""
-        self.queue.pop(conn, None)
-        self.held.discard(conn)
-        self.sending.pop(conn, None)
-        self.idle.pop(conn, None)
-        while self.queue and len(self.held) < self.limits.max_connections:
-            first = next(iter(self.queue))
-            del self.queue[first]
-            self._hold(first)
-            first.admitted()
-        self._count()
-
-    def _count(self) -> None:
-        self.stats.held = len(self.held)
-        self.stats.waiting = len(self.sending) + len(self.idle)
-        self.stats.queued = len(self.queue)
 
     async def stop(self) -> None:
         """Cut what aiohttp does not know yet: queued connections, and those still in their TLS
         handshake (the queue first, so that no slot freed here is handed on); drain the HTTP/2
         ones (aiohttp drains its own after this)."""
         self.stopping = True
-        for conn in list(self.queue):
+        for conn in list(self.cap.queue):
             conn.cut()
-        for conn in [c for c in self.held if not c.serving]:
+        for conn in [c for c in self.cap.held if not c.serving]:
             conn.cut()
         if self.handshakes:
             await asyncio.wait(list(self.handshakes))
-        sessions = [c.http2 for c in self.held if c.http2 is not None]
+        sessions = [c.http2 for c in self.cap.held if c.http2 is not None]
         if sessions:
             await asyncio.gather(*(s.shutdown(self.shutdown_timeout_s) for s in sessions))
 
@@ -329,7 +205,7 @@ class _Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         raw = cast(asyncio.Transport, transport)
         self._raw = raw
-        verdict = self._guard.admit(self)
+        verdict = self._guard.cap.admit(self)
         if verdict == "refused":
             self._closed = True
             raw.abort()
@@ -447,10 +323,10 @@ class _Connection(asyncio.Protocol):
         self._cancel_timer()
         body = request.content
         if self._closed or body.is_eof():
-            self._guard.busy(self)
+            self._guard.cap.busy(self)
             return
         if pipelined:
-            self._guard.send(self)
+            self._guard.cap.send(self)
         self._body = body
         self._timer = self._loop.call_later(self._guard.limits.body_timeout_s, self._body_late)
         body.on_eof(self._body_arrived)
@@ -459,7 +335,7 @@ class _Connection(asyncio.Protocol):
         if self._body is not None and not self._closed:
             self._body = None
             self._cancel_timer()
-            self._guard.busy(self)
+            self._guard.cap.busy(self)
 
     def request_done(self) -> None:
         """The handler returned: idle until the next request's first byte, for at most the
@@ -473,7 +349,7 @@ class _Connection(asyncio.Protocol):
         if not self._closed:
             self._idle = True
             self._timer = self._loop.call_later(self._guard.limits.keepalive_timeout_s, self._idle_late)
-            self._guard.rest(self)
+            self._guard.cap.rest(self)
 
     # -- an HTTP/2 session's streams (``http2.Slot``) ----------------------------------------------
 
@@ -482,7 +358,7 @@ class _Connection(asyncio.Protocol):
         self._idle = False
         self._in_flight = True
         self._cancel_timer()
-        self._guard.busy(self)
+        self._guard.cap.busy(self)
 
     def idle(self) -> None:
         """Its last stream was answered: kept alive for the keep-alive time."""
@@ -527,7 +403,7 @@ class _Connection(asyncio.Protocol):
         self._idle = False
         self._cancel_timer()
         self._timer = self._loop.call_later(self._guard.limits.header_timeout_s, self._headers_late)
-        self._guard.send(self)
+        self._guard.cap.send(self)
 
     def _client_gone(self, exc: Exception | None) -> None:
         """The peer closed (or reset) the connection with a request in flight: counted, and one
@@ -589,7 +465,7 @@ class _Connection(asyncio.Protocol):
         self._cancel_timer()
         self._body = None
         self._request = None
-        self._guard.release(self)
+        self._guard.cap.release(self)
         handshake = self._handshake
         if handshake is not None and handshake is not asyncio.current_task():
             handshake.cancel()  # start_tls then closes the socket and frees its TLS state
@@ -681,7 +557,7 @@ async def start_bounded_site(
     counted either way).
 
     With ``http2`` (and ``ssl_context``) a client may choose HTTP/2 in the handshake (ALPN, set on
-    ``ssl_context`` here); its requests are then answered by ``http2`` (``hamipy.telemetry.http2``)
+    ``ssl_context`` here); its requests are then answered by ``http2`` (``hamipy.serving.http2``)
     instead of ``app``, under the same limits."""
     if http2 is not None:
         if ssl_context is None:

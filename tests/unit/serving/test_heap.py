@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hamipy.telemetry.heap import heap_trimmer, trim_heap_forever
+from hamipy.serving.heap import heap_trimmer, trim_heap_forever
 
 
 def rss_mib() -> float:

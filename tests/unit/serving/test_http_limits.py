@@ -26,8 +26,8 @@ import pytest
 from aiohttp import web
 
 from hamipy.kube.certs import KeyPair, issue_cert, make_ca
+from hamipy.serving.http_limits import BoundedServer, HttpLimits, start_bounded_site
 from hamipy.telemetry import make_logger
-from hamipy.telemetry.http_limits import BoundedServer, HttpLimits, start_bounded_site
 
 SHORT = HttpLimits(header_timeout_s=0.5, body_timeout_s=0.5, keepalive_timeout_s=0.5, max_connections=8)
 TRICKLE_S = 0.2

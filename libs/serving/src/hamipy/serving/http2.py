@@ -16,7 +16,7 @@ once would make one step of several requests, and filters on other connections w
 it; a slice a turn keeps a step to about one request
 (docs/benchmarks.md#http2-against-http11-on-the-decision-port).
 
-The limits of ``hamipy.telemetry.http_limits`` carry over: the connection is busy while a stream is
+The limits of ``hamipy.serving.http_limits`` carry over: the connection is busy while a stream is
 open and idle (kept alive for ``keepalive_timeout_s``, then closed with GOAWAY) when none is; a
 stream's body must arrive within ``body_timeout_s`` of its headers, and an answer the peer does not
 take (flow control, or a socket it does not read) within ``body_timeout_s``, or the connection is
@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Final, Protocol
 
 import h2.config
@@ -58,7 +58,7 @@ _INBOX_MAX: Final = 256 * 1024
 """Received but not yet framed past this, the socket is not read until it is (asyncio reads 256 KiB
 at a time)."""
 
-_log = structlog.get_logger("hamipy.telemetry.http2")
+_log = structlog.get_logger("hamipy.serving.http2")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -78,7 +78,8 @@ class Http2Request:
 @dataclasses.dataclass(frozen=True, slots=True)
 class Http2Answer:
     status: int
-    body: bytes = b""
+    body: bytes | Sequence[bytes] = b""
+    """Whole, or in chunks sent one after another."""
     content_type: str | None = "application/json"
     headers: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
@@ -348,25 +349,29 @@ class Http2Session:
     async def _send(self, sid: int, answer: Http2Answer, *, head: bool) -> None:
         """Send ``answer`` on stream ``sid``; to a HEAD request, its headers alone (RFC 9110 9.3.2:
         the length is the body's a GET would get)."""
-        headers = [(":status", str(answer.status)), ("content-length", str(len(answer.body)))]
+        chunks = (answer.body,) if isinstance(answer.body, bytes) else answer.body
+        length = sum(len(chunk) for chunk in chunks)
+        headers = [(":status", str(answer.status)), ("content-length", str(length))]
         if answer.content_type is not None:
             headers.append(("content-type", answer.content_type))
         headers.extend((name.lower(), value) for name, value in answer.headers.items())
-        body = b"" if head else answer.body
+        left = 0 if head else length
         try:
-            self._h2.send_headers(sid, headers, end_stream=not body)
+            self._h2.send_headers(sid, headers, end_stream=not left)
             self._flush()
-            view = memoryview(body)
-            while view:
-                window = self._h2.local_flow_control_window(sid)
-                size = min(len(view), window, self._h2.max_outbound_frame_size)
-                if size <= 0 or not self._writable:
-                    if not await self._wait_window():
-                        return
-                    continue
-                self._h2.send_data(sid, view[:size].tobytes(), end_stream=size == len(view))
-                self._flush()
-                view = view[size:]
+            for chunk in chunks if left else ():
+                view = memoryview(chunk)
+                while view:
+                    window = self._h2.local_flow_control_window(sid)
+                    size = min(len(view), window, self._h2.max_outbound_frame_size)
+                    if size <= 0 or not self._writable:
+                        if not await self._wait_window():
+                            return
+                        continue
+                    left -= size
+                    self._h2.send_data(sid, view[:size].tobytes(), end_stream=not left)
+                    self._flush()
+                    view = view[size:]
         except h2.exceptions.H2Error:  # the stream was reset or the connection closed meanwhile
             return
 

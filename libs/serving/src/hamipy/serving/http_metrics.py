@@ -9,7 +9,8 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from hamipy.telemetry.http_limits import BoundedServer, ConnectionStats
+from hamipy.serving.connection_cap import ConnectionStats
+from hamipy.serving.http_limits import BoundedServer
 
 __all__ = ["CLOSE_REASONS", "HttpConnectionsCollector"]
 

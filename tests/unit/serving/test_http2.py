@@ -1,4 +1,4 @@
-"""HTTP/2 on a bounded server (``hamipy.telemetry.http2``), against a real server on 127.0.0.1 over
+"""HTTP/2 on a bounded server (``hamipy.serving.http2``), against a real server on 127.0.0.1 over
 mutual TLS and a raw ``h2`` client: requests multiplex on one connection, HTTP/1.1 clients are still
 served, and the limits hold for a client that misbehaves (slow bodies, answers it does not take,
 streams reset to open more, garbage, idling)."""
@@ -19,9 +19,9 @@ from extender_processes import LoopbackPki
 from http2_client import H2Client
 
 from hamipy.devcluster import wait_for
-from hamipy.telemetry.http2 import MAX_STREAMS, Http2Answer, Http2App, Http2Request
-from hamipy.telemetry.http_limits import BoundedServer, HttpLimits, start_bounded_site
-from hamipy.telemetry.tls import serving_context
+from hamipy.serving.http2 import MAX_STREAMS, Http2Answer, Http2App, Http2Request
+from hamipy.serving.http_limits import BoundedServer, HttpLimits, start_bounded_site
+from hamipy.serving.tls import serving_context
 
 SHORT = HttpLimits(header_timeout_s=5, body_timeout_s=0.5, keepalive_timeout_s=0.5, max_connections=8)
 MAX_BODY = 1000

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from hamipy.kube.certs import issue_cert, make_ca
-from hamipy.telemetry.tls import serving_context
+from hamipy.serving.tls import serving_context
 
 DAY = datetime.timedelta(days=1)
 HOST = "server.example"

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
+from hamipy.serving.supervision import Supervisor
 from hamipy.telemetry import make_logger
-from hamipy.telemetry.supervision import Supervisor
 
 
 async def test_a_task_that_raises_is_logged_by_name_and_fails_the_service() -> None:

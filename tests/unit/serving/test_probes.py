@@ -7,8 +7,8 @@ import asyncio
 import aiohttp
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from hamipy.telemetry.http_limits import HttpLimits
-from hamipy.telemetry.probes import start_probe_server
+from hamipy.serving.http_limits import HttpLimits
+from hamipy.serving.probes import start_probe_server
 
 
 async def test_metrics_health_and_readiness_with_its_reason() -> None:
