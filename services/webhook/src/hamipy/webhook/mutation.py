@@ -86,7 +86,6 @@ Reason = Literal[
     "reserved_env",
     "reserved_mount",
     "reserved_annotation",
-    "malformed_pod",  # refused before ``decide``: see ``admitting.POD_SHAPE``
 ]
 _CONTAINER_KINDS: Final = ("initContainers", "containers")
 _EPHEMERAL: Final = "ephemeralContainers"
