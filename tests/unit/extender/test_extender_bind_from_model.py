@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from builders import REPORT, allocation, container, gpu, gpu_node, gpu_pod
-from extender_fakes import BIND_SETTINGS, BindRig, bind_rig
+from extender_fakes import BIND_SETTINGS, BindRig, bind_rig, filter_args
 
 from hamipy.extender.errors import BindRefused
 from hamipy.extender.invariant import check_cluster
@@ -48,7 +48,7 @@ def path_count(r: BindRig, path: str) -> float:
 async def test_a_watched_pod_is_bound_with_one_binding_and_nothing_else() -> None:
     r = rig()
     r.add_watched_pod(gpu_pod("p"))
-    r.scheduler.filter({"Pod": gpu_pod("p"), "NodeNames": ["n"]})
+    r.scheduler.filter(filter_args(gpu_pod("p"), ["n"]))
     await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
     # No hami.io/vgpu-node label patch: only HAMi's components read it, and they do not serve n.
     assert requests(r) == [("POST", "/api/v1/namespaces/ns/pods/p/binding")]
@@ -216,7 +216,7 @@ def reported_freed(r: BindRig) -> list[str | None]:
 async def test_a_bind_onto_its_reserved_gpus_reports_nothing_freed() -> None:
     r = rig()
     r.add_watched_pod(gpu_pod("p"))
-    r.scheduler.filter({"Pod": gpu_pod("p"), "NodeNames": ["n"]})
+    r.scheduler.filter(filter_args(gpu_pod("p"), ["n"]))
     freed = reported_freed(r)
     await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
     assert r.kube.pod("ns", "p")["spec"]["nodeName"] == "n"
@@ -228,7 +228,7 @@ async def test_a_bind_elsewhere_than_its_reservation_reports_the_reserved_node_f
         gpu_node("n", [gpu("A", 0, count=2)], ours=True), gpu_node("m", [gpu("B", 0, count=2)], ours=True)
     )
     r.add_watched_pod(gpu_pod("p"))
-    reserved = r.scheduler.filter({"Pod": gpu_pod("p"), "NodeNames": ["n"]})["NodeNames"]
+    reserved = r.scheduler.filter(filter_args(gpu_pod("p"), ["n"]))["NodeNames"]
     assert reserved == ["n"]
     freed = reported_freed(r)
     await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="m")
@@ -239,7 +239,7 @@ async def test_a_bind_elsewhere_than_its_reservation_reports_the_reserved_node_f
 async def test_a_refused_bind_reports_its_reservation_freed() -> None:
     r = rig()
     r.add_watched_pod(gpu_pod("p"))
-    r.scheduler.filter({"Pod": gpu_pod("p"), "NodeNames": ["n"]})
+    r.scheduler.filter(filter_args(gpu_pod("p"), ["n"]))
     # Meanwhile another pod took both slots of n's only GPU: p no longer fits.
     both = [[ContainerDevice("A", keys.DEVICE_VENDOR_NVIDIA, 100, 0)] for _ in range(2)]
     x = gpu_pod(
@@ -261,10 +261,10 @@ async def test_a_refused_bind_reports_its_reservation_freed() -> None:
 def test_a_pod_filtered_again_onto_its_reserved_gpus_reports_nothing_freed() -> None:
     r = rig()
     r.add_watched_pod(gpu_pod("p"))
-    assert r.scheduler.filter({"Pod": gpu_pod("p"), "NodeNames": ["n"]})["NodeNames"] == ["n"]
+    assert r.scheduler.filter(filter_args(gpu_pod("p"), ["n"]))["NodeNames"] == ["n"]
     before = r.model.contributions[PodUid("uid-ns-p")]
     freed = reported_freed(r)
-    assert r.scheduler.filter({"Pod": gpu_pod("p"), "NodeNames": ["n"]})["NodeNames"] == ["n"]
+    assert r.scheduler.filter(filter_args(gpu_pod("p"), ["n"]))["NodeNames"] == ["n"]
     again = r.model.contributions[PodUid("uid-ns-p")]
     assert (again.source, again.node, again.devices) == ("reserved", "n", before.devices)
     assert freed == []
@@ -275,10 +275,10 @@ def test_a_pod_filtered_again_elsewhere_or_nowhere_reports_its_old_node_freed() 
         gpu_node("n", [gpu("A", 0, count=2)], ours=True), gpu_node("m", [gpu("B", 0, count=2)], ours=True)
     )
     r.add_watched_pod(gpu_pod("p"))
-    assert r.scheduler.filter({"Pod": gpu_pod("p"), "NodeNames": ["n"]})["NodeNames"] == ["n"]
+    assert r.scheduler.filter(filter_args(gpu_pod("p"), ["n"]))["NodeNames"] == ["n"]
     freed = reported_freed(r)
-    assert r.scheduler.filter({"Pod": gpu_pod("p"), "NodeNames": ["m"]})["NodeNames"] == ["m"]
+    assert r.scheduler.filter(filter_args(gpu_pod("p"), ["m"]))["NodeNames"] == ["m"]
     assert freed == ["n"]
-    assert r.scheduler.filter({"Pod": gpu_pod("p"), "NodeNames": ["gone"]})["NodeNames"] == []
+    assert r.scheduler.filter(filter_args(gpu_pod("p"), ["gone"]))["NodeNames"] == []
     assert PodUid("uid-ns-p") not in r.model.contributions
     assert freed == ["n", "m"]

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from builders import container, gpu, gpu_node, gpu_pod
-from extender_fakes import BIND_SETTINGS, BindRig, bind_args, bind_rig, shared_rig
+from extender_fakes import BIND_SETTINGS, BindRig, bind_args, bind_rig, filter_args, shared_rig
 
 from hamipy.devcluster.waiting import wait_for
 from hamipy.extender.errors import BindRefused, LockTimeout
@@ -30,7 +30,7 @@ async def test_a_bind_on_hamis_node_writes_the_label_and_leaves_the_lock_for_its
     r = bind_rig()
     p = gpu_pod("p", container(gpu=1, gpumem=1000, gpucores=20))
     r.kube.add(p)
-    result = r.scheduler.filter({"Pod": p, "NodeNames": ["n"]})
+    result = r.scheduler.filter(filter_args(p, ["n"]))
     assert result["NodeNames"] == ["n"]
     assert (await r.scheduler.bind(bind_args(p)))["Error"] == ""
     stored = r.kube.pod("ns", "p")
@@ -71,7 +71,7 @@ async def test_bind_rechecks_fresh_state_and_replans() -> None:
     p = gpu_pod("p")
     r.kube.add(p)
     r.model.apply_pod("ADDED", p)  # the watch delivered it: the filter reserves for it
-    r.scheduler.filter({"Pod": p, "NodeNames": ["n"]})
+    r.scheduler.filter(filter_args(p, ["n"]))
     chosen = r.model.contributions[PodUid("uid-ns-p")].devices[0][0].uuid
     other = "B" if chosen == "A" else "A"
     # Another replica bound a pod onto the chosen GPU meanwhile: this model has not seen it.
@@ -92,7 +92,7 @@ async def test_bind_refused_when_nothing_fits_any_more_and_cleans_up() -> None:
     r = bind_rig(SETTINGS, gpu_node("n", [gpu("A", 0, count=1)]))
     p = gpu_pod("p")
     r.kube.add(p)
-    r.scheduler.filter({"Pod": p, "NodeNames": ["n"]})
+    r.scheduler.filter(filter_args(p, ["n"]))
     r.kube.add(
         gpu_pod("q", node_name="n", annotations={keys.DEVICES_ALLOCATED: "A,NVIDIA,1,0:;"}, phase="Running")
     )

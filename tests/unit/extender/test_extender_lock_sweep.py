@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from builders import REPORT, gpu, gpu_node, gpu_pod
-from extender_fakes import BIND_SETTINGS, BindRig, bind_args, bind_rig, shared_rig
+from extender_fakes import BIND_SETTINGS, BindRig, bind_args, bind_rig, filter_args, shared_rig
 
 from hamipy.extender.settings import ExtenderSettings
 from hamipy.kube.errors import KubeError
@@ -203,10 +203,10 @@ def two_nodes_one_stuck() -> BindRig:
 async def test_the_filter_passes_over_a_node_whose_lock_is_stuck() -> None:
     r = two_nodes_one_stuck()
     r.add_watched_pod(gpu_pod("p"))
-    result = r.scheduler.filter({"Pod": r.kube.pod("ns", "p"), "NodeNames": ["n", "m"]})
+    result = r.scheduler.filter(filter_args(r.kube.pod("ns", "p"), ["n", "m"]))
     assert result["NodeNames"] == ["m"]
     # With m gone too, the reason names the lock.
-    result = r.scheduler.filter({"Pod": r.kube.pod("ns", "p"), "NodeNames": ["n"]})
+    result = r.scheduler.filter(filter_args(r.kube.pod("ns", "p"), ["n"]))
     assert result["NodeNames"] == []
     assert "NodeLockHeld: node lock held by ns/holder since" in result["FailedNodes"]["n"]
 
@@ -215,7 +215,7 @@ async def test_the_lock_owner_itself_may_still_be_placed_on_its_node() -> None:
     r = two_nodes_one_stuck()
     holder = r.kube.pod("ns", "holder")
     r.model.apply_pod("ADDED", holder)
-    result = r.scheduler.filter({"Pod": holder, "NodeNames": ["n"]})
+    result = r.scheduler.filter(filter_args(holder, ["n"]))
     assert result["NodeNames"] == ["n"]
 
 
@@ -225,7 +225,7 @@ async def test_a_young_lock_does_not_keep_the_filter_away() -> None:
     r.locked_by("ns", "holder", datetime.now(UTC))
     r.model.apply_node("MODIFIED", r.kube.node("n"))
     r.add_watched_pod(gpu_pod("p"))
-    result = r.scheduler.filter({"Pod": r.kube.pod("ns", "p"), "NodeNames": ["n"]})
+    result = r.scheduler.filter(filter_args(r.kube.pod("ns", "p"), ["n"]))
     assert result["NodeNames"] == ["n"]
 
 

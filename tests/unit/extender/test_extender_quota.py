@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from builders import container, gpu, gpu_node, gpu_pod
-from extender_fakes import BIND_SETTINGS, BindRig, bind_rig
+from extender_fakes import BIND_SETTINGS, BindRig, bind_rig, filter_args
 
 from hamipy.extender.errors import BindRefused
 from hamipy.extender.model import ClusterModel, PodUid
@@ -35,7 +35,7 @@ def rig(*quotas: dict[str, Any], mem: int = 32768, gpus: int = 2) -> BindRig:
 
 def filter_(r: BindRig, p: dict[str, Any]) -> dict[str, Any]:
     r.add_watched_pod(p)
-    return r.scheduler.filter({"Pod": p, "NodeNames": ["n"]})
+    return r.scheduler.filter(filter_args(p, ["n"]))
 
 
 # ---- reading quotas
@@ -123,7 +123,7 @@ def test_a_freed_quota_admits_the_waiting_pod() -> None:
     filter_(r, gpu_pod("b", container(gpu=1, gpumem=8192)))
     assert filter_(r, gpu_pod("c", container(gpu=1, gpumem=8192)))["NodeNames"] == []
     r.model.release(PodUid("uid-ns-a"))
-    assert r.scheduler.filter({"Pod": gpu_pod("c", container(gpu=1, gpumem=8192)), "NodeNames": ["n"]})[
+    assert r.scheduler.filter(filter_args(gpu_pod("c", container(gpu=1, gpumem=8192)), ["n"]))[
         "NodeNames"
     ] == ["n"]
 
@@ -139,7 +139,7 @@ def test_a_percentage_pod_goes_where_its_charge_fits() -> None:
     r.model.quotas.replace([quota("q", mem="10000")])
     p = gpu_pod("p", container(gpu=1, gpumem_percentage=50))
     r.add_watched_pod(p)
-    answer = r.scheduler.filter({"Pod": p, "NodeNames": ["big", "small"]})
+    answer = r.scheduler.filter(filter_args(p, ["big", "small"]))
     assert answer["NodeNames"] == ["small"]
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from builders import allocation, container, gpu, gpu_node, gpu_pod
-from extender_fakes import BIND_SETTINGS, BindRig, bind_rig, shared_rig
+from extender_fakes import BIND_SETTINGS, BindRig, bind_rig, filter_args, shared_rig
 
 from hamipy.extender.errors import BindRefused, LockTimeout
 from hamipy.extender.invariant import check_cluster
@@ -45,7 +45,7 @@ def held_on(r: BindRig) -> tuple[str, str, list[str]]:
 def filter_chooses(r: BindRig, name: str) -> str:
     """The node a filter of the watched, exclusive pod ``name`` chooses among ``n`` and ``m``."""
     r.add_watched_pod(exclusive(name))
-    result = r.scheduler.filter({"Pod": exclusive(name), "NodeNames": ["n", "m"]})
+    result = r.scheduler.filter(filter_args(exclusive(name), ["n", "m"]))
     (chosen,) = result["NodeNames"]
     return str(chosen)
 
@@ -255,7 +255,7 @@ async def test_the_pods_next_filter_leaves_a_binding_in_doubt_counted() -> None:
     lose_binding_answers(r, written=True)
     with pytest.raises(KubeError, match="TimeoutError"):
         await r.binder.bind(namespace="ns", name="p", uid=P, node="n")
-    assert r.scheduler.filter({"Pod": exclusive("p"), "NodeNames": ["n", "m"]})["NodeNames"] == ["m"]
+    assert r.scheduler.filter(filter_args(exclusive("p"), ["n", "m"]))["NodeNames"] == ["m"]
     assert held_on(r) == ("reserved", "n", ["A"]), "the filter replaced the hold in doubt"
     assert filter_chooses(r, "q") == "m", "p's GPU on n was offered to q"
     with pytest.raises(BindRefused, match="no longer fits node n"):
@@ -300,7 +300,7 @@ async def test_a_pod_whose_binding_is_in_doubt_preempts_nothing() -> None:
     lose_binding_answers(r, written=True)
     with pytest.raises(KubeError, match="TimeoutError"):
         await r.binder.bind(namespace="ns", name="p", uid=P, node="n")
-    assert r.scheduler.filter({"Pod": important, "NodeNames": ["n", "m"]})["NodeNames"] == []
+    assert r.scheduler.filter(filter_args(important, ["n", "m"]))["NodeNames"] == []
     assert r.evictor is not None
     await r.evictor.idle()
     assert [call for call in r.kube.calls if call[0] == "DELETE"] == []
