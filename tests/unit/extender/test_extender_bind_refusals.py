@@ -72,9 +72,7 @@ async def test_a_bind_without_a_pod_uid_is_refused() -> None:
     r = bind_rig()
     p = victim()
     r.kube.add(p)
-    args = bind_args(p)
-    del args["PodUID"]
-    error = await refused(r, args)
+    error = await refused(r, msgspec.structs.replace(bind_args(p), pod_uid=PodUid("")))
     assert error == "pod tenant/victim cannot be bound without its PodUID"
 
 

@@ -162,10 +162,14 @@ async def test_malformed_arguments_get_400_with_the_reason(
     ("args", "says"),
     [
         pytest.param(
-            {"PodName": ["p"], "PodNamespace": "ns", "Node": "a"}, "Expected `str`, got `array` - at `$.PodName`", id="name"
+            {"PodName": ["p"], "PodNamespace": "ns", "Node": "a"},
+            "Expected `str`, got `array` - at `$.PodName`",
+            id="name",
         ),
         pytest.param(
-            {"PodName": "p", "PodNamespace": "ns", "Node": {"n": 1}}, "Expected `str`, got `object` - at `$.Node`", id="node"
+            {"PodName": "p", "PodNamespace": "ns", "Node": {"n": 1}},
+            "Expected `str`, got `object` - at `$.Node`",
+            id="node",
         ),
         pytest.param(
             {"PodName": "p", "PodNamespace": "ns", "Node": "a", "PodUID": 5},
