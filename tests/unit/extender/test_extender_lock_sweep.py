@@ -15,6 +15,7 @@ from extender_fakes import BIND_SETTINGS, BindRig, bind_args, bind_rig, filter_a
 from hamipy.extender.settings import ExtenderSettings
 from hamipy.kube.errors import KubeError
 from hamipy.protocol import keys
+from hamipy.protocol.identifiers import NodeName, PodUid
 
 NODE_PATH = "/api/v1/nodes/n"
 
@@ -54,7 +55,7 @@ async def test_a_release_the_api_failed_is_retried_until_it_lands() -> None:
     r = shared_rig()
     r.kube.add(gpu_pod("p"))
     state = api_down_for_releases(r)
-    await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+    await r.binder.bind(namespace="ns", name="p", uid=PodUid("uid-ns-p"), node=NodeName("n"))
     assert r.kube.pod("ns", "p")["spec"]["nodeName"] == "n", "the bind itself landed"
     assert r.lock() is not None, "its release did not"
     assert r.binder.sweeper.owed == {"n": ("ns", "p")}
@@ -74,7 +75,7 @@ async def test_an_owed_release_never_removes_a_lock_that_names_another_pod() -> 
     r = bind_rig()
     r.kube.add(gpu_pod("p"))
     state = api_down_for_releases(r)
-    await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+    await r.binder.bind(namespace="ns", name="p", uid=PodUid("uid-ns-p"), node=NodeName("n"))
     state["down"] = False
     other = r.locked_by("ns", "other", datetime.now(UTC))
     await r.binder.sweeper.sweep()
@@ -91,7 +92,7 @@ async def test_a_node_locked_again_by_a_bind_of_ours_is_no_longer_owed() -> None
     r.kube.add(gpu_pod("p"))
     r.binder.sweeper.owe("n", "ns", "p")  # an earlier bind of p failed, and so did its release
     r.locked_by("ns", "p", datetime.now(UTC))
-    await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+    await r.binder.bind(namespace="ns", name="p", uid=PodUid("uid-ns-p"), node=NodeName("n"))
     assert r.binder.sweeper.owed == {}
     await r.binder.sweeper.sweep()
     assert r.lock() is not None, "the lock stays for the device plugin"

@@ -15,6 +15,7 @@ from hamipy.extender.errors import BindRefused
 from hamipy.extender.model import ClusterModel, PodUid
 from hamipy.extender.quota import QUOTA_EXCEEDED, Quotas
 from hamipy.protocol import keys
+from hamipy.protocol.identifiers import NodeName
 
 
 def quota(name: str, namespace: str = "ns", **hard: str) -> dict[str, Any]:
@@ -155,13 +156,13 @@ async def test_a_bind_past_the_quota_is_refused() -> None:
     the namespace (in flight ones included) and writes nothing."""
     r = rig()
     filter_(r, gpu_pod("a", container(gpu=1, gpumem=8192)))
-    await r.binder.bind(namespace="ns", name="a", uid="uid-ns-a", node="n")
+    await r.binder.bind(namespace="ns", name="a", uid=PodUid("uid-ns-a"), node=NodeName("n"))
     filter_(r, gpu_pod("b", container(gpu=1, gpumem=8192)))
     r.model.quotas.replace([quota("team", mem="12288")])
     with pytest.raises(
         BindRefused, match=f"{QUOTA_EXCEEDED}: quota ns/team: .* 8192 used, the pod asks 8192"
     ):
-        await r.binder.bind(namespace="ns", name="b", uid="uid-ns-b", node="n")
+        await r.binder.bind(namespace="ns", name="b", uid=PodUid("uid-ns-b"), node=NodeName("n"))
     assert not r.kube.pod("ns", "b")["spec"].get("nodeName")
     assert PodUid("uid-ns-b") not in r.model.contributions
     assert keys.DEVICES_ALLOCATED not in r.kube.pod("ns", "b")["metadata"]["annotations"]
@@ -175,11 +176,11 @@ async def test_a_leader_still_catching_up_binds_no_pod_of_a_namespace_with_a_quo
     filter_(r, gpu_pod("a", container(gpu=1, gpumem=8192)))
     waits = f"{QUOTA_EXCEEDED}: namespace ns has a GPU quota .* pods \\(a new leader\\)"
     with pytest.raises(BindRefused, match=waits):
-        await r.binder.bind(namespace="ns", name="a", uid="uid-ns-a", node="n")
+        await r.binder.bind(namespace="ns", name="a", uid=PodUid("uid-ns-a"), node=NodeName("n"))
     assert not r.kube.pod("ns", "a")["spec"].get("nodeName")
     # A namespace without a quota binds on the locked path as before.
     r.model.quotas.replace([])
-    await r.binder.bind(namespace="ns", name="a", uid="uid-ns-a", node="n")
+    await r.binder.bind(namespace="ns", name="a", uid=PodUid("uid-ns-a"), node=NodeName("n"))
     assert r.kube.pod("ns", "a")["spec"]["nodeName"] == "n"
 
 

@@ -4,8 +4,8 @@ Decodes the review in one pass (``admission.decode_review``: a body it cannot re
 fields included, is an HTTP 400 naming the bad field), opens the admission span (continuing the
 pod's trace when it already carries one, else the API server's when its request carried a
 ``traceparent``, linked to the other), runs the pure ``mutation.decide``, encodes the answer in
-the version asked, and reports the outcome to the log, the metrics and the span. The server only moves bytes; the benchmark times
-exactly this.
+the version asked, and reports the outcome to the log, the metrics and the span. The server only
+moves bytes; the benchmark times exactly this.
 """
 
 from __future__ import annotations
