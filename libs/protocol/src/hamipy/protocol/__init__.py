@@ -15,6 +15,8 @@ the rest lives in submodules named for what they define:
 - ``config``: the configuration schema (``load_config``)
 - ``settings``: each service's settings, declared once, as flags and environment variables
 - ``keys``: annotation, label and resource names
+- ``kube_objects``: the fields of Pods and Nodes read from a request body, typed for msgspec
+- ``identifiers``: ``NodeName``, ``PodUid``, ``GpuUuid``, distinct to the type checker
 """
 
 from __future__ import annotations
