@@ -24,7 +24,6 @@ import asyncio
 import functools
 import gc
 import io
-import json
 import random
 import sys
 import time
@@ -34,9 +33,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parent))
 
 import aiohttp
+import msgspec
 from _results import percentiles_us, record, time_calls
 
 from hamipy.extender.explanations import Explanations
+from hamipy.extender.extender_args import ExtenderArgs
 from hamipy.extender.filtering import build_ask, decide
 from hamipy.extender.model import PodUid, now_epoch
 from hamipy.extender.server import ExtenderServer
@@ -46,6 +47,7 @@ from hamipy.kube.client import NullKube
 from hamipy.protocol import keys
 from hamipy.protocol.config import Config
 from hamipy.protocol.devices import ContainerDevice, DeviceInfo
+from hamipy.protocol.kube_objects import plain
 from hamipy.protocol.node_devices import encode_node_devices
 from hamipy.protocol.pod_devices import encode_pod_devices
 
@@ -124,7 +126,7 @@ def build(nodes: int) -> ExtenderServer:
     return server
 
 
-def in_process(server: ExtenderServer, args: dict[str, Any], iterations: int) -> list[float]:
+def in_process(server: ExtenderServer, args: ExtenderArgs, iterations: int) -> list[float]:
     scheduler = server.scheduler
     model = server.model
 
@@ -135,13 +137,13 @@ def in_process(server: ExtenderServer, args: dict[str, Any], iterations: int) ->
     return time_calls(call, iterations=iterations, warmup=50)
 
 
-def filter_cold(server: ExtenderServer, args: dict[str, Any]) -> None:
+def filter_cold(server: ExtenderServer, args: ExtenderArgs) -> None:
     """A filter with nothing explained before (``Scheduler.explanations`` empty)."""
     server.scheduler.explanations = Explanations()
     server.scheduler.filter(args)
 
 
-def cores_taken(server: ExtenderServer, args: dict[str, Any], iterations: int) -> dict[str, Any]:
+def cores_taken(server: ExtenderServer, args: ExtenderArgs, iterations: int) -> dict[str, Any]:
     """The filter once half the nodes have 90 % of every GPU's cores taken, slots and memory left:
     binpack ranks those first, and the pod's 20 % fits none of them. Reports how many nodes a
     filter fitted (the summary check skips them unfitted when it knows each node's freest cores)."""
@@ -162,8 +164,8 @@ def cores_taken(server: ExtenderServer, args: dict[str, Any], iterations: int) -
                     "status": {"phase": "Running"},
                 },
             )
-    ask = build_ask(args["Pod"], server.config)
-    decision = decide(server.model, ask, args["NodeNames"], now=now_epoch())
+    ask = build_ask(plain(args.pod), server.config)
+    decision = decide(server.model, ask, args.node_names or [], now=now_epoch())
     assert decision.node is not None
     assert decision.node not in names[: len(names) // 2]
     figures: dict[str, Any] = percentiles_us(in_process(server, args, iterations))
@@ -171,8 +173,8 @@ def cores_taken(server: ExtenderServer, args: dict[str, Any], iterations: int) -
     return figures
 
 
-async def over_http(server: ExtenderServer, args: dict[str, Any], iterations: int) -> list[float]:
-    body = json.dumps(args).encode()
+async def over_http(server: ExtenderServer, args: ExtenderArgs, iterations: int) -> list[float]:
+    body = msgspec.json.encode(args)
     await server.start()
     samples = []
     try:
@@ -250,12 +252,14 @@ def main() -> None:
     for nodes in opts.nodes or (1000, 5000):
         server = build(nodes)
         names = [f"node-{i:05d}" for i in range(nodes)]
-        args = {"Pod": pending_pod(), "NodeNames": names, "Nodes": None}
+        args = msgspec.convert({"Pod": pending_pod(), "NodeNames": names}, ExtenderArgs)
         chosen = server.scheduler.filter(args)["NodeNames"]
         server.model.release(PodUid("uid-new"))
         assert chosen, "the benchmark pod must fit"
         proc = percentiles_us(in_process(server, args, opts.iterations))
-        nofit_args = {"Pod": pending_pod(mem="40000", uid="uid-nofit"), "NodeNames": names, "Nodes": None}
+        nofit_args = msgspec.convert(
+            {"Pod": pending_pod(mem="40000", uid="uid-nofit"), "NodeNames": names}, ExtenderArgs
+        )
         nofit = percentiles_us(
             time_calls(functools.partial(server.scheduler.filter, nofit_args), iterations=50, warmup=5)
         )

@@ -10,11 +10,13 @@ from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
 from typing import Any, cast
 
+import msgspec
 from builders import REPORT, gpu, gpu_node
 from fake_kube import FakeKube
 
 from hamipy.extender.binding import Binder
 from hamipy.extender.eviction import Evictor
+from hamipy.extender.extender_args import ExtenderArgs, ExtenderBindingArgs, ExtenderPreemptionArgs
 from hamipy.extender.leadership import LEADER_URL_ANNOTATION
 from hamipy.extender.model import ClusterModel
 from hamipy.extender.scheduler import Scheduler
@@ -26,6 +28,7 @@ from hamipy.kube.leader import LeaderElector, LeaderInfo, LeaseSettings
 from hamipy.kube.resources import node_path
 from hamipy.protocol import keys
 from hamipy.protocol.config import Config
+from hamipy.protocol.identifiers import NodeName
 from hamipy.protocol.node_lock import NodeLock, format_node_lock
 
 BIND_SETTINGS = ExtenderSettings(bind_timeout_s=1.0, api_timeout_s=1.0)
@@ -124,15 +127,22 @@ def shared_rig(settings: ExtenderSettings = BIND_SETTINGS, *nodes: dict[str, Any
     return bind_rig(settings, *ours, exclusive=False, **kw)
 
 
-def bind_args(p: dict[str, Any], node_name: str = "n") -> dict[str, str]:
+def bind_args(p: dict[str, Any], node_name: str = "n") -> ExtenderBindingArgs:
     """The ExtenderBindingArgs kube-scheduler sends to bind ``p`` to ``node_name``."""
     meta = p["metadata"]
-    return {
-        "PodName": meta["name"],
-        "PodNamespace": meta["namespace"],
-        "PodUID": meta["uid"],
-        "Node": node_name,
-    }
+    return ExtenderBindingArgs(
+        pod_name=meta["name"], pod_namespace=meta["namespace"], pod_uid=meta["uid"], node=NodeName(node_name)
+    )
+
+
+def filter_args(p: dict[str, Any], names: list[str]) -> ExtenderArgs:
+    """The ExtenderArgs kube-scheduler sends to filter ``p`` over the nodes ``names``."""
+    return msgspec.convert({"Pod": p, "NodeNames": names}, ExtenderArgs)
+
+
+def preempt_args(args: dict[str, Any]) -> ExtenderPreemptionArgs:
+    """ExtenderPreemptionArgs as kube-scheduler sends them (Go field names)."""
+    return msgspec.convert(args, ExtenderPreemptionArgs)
 
 
 class _Elected:

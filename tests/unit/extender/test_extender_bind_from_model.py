@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from builders import REPORT, allocation, container, gpu, gpu_node, gpu_pod
-from extender_fakes import BIND_SETTINGS, BindRig, bind_rig
+from extender_fakes import BIND_SETTINGS, BindRig, bind_rig, filter_args
 
 from hamipy.extender.errors import BindRefused
 from hamipy.extender.invariant import check_cluster
@@ -19,6 +19,7 @@ from hamipy.extender.model import ClusterModel, PodUid
 from hamipy.kube.resources import pod_path
 from hamipy.protocol import decode_pod_devices, keys
 from hamipy.protocol.devices import ContainerDevice
+from hamipy.protocol.identifiers import NodeName
 
 NOW = datetime(2026, 11, 24, 10, 0, tzinfo=UTC)
 
@@ -48,8 +49,8 @@ def path_count(r: BindRig, path: str) -> float:
 async def test_a_watched_pod_is_bound_with_one_binding_and_nothing_else() -> None:
     r = rig()
     r.add_watched_pod(gpu_pod("p"))
-    r.scheduler.filter({"Pod": gpu_pod("p"), "NodeNames": ["n"]})
-    await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+    r.scheduler.filter(filter_args(gpu_pod("p"), ["n"]))
+    await r.binder.bind(namespace="ns", name="p", uid=PodUid("uid-ns-p"), node=NodeName("n"))
     # No hami.io/vgpu-node label patch: only HAMi's components read it, and they do not serve n.
     assert requests(r) == [("POST", "/api/v1/namespaces/ns/pods/p/binding")]
     stored = r.kube.pod("ns", "p")
@@ -67,7 +68,7 @@ async def test_a_watched_pod_is_bound_with_one_binding_and_nothing_else() -> Non
 async def test_a_pod_the_watch_has_not_delivered_is_read_once() -> None:
     r = rig()
     r.kube.add(gpu_pod("p"))
-    await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+    await r.binder.bind(namespace="ns", name="p", uid=PodUid("uid-ns-p"), node=NodeName("n"))
     assert [c[0] for c in requests(r)] == ["GET", "POST"]
     assert r.kube.pod("ns", "p")["spec"]["nodeName"] == "n"
 
@@ -86,10 +87,12 @@ async def test_concurrent_binds_count_each_other_in_flight() -> None:
             await release.wait()
 
     r.kube.on_request = hold
-    first = asyncio.create_task(r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n"))
+    first = asyncio.create_task(
+        r.binder.bind(namespace="ns", name="p", uid=PodUid("uid-ns-p"), node=NodeName("n"))
+    )
     await asyncio.wait_for(arrived.wait(), 5)
     with pytest.raises(BindRefused, match=r"no longer fits node n: .*CardTimeSlicingExhausted"):
-        await r.binder.bind(namespace="ns", name="q", uid="uid-ns-q", node="n")
+        await r.binder.bind(namespace="ns", name="q", uid=PodUid("uid-ns-q"), node=NodeName("n"))
     release.set()
     await first
     assert r.kube.pod("ns", "p")["spec"]["nodeName"] == "n"
@@ -105,7 +108,7 @@ async def test_a_stale_watched_version_is_read_again_and_written() -> None:
     r = rig()
     r.add_watched_pod(gpu_pod("p"))
     r.kube.write(pod_path("ns", "p"), {"metadata": {"labels": {"team": "a"}}})
-    await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+    await r.binder.bind(namespace="ns", name="p", uid=PodUid("uid-ns-p"), node=NodeName("n"))
     assert [c[0] for c in requests(r)] == ["POST", "GET", "POST"]
     assert bound_uuids(r, "p") == ["A"]
 
@@ -126,10 +129,10 @@ async def test_a_pod_bound_by_another_bind_is_left_as_it_is(where: str) -> None:
     }
     r.kube.write(pod_path("ns", "p"), {"metadata": {"annotations": twin}, "spec": {"nodeName": where}})
     if where == "n":
-        await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+        await r.binder.bind(namespace="ns", name="p", uid=PodUid("uid-ns-p"), node=NodeName("n"))
     else:
         with pytest.raises(BindRefused, match="was bound to m by another bind meanwhile"):
-            await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+            await r.binder.bind(namespace="ns", name="p", uid=PodUid("uid-ns-p"), node=NodeName("n"))
     assert [c[0] for c in requests(r)] == ["POST", "GET"]
     assert (
         r.kube.pod("ns", "p")["metadata"]["annotations"][keys.DEVICES_ALLOCATED]
@@ -187,7 +190,7 @@ async def test_elsewhere_the_locked_path_runs(why: str) -> None:
         r.add_watched_pod(gpu_pod("owner", annotations={keys.BIND_PHASE: "success"}))
         r.locked_by("ns", "owner", NOW - timedelta(seconds=2))
         r.model.apply_node("MODIFIED", r.kube.node("n"))
-    await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+    await r.binder.bind(namespace="ns", name="p", uid=PodUid("uid-ns-p"), node=NodeName("n"))
     assert r.kube.pod("ns", "p")["spec"]["nodeName"] == "n"
     assert path_count(r, "locked") == 1
     assert path_count(r, "model") == 0
@@ -199,7 +202,7 @@ async def test_an_expired_lock_does_not_stop_the_model_path() -> None:
     r.locked_by("ns", "gone", NOW - timedelta(minutes=6))
     r.model.apply_node("MODIFIED", r.kube.node("n"))
     r.add_watched_pod(gpu_pod("p"))
-    await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+    await r.binder.bind(namespace="ns", name="p", uid=PodUid("uid-ns-p"), node=NodeName("n"))
     assert path_count(r, "model") == 1
 
 
@@ -216,9 +219,9 @@ def reported_freed(r: BindRig) -> list[str | None]:
 async def test_a_bind_onto_its_reserved_gpus_reports_nothing_freed() -> None:
     r = rig()
     r.add_watched_pod(gpu_pod("p"))
-    r.scheduler.filter({"Pod": gpu_pod("p"), "NodeNames": ["n"]})
+    r.scheduler.filter(filter_args(gpu_pod("p"), ["n"]))
     freed = reported_freed(r)
-    await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+    await r.binder.bind(namespace="ns", name="p", uid=PodUid("uid-ns-p"), node=NodeName("n"))
     assert r.kube.pod("ns", "p")["spec"]["nodeName"] == "n"
     assert freed == []
 
@@ -228,10 +231,10 @@ async def test_a_bind_elsewhere_than_its_reservation_reports_the_reserved_node_f
         gpu_node("n", [gpu("A", 0, count=2)], ours=True), gpu_node("m", [gpu("B", 0, count=2)], ours=True)
     )
     r.add_watched_pod(gpu_pod("p"))
-    reserved = r.scheduler.filter({"Pod": gpu_pod("p"), "NodeNames": ["n"]})["NodeNames"]
+    reserved = r.scheduler.filter(filter_args(gpu_pod("p"), ["n"]))["NodeNames"]
     assert reserved == ["n"]
     freed = reported_freed(r)
-    await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="m")
+    await r.binder.bind(namespace="ns", name="p", uid=PodUid("uid-ns-p"), node=NodeName("m"))
     assert r.kube.pod("ns", "p")["spec"]["nodeName"] == "m"
     assert freed == ["n"]
 
@@ -239,7 +242,7 @@ async def test_a_bind_elsewhere_than_its_reservation_reports_the_reserved_node_f
 async def test_a_refused_bind_reports_its_reservation_freed() -> None:
     r = rig()
     r.add_watched_pod(gpu_pod("p"))
-    r.scheduler.filter({"Pod": gpu_pod("p"), "NodeNames": ["n"]})
+    r.scheduler.filter(filter_args(gpu_pod("p"), ["n"]))
     # Meanwhile another pod took both slots of n's only GPU: p no longer fits.
     both = [[ContainerDevice("A", keys.DEVICE_VENDOR_NVIDIA, 100, 0)] for _ in range(2)]
     x = gpu_pod(
@@ -253,7 +256,7 @@ async def test_a_refused_bind_reports_its_reservation_freed() -> None:
     r.model.apply_pod("ADDED", x)
     freed = reported_freed(r)
     with pytest.raises(BindRefused, match="no longer fits"):
-        await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+        await r.binder.bind(namespace="ns", name="p", uid=PodUid("uid-ns-p"), node=NodeName("n"))
     assert PodUid("uid-ns-p") not in r.model.contributions
     assert freed == ["n"]
 
@@ -261,10 +264,10 @@ async def test_a_refused_bind_reports_its_reservation_freed() -> None:
 def test_a_pod_filtered_again_onto_its_reserved_gpus_reports_nothing_freed() -> None:
     r = rig()
     r.add_watched_pod(gpu_pod("p"))
-    assert r.scheduler.filter({"Pod": gpu_pod("p"), "NodeNames": ["n"]})["NodeNames"] == ["n"]
+    assert r.scheduler.filter(filter_args(gpu_pod("p"), ["n"]))["NodeNames"] == ["n"]
     before = r.model.contributions[PodUid("uid-ns-p")]
     freed = reported_freed(r)
-    assert r.scheduler.filter({"Pod": gpu_pod("p"), "NodeNames": ["n"]})["NodeNames"] == ["n"]
+    assert r.scheduler.filter(filter_args(gpu_pod("p"), ["n"]))["NodeNames"] == ["n"]
     again = r.model.contributions[PodUid("uid-ns-p")]
     assert (again.source, again.node, again.devices) == ("reserved", "n", before.devices)
     assert freed == []
@@ -275,10 +278,10 @@ def test_a_pod_filtered_again_elsewhere_or_nowhere_reports_its_old_node_freed() 
         gpu_node("n", [gpu("A", 0, count=2)], ours=True), gpu_node("m", [gpu("B", 0, count=2)], ours=True)
     )
     r.add_watched_pod(gpu_pod("p"))
-    assert r.scheduler.filter({"Pod": gpu_pod("p"), "NodeNames": ["n"]})["NodeNames"] == ["n"]
+    assert r.scheduler.filter(filter_args(gpu_pod("p"), ["n"]))["NodeNames"] == ["n"]
     freed = reported_freed(r)
-    assert r.scheduler.filter({"Pod": gpu_pod("p"), "NodeNames": ["m"]})["NodeNames"] == ["m"]
+    assert r.scheduler.filter(filter_args(gpu_pod("p"), ["m"]))["NodeNames"] == ["m"]
     assert freed == ["n"]
-    assert r.scheduler.filter({"Pod": gpu_pod("p"), "NodeNames": ["gone"]})["NodeNames"] == []
+    assert r.scheduler.filter(filter_args(gpu_pod("p"), ["gone"]))["NodeNames"] == []
     assert PodUid("uid-ns-p") not in r.model.contributions
     assert freed == ["n", "m"]

@@ -7,10 +7,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import msgspec
 import pytest
 from builders import container, gpu_pod
-from extender_fakes import BindRig, bind_args, bind_rig
+from extender_fakes import BindRig, bind_args, bind_rig, filter_args
 
+from hamipy.extender.extender_args import ExtenderBindingArgs
 from hamipy.extender.model import PodUid
 from hamipy.protocol.config import Config, NvidiaConfig
 
@@ -31,7 +33,7 @@ def warnings(r: BindRig) -> list[dict[str, Any]]:
     return [line for line in lines if line.get("event") == "bind failed"]
 
 
-async def refused(r: BindRig, args: dict[str, str]) -> str:
+async def refused(r: BindRig, args: ExtenderBindingArgs) -> str:
     error: str = (await r.scheduler.bind(args))["Error"]
     assert error, "the bind must be refused"
     assert writes(r) == []
@@ -62,7 +64,7 @@ async def test_a_bind_whose_uid_is_not_the_pods_is_refused() -> None:
     r = bind_rig()
     p = victim()
     r.kube.add(p)
-    error = await refused(r, {**bind_args(p), "PodUID": "uid-of-an-earlier-pod"})
+    error = await refused(r, msgspec.structs.replace(bind_args(p), pod_uid=PodUid("uid-of-an-earlier-pod")))
     assert error == "pod tenant/victim was replaced (uid uid-tenant-victim, not uid-of-an-earlier-pod)"
 
 
@@ -70,9 +72,7 @@ async def test_a_bind_without_a_pod_uid_is_refused() -> None:
     r = bind_rig()
     p = victim()
     r.kube.add(p)
-    args = bind_args(p)
-    del args["PodUID"]
-    error = await refused(r, args)
+    error = await refused(r, msgspec.structs.replace(bind_args(p), pod_uid=PodUid("")))
     assert error == "pod tenant/victim cannot be bound without its PodUID"
 
 
@@ -101,7 +101,7 @@ async def test_a_refused_bind_releases_the_pods_reservation() -> None:
     r = bind_rig()
     p = victim(container(gpu=1, gpumem=1000), scheduler_name="default-scheduler")
     r.add_watched_pod(victim(container(gpu=1, gpumem=1000)))  # reserved while it was ours
-    r.scheduler.filter({"Pod": p, "NodeNames": ["n"]})
+    r.scheduler.filter(filter_args(p, ["n"]))
     assert "uid-tenant-victim" in r.model.contributions
     r.kube.pod("tenant", "victim")["spec"]["schedulerName"] = "default-scheduler"
     r.model.apply_pod("MODIFIED", r.kube.pod("tenant", "victim"))  # as the watch delivers it
@@ -113,11 +113,11 @@ async def test_a_made_up_bind_frees_no_other_pods_reservation() -> None:
     r = bind_rig()
     reserved = gpu_pod("reserved")
     r.add_watched_pod(reserved)
-    r.scheduler.filter({"Pod": reserved, "NodeNames": ["n"]})
+    r.scheduler.filter(filter_args(reserved, ["n"]))
     r.kube.add(victim())
     for args in (
-        {**bind_args(victim()), "PodUID": "uid-ns-reserved"},  # another pod's UID
-        {**bind_args(reserved), "PodName": "nobody"},  # a pod that does not exist
+        msgspec.structs.replace(bind_args(victim()), pod_uid=PodUid("uid-ns-reserved")),  # another pod's UID
+        msgspec.structs.replace(bind_args(reserved), pod_name="nobody"),  # a pod that does not exist
     ):
         assert (await r.scheduler.bind(args))["Error"]
     assert r.model.contributions[PodUid("uid-ns-reserved")].source == "reserved"

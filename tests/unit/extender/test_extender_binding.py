@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from builders import container, gpu, gpu_node, gpu_pod
-from extender_fakes import BIND_SETTINGS, BindRig, bind_args, bind_rig, shared_rig
+from extender_fakes import BIND_SETTINGS, BindRig, bind_args, bind_rig, filter_args, shared_rig
 
 from hamipy.devcluster.waiting import wait_for
 from hamipy.extender.errors import BindRefused, LockTimeout
@@ -19,6 +19,7 @@ from hamipy.extender.model import PodUid
 from hamipy.kube.errors import KubeError
 from hamipy.kube.resources import node_path
 from hamipy.protocol import keys
+from hamipy.protocol.identifiers import NodeName
 from hamipy.protocol.node_lock import NodeLock, format_node_lock, parse_node_lock
 
 SETTINGS = BIND_SETTINGS
@@ -30,7 +31,7 @@ async def test_a_bind_on_hamis_node_writes_the_label_and_leaves_the_lock_for_its
     r = bind_rig()
     p = gpu_pod("p", container(gpu=1, gpumem=1000, gpucores=20))
     r.kube.add(p)
-    result = r.scheduler.filter({"Pod": p, "NodeNames": ["n"]})
+    result = r.scheduler.filter(filter_args(p, ["n"]))
     assert result["NodeNames"] == ["n"]
     assert (await r.scheduler.bind(bind_args(p)))["Error"] == ""
     stored = r.kube.pod("ns", "p")
@@ -50,7 +51,7 @@ async def test_a_locked_bind_on_our_node_releases_the_lock_and_writes_no_label()
     r = shared_rig()
     p = gpu_pod("p")
     r.kube.add(p)
-    await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+    await r.binder.bind(namespace="ns", name="p", uid=PodUid("uid-ns-p"), node=NodeName("n"))
     stored = r.kube.pod("ns", "p")
     assert stored["spec"]["nodeName"] == "n"
     assert keys.VGPU_NODE_LABEL not in (stored["metadata"].get("labels") or {})
@@ -61,7 +62,7 @@ async def test_hami_compatible_mode_leaves_the_lock_for_the_device_plugin_on_our
     r = shared_rig(dataclasses.replace(SETTINGS, release_lock_after_bind=False))
     p = gpu_pod("p")
     r.kube.add(p)
-    await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+    await r.binder.bind(namespace="ns", name="p", uid=PodUid("uid-ns-p"), node=NodeName("n"))
     lock = parse_node_lock(r.kube.node("n")["metadata"]["annotations"][keys.NODE_LOCK])
     assert (lock.namespace, lock.name) == ("ns", "p")
 
@@ -71,7 +72,7 @@ async def test_bind_rechecks_fresh_state_and_replans() -> None:
     p = gpu_pod("p")
     r.kube.add(p)
     r.model.apply_pod("ADDED", p)  # the watch delivered it: the filter reserves for it
-    r.scheduler.filter({"Pod": p, "NodeNames": ["n"]})
+    r.scheduler.filter(filter_args(p, ["n"]))
     chosen = r.model.contributions[PodUid("uid-ns-p")].devices[0][0].uuid
     other = "B" if chosen == "A" else "A"
     # Another replica bound a pod onto the chosen GPU meanwhile: this model has not seen it.
@@ -83,7 +84,7 @@ async def test_bind_rechecks_fresh_state_and_replans() -> None:
             phase="Running",
         )
     )
-    await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+    await r.binder.bind(namespace="ns", name="p", uid=PodUid("uid-ns-p"), node=NodeName("n"))
     assert r.kube.pod("ns", "p")["metadata"]["annotations"][keys.DEVICES_ALLOCATED].startswith(other)
     assert (await check_cluster(r.kube)).ok
 
@@ -92,7 +93,7 @@ async def test_bind_refused_when_nothing_fits_any_more_and_cleans_up() -> None:
     r = bind_rig(SETTINGS, gpu_node("n", [gpu("A", 0, count=1)]))
     p = gpu_pod("p")
     r.kube.add(p)
-    r.scheduler.filter({"Pod": p, "NodeNames": ["n"]})
+    r.scheduler.filter(filter_args(p, ["n"]))
     r.kube.add(
         gpu_pod("q", node_name="n", annotations={keys.DEVICES_ALLOCATED: "A,NVIDIA,1,0:;"}, phase="Running")
     )
@@ -138,7 +139,7 @@ async def test_stale_locks_are_broken(owner: str | None, age: int, reason: str) 
         r.kube.add(old)
     p = gpu_pod("p")
     r.kube.add(p)
-    await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+    await r.binder.bind(namespace="ns", name="p", uid=PodUid("uid-ns-p"), node=NodeName("n"))
     assert r.kube.pod("ns", "p")["spec"]["nodeName"] == "n"
     assert r.telemetry.metrics.lock_breaks.labels(reason=reason)._value.get() == 1
 
@@ -149,7 +150,7 @@ async def test_live_lock_is_waited_for_then_times_out() -> None:
     r.kube.add(gpu_pod("holder", phase="Pending"))
     r.kube.add(gpu_pod("p"))
     with pytest.raises(LockTimeout, match="ns/holder"):
-        await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+        await r.binder.bind(namespace="ns", name="p", uid=PodUid("uid-ns-p"), node=NodeName("n"))
 
 
 async def test_waiting_bind_proceeds_once_the_lock_is_released() -> None:
@@ -157,7 +158,9 @@ async def test_waiting_bind_proceeds_once_the_lock_is_released() -> None:
     r.locked_by("ns", "holder", datetime.now(UTC))
     r.kube.add(gpu_pod("holder", phase="Pending"))
     r.kube.add(gpu_pod("p"))
-    task = asyncio.create_task(r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n"))
+    task = asyncio.create_task(
+        r.binder.bind(namespace="ns", name="p", uid=PodUid("uid-ns-p"), node=NodeName("n"))
+    )
     await wait_for(lambda: r.telemetry.metrics.lock_waits._value.get() > 0, timeout=2, interval=0.01)
     del r.kube.node("n")["metadata"]["annotations"][keys.NODE_LOCK]
     await asyncio.wait_for(task, 2)
@@ -177,17 +180,17 @@ async def test_concurrent_binds_never_overcommit() -> None:
 async def test_bind_of_unknown_or_replaced_pod_is_refused() -> None:
     r = bind_rig()
     with pytest.raises(BindRefused, match="no longer exists"):
-        await r.binder.bind(namespace="ns", name="nope", uid="x", node="n")
+        await r.binder.bind(namespace="ns", name="nope", uid=PodUid("x"), node=NodeName("n"))
     r.kube.add(gpu_pod("p"))
     with pytest.raises(BindRefused, match="replaced"):
-        await r.binder.bind(namespace="ns", name="p", uid="other", node="n")
+        await r.binder.bind(namespace="ns", name="p", uid=PodUid("other"), node=NodeName("n"))
 
 
 async def test_pod_without_gpu_is_bound_without_lock() -> None:
     r = bind_rig()
     # It names a resource of ours (so kube-scheduler hands it to the extender) but asks no GPU.
     r.kube.add(gpu_pod("p", container(gpumem=1000)))
-    await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+    await r.binder.bind(namespace="ns", name="p", uid=PodUid("uid-ns-p"), node=NodeName("n"))
     assert ("PATCH", "/api/v1/nodes/n") not in r.kube.calls
 
 

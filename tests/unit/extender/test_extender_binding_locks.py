@@ -22,6 +22,7 @@ from hamipy.extender.invariant import check_cluster
 from hamipy.kube.errors import KubeError
 from hamipy.kube.resources import node_path
 from hamipy.protocol import keys
+from hamipy.protocol.identifiers import NodeName, PodUid
 from hamipy.protocol.node_lock import parse_node_lock
 
 NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
@@ -111,7 +112,7 @@ async def test_a_lock_up_to_five_minutes_old_is_held(virtual_time: VirtualTime, 
     r.kube.add(gpu_pod("p"))
     # Held longer than a bind waits: refused at once, not after waiting 1 s in vain.
     with pytest.raises(LockTimeout, match="node n has been locked by ns/holder since"):
-        await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+        await r.binder.bind(namespace="ns", name="p", uid=PodUid("uid-ns-p"), node=NodeName("n"))
     assert virtual_time.sleeps == []
     assert r.lock() == value
     assert "nodeName" not in r.kube.pod("ns", "p")["spec"]
@@ -121,7 +122,7 @@ async def test_a_lock_five_minutes_and_a_second_old_is_broken(virtual_time: Virt
     r = bind_rig(BIND_SETTINGS, wall_clock=lambda: NOW)
     held_by_a_live_pod(r, NOW - timedelta(minutes=5, seconds=1))
     r.kube.add(gpu_pod("p"))
-    await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+    await r.binder.bind(namespace="ns", name="p", uid=PodUid("uid-ns-p"), node=NodeName("n"))
     assert r.kube.pod("ns", "p")["spec"]["nodeName"] == "n"
     assert breaks(r, "expired") == 1
     assert virtual_time.sleeps == [], "an expired lock is broken at once"
@@ -137,7 +138,7 @@ async def test_a_held_lock_is_polled_with_doubling_backoff_until_the_deadline(
     held_by_a_live_pod(r, datetime.now(UTC))
     r.kube.add(gpu_pod("p"))
     with pytest.raises(LockTimeout, match="node n stayed locked by ns/holder for 1s"):
-        await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+        await r.binder.bind(namespace="ns", name="p", uid=PodUid("uid-ns-p"), node=NodeName("n"))
     # 0.80 s slept: the next 250 ms would end past the 1 s deadline, so it gives up instead.
     assert virtual_time.sleeps == list(DELAYS)
     assert r.telemetry.metrics.lock_waits._value.get() == 1, "one wait, however many looks"
@@ -157,7 +158,7 @@ async def test_a_bind_waits_for_its_turn_and_the_lock_within_one_bind_timeout(
     async def waited() -> float:
         started = virtual_time.now
         with pytest.raises(LockTimeout):
-            await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+            await r.binder.bind(namespace="ns", name="p", uid=PodUid("uid-ns-p"), node=NodeName("n"))
         return virtual_time.now - started
 
     first, second = await asyncio.gather(waited(), waited())
@@ -174,7 +175,7 @@ async def test_no_sleep_is_started_that_would_end_at_the_deadline(virtual_time: 
     held_by_a_live_pod(r, datetime.now(UTC))
     r.kube.add(gpu_pod("p"))
     with pytest.raises(LockTimeout):
-        await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+        await r.binder.bind(namespace="ns", name="p", uid=PodUid("uid-ns-p"), node=NodeName("n"))
     assert virtual_time.sleeps == list(DELAYS[:4])
 
 
@@ -187,7 +188,7 @@ async def test_backoff_sleeps_are_jittered_between_half_and_one_and_a_half_delay
     held_by_a_live_pod(r, datetime.now(UTC))
     r.kube.add(gpu_pod("p"))
     with pytest.raises(LockTimeout):
-        await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+        await r.binder.bind(namespace="ns", name="p", uid=PodUid("uid-ns-p"), node=NodeName("n"))
     assert virtual_time.sleeps[:3] == pytest.approx([d * factor for d in DELAYS[:3]])
 
 
@@ -196,10 +197,10 @@ async def test_a_legacy_lock_without_owner_holds_the_node_until_it_expires(virtu
     value = r.locked_by("ns", None, NOW - timedelta(minutes=1))
     r.kube.add(gpu_pod("p"))
     with pytest.raises(LockTimeout, match=f"locked by a lock taken at {value} since"):
-        await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+        await r.binder.bind(namespace="ns", name="p", uid=PodUid("uid-ns-p"), node=NodeName("n"))
     assert r.lock() == value
     r.locked_by("ns", None, NOW - timedelta(minutes=6))
-    await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+    await r.binder.bind(namespace="ns", name="p", uid=PodUid("uid-ns-p"), node=NodeName("n"))
     assert breaks(r, "expired") == 1
 
 
@@ -218,7 +219,7 @@ async def test_a_lost_race_for_the_lock_looks_again() -> None:
                 r.kube.write(node_path("n"), {"metadata": {"annotations": {"example.com/beat": "1"}}})
 
     r.kube.on_request = heartbeat_before_the_first_lock_write
-    await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+    await r.binder.bind(namespace="ns", name="p", uid=PodUid("uid-ns-p"), node=NodeName("n"))
     assert r.kube.pod("ns", "p")["spec"]["nodeName"] == "n"
     assert [parse_node_lock(a).name for a in attempts[:2]] == ["p", "p"]
     assert attempts[2:] == ["release"]
@@ -230,7 +231,7 @@ async def test_a_lock_this_pod_already_holds_is_kept_not_broken() -> None:
     r = shared_rig()
     r.locked_by("ns", "p", datetime.now(UTC))
     r.kube.add(gpu_pod("p"))
-    await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+    await r.binder.bind(namespace="ns", name="p", uid=PodUid("uid-ns-p"), node=NodeName("n"))
     assert r.kube.pod("ns", "p")["spec"]["nodeName"] == "n"
     assert r.telemetry.metrics.lock_waits._value.get() == 0
     assert all(breaks(r, why) == 0 for why in ("expired", "malformed", "owner-gone", "owner-done"))
@@ -248,7 +249,7 @@ async def test_a_malformed_lock_is_broken(value: str, reason: str) -> None:
     r = bind_rig()
     r.kube.node("n")["metadata"]["annotations"][keys.NODE_LOCK] = value
     r.kube.add(gpu_pod("p"))
-    await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+    await r.binder.bind(namespace="ns", name="p", uid=PodUid("uid-ns-p"), node=NodeName("n"))
     assert r.kube.pod("ns", "p")["spec"]["nodeName"] == "n"
     assert breaks(r, reason) == 1
     assert value in r.log.getvalue(), "the broken lock is logged"
@@ -259,7 +260,7 @@ async def test_a_lock_whose_owner_failed_allocation_is_broken() -> None:
     r.locked_by("ns", "old", datetime.now(UTC))
     r.kube.add(gpu_pod("old", node_name="n", annotations={keys.BIND_PHASE: "failed"}))
     r.kube.add(gpu_pod("p"))
-    await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+    await r.binder.bind(namespace="ns", name="p", uid=PodUid("uid-ns-p"), node=NodeName("n"))
     assert breaks(r, "owner-done") == 1
 
 
@@ -268,7 +269,7 @@ async def test_a_bind_that_never_took_the_lock_leaves_the_lock_alone() -> None:
     r.kube.add(gpu_pod("p"))
     r.kube.remove(node_path("n"))  # deleted between filter and bind
     with pytest.raises(BindRefused, match="node n no longer exists"):
-        await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+        await r.binder.bind(namespace="ns", name="p", uid=PodUid("uid-ns-p"), node=NodeName("n"))
     assert r.kube.calls == [("GET", "/api/v1/namespaces/ns/pods/p"), ("GET", NODE_PATH)]
     assert "node lock not released" not in r.log.getvalue()
 
@@ -280,7 +281,7 @@ async def test_a_bind_releases_its_lock_without_a_warning() -> None:
     r = shared_rig()
     r.kube.add(gpu_pod("p"))
     removals = lock_removals(r)
-    await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+    await r.binder.bind(namespace="ns", name="p", uid=PodUid("uid-ns-p"), node=NodeName("n"))
     assert removals == [1], "released once, after the Binding"
     assert r.lock() is None
     assert "node lock not released" not in r.log.getvalue()
@@ -301,7 +302,7 @@ async def test_a_release_that_loses_every_race_is_logged_and_left_to_expire() ->
             )
 
     r.kube.on_request = heartbeat_before_every_release
-    await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+    await r.binder.bind(namespace="ns", name="p", uid=PodUid("uid-ns-p"), node=NodeName("n"))
     assert r.kube.pod("ns", "p")["spec"]["nodeName"] == "n", "the bind itself succeeded"
     lock = r.lock()
     assert lock is not None
@@ -327,10 +328,12 @@ async def test_a_bind_queued_behind_this_replicas_binds_gives_up_at_its_deadline
             await gate.wait()
 
     r.kube.on_request = hold_the_first_allocation
-    first = asyncio.create_task(r.binder.bind(namespace="ns", name="a", uid="uid-ns-a", node="n"))
+    first = asyncio.create_task(
+        r.binder.bind(namespace="ns", name="a", uid=PodUid("uid-ns-a"), node=NodeName("n"))
+    )
     await wait_for(lambda: bool(held), timeout=2, interval=0.005)
     with pytest.raises(LockTimeout, match=re.escape("node n is busy binding other pods; gave up after 0.2s")):
-        await r.binder.bind(namespace="ns", name="b", uid="uid-ns-b", node="n")
+        await r.binder.bind(namespace="ns", name="b", uid=PodUid("uid-ns-b"), node=NodeName("n"))
     gate.set()
     await asyncio.wait_for(first, 2)
     # The bind that gave up no longer counts as waiting: nobody takes over the lock, it is released.

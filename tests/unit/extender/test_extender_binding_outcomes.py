@@ -40,7 +40,7 @@ def pod_writes(calls: list[tuple[str, str]]) -> list[tuple[str, str]]:
 async def test_a_retried_bind_of_a_pod_already_bound_there_succeeds_without_writing() -> None:
     r = bind_rig()
     r.kube.add(gpu_pod("p", node_name="n"))
-    await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+    await r.binder.bind(namespace="ns", name="p", uid=PodUid("uid-ns-p"), node=NodeName("n"))
     assert r.kube.calls == [("GET", POD_PATH)]
 
 
@@ -48,7 +48,7 @@ async def test_a_pod_bound_to_another_node_is_refused() -> None:
     r = bind_rig()
     r.kube.add(gpu_pod("p", node_name="m"))
     with pytest.raises(BindRefused, match="pod ns/p is already bound to m"):
-        await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+        await r.binder.bind(namespace="ns", name="p", uid=PodUid("uid-ns-p"), node=NodeName("n"))
     assert r.kube.calls == [("GET", POD_PATH)]
 
 
@@ -56,7 +56,7 @@ async def test_a_pod_asking_malformed_resources_is_refused() -> None:
     r = bind_rig()
     r.kube.add(gpu_pod("p", container(gpu="lots")))
     with pytest.raises(BindRefused, match=r"pod asks malformed resources: .*lots"):
-        await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+        await r.binder.bind(namespace="ns", name="p", uid=PodUid("uid-ns-p"), node=NodeName("n"))
     assert r.lock() is None
 
 
@@ -96,7 +96,7 @@ async def test_a_node_that_cannot_take_gpu_pods_now_is_refused_with_why(why: str
         r.kube.add(gpu_pod("q", node_name="n", annotations={keys.DEVICES_ALLOCATED: "A,NVIDIA,lots,0:;"}))
     r.kube.add(gpu_pod("p"))
     with pytest.raises(BindRefused, match=f"^node n cannot take GPU pods now: {reason}"):
-        await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+        await r.binder.bind(namespace="ns", name="p", uid=PodUid("uid-ns-p"), node=NodeName("n"))
     assert pod_writes(r.kube.calls) == [], "nothing was written, so nothing is cleaned up"
     assert r.lock() is None
     assert "uid-ns-p" not in r.model.contributions
@@ -108,7 +108,7 @@ async def test_a_refused_bind_leaves_the_pod_as_it_was() -> None:
     r.kube.add(gpu_pod("p"))
     before = copy.deepcopy(r.kube.pod("ns", "p"))
     with pytest.raises(BindRefused, match=r"pod no longer fits node n: .*CardTimeSlicingExhausted"):
-        await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+        await r.binder.bind(namespace="ns", name="p", uid=PodUid("uid-ns-p"), node=NodeName("n"))
     assert r.kube.pod("ns", "p") == before
     assert pod_writes(r.kube.calls) == []
 
@@ -129,7 +129,7 @@ async def test_the_filters_devices_are_kept_when_they_still_fit(uuid: str) -> No
         n_init=0,
         expires_at=time.time() + 60,
     )
-    await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+    await r.binder.bind(namespace="ns", name="p", uid=PodUid("uid-ns-p"), node=NodeName("n"))
     assert (
         r.kube.pod("ns", "p")["metadata"]["annotations"][keys.DEVICES_ALLOCATED] == f"{uuid},NVIDIA,1000,0:;"
     )
@@ -157,30 +157,30 @@ async def test_the_re_check_counts_each_pod_bound_or_mid_bind_once(slots: int, f
     r.locked_by("ns", "r", datetime.now(UTC) - timedelta(minutes=10))
     r.kube.add(gpu_pod("p"))
     if fits:
-        await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+        await r.binder.bind(namespace="ns", name="p", uid=PodUid("uid-ns-p"), node=NodeName("n"))
         assert r.kube.pod("ns", "p")["spec"]["nodeName"] == "n"
     else:
         with pytest.raises(BindRefused, match="pod no longer fits node n"):
-            await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+            await r.binder.bind(namespace="ns", name="p", uid=PodUid("uid-ns-p"), node=NodeName("n"))
 
 
 async def test_a_node_name_of_63_characters_is_written_as_label_and_read_by_it() -> None:
     r = bind_rig(BIND_SETTINGS, gpu_node(NAME_63, [gpu("A", 0, count=2)]))
     r.kube.add(gpu_pod("p"))
-    await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node=NAME_63)
+    await r.binder.bind(namespace="ns", name="p", uid=PodUid("uid-ns-p"), node=NodeName(NAME_63))
     assert r.kube.pod("ns", "p")["metadata"]["labels"] == {keys.VGPU_NODE_LABEL: NAME_63}
     # A pod another replica is binding there (under the lock we break) is found by the label only.
     r.kube.add(mid_bind("r", NAME_63, bound=False))
     r.locked_by("ns", "r", datetime.now(UTC) - timedelta(minutes=10), node_name=NAME_63)
     r.kube.add(gpu_pod("s"))
     with pytest.raises(BindRefused, match="pod no longer fits"):
-        await r.binder.bind(namespace="ns", name="s", uid="uid-ns-s", node=NAME_63)
+        await r.binder.bind(namespace="ns", name="s", uid=PodUid("uid-ns-s"), node=NodeName(NAME_63))
 
 
 async def test_a_node_name_too_long_for_a_label_is_written_as_annotation_only() -> None:
     r = bind_rig(BIND_SETTINGS, gpu_node(NAME_64, [gpu("A", 0, count=2)]))
     r.kube.add(gpu_pod("p"))
-    await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node=NAME_64)
+    await r.binder.bind(namespace="ns", name="p", uid=PodUid("uid-ns-p"), node=NodeName(NAME_64))
     stored = r.kube.pod("ns", "p")
     assert "labels" not in stored["metadata"]
     assert stored["metadata"]["annotations"][keys.VGPU_NODE] == NAME_64
@@ -218,10 +218,10 @@ async def test_a_pod_replaced_during_its_bind_is_never_touched(
 
     r.kube.on_request = replace
     if bound:
-        await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+        await r.binder.bind(namespace="ns", name="p", uid=PodUid("uid-ns-p"), node=NodeName("n"))
     else:
         with pytest.raises(BindRefused, match="replaced while being bound"):
-            await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+            await r.binder.bind(namespace="ns", name="p", uid=PodUid("uid-ns-p"), node=NodeName("n"))
         assert "uid-ns-p" not in r.model.contributions
     assert r.kube.pod("ns", "p") == stored[0]
     # Bound on HAMi's node, the lock is left for its device plugin's Allocate; refused, freed.
@@ -242,7 +242,7 @@ async def test_a_refused_binding_frees_what_the_bind_held() -> None:
 
     r.kube.on_request = watch_then_fail
     with pytest.raises(KubeError, match="boom"):
-        await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+        await r.binder.bind(namespace="ns", name="p", uid=PodUid("uid-ns-p"), node=NodeName("n"))
     assert "uid-ns-p" not in r.model.contributions
     assert keys.DEVICES_ALLOCATED not in r.kube.pod("ns", "p")["metadata"]["annotations"]
     assert r.lock() is None
@@ -258,7 +258,7 @@ async def test_the_re_check_counts_only_the_broken_locks_holder_among_unbound_po
     r.kube.add(mid_bind("s", "n", bound=False))
     r.locked_by("ns", "r", datetime.now(UTC) - timedelta(minutes=10))
     r.kube.add(gpu_pod("p"))
-    await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+    await r.binder.bind(namespace="ns", name="p", uid=PodUid("uid-ns-p"), node=NodeName("n"))
     assert r.kube.pod("ns", "p")["spec"]["nodeName"] == "n"
 
 
@@ -272,5 +272,5 @@ async def test_the_broken_locks_holder_is_counted_with_its_init_containers_at_th
     r.kube.add(holder)
     r.locked_by("ns", "r", datetime.now(UTC) - timedelta(minutes=10))
     r.kube.add(gpu_pod("p"))
-    await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+    await r.binder.bind(namespace="ns", name="p", uid=PodUid("uid-ns-p"), node=NodeName("n"))
     assert r.kube.pod("ns", "p")["spec"]["nodeName"] == "n"

@@ -24,6 +24,7 @@ from hamipy.extender.telemetry import Telemetry
 from hamipy.kube.resources import node_path, pod_path
 from hamipy.protocol import decode_pod_devices, keys
 from hamipy.protocol.config import Config
+from hamipy.protocol.identifiers import NodeName
 
 
 def replica(r: BindRig) -> tuple[Binder, ClusterModel, Telemetry]:
@@ -68,8 +69,8 @@ async def test_two_binds_of_one_pod_on_one_node_bind_it_once_and_both_succeed() 
 
     r.kube.on_request = record
     await asyncio.gather(
-        r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n"),
-        other.bind(namespace="ns", name="p", uid="uid-ns-p", node="n"),
+        r.binder.bind(namespace="ns", name="p", uid=PodUid("uid-ns-p"), node=NodeName("n")),
+        other.bind(namespace="ns", name="p", uid=PodUid("uid-ns-p"), node=NodeName("n")),
     )
     stored = r.kube.pod("ns", "p")
     assert stored["spec"]["nodeName"] == "n"
@@ -93,8 +94,8 @@ async def test_two_binds_of_one_pod_on_two_nodes_bind_it_once_and_the_loser_leav
     other, other_model, other_telemetry = replica(r)
     both_read_before_either_binds(r)
     results = await asyncio.gather(
-        r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n"),
-        other.bind(namespace="ns", name="p", uid="uid-ns-p", node="m"),
+        r.binder.bind(namespace="ns", name="p", uid=PodUid("uid-ns-p"), node=NodeName("n")),
+        other.bind(namespace="ns", name="p", uid=PodUid("uid-ns-p"), node=NodeName("m")),
         return_exceptions=True,
     )
     stored = r.kube.pod("ns", "p")
@@ -133,7 +134,7 @@ async def test_a_pod_deleted_under_a_bind_is_refused_and_nothing_is_left() -> No
     r.kube.add(gpu_pod("p"))
     meddle_once(r, lambda: r.kube.remove(pod_path("ns", "p")))
     with pytest.raises(BindRefused, match="was deleted while being bound"):
-        await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+        await r.binder.bind(namespace="ns", name="p", uid=PodUid("uid-ns-p"), node=NodeName("n"))
     assert r.model.contributions == {}
     assert r.lock() is None
 
@@ -144,7 +145,7 @@ async def test_a_pod_changed_otherwise_under_a_bind_is_read_again_and_bound() ->
     r = shared_rig()
     r.kube.add(gpu_pod("p"))
     meddle_once(r, lambda: r.kube.write(pod_path("ns", "p"), {"metadata": {"labels": {"team": "a"}}}))
-    await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+    await r.binder.bind(namespace="ns", name="p", uid=PodUid("uid-ns-p"), node=NodeName("n"))
     stored = r.kube.pod("ns", "p")
     assert stored["spec"]["nodeName"] == "n"
     assert stored["metadata"]["labels"]["team"] == "a"

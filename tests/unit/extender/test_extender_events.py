@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from builders import gpu, gpu_node, gpu_pod
+from extender_fakes import filter_args
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -48,7 +49,7 @@ def test_a_pending_pods_identical_retries_add_no_spans(
     sched, exporter = scheduler
     pending = gpu_pod("p")  # asks more memory than node a's GPU has
     for _ in range(30):
-        answer = sched.filter({"Pod": pending, "NodeNames": ["a"]})
+        answer = sched.filter(filter_args(pending, ["a"]))
         assert answer["NodeNames"] == []
     [span] = filter_spans(exporter)
     assert span.attributes is not None
@@ -63,7 +64,7 @@ def test_a_pending_pods_identical_retries_add_no_spans(
 
     # The decision changes (another node appears and fits): a new span, saying how many it followed.
     sched.model.replace_nodes([gpu_node("a", [gpu("A", 0, mem=100)]), gpu_node("b")])
-    answer = sched.filter({"Pod": pending, "NodeNames": ["a", "b"]})
+    answer = sched.filter(filter_args(pending, ["a", "b"]))
     assert answer["NodeNames"] == ["b"]
     _, second = filter_spans(exporter)
     assert second.attributes is not None
@@ -73,8 +74,8 @@ def test_a_pending_pods_identical_retries_add_no_spans(
 def test_a_changed_failure_is_a_new_span(scheduler: tuple[Scheduler, InMemorySpanExporter]) -> None:
     sched, exporter = scheduler
     pending = gpu_pod("p")
-    sched.filter({"Pod": pending, "NodeNames": ["a"]})
-    sched.filter({"Pod": pending, "NodeNames": ["a"]})
+    sched.filter(filter_args(pending, ["a"]))
+    sched.filter(filter_args(pending, ["a"]))
     sched.model.replace_nodes([gpu_node("a", [gpu("A", 0, mem=100)]), gpu_node("c", [gpu("C", 0, mem=200)])])
-    sched.filter({"Pod": pending, "NodeNames": ["a", "c"]})
+    sched.filter(filter_args(pending, ["a", "c"]))
     assert [s.attributes["hamipy.filter.repeats"] for s in filter_spans(exporter)] == [0, 1]

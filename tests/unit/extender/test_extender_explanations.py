@@ -16,6 +16,7 @@ from hamipy.extender.model import ClusterModel, NodeState
 from hamipy.protocol import keys
 from hamipy.protocol.config import Config
 from hamipy.protocol.devices import ContainerDevice
+from hamipy.protocol.identifiers import NodeName
 
 NOW = 1_000_000.0
 
@@ -97,7 +98,7 @@ def test_a_node_registered_anew_is_explained_anew(fits: list[str]) -> None:
 def test_it_keeps_the_last_asks_only_and_forgets_nodes_gone() -> None:
     explained = Explanations(max_asks=2)
     asks = [ask(100), ask(200), ask(300)]
-    entry = Explained(NodeState(name="n"), 0, None, True)
+    entry = Explained(NodeState(name=NodeName("n")), 0, None, True)
     for a in asks:
         explained.of(a, nodes=2)["n"] = entry
     assert len(explained) == 2

@@ -9,7 +9,7 @@ import copy
 from typing import Any
 
 from builders import allocation, container, gpu, gpu_node, gpu_pod
-from extender_fakes import BIND_SETTINGS, BindRig, bind_args, bind_rig
+from extender_fakes import BIND_SETTINGS, BindRig, bind_args, bind_rig, filter_args
 
 from hamipy.extender.model import PodUid
 from hamipy.extender.scheduler import UNKNOWN_POD
@@ -24,7 +24,7 @@ def rig() -> BindRig:
 
 
 def filter_all(r: BindRig, p: dict[str, Any]) -> list[str]:
-    names: list[str] = r.scheduler.filter({"Pod": p, "NodeNames": NODES})["NodeNames"]
+    names: list[str] = r.scheduler.filter(filter_args(p, NODES))["NodeNames"]
     return names
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import builders
 import pytest
 from builders import allocation, container, gpu, gpu_node, gpu_pod
-from extender_fakes import BIND_SETTINGS, bind_rig
+from extender_fakes import BIND_SETTINGS, bind_rig, filter_args
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -394,7 +394,7 @@ def test_the_filter_answers_an_unbuilt_policy_with_an_unresolvable_reason_on_eve
     r = bind_rig(BIND_SETTINGS, gpu_node("n", [gpu("A", 0), gpu("B", 1)]))
     p = gpu_pod("p", container(gpu=2, gpumem=10), annotations={keys.GPU_SCHEDULER_POLICY: "topology-aware"})
     r.add_watched_pod(p)
-    result = r.scheduler.filter({"Pod": p, "NodeNames": ["n"]})
+    result = r.scheduler.filter(filter_args(p, ["n"]))
     assert result["NodeNames"] == []
     why = result["FailedAndUnresolvableNodes"]["n"]  # no retry helps: the pod must change
     assert why.startswith("InvalidRequest: ")

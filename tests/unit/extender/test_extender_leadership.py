@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
+import msgspec
 import pytest
 from aiohttp import web
 from builders import allocation, gpu, gpu_node, gpu_pod
@@ -81,7 +82,11 @@ async def post(url: str, path: str, body: Any, headers: dict[str, str] | None = 
 
 @pytest.mark.parametrize("path", ["/filter", "/prioritize", "/bind"])
 async def test_a_replica_that_does_not_lead_answers_503_with_why(follower: str, path: str) -> None:
-    body = bind_args(gpu_pod("p")) if path == "/bind" else {"Pod": gpu_pod("p"), "NodeNames": ["n"]}
+    body = (
+        msgspec.to_builtins(bind_args(gpu_pod("p")))
+        if path == "/bind"
+        else {"Pod": gpu_pod("p"), "NodeNames": ["n"]}
+    )
     status, answer = await post(follower, path, body)
     assert status == 503
     assert answer["Error"] == "this extender has not joined the leader election yet"

@@ -10,11 +10,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from builders import REPORT, gpu, gpu_node, gpu_pod
-from extender_fakes import BIND_SETTINGS, BindRig, bind_args, bind_rig, shared_rig
+from extender_fakes import BIND_SETTINGS, BindRig, bind_args, bind_rig, filter_args, shared_rig
 
 from hamipy.extender.settings import ExtenderSettings
 from hamipy.kube.errors import KubeError
 from hamipy.protocol import keys
+from hamipy.protocol.identifiers import NodeName, PodUid
 
 NODE_PATH = "/api/v1/nodes/n"
 
@@ -54,7 +55,7 @@ async def test_a_release_the_api_failed_is_retried_until_it_lands() -> None:
     r = shared_rig()
     r.kube.add(gpu_pod("p"))
     state = api_down_for_releases(r)
-    await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+    await r.binder.bind(namespace="ns", name="p", uid=PodUid("uid-ns-p"), node=NodeName("n"))
     assert r.kube.pod("ns", "p")["spec"]["nodeName"] == "n", "the bind itself landed"
     assert r.lock() is not None, "its release did not"
     assert r.binder.sweeper.owed == {"n": ("ns", "p")}
@@ -74,7 +75,7 @@ async def test_an_owed_release_never_removes_a_lock_that_names_another_pod() -> 
     r = bind_rig()
     r.kube.add(gpu_pod("p"))
     state = api_down_for_releases(r)
-    await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+    await r.binder.bind(namespace="ns", name="p", uid=PodUid("uid-ns-p"), node=NodeName("n"))
     state["down"] = False
     other = r.locked_by("ns", "other", datetime.now(UTC))
     await r.binder.sweeper.sweep()
@@ -91,7 +92,7 @@ async def test_a_node_locked_again_by_a_bind_of_ours_is_no_longer_owed() -> None
     r.kube.add(gpu_pod("p"))
     r.binder.sweeper.owe("n", "ns", "p")  # an earlier bind of p failed, and so did its release
     r.locked_by("ns", "p", datetime.now(UTC))
-    await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="n")
+    await r.binder.bind(namespace="ns", name="p", uid=PodUid("uid-ns-p"), node=NodeName("n"))
     assert r.binder.sweeper.owed == {}
     await r.binder.sweeper.sweep()
     assert r.lock() is not None, "the lock stays for the device plugin"
@@ -203,10 +204,10 @@ def two_nodes_one_stuck() -> BindRig:
 async def test_the_filter_passes_over_a_node_whose_lock_is_stuck() -> None:
     r = two_nodes_one_stuck()
     r.add_watched_pod(gpu_pod("p"))
-    result = r.scheduler.filter({"Pod": r.kube.pod("ns", "p"), "NodeNames": ["n", "m"]})
+    result = r.scheduler.filter(filter_args(r.kube.pod("ns", "p"), ["n", "m"]))
     assert result["NodeNames"] == ["m"]
     # With m gone too, the reason names the lock.
-    result = r.scheduler.filter({"Pod": r.kube.pod("ns", "p"), "NodeNames": ["n"]})
+    result = r.scheduler.filter(filter_args(r.kube.pod("ns", "p"), ["n"]))
     assert result["NodeNames"] == []
     assert "NodeLockHeld: node lock held by ns/holder since" in result["FailedNodes"]["n"]
 
@@ -215,7 +216,7 @@ async def test_the_lock_owner_itself_may_still_be_placed_on_its_node() -> None:
     r = two_nodes_one_stuck()
     holder = r.kube.pod("ns", "holder")
     r.model.apply_pod("ADDED", holder)
-    result = r.scheduler.filter({"Pod": holder, "NodeNames": ["n"]})
+    result = r.scheduler.filter(filter_args(holder, ["n"]))
     assert result["NodeNames"] == ["n"]
 
 
@@ -225,7 +226,7 @@ async def test_a_young_lock_does_not_keep_the_filter_away() -> None:
     r.locked_by("ns", "holder", datetime.now(UTC))
     r.model.apply_node("MODIFIED", r.kube.node("n"))
     r.add_watched_pod(gpu_pod("p"))
-    result = r.scheduler.filter({"Pod": r.kube.pod("ns", "p"), "NodeNames": ["n"]})
+    result = r.scheduler.filter(filter_args(r.kube.pod("ns", "p"), ["n"]))
     assert result["NodeNames"] == ["n"]
 
 

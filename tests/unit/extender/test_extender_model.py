@@ -29,6 +29,7 @@ from hamipy.extender.model import (
 from hamipy.protocol import keys
 from hamipy.protocol.config import Config
 from hamipy.protocol.devices import ContainerDevice
+from hamipy.protocol.identifiers import GpuUuid
 from hamipy.protocol.node_handshake import requesting
 
 CONFIG = Config()
@@ -109,7 +110,7 @@ def test_gpu_is_not_cordoned_unless_told() -> None:
     device = gpu("A")
     assert not Gpu.of(device).cordoned
     plain = Gpu(
-        uuid="A",
+        uuid=GpuUuid("A"),
         index=0,
         count=1,
         devmem=1,
@@ -131,7 +132,9 @@ def test_node_known_only_from_a_pod_offers_nothing() -> None:
     assert not placeholder.registered
     assert not placeholder.usable(NOW)
     assert (placeholder.free_slot_gpus, placeholder.max_free_mem, placeholder.allocatable_gpus) == (0, 0, 0)
-    assert NodeState("fresh") == NodeState("fresh", registered=False, free_slot_gpus=0, max_free_mem=0)
+    assert NodeState(NodeName("fresh")) == NodeState(
+        NodeName("fresh"), registered=False, free_slot_gpus=0, max_free_mem=0
+    )
     ask = build_ask(gpu_pod("p"), CONFIG)
     assert decide(model, ask, ["late"], now=NOW).unresolvable["late"].text() == "NodeUnregistered"
     # The node registers: it still holds the malformed allocation, so it offers nothing yet.
@@ -152,7 +155,7 @@ def test_node_known_only_from_a_pod_offers_nothing() -> None:
     ],
 )
 def test_node_is_usable_only_when_nothing_is_wrong(change: dict[str, Any], usable: bool) -> None:
-    state = NodeState("n", registered=True)
+    state = NodeState(NodeName("n"), registered=True)
     for field, value in change.items():
         setattr(state, field, value)
     assert state.usable(NOW) is usable
@@ -402,8 +405,8 @@ def test_allocation_counts_on_spec_node_not_on_vgpu_node() -> None:
     assert used(model, "a")["A"] == (0, 0, 0)
     assert used(model, "b")["C"] == (1, 50, 5)
     assert model.nodes["a"].score == 0.0
-    assert [c.name for c in model.pods_on("b")] == ["p"]
-    assert model.pods_on("a") == []
+    assert [c.name for c in model.pods_on(NodeName("b"))] == ["p"]
+    assert model.pods_on(NodeName("a")) == []
 
 
 def test_pod_without_a_node_or_allocation_takes_nothing() -> None:
@@ -596,7 +599,7 @@ def test_pod_relist_drops_stale_allocations_and_keeps_listed_ones_once() -> None
     problems = model.replace_pods([running("stays", "n", [[dev("A", 100, 10)]])])
     assert problems == []
     assert used(model, "n") == {"A": (1, 100, 10), "B": (1, 50, 5)}
-    assert sorted(c.name for c in model.pods_on("n")) == ["planned", "stays"]
+    assert sorted(c.name for c in model.pods_on(NodeName("n"))) == ["planned", "stays"]
 
 
 def test_pod_relist_reports_malformed_and_forgets_bad_pods_not_listed() -> None:

@@ -9,12 +9,13 @@ from typing import Any
 
 import pytest
 from builders import container, gpu, gpu_node, gpu_pod
-from extender_fakes import BIND_SETTINGS, BindRig, bind_rig
+from extender_fakes import BIND_SETTINGS, BindRig, bind_rig, filter_args
 
 from hamipy.extender.errors import BindRefused
 from hamipy.extender.model import ClusterModel, PodUid
 from hamipy.extender.quota import QUOTA_EXCEEDED, Quotas
 from hamipy.protocol import keys
+from hamipy.protocol.identifiers import NodeName
 
 
 def quota(name: str, namespace: str = "ns", **hard: str) -> dict[str, Any]:
@@ -35,7 +36,7 @@ def rig(*quotas: dict[str, Any], mem: int = 32768, gpus: int = 2) -> BindRig:
 
 def filter_(r: BindRig, p: dict[str, Any]) -> dict[str, Any]:
     r.add_watched_pod(p)
-    return r.scheduler.filter({"Pod": p, "NodeNames": ["n"]})
+    return r.scheduler.filter(filter_args(p, ["n"]))
 
 
 # ---- reading quotas
@@ -123,7 +124,7 @@ def test_a_freed_quota_admits_the_waiting_pod() -> None:
     filter_(r, gpu_pod("b", container(gpu=1, gpumem=8192)))
     assert filter_(r, gpu_pod("c", container(gpu=1, gpumem=8192)))["NodeNames"] == []
     r.model.release(PodUid("uid-ns-a"))
-    assert r.scheduler.filter({"Pod": gpu_pod("c", container(gpu=1, gpumem=8192)), "NodeNames": ["n"]})[
+    assert r.scheduler.filter(filter_args(gpu_pod("c", container(gpu=1, gpumem=8192)), ["n"]))[
         "NodeNames"
     ] == ["n"]
 
@@ -139,7 +140,7 @@ def test_a_percentage_pod_goes_where_its_charge_fits() -> None:
     r.model.quotas.replace([quota("q", mem="10000")])
     p = gpu_pod("p", container(gpu=1, gpumem_percentage=50))
     r.add_watched_pod(p)
-    answer = r.scheduler.filter({"Pod": p, "NodeNames": ["big", "small"]})
+    answer = r.scheduler.filter(filter_args(p, ["big", "small"]))
     assert answer["NodeNames"] == ["small"]
 
 
@@ -155,13 +156,13 @@ async def test_a_bind_past_the_quota_is_refused() -> None:
     the namespace (in flight ones included) and writes nothing."""
     r = rig()
     filter_(r, gpu_pod("a", container(gpu=1, gpumem=8192)))
-    await r.binder.bind(namespace="ns", name="a", uid="uid-ns-a", node="n")
+    await r.binder.bind(namespace="ns", name="a", uid=PodUid("uid-ns-a"), node=NodeName("n"))
     filter_(r, gpu_pod("b", container(gpu=1, gpumem=8192)))
     r.model.quotas.replace([quota("team", mem="12288")])
     with pytest.raises(
         BindRefused, match=f"{QUOTA_EXCEEDED}: quota ns/team: .* 8192 used, the pod asks 8192"
     ):
-        await r.binder.bind(namespace="ns", name="b", uid="uid-ns-b", node="n")
+        await r.binder.bind(namespace="ns", name="b", uid=PodUid("uid-ns-b"), node=NodeName("n"))
     assert not r.kube.pod("ns", "b")["spec"].get("nodeName")
     assert PodUid("uid-ns-b") not in r.model.contributions
     assert keys.DEVICES_ALLOCATED not in r.kube.pod("ns", "b")["metadata"]["annotations"]
@@ -175,11 +176,11 @@ async def test_a_leader_still_catching_up_binds_no_pod_of_a_namespace_with_a_quo
     filter_(r, gpu_pod("a", container(gpu=1, gpumem=8192)))
     waits = f"{QUOTA_EXCEEDED}: namespace ns has a GPU quota .* pods \\(a new leader\\)"
     with pytest.raises(BindRefused, match=waits):
-        await r.binder.bind(namespace="ns", name="a", uid="uid-ns-a", node="n")
+        await r.binder.bind(namespace="ns", name="a", uid=PodUid("uid-ns-a"), node=NodeName("n"))
     assert not r.kube.pod("ns", "a")["spec"].get("nodeName")
     # A namespace without a quota binds on the locked path as before.
     r.model.quotas.replace([])
-    await r.binder.bind(namespace="ns", name="a", uid="uid-ns-a", node="n")
+    await r.binder.bind(namespace="ns", name="a", uid=PodUid("uid-ns-a"), node=NodeName("n"))
     assert r.kube.pod("ns", "a")["spec"]["nodeName"] == "n"
 
 

@@ -27,6 +27,7 @@ from hamipy.kube.events import EventRecorder
 from hamipy.kube.resources import pod_path
 from hamipy.protocol import keys
 from hamipy.protocol.config import Config
+from hamipy.protocol.identifiers import NodeName, PodUid
 
 OLDER = "2026-01-01T00:00:00Z"
 NEWER = "2026-06-01T00:00:00Z"
@@ -248,14 +249,14 @@ async def test_the_locked_bind_refuses_a_duplicate_and_counts_the_owners_twins()
     # The duplicate X on new has 1500 MiB free, Y too little: p fits only if X were offered.
     r.kube.add(gpu_pod("p", container(gpu=1, gpumem=1000)))
     with pytest.raises(BindRefused, match="CardRefused"):
-        await r.binder.bind(namespace="ns", name="p", uid="uid-ns-p", node="new")
+        await r.binder.bind(namespace="ns", name="p", uid=PodUid("uid-ns-p"), node=NodeName("new"))
     assert "nodeName" not in r.kube.pod("ns", "p")["spec"]
     # The owner's X has 2000 MiB less the twin's 500.
     r.kube.add(gpu_pod("q", container(gpu=1, gpumem=1600)))
     with pytest.raises(BindRefused, match="CardInsufficientMemory"):
-        await r.binder.bind(namespace="ns", name="q", uid="uid-ns-q", node="old")
+        await r.binder.bind(namespace="ns", name="q", uid=PodUid("uid-ns-q"), node=NodeName("old"))
     r.kube.add(gpu_pod("s", container(gpu=1, gpumem=1500)))
-    await r.binder.bind(namespace="ns", name="s", uid="uid-ns-s", node="old")
+    await r.binder.bind(namespace="ns", name="s", uid=PodUid("uid-ns-s"), node=NodeName("old"))
 
 
 def test_a_refused_gpu_is_logged_and_reported_on_its_node() -> None:

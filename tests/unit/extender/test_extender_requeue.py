@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from builders import container, gpu, gpu_node, gpu_pod
-from extender_fakes import BindRig, bind_rig
+from extender_fakes import BindRig, bind_rig, filter_args
 from fake_kube import FakeKube
 
 from hamipy.devcluster import wait_for
@@ -68,7 +68,7 @@ def rig_with_waiting_pod() -> tuple[BindRig, Requeuer, Clock]:
     rig.add_watched_pod(big)
     waits = gpu_pod("waits", container(gpu=1, gpumem=8000))
     rig.add_watched_pod(waits)
-    result = rig.scheduler.filter({"Pod": waits, "NodeNames": ["n"]})
+    result = rig.scheduler.filter(filter_args(waits, ["n"]))
     assert result["NodeNames"] == []
     return rig, r, clock
 
@@ -177,7 +177,7 @@ def test_the_model_reports_gpus_freed_by_a_pod_leaving_or_a_reservation_dropped(
     freed = recording(rig.model)
     p = gpu_pod("p")
     rig.add_watched_pod(p)
-    rig.scheduler.filter({"Pod": p, "NodeNames": ["n"]})
+    rig.scheduler.filter(filter_args(p, ["n"]))
     assert freed == []  # a reservation takes, it frees nothing
     rig.model.release(PodUid("uid-ns-p"))
     assert freed == ["n"]

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from builders import allocation, container, gpu, gpu_node, gpu_pod
-from extender_fakes import BIND_SETTINGS, BindRig, bind_rig, shared_rig
+from extender_fakes import BIND_SETTINGS, BindRig, bind_rig, filter_args, shared_rig
 
 from hamipy.extender.errors import BindRefused, LockTimeout
 from hamipy.extender.invariant import check_cluster
@@ -20,6 +20,7 @@ from hamipy.extender.model import PodUid
 from hamipy.kube.errors import KubeError
 from hamipy.protocol import encode_pod_devices
 from hamipy.protocol.devices import ContainerDevice
+from hamipy.protocol.identifiers import NodeName
 
 P = PodUid("uid-ns-p")
 
@@ -45,7 +46,7 @@ def held_on(r: BindRig) -> tuple[str, str, list[str]]:
 def filter_chooses(r: BindRig, name: str) -> str:
     """The node a filter of the watched, exclusive pod ``name`` chooses among ``n`` and ``m``."""
     r.add_watched_pod(exclusive(name))
-    result = r.scheduler.filter({"Pod": exclusive(name), "NodeNames": ["n", "m"]})
+    result = r.scheduler.filter(filter_args(exclusive(name), ["n", "m"]))
     (chosen,) = result["NodeNames"]
     return str(chosen)
 
@@ -86,11 +87,11 @@ async def test_a_second_bind_of_a_bound_pod_leaves_its_gpus_counted() -> None:
     choose it, and the second bind is refused naming where ``p`` is."""
     r = two_nodes()
     r.add_watched_pod(exclusive("p"))
-    await r.binder.bind(namespace="ns", name="p", uid=P, node="n")
+    await r.binder.bind(namespace="ns", name="p", uid=P, node=NodeName("n"))
     assert held_on(r) == ("allocated", "n", ["A"])
 
     bindings = Bindings(r)
-    second = asyncio.create_task(r.binder.bind(namespace="ns", name="p", uid=P, node="m"))
+    second = asyncio.create_task(r.binder.bind(namespace="ns", name="p", uid=P, node=NodeName("m")))
     await run_until_blocked(second)
     assert held_on(r) == ("allocated", "n", ["A"])
     assert filter_chooses(r, "q") == "m"
@@ -108,11 +109,11 @@ async def test_a_second_bind_waits_for_the_first_in_flight_and_takes_its_outcome
     r = two_nodes()
     r.add_watched_pod(exclusive("p"))
     bindings = Bindings(r)
-    first = asyncio.create_task(r.binder.bind(namespace="ns", name="p", uid=P, node="n"))
+    first = asyncio.create_task(r.binder.bind(namespace="ns", name="p", uid=P, node=NodeName("n")))
     await asyncio.wait_for(bindings.arrived.wait(), 5)
     assert held_on(r) == ("binding", "n", ["A"])
 
-    second = asyncio.create_task(r.binder.bind(namespace="ns", name="p", uid=P, node="m"))
+    second = asyncio.create_task(r.binder.bind(namespace="ns", name="p", uid=P, node=NodeName("m")))
     await run_until_blocked(second)
     assert held_on(r) == ("binding", "n", ["A"])
     assert filter_chooses(r, "q") == "m"
@@ -132,9 +133,9 @@ async def test_a_second_bind_to_the_same_node_succeeds_once_the_first_has_bound(
     r = two_nodes()
     r.add_watched_pod(exclusive("p"))
     bindings = Bindings(r)
-    first = asyncio.create_task(r.binder.bind(namespace="ns", name="p", uid=P, node="n"))
+    first = asyncio.create_task(r.binder.bind(namespace="ns", name="p", uid=P, node=NodeName("n")))
     await asyncio.wait_for(bindings.arrived.wait(), 5)
-    second = asyncio.create_task(r.binder.bind(namespace="ns", name="p", uid=P, node="n"))
+    second = asyncio.create_task(r.binder.bind(namespace="ns", name="p", uid=P, node=NodeName("n")))
     bindings.release.set()
     await asyncio.gather(first, second)
     assert bindings.sent == 1
@@ -146,9 +147,9 @@ async def test_a_second_bind_goes_ahead_when_the_first_failed() -> None:
     r.add_watched_pod(exclusive("p"))
     bindings = Bindings(r)
     bindings.fail = KubeError("etcd timed out", status=500)
-    first = asyncio.create_task(r.binder.bind(namespace="ns", name="p", uid=P, node="n"))
+    first = asyncio.create_task(r.binder.bind(namespace="ns", name="p", uid=P, node=NodeName("n")))
     await asyncio.wait_for(bindings.arrived.wait(), 5)
-    second = asyncio.create_task(r.binder.bind(namespace="ns", name="p", uid=P, node="m"))
+    second = asyncio.create_task(r.binder.bind(namespace="ns", name="p", uid=P, node=NodeName("m")))
     bindings.release.set()
     with pytest.raises(KubeError):
         await first
@@ -161,10 +162,10 @@ async def test_a_second_bind_that_waits_too_long_is_refused_and_frees_nothing() 
     r = two_nodes()
     r.add_watched_pod(exclusive("p"))
     bindings = Bindings(r)
-    first = asyncio.create_task(r.binder.bind(namespace="ns", name="p", uid=P, node="n"))
+    first = asyncio.create_task(r.binder.bind(namespace="ns", name="p", uid=P, node=NodeName("n")))
     await asyncio.wait_for(bindings.arrived.wait(), 5)
     with pytest.raises(BindRefused, match="another bind of pod ns/p is in flight"):
-        await r.binder.bind(namespace="ns", name="p", uid=P, node="m")
+        await r.binder.bind(namespace="ns", name="p", uid=P, node=NodeName("m"))
     assert held_on(r) == ("binding", "n", ["A"])
     bindings.release.set()
     await first
@@ -193,7 +194,7 @@ async def test_a_failed_bind_leaves_the_allocation_the_watch_reported_meanwhile(
 
     r.kube.on_request = report_bound
     with pytest.raises(LockTimeout):
-        await r.binder.bind(namespace="ns", name="p", uid=P, node="n")
+        await r.binder.bind(namespace="ns", name="p", uid=P, node=NodeName("n"))
     assert held_on(r) == ("allocated", "m", ["B"])
     assert r.model.nodes["m"].gpus[0].used_cores == 100
 
@@ -222,7 +223,7 @@ async def test_a_binding_whose_answer_is_lost_keeps_its_gpus_counted_until_the_a
     r.add_watched_pod(exclusive("p"))
     lose_binding_answers(r, written=written)
     with pytest.raises(KubeError, match="TimeoutError"):
-        await r.binder.bind(namespace="ns", name="p", uid=P, node="n")
+        await r.binder.bind(namespace="ns", name="p", uid=P, node=NodeName("n"))
     assert held_on(r) == ("reserved", "n", ["A"])
     assert filter_chooses(r, "q") == "m"
     if written:
@@ -241,7 +242,7 @@ async def test_a_binding_in_doubt_on_the_locked_path_stays_counted() -> None:
     r.add_watched_pod(exclusive("p"))
     r.kube.fail(KubeError("timeout", status=0), "POST", "/api/v1/namespaces/ns/pods/p/binding")
     with pytest.raises(KubeError, match="timeout"):
-        await r.binder.bind(namespace="ns", name="p", uid=P, node="n")
+        await r.binder.bind(namespace="ns", name="p", uid=P, node=NodeName("n"))
     assert held_on(r) == ("reserved", "n", ["A"])
     assert r.model.in_doubt(P)
 
@@ -254,12 +255,12 @@ async def test_the_pods_next_filter_leaves_a_binding_in_doubt_counted() -> None:
     r.add_watched_pod(exclusive("p"))
     lose_binding_answers(r, written=True)
     with pytest.raises(KubeError, match="TimeoutError"):
-        await r.binder.bind(namespace="ns", name="p", uid=P, node="n")
-    assert r.scheduler.filter({"Pod": exclusive("p"), "NodeNames": ["n", "m"]})["NodeNames"] == ["m"]
+        await r.binder.bind(namespace="ns", name="p", uid=P, node=NodeName("n"))
+    assert r.scheduler.filter(filter_args(exclusive("p"), ["n", "m"]))["NodeNames"] == ["m"]
     assert held_on(r) == ("reserved", "n", ["A"]), "the filter replaced the hold in doubt"
     assert filter_chooses(r, "q") == "m", "p's GPU on n was offered to q"
     with pytest.raises(BindRefused, match="no longer fits node n"):
-        await r.binder.bind(namespace="ns", name="q", uid="uid-ns-q", node="n")
+        await r.binder.bind(namespace="ns", name="q", uid=PodUid("uid-ns-q"), node=NodeName("n"))
     assert (await check_cluster(r.kube)).ok
 
 
@@ -272,15 +273,15 @@ async def test_a_retried_bind_reads_whether_the_binding_in_doubt_was_written(wri
     r.add_watched_pod(exclusive("p"))
     lose_binding_answers(r, written=written)
     with pytest.raises(KubeError, match="TimeoutError"):
-        await r.binder.bind(namespace="ns", name="p", uid=P, node="n")
+        await r.binder.bind(namespace="ns", name="p", uid=P, node=NodeName("n"))
     first = len(r.kube.calls)
     if written:
         with pytest.raises(BindRefused, match="already bound to n"):
-            await r.binder.bind(namespace="ns", name="p", uid=P, node="m")
+            await r.binder.bind(namespace="ns", name="p", uid=P, node=NodeName("m"))
         assert held_on(r) == ("allocated", "n", ["A"])
         assert r.kube.calls[first:] == [("GET", "/api/v1/namespaces/ns/pods/p")], "not just one read"
     else:
-        await r.binder.bind(namespace="ns", name="p", uid=P, node="m")
+        await r.binder.bind(namespace="ns", name="p", uid=P, node=NodeName("m"))
         assert held_on(r) == ("allocated", "m", ["B"])
         assert r.model.nodes["n"].gpus[0].used_cores == 0
     assert r.kube.pod("ns", "p")["spec"]["nodeName"] == ("n" if written else "m")
@@ -299,8 +300,8 @@ async def test_a_pod_whose_binding_is_in_doubt_preempts_nothing() -> None:
     r.add_watched_pod(important)
     lose_binding_answers(r, written=True)
     with pytest.raises(KubeError, match="TimeoutError"):
-        await r.binder.bind(namespace="ns", name="p", uid=P, node="n")
-    assert r.scheduler.filter({"Pod": important, "NodeNames": ["n", "m"]})["NodeNames"] == []
+        await r.binder.bind(namespace="ns", name="p", uid=P, node=NodeName("n"))
+    assert r.scheduler.filter(filter_args(important, ["n", "m"]))["NodeNames"] == []
     assert r.evictor is not None
     await r.evictor.idle()
     assert [call for call in r.kube.calls if call[0] == "DELETE"] == []
@@ -315,6 +316,6 @@ async def test_a_replica_whose_binds_read_fresh_state_holds_nothing_in_doubt() -
     r.add_watched_pod(exclusive("p"))
     r.kube.fail(KubeError("timeout", status=0), "POST", "/api/v1/namespaces/ns/pods/p/binding")
     with pytest.raises(KubeError, match="timeout"):
-        await r.binder.bind(namespace="ns", name="p", uid=P, node="n")
+        await r.binder.bind(namespace="ns", name="p", uid=P, node=NodeName("n"))
     assert P not in r.model.contributions
     assert r.lock() is None

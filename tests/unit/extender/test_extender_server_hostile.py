@@ -91,50 +91,55 @@ def node_with(path: tuple[str, ...], value: object) -> dict[str, Any]:
 # -- malformed arguments: HTTP 400 ------------------------------------------------------------------------
 
 MALFORMED = [
-    pytest.param(b"[" * 100_000, "nested deeper than 100", id="deep-array"),
-    pytest.param(b'{"Pod":' * 5_000 + b"1" + b"}" * 5_000, "nested deeper than 100", id="deep-object"),
+    pytest.param(b"[" * 100_000, "Expected `object`, got `array`", id="deep-array"),
+    pytest.param(b'{"Pod":' * 5_000 + b"1" + b"}" * 5_000, "nested too deeply", id="deep-object"),
+    pytest.param(
+        b'{"Pod": {"metadata": {}, "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}}",
+        "nested too deeply",
+        id="deep-unread-field",
+    ),
     pytest.param(
         args_with(("Pod", "metadata", "annotations"), ["team=ml"]),
-        "body.Pod.metadata.annotations is an array, expected an object",
+        "Expected `object | null`, got `array` - at `$.Pod.metadata.annotations`",
         id="annotations-array",
     ),
     pytest.param(
         args_with(("Pod", "metadata", "annotations"), "team=ml"),
-        "body.Pod.metadata.annotations is a string, expected an object",
+        "Expected `object | null`, got `str` - at `$.Pod.metadata.annotations`",
         id="annotations-string",
     ),
     pytest.param(
         args_with(("Pod", "metadata", "annotations", "team"), {"x": 1}),
-        "body.Pod.metadata.annotations['team'] is an object, expected a string",
+        "Expected `str`, got `object` - at `$.Pod.metadata.annotations[...]`",
         id="annotation-value-object",
     ),
     pytest.param(
         args_with(("Pod", "metadata", "uid"), ["u"]),
-        "body.Pod.metadata.uid is an array, expected a string",
+        "Expected `str | null`, got `array` - at `$.Pod.metadata.uid`",
         id="uid-array",
     ),
     pytest.param(
         args_with(("Pod", "spec", "containers"), {"name": "c"}),
-        "body.Pod.spec.containers is an object, expected an array",
+        "Expected `array | null`, got `object` - at `$.Pod.spec.containers`",
         id="containers-object",
     ),
     pytest.param(
         args_with(("Pod", "spec", "containers", 0), "c"),
-        "body.Pod.spec.containers[0] is a string, expected an object",
+        "Expected `object`, got `str` - at `$.Pod.spec.containers[0]`",
         id="container-string",
     ),
-    pytest.param(args_with(("Pod", "spec"), 3), "body.Pod.spec is a number", id="spec-number"),
+    pytest.param(args_with(("Pod", "spec"), 3), "got `int` - at `$.Pod.spec`", id="spec-number"),
     pytest.param(
         nodes_form(node_with(("metadata",), ["c"])),
-        "body.Nodes.items[0].metadata is an array, expected an object",
+        "Expected `object`, got `array` - at `$.Nodes.items[0].metadata`",
         id="node-metadata-array",
     ),
     pytest.param(
         nodes_form(node_with(("metadata", "annotations"), "x")),
-        "body.Nodes.items[0].metadata.annotations is a string",
+        "got `str` - at `$.Nodes.items[0].metadata.annotations`",
         id="node-annotations-string",
     ),
-    pytest.param(nodes_form("c"), "body.Nodes.items[0] is a string, expected an object", id="node-string"),
+    pytest.param(nodes_form("c"), "Expected `object`, got `str` - at `$.Nodes.items[0]`", id="node-string"),
 ]
 
 
@@ -158,17 +163,21 @@ async def test_malformed_arguments_get_400_with_the_reason(
     ("args", "says"),
     [
         pytest.param(
-            {"PodName": ["p"], "PodNamespace": "ns", "Node": "a"}, "body.PodName is an array", id="name"
+            {"PodName": ["p"], "PodNamespace": "ns", "Node": "a"},
+            "Expected `str`, got `array` - at `$.PodName`",
+            id="name",
         ),
         pytest.param(
-            {"PodName": "p", "PodNamespace": "ns", "Node": {"n": 1}}, "body.Node is an object", id="node"
+            {"PodName": "p", "PodNamespace": "ns", "Node": {"n": 1}},
+            "Expected `str`, got `object` - at `$.Node`",
+            id="node",
         ),
         pytest.param(
             {"PodName": "p", "PodNamespace": "ns", "Node": "a", "PodUID": 5},
-            "body.PodUID is a number",
+            "Expected `str`, got `int` - at `$.PodUID`",
             id="uid",
         ),
-        pytest.param([], "body is an array, expected an object", id="array"),
+        pytest.param([], "Expected `object`, got `array`", id="array"),
     ],
 )
 async def test_malformed_binding_arguments_get_400(server: ExtenderServer, args: object, says: str) -> None:

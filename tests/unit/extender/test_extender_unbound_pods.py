@@ -10,7 +10,7 @@ import copy
 from typing import Any
 
 from builders import allocation, container, gpu, gpu_node, gpu_pod
-from extender_fakes import BIND_SETTINGS, BindRig, bind_args, bind_rig, shared_rig
+from extender_fakes import BIND_SETTINGS, BindRig, bind_args, bind_rig, filter_args, shared_rig
 
 from hamipy.extender.invariant import check_cluster, check_objects
 from hamipy.extender.model import ClusterModel, PodUid
@@ -47,7 +47,7 @@ def used(model: ClusterModel) -> dict[str, tuple[int, int, int]]:
 
 
 def filter_n(r: BindRig, p: dict[str, Any]) -> list[str]:
-    names: list[str] = r.scheduler.filter({"Pod": p, "NodeNames": ["n"]})["NodeNames"]
+    names: list[str] = r.scheduler.filter(filter_args(p, ["n"]))["NodeNames"]
     return names
 
 
@@ -86,7 +86,7 @@ def test_a_malformed_allocation_on_a_bound_pod_blocks_its_node_until_it_goes() -
     bad = squatter(bound=True, allocated="not a device list")
     assert len(r.model.apply_pod("ADDED", bad)) == 1
     r.add_watched_pod(gpu_pod("p"))
-    answer = r.scheduler.filter({"Pod": gpu_pod("p"), "NodeNames": ["n"]})
+    answer = r.scheduler.filter(filter_args(gpu_pod("p"), ["n"]))
     assert answer["NodeNames"] == []
     assert answer["FailedNodes"] == {"n": "NodeAllocationUnknown"}
     r.model.apply_pod("DELETED", bad)

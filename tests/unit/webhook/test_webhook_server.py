@@ -107,11 +107,11 @@ async def test_admission_over_tls(running: Running) -> None:
     ("body", "reason"),
     [
         pytest.param(b"<html>", "not_json", id="not-json"),
-        pytest.param(b'{"kind": "ConfigMap"}', "wrong_kind", id="wrong-kind"),
-        pytest.param(b'{"kind": "AdmissionReview", "apiVersion": "v1"}', "wrong_version", id="wrong-version"),
+        pytest.param(b'{"kind": "ConfigMap"}', "invalid", id="wrong-kind"),
+        pytest.param(b'{"kind": "AdmissionReview", "apiVersion": "v1"}', "invalid", id="wrong-version"),
         pytest.param(
             b'{"kind": "AdmissionReview", "apiVersion": "admission.k8s.io/v1", "request": {"object": {}}}',
-            "no_uid",
+            "invalid",
             id="missing-uid",
         ),
         pytest.param(b"x" * (BODY_LIMIT + 1), "too_large", id="over-limit"),

@@ -16,6 +16,8 @@ the rest lives in submodules named for what they define:
 - ``settings``: each service's settings, declared once, as flags and environment variables
 - ``keys``: annotation, label and resource names
 - ``cel``: the CEL literals and the GPU-pod test the API server evaluates (registration, policies)
+- ``kube_objects``: the fields of Pods and Nodes read from a request body, typed for msgspec
+- ``identifiers``: ``NodeName``, ``PodUid``, ``GpuUuid``, distinct to the type checker
 """
 
 from __future__ import annotations

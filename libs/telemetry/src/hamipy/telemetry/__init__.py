@@ -5,16 +5,15 @@
 - ``make_tracer_provider`` (``tracing``): a provider of our own (not the process-global one)
   configured by the OpenTelemetry SDK from the standard ``OTEL_*`` variables, with our defaults only
   where they are unset.
-- ``pod_trace_context`` / ``traceparent_of`` / ``incoming_context``: one trace per pod. The webhook
-  starts it (continuing the API server's ``traceparent`` when it sends one) and records the W3C
-  ``traceparent`` in the pod annotation ``hami-py.io/traceparent``; the extender and the device
-  plugin continue it from there.
+- ``pod_trace_context`` / ``traceparent_context`` / ``traceparent_of`` / ``incoming_context``: one
+  trace per pod. The webhook starts it (continuing the API server's ``traceparent`` when it sends
+  one) and records the W3C ``traceparent`` in the pod annotation ``hami-py.io/traceparent``; the
+  extender and the device plugin continue it from there.
 
 Metrics stay in each service: their names and labels are the service's own contract. Other
 submodules: ``service`` (``ServiceTelemetry``: one service's logger, metrics and tracer together),
-``exposition`` (gauge families written straight to Prometheus text), ``gc_pauses`` (the garbage
-collector's pauses as a histogram) and ``json_bodies`` (reading an untrusted JSON body:
-depth-bounded, fields of the wrong JSON type named). Serving HTTP and keeping the process up live
+``exposition`` (gauge families written straight to Prometheus text) and ``gc_pauses`` (the garbage
+collector's pauses as a histogram). Serving HTTP and keeping the process up live
 in ``hamipy.serving``.
 """
 
@@ -27,6 +26,7 @@ from hamipy.telemetry.tracing import (
     incoming_context,
     make_tracer_provider,
     pod_trace_context,
+    traceparent_context,
     traceparent_of,
 )
 
@@ -38,5 +38,6 @@ __all__ = [
     "make_logger",
     "make_tracer_provider",
     "pod_trace_context",
+    "traceparent_context",
     "traceparent_of",
 ]

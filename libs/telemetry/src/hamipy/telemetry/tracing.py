@@ -43,6 +43,7 @@ __all__ = [
     "incoming_context",
     "make_tracer_provider",
     "pod_trace_context",
+    "traceparent_context",
     "traceparent_of",
 ]
 
@@ -141,9 +142,15 @@ def pod_trace_context(pod: Mapping[str, Any]) -> Context | None:
     metadata = pod.get("metadata")
     annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
     value = annotations.get(keys.TRACE_CONTEXT) if isinstance(annotations, Mapping) else None
-    if not isinstance(value, str) or not value:
+    return traceparent_context(value if isinstance(value, str) else None)
+
+
+def traceparent_context(traceparent: str | None) -> Context | None:
+    """The trace context a W3C ``traceparent`` names (a pod annotation's value), or None when it
+    names none that is valid."""
+    if not traceparent:
         return None
-    context = _POD_PROPAGATOR.extract({"traceparent": value})
+    context = _POD_PROPAGATOR.extract({"traceparent": traceparent})
     return context if trace.get_current_span(context).get_span_context().is_valid else None
 
 

@@ -123,8 +123,8 @@ class _Target(NamedTuple):
 
     namespace: str
     name: str
-    uid: str
-    node: str
+    uid: PodUid
+    node: NodeName
 
 
 @dataclasses.dataclass
@@ -198,7 +198,7 @@ class Binder:
         mutex = self._mutexes.get(node)
         return (mutex is not None and mutex.locked()) or self._waiting[node] > 0
 
-    async def bind(self, *, namespace: str, name: str, uid: str, node: str) -> None:
+    async def bind(self, *, namespace: str, name: str, uid: PodUid, node: NodeName) -> None:
         """Bind ``namespace/name`` to ``node``; raises ``BindRefused`` or ``KubeError``.
 
         Binds of one pod run one at a time here (``PodTurns``): a second one (kube-scheduler retrying

@@ -2,6 +2,7 @@
 
     Exception
      └── ExtenderError            something the extender could not do; the message names the object
+          ├── BadRequest          a request body is not the extender argument it should be (HTTP 400)
           └── BindRefused         a bind cannot go ahead; ``reason`` is what the user is told
                └── LockTimeout    the node stayed locked by another pod past the bind deadline
 
@@ -12,11 +13,15 @@ Kubernetes API failures are ``hamipy.kube.errors.KubeError`` (``NotFound``, ``Co
 
 from __future__ import annotations
 
-__all__ = ["BindRefused", "ExtenderError", "LockTimeout"]
+__all__ = ["BadRequest", "BindRefused", "ExtenderError", "LockTimeout"]
 
 
 class ExtenderError(Exception):
     """Base of every error raised by the extender itself."""
+
+
+class BadRequest(ExtenderError):
+    """The body is not the extender argument it should be (answered with HTTP 400)."""
 
 
 class BindRefused(ExtenderError):

@@ -226,7 +226,7 @@ def _fit_container(
         return None
     order = gpu_order(gpus, used, req, policy=ask.gpu_policy, weights=ask.weights)
     if preferred:
-        position = {g.uuid: i for i, g in enumerate(gpus)}
+        position: dict[str, int] = {g.uuid: i for i, g in enumerate(gpus)}
         first = [position[u] for u in preferred if u in position]
         order = first + [i for i in order if i not in first]
     verdicts = {i: _check(gpus[i], used[i], req, ask.prefs) for i in order}

@@ -121,10 +121,10 @@ def check_objects(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str
             acc[2] += cores
             holders.setdefault((node, uuid), []).append(ident)
     checks = [(key[0], key, [key]) for key in sorted(used)]
-    for uuid, claimants in sorted(claims.items()):
+    for claimed, claimants in sorted(claims.items()):
         if len(claimants) > 1:
             ranked = [name for _, name in sorted(claimants)]
-            checks.append(("+".join(ranked), (ranked[0], uuid), [(name, uuid) for name in ranked]))
+            checks.append(("+".join(ranked), (ranked[0], claimed), [(name, claimed) for name in ranked]))
     for label, owner, keys_ in checks:
         cap = capacity.get(owner)
         shared = [used[k] for k in keys_ if k in used]

@@ -60,7 +60,7 @@ import dataclasses
 import heapq
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any, Final, Literal, NewType
+from typing import Any, Final, Literal
 
 from hamipy.extender.disruption_budgets import DisruptionBudgets
 from hamipy.extender.gpu_claims import ZERO_MEMORY, ClaimChange, GpuClaims, refusal_text
@@ -69,6 +69,7 @@ from hamipy.extender.quota import Quotas
 from hamipy.protocol import keys
 from hamipy.protocol.devices import ContainerDevice, DeviceInfo, PodDevices
 from hamipy.protocol.errors import ProtocolError
+from hamipy.protocol.identifiers import GpuUuid, NodeName, PodUid
 from hamipy.protocol.node_devices import decode_node_devices
 from hamipy.protocol.node_handshake import HANDSHAKE_TIMEOUT, parse_handshake, reported_by_us
 from hamipy.protocol.node_lock import NodeLock, parse_node_lock
@@ -99,8 +100,6 @@ __all__ = [
     "pod_usage",
 ]
 
-NodeName = NewType("NodeName", str)
-PodUid = NewType("PodUid", str)
 EventType = Literal["ADDED", "MODIFIED", "DELETED"]
 Source = Literal["allocated", "binding", "reserved"]
 # (slots, memory MiB, cores percent) taken on one GPU.
@@ -115,7 +114,7 @@ _LOCK_RESOLUTION_S: Final = 1.0
 class Gpu:
     """One physical GPU of a node and what is allocated on it."""
 
-    uuid: str
+    uuid: GpuUuid
     index: int
     count: int
     devmem: int
@@ -142,7 +141,7 @@ class Gpu:
         return cls(
             node=node,
             refused=ZERO_MEMORY if dev.devmem <= 0 else None,
-            uuid=dev.id,
+            uuid=GpuUuid(dev.id),
             index=dev.index,
             count=dev.count,
             devmem=dev.devmem,
@@ -165,12 +164,12 @@ class NodeState:
     looking at their GPUs.
     """
 
-    name: str
+    name: NodeName
     uid: str = ""
     created: str = ""
     """``metadata.creationTimestamp``: the oldest node registering a GPU UUID owns it (``gpu_claims``)."""
     gpus: list[Gpu] = dataclasses.field(default_factory=list)
-    by_uuid: dict[str, Gpu] = dataclasses.field(default_factory=dict)
+    by_uuid: dict[GpuUuid, Gpu] = dataclasses.field(default_factory=dict)
     registered: bool = False
     problem: str | None = None
     """Why the node offers nothing although it registered (malformed register annotation)."""
@@ -253,7 +252,7 @@ class Contribution:
     node: NodeName
     devices: PodDevices
     n_init: int
-    usage: Mapping[str, Usage]
+    usage: Mapping[GpuUuid, Usage]
     source: Source
     expires_at: float | None = None
     raw: str | None = None
@@ -306,7 +305,7 @@ class Problem:
 
 def pod_usage(
     devices: Sequence[Sequence[ContainerDevice]], n_init: int, sidecars: frozenset[int] = frozenset()
-) -> dict[str, Usage]:
+) -> dict[GpuUuid, Usage]:
     """Per-GPU usage of a device list, as Kubernetes counts a pod's effective requests (KEP-753),
     per dimension: the larger of what the app containers hold together with every native sidecar
     (``sidecars``: positions among the ``n_init`` init containers), and the peak of each regular init
@@ -326,17 +325,17 @@ def pod_usage(
             acc = running.setdefault(uuid, [0, 0, 0])
             for k in range(3):
                 acc[k] += own[k]
-    usage: dict[str, Usage] = {}
+    usage: dict[GpuUuid, Usage] = {}
     for uuid in peak.keys() | running.keys():
         a, b = peak.get(uuid, _ZERO), running.get(uuid, _ZERO)
-        usage[uuid] = (max(a[0], b[0]), max(a[1], b[1]), max(a[2], b[2]))
+        usage[GpuUuid(uuid)] = (max(a[0], b[0]), max(a[1], b[1]), max(a[2], b[2]))
     return usage
 
 
 _ZERO: Final = (0, 0, 0)
 
 
-def charge_of(usage: Mapping[str, Usage]) -> tuple[int, int]:
+def charge_of(usage: Mapping[GpuUuid, Usage]) -> tuple[int, int]:
     """What a pod's usage counts against its namespace's quota: (MiB, cores) summed over its GPUs,
     so a container with two GPUs of 4096 MiB is charged 8192 MiB (``hamipy.extender.quota``)."""
     mem = cores = 0
@@ -435,7 +434,7 @@ def node_from_json(
     name = str(meta.get("name", ""))
     ann = _annotations(node)
     state = NodeState(
-        name=name,
+        name=NodeName(name),
         uid=str(meta.get("uid", "")),
         created=str(meta.get("creationTimestamp") or ""),
         ours=previous.ours if previous is not None else False,
@@ -704,7 +703,7 @@ class ClusterModel:
         state.version += 1
         self.order.put(state.name, state.score)
 
-    def _add_usage(self, state: NodeState, usage: Mapping[str, Usage], sign: int) -> None:
+    def _add_usage(self, state: NodeState, usage: Mapping[GpuUuid, Usage], sign: int) -> None:
         by_uuid = state.by_uuid
         for uuid, (slots, mem, cores) in usage.items():
             gpu = by_uuid.get(uuid)
@@ -755,7 +754,9 @@ class ClusterModel:
         if self.on_freed is not None:
             self.on_freed(node)
 
-    def freed_unless_kept(self, held: Contribution, node: str | None, devices: PodDevices | None) -> None:
+    def freed_unless_kept(
+        self, held: Contribution, node: NodeName | None, devices: PodDevices | None
+    ) -> None:
         """A pod set its reservation ``held`` aside quietly and now takes ``devices`` on ``node``
         (None: nothing): report ``held``'s node freed unless those are the same GPUs."""
         if node != held.node or devices != held.devices:
@@ -1033,7 +1034,7 @@ class ClusterModel:
                 dropped += 1
         return dropped
 
-    def pods_on(self, node: str) -> list[Contribution]:
+    def pods_on(self, node: NodeName) -> list[Contribution]:
         return [self.contributions[uid] for uid in self._by_node.get(node, ())]
 
 

@@ -24,25 +24,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Literal
 
 from hamipy.extender.telemetry import Metrics
+from hamipy.protocol.kube_objects import ObjectMeta
 
 __all__ = ["PodArrivals", "WaitResult"]
 
 WaitResult = Literal["reached", "timeout"]
 """How a wait ended: the watch reached the pod's version or holds the pod, or ``wait_s`` passed."""
-
-
-def _named(args: Mapping[str, Any]) -> tuple[str, str] | None:
-    """The UID and resourceVersion of ExtenderArgs' ``Pod``, when both are strings."""
-    pod = args.get("Pod")
-    meta = pod.get("metadata") if isinstance(pod, dict) else None
-    if not isinstance(meta, dict):
-        return None
-    uid, version = meta.get("uid"), meta.get("resourceVersion")
-    return (uid, version) if isinstance(uid, str) and isinstance(version, str) else None
 
 
 class PodArrivals:
@@ -76,13 +67,14 @@ class PodArrivals:
         reached = self._reached()
         return not self._held(uid) and version.isdigit() and reached.isdigit() and int(version) > int(reached)
 
-    async def wait(self, args: Mapping[str, Any]) -> WaitResult | None:
-        """Return once the pod watch has reached the pod ExtenderArgs ``args`` name (at once when it
-        has, or when they name no version), or after ``wait_s``; how the wait ended, None when there
-        was none."""
-        named = _named(args)
-        if named is None or self.wait_s <= 0 or not self._behind(*named):
+    async def wait(self, meta: ObjectMeta) -> WaitResult | None:
+        """Return once the pod watch has reached the pod of ExtenderArgs' ``Pod.metadata`` (at once
+        when it has, or when it names no version), or after ``wait_s``; how the wait ended, None
+        when there was none."""
+        uid, version = meta.uid, meta.resource_version
+        if uid is None or version is None or self.wait_s <= 0 or not self._behind(uid, version):
             return None
+        named = (uid, version)
         started = time.perf_counter()
         result: WaitResult = "reached"
         self._metrics.watch_waiting.inc()

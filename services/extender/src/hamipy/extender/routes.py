@@ -5,9 +5,9 @@ chooses HTTP/2 when the decision port offers it over TLS, and then sends every r
 connection. A path the table lacks is answered 404, a method it lacks for the path 405.
 
 ``POST /filter``, ``/prioritize``, ``/bind``, ``/preempt`` (extender JSON, Go field names);
-``GET /healthz``, ``/readyz``, ``/metrics``. A body that is not JSON, nested deeper than
-``json_bodies.MAX_DEPTH``, not the expected argument (a field the decisions read with the wrong
-JSON type: ``_ARGS``, ``_BINDING_ARGS``), or over ``max_body_bytes`` gets HTTP 400 with the reason;
+``GET /healthz``, ``/readyz``, ``/metrics``. A body that is not the expected argument
+(``hamipy.extender.extender_args``: not JSON, or a field the decisions read with the wrong JSON
+type, named by its path), or over ``max_body_bytes``, gets HTTP 400 with the reason;
 kube-scheduler counts that as an extender error for the pod and retries it. A filter of a pod the pod
 watch has not delivered yet waits for it first (``hamipy.extender.pod_arrivals``). When a background task
 died the decision routes answer 503 with ``{"Error": reason}``; on a replica that does not lead they
@@ -25,14 +25,19 @@ import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from hamipy.extender.filter_args import watched_filter_args
+from hamipy.extender.errors import BadRequest
+from hamipy.extender.extender_args import (
+    ExtenderArgs,
+    ExtenderBindingArgs,
+    ExtenderPreemptionArgs,
+    decode_args,
+)
 from hamipy.extender.health import Health
 from hamipy.extender.leadership import FORWARDED_HEADER, REDIRECTED_QUERY, Leadership
 from hamipy.extender.pod_arrivals import PodArrivals
-from hamipy.extender.scheduler import BadRequest, Scheduler
+from hamipy.extender.scheduler import Scheduler
 from hamipy.serving.http2 import Http2Answer, Http2Request
 from hamipy.serving.probes import streamed_response
-from hamipy.telemetry.json_bodies import BadJson, ListOf, MapOf, Shape, decode_json, shape_problem
 
 __all__ = ["ROUTES", "TABLE", "UNAVAILABLE_REASON", "Answer", "Call", "Routes", "make_app"]
 
@@ -40,31 +45,6 @@ _JSON: Final = "application/json"
 _TEXT: Final = "text/plain; charset=utf-8"
 UNAVAILABLE_REASON: Final = "BackgroundTaskDied"
 """The ``reason`` label of decisions refused because a background task died."""
-
-_CONTAINER: Final[Shape] = {"name": str, "resources": {"limits": dict, "requests": dict}}
-_META: Final[Shape] = {
-    "name": str,
-    "namespace": str,
-    "uid": str,
-    "annotations": MapOf(str),
-    "labels": MapOf(str),
-}
-_ARGS: Final[Shape] = {
-    "Pod": {
-        "metadata": _META,
-        "spec": {
-            "containers": ListOf(_CONTAINER),
-            "initContainers": ListOf(_CONTAINER),
-            "schedulerName": str,
-            "nodeName": str,
-        },
-    },
-    "NodeNames": ListOf(str),
-    "Nodes": {"items": ListOf({"metadata": _META, "spec": dict, "status": {"allocatable": dict}})},
-}
-"""ExtenderArgs: the JSON types of the fields ``Scheduler`` reads (values of the resource maps are
-``hamipy.protocol``'s to judge, and refused with the pod's Event when malformed)."""
-_BINDING_ARGS: Final[Shape] = {"PodName": str, "PodNamespace": str, "PodUID": str, "Node": str}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -127,16 +107,16 @@ class Routes:
         scheduler = self.scheduler
         try:
             body = await call.read()
+            result: Any
             if call.verb == "bind":
-                args = _decoded(body, _BINDING_ARGS)
-                result: Any = await scheduler.bind(args)
+                result = await scheduler.bind(decode_args(body, ExtenderBindingArgs))
+            elif call.verb == "preempt":
+                result = scheduler.preempt(decode_args(body, ExtenderPreemptionArgs))
             else:
-                args = watched_filter_args(body, scheduler.watches) if call.verb == "filter" else None
-                if args is None:
-                    args = _decoded(body, _ARGS)
-                    if call.verb == "filter" and self.arrivals is not None:
-                        await self.arrivals.wait(args)  # then decided from the watched pod, if it came
-                result = _VERBS[call.verb](scheduler, args)
+                args = decode_args(body, ExtenderArgs)
+                if call.verb == "filter" and self.arrivals is not None:
+                    await self.arrivals.wait(args.pod.metadata)  # then decided from the watched pod
+                result = scheduler.filter(args) if call.verb == "filter" else scheduler.prioritize(args)
         except BadRequest as exc:
             return self._bad(call, exc)
         return Answer(200, msgspec.json.encode(result))
@@ -212,23 +192,8 @@ class Routes:
         return Answer(forwarded.status, forwarded.body)
 
 
-_VERBS: Final[dict[str, Callable[[Scheduler, Any], Any]]] = {
-    "filter": Scheduler.filter,
-    "prioritize": Scheduler.prioritize,
-    "preempt": Scheduler.preempt,
-}
+_VERBS: Final = ("filter", "prioritize", "preempt")
 """The verbs answered from the model alone (``bind`` writes, and is awaited)."""
-
-
-def _decoded(body: bytes, shape: Shape) -> Any:
-    try:
-        args = decode_json(body)
-    except BadJson as exc:
-        raise BadRequest(str(exc)) from None
-    problem = shape_problem(args, shape, "body")
-    if problem is not None:
-        raise BadRequest(problem)
-    return args
 
 
 def _error(status: int, error: str) -> Answer:

@@ -1,5 +1,6 @@
-"""The extender verbs over decoded JSON: ExtenderArgs in, ExtenderFilterResult out (and the same for
-prioritize and bind), with reservations, metrics, Events and spans around the pure decision.
+"""The extender verbs over decoded arguments (``hamipy.extender.extender_args``): ExtenderArgs in,
+ExtenderFilterResult out (and the same for prioritize, preempt and bind), with reservations,
+metrics, Events and spans around the pure decision.
 
 ``filter`` and ``prioritize`` are synchronous and make no API call: they read and update the model
 only. Events are queued (``hamipy.kube.events.EventRecorder``), never awaited here.
@@ -22,9 +23,10 @@ from typing import Any, Final, Literal
 from opentelemetry import trace
 
 from hamipy.extender.binding import Binder
-from hamipy.extender.errors import BindRefused
+from hamipy.extender.errors import BadRequest, BindRefused
 from hamipy.extender.eviction import Evictor
 from hamipy.extender.explanations import Explanations
+from hamipy.extender.extender_args import ExtenderArgs, ExtenderBindingArgs, ExtenderPreemptionArgs
 from hamipy.extender.filtering import (
     Decision,
     LockRule,
@@ -36,14 +38,7 @@ from hamipy.extender.filtering import (
 )
 from hamipy.extender.fitting import NodeReasons, PodAsk
 from hamipy.extender.loop_turns import OnePerTurn
-from hamipy.extender.model import (
-    ClusterModel,
-    NodeName,
-    Nomination,
-    PendingPod,
-    PodUid,
-    now_epoch,
-)
+from hamipy.extender.model import ClusterModel, Nomination, PendingPod, now_epoch
 from hamipy.extender.preemption import PREEMPTING, Plan, choose_plan, plan_node, preemptor_of
 from hamipy.extender.scoring import prioritize_score
 from hamipy.extender.settings import ExtenderSettings
@@ -54,10 +49,11 @@ from hamipy.protocol import keys
 from hamipy.protocol.config import Config
 from hamipy.protocol.devices import PodDevices
 from hamipy.protocol.errors import ProtocolError
-from hamipy.protocol.quantities import is_json_int
-from hamipy.telemetry import pod_trace_context
+from hamipy.protocol.identifiers import NodeName, PodUid
+from hamipy.protocol.kube_objects import Node, plain
+from hamipy.telemetry import pod_trace_context, traceparent_context
 
-__all__ = ["BadRequest", "Scheduler"]
+__all__ = ["Scheduler"]
 
 FILTERING_SUCCEED: Final = "FilteringSucceed"
 FILTERING_FAILED: Final = "FilteringFailed"
@@ -68,10 +64,6 @@ UNKNOWN_POD: Final = "UnknownPod"
 seen pending for our scheduler."""
 # Pods filtered but not (yet) bound whose trace context is remembered; oldest dropped beyond it.
 _MAX_TRACEPARENTS: Final = 10_000
-
-
-class BadRequest(ValueError):
-    """The body is not the extender argument it should be (answered with HTTP 400)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -85,29 +77,14 @@ class _Filtered:
     detail: str
 
 
-def _node_names(args: Mapping[str, Any]) -> tuple[list[str], list[Any] | None]:
+def _node_names(args: ExtenderArgs) -> tuple[list[NodeName], list[Node] | None]:
     """The candidate names, and the node objects when the scheduler sent them (not cache-capable)."""
-    names = args.get("NodeNames")
-    if names is not None:
-        if not isinstance(names, list) or not set(map(type, names)) <= {str}:
-            raise BadRequest("NodeNames must be a list of strings")
-        return names, None
-    nodes = args.get("Nodes")
-    items = (nodes or {}).get("items") if isinstance(nodes, dict) else None
+    if args.node_names is not None:
+        return args.node_names, None
+    items = args.nodes.items if args.nodes is not None else None
     if items is None:
         return [], None
-    if not isinstance(items, list) or not all(isinstance(n, dict) for n in items):
-        raise BadRequest("Nodes.items must be a list of Node objects")
-    return [str((n.get("metadata") or {}).get("name", "")) for n in items], items
-
-
-def _pod(args: Any) -> dict[str, Any]:
-    if not isinstance(args, dict):
-        raise BadRequest("the body must be a JSON object")
-    pod = args.get("Pod")
-    if not isinstance(pod, dict) or not isinstance(pod.get("metadata"), dict):
-        raise BadRequest("Pod missing or not an object")
-    return pod
+    return [NodeName(n.metadata.name or "") for n in items], items
 
 
 def _meta_victims(uids: Sequence[str], violations: int) -> dict[str, Any]:
@@ -141,26 +118,26 @@ class Scheduler:
         self.on_refused = on_refused
         """Told of each watched pod no node fits (``hamipy.extender.requeue.Requeuer.refused``)."""
         self.clock = clock
-        self._traceparents: dict[str, str] = {}
+        self._traceparents: dict[PodUid, str] = {}
         self.explanations = Explanations()
         """Nodes explained for pods that fit nowhere, reused while unchanged (``explanations``)."""
         self.bind_answers = OnePerTurn()
         """Binds whose Binding came back wait here to answer, one a loop turn (``loop_turns``)."""
         # Per pending pod: its last failure's detail and how many identical ones followed it.
-        self._last_failure: dict[str, tuple[str, int]] = {}
+        self._last_failure: dict[PodUid, tuple[str, int]] = {}
 
     # -- filter ----------------------------------------------------------------------------------
 
-    def filter(self, args: Any) -> dict[str, Any]:
+    def filter(self, args: ExtenderArgs) -> dict[str, Any]:
         """ExtenderArgs -> ExtenderFilterResult."""
         started, started_ns = time.perf_counter(), time.time_ns()
-        pod = _pod(args)
         names, items = _node_names(args)
-        uid = PodUid(str(pod["metadata"].get("uid", "")))
+        uid = PodUid(args.pod.metadata.uid or "")
         watched = self._watched(uid)
         held = None
+        # The watched pod's asks as the API server has them, not as the caller says.
+        pod = watched.pod if watched is not None else plain(args.pod)
         if watched is not None:
-            pod = dict(watched.pod)  # its asks as the API server has them, not as the caller says
             current = self.model.contributions.get(uid)
             held = current if current is not None and current.source == "reserved" else None
         try:
@@ -179,13 +156,13 @@ class Scheduler:
         return filtered.answer
 
     def _trace_filter(
-        self, pod: dict[str, Any], started_ns: int, *, nodes: int, outcome: str, detail: str
+        self, pod: Mapping[str, Any], started_ns: int, *, nodes: int, outcome: str, detail: str
     ) -> None:
         """The filter's span, made once the decision is known: a pending pod is filtered again on
         every retry, so a failure identical to the pod's previous one adds no span (the next span
         that does carries ``hamipy.filter.repeats``, how many it stands for)."""
         meta = pod["metadata"]
-        uid = str(meta.get("uid", ""))
+        uid = PodUid(str(meta.get("uid", "")))
         last = self._last_failure.pop(uid, None)
         if outcome == "failed":
             if last is not None and last[0] == detail:
@@ -213,25 +190,25 @@ class Scheduler:
 
     def _filter(
         self,
-        pod: dict[str, Any],
+        pod: Mapping[str, Any],
         watched: PendingPod | None,
-        names: list[str],
-        items: list[Any] | None,
+        names: list[NodeName],
+        items: list[Node] | None,
     ) -> _Filtered:
         """The filter's decision; ``pod`` is ``watched``'s when there is one."""
         uid = PodUid(str(pod["metadata"].get("uid", "")))
         meta = pod["metadata"]
         involved = involved_pod(pod)
         traceparent = (meta.get("annotations") or {}).get(keys.TRACE_CONTEXT)
-        if isinstance(traceparent, str):
+        if traceparent is not None:
             if len(self._traceparents) >= _MAX_TRACEPARENTS:
                 self._traceparents.pop(next(iter(self._traceparents)))
             self._traceparents[uid] = traceparent
         if items is not None:
             # Not cache-capable: the objects sent are authoritative for nodes we have not seen yet.
             for item in items:
-                if str((item.get("metadata") or {}).get("name", "")) not in self.model.nodes:
-                    self.model.apply_node("ADDED", item)
+                if (item.metadata.name or "") not in self.model.nodes:
+                    self.model.apply_node("ADDED", plain(item))
         try:
             ask = ask_of(watched, self.config) if watched is not None else build_ask(pod, self.config)
         except ProtocolError as exc:
@@ -297,8 +274,8 @@ class Scheduler:
         return _Filtered(result, "failed", PREEMPTING if preempting else summary.top_cause(), message)
 
     def _preempt(
-        self, watched: PendingPod, uid: PodUid, ask: PodAsk, names: list[str], now_mono: float
-    ) -> tuple[str, str] | None:
+        self, watched: PendingPod, uid: PodUid, ask: PodAsk, names: list[NodeName], now_mono: float
+    ) -> tuple[NodeName, str] | None:
         """For a pod that fits nowhere: hold on to a preemption under way for it, or plan one and
         start it (docs/extender.md#preemption). The node and the reason text to show there; None
         when there is none."""
@@ -356,11 +333,6 @@ class Scheduler:
             sidecars=ask.sidecars,
         )
 
-    def watches(self, uid: str) -> bool:
-        """Whether a filter of this pod decides from the pod as the watch holds it (its body's
-        ``Pod`` is then not read: ``hamipy.extender.filter_args``)."""
-        return self._watched(PodUid(uid)) is not None
-
     def _watched(self, uid: PodUid) -> PendingPod | None:
         """The pod of this UID as the watch has it, when it is pending for our scheduler: the only
         pods a filter reserves for."""
@@ -371,9 +343,9 @@ class Scheduler:
 
     @staticmethod
     def _result(
-        names: list[str],
-        items: list[Any] | None,
-        chosen: list[str],
+        names: list[NodeName],
+        items: list[Node] | None,
+        chosen: Sequence[str],
         failed: Mapping[str, NodeReasons],
         unresolvable: Mapping[str, NodeReasons],
     ) -> dict[str, Any]:
@@ -385,9 +357,7 @@ class Scheduler:
         }
         if items is not None:
             keep = set(chosen)
-            result["Nodes"] = {
-                "items": [n for n in items if str((n.get("metadata") or {}).get("name", "")) in keep]
-            }
+            result["Nodes"] = {"items": [n for n in items if (n.metadata.name or "") in keep]}
             result["NodeNames"] = None
         else:
             result["NodeNames"] = chosen
@@ -396,13 +366,12 @@ class Scheduler:
 
     # -- prioritize ------------------------------------------------------------------------------
 
-    def prioritize(self, args: Any) -> list[dict[str, Any]]:
+    def prioritize(self, args: ExtenderArgs) -> list[dict[str, Any]]:
         """ExtenderArgs -> HostPriorityList (0-10 from the node policy)."""
         started = time.perf_counter()
-        pod = _pod(args)
         names, _ = _node_names(args)
         try:
-            policy = build_ask(pod, self.config).node_policy
+            policy = build_ask(plain(args.pod), self.config).node_policy
         except ProtocolError:
             policy = self.config.node_scheduler_policy
         out = []
@@ -417,7 +386,7 @@ class Scheduler:
 
     # -- preempt ---------------------------------------------------------------------------------
 
-    def preempt(self, args: Any) -> dict[str, Any]:
+    def preempt(self, args: ExtenderPreemptionArgs) -> dict[str, Any]:
         """ExtenderPreemptionArgs -> ExtenderPreemptionResult (kube-scheduler's ``preemptVerb``).
 
         kube-scheduler proposes victims per node for its own resources; for a GPU pod of ours each
@@ -425,80 +394,50 @@ class Scheduler:
         fit a GPU (``plan_node``); a node where it cannot is dropped. Answered by UID
         (``MetaVictims``), as to a ``nodeCacheCapable`` extender. A pod the filter is preempting
         for already gets no nodes: its victims are being evicted."""
-        pod = _pod(args)
-        uid = PodUid(str(pod["metadata"].get("uid", "")))
-        proposed = self._proposed_victims(args)
+        uid = PodUid(args.pod.metadata.uid or "")
+        proposed = args.proposed()
         watched = self._watched(uid)
         try:
-            ask = ask_of(watched, self.config) if watched is not None else build_ask(pod, self.config)
+            ask = (
+                ask_of(watched, self.config)
+                if watched is not None
+                else build_ask(plain(args.pod), self.config)
+            )
         except ProtocolError as exc:
             raise BadRequest(f"the pod's GPU request is malformed: {exc}") from None
         preemptor = preemptor_of(uid, watched.pod, ask) if watched is not None else None
         out: dict[str, Any] = {}
         if not ask.requests.any:  # not a GPU pod: kube-scheduler's choice stands
-            out = {node: _meta_victims(uids, n) for node, (uids, n) in proposed.items()}
+            out = {
+                node: _meta_victims(victims.uids(), victims.violations) for node, victims in proposed.items()
+            }
         elif preemptor is not None and uid not in self.model.nominations:
             now = now_epoch()
-            for node, (uids, violations) in proposed.items():
+            for node, victims in proposed.items():
                 state = self.model.nodes.get(node)
                 if state is None or not state.usable(now):
                     continue
-                plan = plan_node(self.model, state, preemptor, required=[PodUid(u) for u in uids])
+                plan = plan_node(self.model, state, preemptor, required=victims.uids())
                 if plan is not None:
                     chosen = [*(v.uid for v in plan.victims), *plan.others]
-                    out[node] = _meta_victims(chosen, violations + plan.pdb_violations)
+                    out[node] = _meta_victims(chosen, victims.violations + plan.pdb_violations)
         result = "candidates" if out else "none"
         decisions = self.telemetry.metrics.decisions
         decisions.labels(verb="preempt", result=result, reason="ProcessPreemption").inc()
         return {"NodeNameToMetaVictims": out}
 
-    @staticmethod
-    def _proposed_victims(args: Mapping[str, Any]) -> dict[str, tuple[list[str], int]]:
-        """kube-scheduler's victims per node (UIDs, PDB violations), from ``NodeNameToMetaVictims``
-        or, for an extender that is not node-cache capable, ``NodeNameToVictims``."""
-        meta = args.get("NodeNameToMetaVictims")
-        full = args.get("NodeNameToVictims")
-        source = meta if isinstance(meta, dict) else full if isinstance(full, dict) else {}
-        out: dict[str, tuple[list[str], int]] = {}
-        for node, victims in source.items():
-            if not isinstance(victims, dict) or not isinstance(victims.get("Pods") or [], list):
-                raise BadRequest(f"victims of node {node!r} must be an object with a Pods list")
-            uids = []
-            for p in victims.get("Pods") or []:
-                uid = None
-                if isinstance(p, dict):
-                    uid = p.get("UID") if source is meta else (p.get("metadata") or {}).get("uid")
-                if not isinstance(uid, str):
-                    raise BadRequest(f"a victim of node {node!r} has no UID")
-                uids.append(uid)
-            violations = victims.get("NumPDBViolations", 0)
-            if not is_json_int(violations) or violations < 0:
-                raise BadRequest("NumPDBViolations must be a non-negative integer")
-            out[str(node)] = (uids, violations)
-        return out
-
     # -- bind ------------------------------------------------------------------------------------
 
-    async def bind(self, args: Any) -> dict[str, Any]:
+    async def bind(self, args: ExtenderBindingArgs) -> dict[str, Any]:
         """ExtenderBindingArgs -> ExtenderBindingResult."""
-        if not isinstance(args, dict):
-            raise BadRequest("the body must be a JSON object")
-        try:
-            namespace, name = str(args["PodNamespace"]), str(args["PodName"])
-            uid, node = str(args.get("PodUID") or ""), str(args["Node"])
-        except KeyError as exc:
-            raise BadRequest(f"ExtenderBindingArgs misses {exc}") from None
+        namespace, name, uid, node = args.pod_namespace, args.pod_name, args.pod_uid, args.node
         if self.binder is None:
             return {"Error": "this extender has no API access to bind with"}
         started = time.perf_counter()
         involved = {"kind": "Pod", "name": name, "namespace": namespace, "uid": uid}
         # Bind gets no Pod: its trace context is the one the filter read, remembered per pod UID.
-        traceparent = self._traceparents.pop(uid, None)
-        pod_for_trace = (
-            {"metadata": {"annotations": {keys.TRACE_CONTEXT: traceparent}}} if traceparent else {}
-        )
         with self.telemetry.tracer.start_as_current_span(
-            "extender.bind", context=pod_trace_context(pod_for_trace)
+            "extender.bind", context=traceparent_context(self._traceparents.pop(uid, None))
         ) as span:
             span.set_attribute("k8s.pod.name", name)
             span.set_attribute("k8s.namespace.name", namespace)

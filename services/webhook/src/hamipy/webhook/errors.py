@@ -16,9 +16,7 @@ from typing import Literal
 
 __all__ = ["BadReview", "BadReviewReason", "CertificateError", "CertificateSetupError", "WebhookError"]
 
-BadReviewReason = Literal[
-    "not_json", "too_deep", "not_object", "wrong_kind", "wrong_version", "no_request", "no_uid", "wrong_type"
-]
+BadReviewReason = Literal["not_json", "too_deep", "invalid"]
 
 
 class WebhookError(Exception):

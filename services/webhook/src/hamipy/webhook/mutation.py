@@ -86,7 +86,6 @@ Reason = Literal[
     "reserved_env",
     "reserved_mount",
     "reserved_annotation",
-    "malformed_pod",  # refused before ``decide``: see ``admitting.POD_SHAPE``
 ]
 _CONTAINER_KINDS: Final = ("initContainers", "containers")
 _EPHEMERAL: Final = "ephemeralContainers"
@@ -167,15 +166,12 @@ def pointer_token(key: str) -> str:
 
 
 def _containers(spec: Mapping[str, Any], kind: str) -> Sequence[Mapping[str, Any]]:
-    items = spec.get(kind)
-    if not isinstance(items, list):
-        return ()
-    return [c if isinstance(c, dict) else {} for c in items]
+    containers: Sequence[Mapping[str, Any]] = spec.get(kind) or ()
+    return containers
 
 
 def _is_privileged(container: Mapping[str, Any]) -> bool:
-    context = container.get("securityContext")
-    return isinstance(context, dict) and context.get("privileged") is True
+    return (container.get("securityContext") or {}).get("privileged") is True
 
 
 class _Patch:
@@ -196,8 +192,7 @@ class _Patch:
         self, parent: str, container: Mapping[str, Any], key: str, entries: Mapping[str, Any]
     ) -> None:
         """Add ``entries`` to the map at ``container[key]``, creating the map when absent."""
-        current = container.get(key)
-        if not isinstance(current, dict):
+        if container.get(key) is None:
             self.ops.append({"op": "add", "path": f"{parent}/{pointer_token(key)}", "value": dict(entries)})
             return
         base = f"{parent}/{pointer_token(key)}"
@@ -209,14 +204,11 @@ class _Patch:
         if not wanted:
             return
         env = container.get("env")
-        if not isinstance(env, list):
+        if env is None:
             entries = [{"name": name, "value": value} for name, value in wanted.items()]
             self.ops.append({"op": "add", "path": f"{parent}/env", "value": entries})
             return
-        # Names that are not text are no names of ours (and not hashable when arrays or objects).
-        positions = {
-            e["name"]: i for i, e in enumerate(env) if isinstance(e, dict) and isinstance(e.get("name"), str)
-        }
+        positions = {e["name"]: i for i, e in enumerate(env) if "name" in e}
         for name, value in wanted.items():
             index = positions.get(name)
             entry = {"name": name, "value": value}
@@ -231,13 +223,8 @@ def _asks_count(container: Mapping[str, Any], names: ResourceNames, added: Mappi
     makes it a GPU container for the reserved env and mounts, as the admission policies read it."""
     if names.count in added:
         return True
-    resources = container.get("resources")
-    if not isinstance(resources, dict):
-        return False
-    return any(
-        isinstance(section, dict) and names.count in section
-        for section in (resources.get("limits"), resources.get("requests"))
-    )
+    resources = container.get("resources") or {}
+    return any(names.count in (resources.get(section) or {}) for section in ("limits", "requests"))
 
 
 def _reserved_refusal(
@@ -279,7 +266,8 @@ def _scheduler_refusal(scheduler: str, settings: MutationSettings) -> Decision:
 def decide(
     pod: Mapping[str, Any], settings: MutationSettings, *, trace_context: str | None = None
 ) -> Decision:
-    """The decision for a pod being created (rules in the module docstring).
+    """The decision for a pod being created (rules in the module docstring); ``pod`` as
+    ``hamipy.protocol.kube_objects.plain`` gives it (the fields read, each of its JSON type).
 
     ``trace_context`` is the W3C ``traceparent`` of the admission span; it is recorded in the pod
     annotation ``keys.TRACE_CONTEXT`` unless the pod already carries one.
@@ -287,9 +275,7 @@ def decide(
     names = settings.names
     if not requests_any_gpu(pod, names):
         return Decision("allowed", "not_gpu_pod")
-    spec = pod.get("spec")
-    if not isinstance(spec, dict):  # requests_any_gpu found containers, so spec is a mapping
-        return Decision("allowed", "not_gpu_pod")
+    spec: Mapping[str, Any] = pod["spec"]  # requests_any_gpu found containers in it
 
     # Before anything lets the pod through: a GPU pod that names its node bypasses every scheduler.
     node_name = spec.get("nodeName")
@@ -307,8 +293,7 @@ def decide(
         return Decision("refused", "reserved_annotation", message=problem)
     scheduler = spec.get("schedulerName")
     if (
-        isinstance(scheduler, str)
-        and scheduler
+        scheduler
         and scheduler != settings.scheduler_name
         and not (scheduler == DEFAULT_SCHEDULER and settings.overwrite_default_scheduler)
     ):
@@ -357,9 +342,8 @@ def decide(
     if settings.runtime_class_name and not spec.get("runtimeClassName"):
         patch.set_member("/spec", spec, "runtimeClassName", settings.runtime_class_name)
     metadata = pod.get("metadata")
-    metadata = metadata if isinstance(metadata, dict) else None
-    annotations = metadata.get("annotations") if metadata is not None else None
-    if trace_context and not (isinstance(annotations, dict) and annotations.get(keys.TRACE_CONTEXT)):
+    annotations = (metadata or {}).get("annotations") or {}
+    if trace_context and not annotations.get(keys.TRACE_CONTEXT):
         if metadata is None:
             patch.ops.append(
                 {
@@ -375,7 +359,7 @@ def decide(
         path = plan.path
         if plan.add_limits:
             resources = plan.container.get("resources")
-            if isinstance(resources, dict):
+            if resources is not None:
                 patch.add_map_entries(f"{path}/resources", resources, "limits", plan.add_limits)
             else:
                 patch.ops.append(
