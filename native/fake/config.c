@@ -213,7 +213,7 @@ static int parse_gpu(struct fake_config *cfg, const char *file, int lineno, char
         } else if (strcmp(key, "xid") == 0) {
             gpu->xid = (unsigned)strtoul(value, NULL, 10);
         } else if (strcmp(key, "nvlinks") == 0) {
-            char copy[256];
+            char copy[1024];
             snprintf(copy, sizeof copy, "%s", value);
             if (parse_nvlinks(gpu, copy) != 0)
                 return fail(file, lineno, "bad nvlinks (nvswitch|off|<pci bus id>[*N], at most 18)", value);
