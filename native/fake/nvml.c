@@ -389,35 +389,34 @@ HAMI_EXPORT nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t device
     return NVML_SUCCESS;
 }
 
-/* The configured link `link` of a GPU; *rc says why there is none: INVALID_ARGUMENT past
- * NVML_NVLINK_MAX_LINKS or past the GPU's links, NOT_SUPPORTED on a GPU without NVLink. */
-static const struct fake_link *nvlink_of(const struct fake_gpu *gpu, unsigned link, const void *out,
+/* The configured link `link` of a GPU (with `remote`, only an enabled one: a disabled link has no
+ * remote end); *rc says why there is none: INVALID_ARGUMENT past NVML_NVLINK_MAX_LINKS or past
+ * the GPU's links, NOT_SUPPORTED on a GPU without NVLink or for a disabled link's remote end. */
+static const struct fake_link *nvlink_of(const struct fake_gpu *gpu, unsigned link, const void *out, int remote,
                                          nvmlReturn_t *rc) {
     *rc = NVML_SUCCESS;
     if (out == NULL || link >= NVML_NVLINK_MAX_LINKS) *rc = NVML_ERROR_INVALID_ARGUMENT;
     else if (gpu->nvlinks <= 0) *rc = NVML_ERROR_NOT_SUPPORTED;
     else if (link >= (unsigned)gpu->nvlinks) *rc = NVML_ERROR_INVALID_ARGUMENT;
+    else if (remote && gpu->links[link].end == FAKE_LINK_OFF) *rc = NVML_ERROR_NOT_SUPPORTED;
     return *rc == NVML_SUCCESS ? &gpu->links[link] : NULL;
 }
 
 HAMI_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link, nvmlEnableState_t *isActive) {
     REQUIRE_GPU(device, idx);
     nvmlReturn_t rc;
-    const struct fake_link *l = nvlink_of(gpu, link, isActive, &rc);
+    const struct fake_link *l = nvlink_of(gpu, link, isActive, 0, &rc);
     if (l != NULL) *isActive = l->end == FAKE_LINK_OFF ? NVML_FEATURE_DISABLED : NVML_FEATURE_ENABLED;
     return rc;
 }
 
-/* A disabled link has no remote end: NOT_SUPPORTED, as for a GPU without NVLink. */
 HAMI_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t device, unsigned int link,
                                                              nvmlPciInfo_t *pci) {
     REQUIRE_GPU(device, idx);
     nvmlReturn_t rc;
-    const struct fake_link *l = nvlink_of(gpu, link, pci, &rc);
-    if (l == NULL) return rc;
-    if (l->end == FAKE_LINK_OFF) return NVML_ERROR_NOT_SUPPORTED;
-    fill_pci(pci, l->remote);
-    return NVML_SUCCESS;
+    const struct fake_link *l = nvlink_of(gpu, link, pci, 1, &rc);
+    if (l != NULL) fill_pci(pci, l->remote);
+    return rc;
 }
 
 HAMI_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo(nvmlDevice_t device, unsigned int link, nvmlPciInfo_t *pci);
@@ -429,11 +428,10 @@ HAMI_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemoteDeviceType(nvmlDevice_t device
                                                              nvmlIntNvLinkDeviceType_t *pNvLinkDeviceType) {
     REQUIRE_GPU(device, idx);
     nvmlReturn_t rc;
-    const struct fake_link *l = nvlink_of(gpu, link, pNvLinkDeviceType, &rc);
-    if (l == NULL) return rc;
-    if (l->end == FAKE_LINK_OFF) return NVML_ERROR_NOT_SUPPORTED;
-    *pNvLinkDeviceType = l->end == FAKE_LINK_SWITCH ? NVML_NVLINK_DEVICE_TYPE_SWITCH : NVML_NVLINK_DEVICE_TYPE_GPU;
-    return NVML_SUCCESS;
+    const struct fake_link *l = nvlink_of(gpu, link, pNvLinkDeviceType, 1, &rc);
+    if (l != NULL)
+        *pNvLinkDeviceType = l->end == FAKE_LINK_SWITCH ? NVML_NVLINK_DEVICE_TYPE_SWITCH : NVML_NVLINK_DEVICE_TYPE_GPU;
+    return rc;
 }
 
 /* ---- health: XID events for unhealthy GPUs */
