@@ -59,6 +59,103 @@ static void default_gpu(struct fake_gpu *gpu, int index) {
     gpu->healthy = 1;
     gpu->xid = 79;
     gpu->slot = index;
+    gpu->nvlinks = -1;
+}
+
+/* "nvswitch", "off" or a PCI bus id, each optionally "*N": the GPU's links in order. */
+static int parse_nvlinks(struct fake_gpu *gpu, char *value) {
+    gpu->nvlinks = 0;
+    for (char *save = NULL, *end = strtok_r(value, ",", &save); end != NULL; end = strtok_r(NULL, ",", &save)) {
+        long repeat = 1;
+        char *star = strchr(end, '*');
+        if (star != NULL) {
+            char *rest = NULL;
+            *star = '\0';
+            repeat = strtol(star + 1, &rest, 10);
+            if (star[1] == '\0' || *rest != '\0' || repeat < 1) return -1;
+        }
+        struct fake_link link = {.end = FAKE_LINK_GPU};
+        if (strcmp(end, "off") == 0) {
+            link.end = FAKE_LINK_OFF;
+        } else if (strcmp(end, "nvswitch") == 0) {
+            link.end = FAKE_LINK_SWITCH;
+        } else {
+            unsigned domain = 0, bus = 0, dev = 0, fn = 0;
+            char extra = 0;
+            if (sscanf(end, "%x:%x:%x.%x%c", &domain, &bus, &dev, &fn, &extra) != 4 || strlen(end) >= sizeof link.remote)
+                return -1;
+            snprintf(link.remote, sizeof link.remote, "%s", end);
+        }
+        for (long i = 0; i < repeat; i++) {
+            if (gpu->nvlinks >= FAKE_MAX_NVLINKS) return -1;
+            struct fake_link *out = &gpu->links[gpu->nvlinks];
+            *out = link;
+            if (link.end == FAKE_LINK_SWITCH)
+                snprintf(out->remote, sizeof out->remote, "00000000:E%d:00.0", gpu->nvlinks % FAKE_NVSWITCHES);
+            gpu->nvlinks++;
+        }
+    }
+    return 0;
+}
+
+/* INTERNAL, PIX, PXB, PHB, NODE, SYS (nvidia-smi's names) or NVML's number; -1 if none. */
+static int parse_level(const char *text) {
+    static const struct {
+        const char *name;
+        int level;
+    } names[] = {{"INTERNAL", 0}, {"PIX", 10}, {"PXB", 20}, {"PHB", 30}, {"NODE", 40}, {"SYS", 50}};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        if (strcmp(text, names[i].name) == 0) return names[i].level;
+    }
+    char *end = NULL;
+    long level = strtol(text, &end, 10);
+    return (*text != '\0' && *end == '\0' && level >= 0 && level < 1000) ? (int)level : -1;
+}
+
+int fake_p2p_level(const struct fake_config *cfg, int a, int b) {
+    if (cfg->p2p[a][b] >= 0) return cfg->p2p[a][b];
+    if (cfg->p2p_level >= 0) return cfg->p2p_level;
+    return cfg->gpus[a].numa == cfg->gpus[b].numa ? 40 : 50;
+}
+
+/* Fills what the configuration left unset from its `topology` preset (format in fake.h). */
+static int apply_topology(struct fake_config *cfg) {
+    static const struct {
+        const char *name;
+        unsigned memory_gib;
+    } boxes[] = {[FAKE_TOPOLOGY_NONE] = {"NVIDIA L40S", 48},
+                 [FAKE_TOPOLOGY_HGX8] = {"NVIDIA H100 80GB HBM3", 80},
+                 [FAKE_TOPOLOGY_PCIE_PAIRS8] = {"NVIDIA A100 80GB PCIe", 80}};
+    if (cfg->topology == FAKE_TOPOLOGY_UNSET) return 0;
+    if (cfg->count == 0) {
+        for (int i = 0; i < 8; i++) {
+            struct fake_gpu *gpu = &cfg->gpus[cfg->count++];
+            default_gpu(gpu, i);
+            snprintf(gpu->name, sizeof gpu->name, "%s", boxes[cfg->topology].name);
+            gpu->memory = (uint64_t)boxes[cfg->topology].memory_gib << 30;
+            gpu->numa = i / 4;
+        }
+    }
+    if (cfg->topology == FAKE_TOPOLOGY_NONE) return 0;
+    for (int i = 0; i < cfg->count; i++) {
+        struct fake_gpu *gpu = &cfg->gpus[i];
+        if (cfg->topology == FAKE_TOPOLOGY_HGX8) {
+            if (gpu->nvlinks < 0) {
+                char links[] = "nvswitch*18";
+                if (parse_nvlinks(gpu, links) != 0) return -1;
+            }
+            continue;
+        }
+        int peer = i ^ 1;
+        if (peer >= cfg->count) continue;
+        if (gpu->nvlinks < 0) {
+            char links[64];
+            snprintf(links, sizeof links, "%s*12", cfg->gpus[peer].pci);
+            if (parse_nvlinks(gpu, links) != 0) return -1;
+        }
+        if (cfg->p2p[i][peer] < 0) cfg->p2p[i][peer] = 10;
+    }
+    return 0;
 }
 
 static int fail(const char *file, int line, const char *what, const char *text) {
@@ -115,6 +212,11 @@ static int parse_gpu(struct fake_config *cfg, const char *file, int lineno, char
             gpu->slot = (int)slot;
         } else if (strcmp(key, "xid") == 0) {
             gpu->xid = (unsigned)strtoul(value, NULL, 10);
+        } else if (strcmp(key, "nvlinks") == 0) {
+            char copy[1024];
+            snprintf(copy, sizeof copy, "%s", value);
+            if (parse_nvlinks(gpu, copy) != 0)
+                return fail(file, lineno, "bad nvlinks (nvswitch|off|<pci bus id>[*N], at most 18)", value);
         } else {
             return fail(file, lineno, "unknown gpu key", key);
         }
@@ -183,6 +285,24 @@ static int load_file(struct fake_config *cfg, const char *file) {
             } else {
                 cfg->util_sample_ns = (uint64_t)(number * 1e6);
             }
+        } else if (strcmp(key, "topology") == 0) {
+            if (strcmp(value, "hgx8") == 0) cfg->topology = FAKE_TOPOLOGY_HGX8;
+            else if (strcmp(value, "pcie-pairs8") == 0) cfg->topology = FAKE_TOPOLOGY_PCIE_PAIRS8;
+            else if (strcmp(value, "none") == 0) cfg->topology = FAKE_TOPOLOGY_NONE;
+            else rc = fail(file, lineno, "unknown topology (hgx8, pcie-pairs8, none)", value);
+        } else if (strcmp(key, "p2p_level") == 0) {
+            if ((cfg->p2p_level = parse_level(value)) < 0) rc = fail(file, lineno, "bad p2p_level", value);
+        } else if (strncmp(key, "p2p ", 4) == 0 || strncmp(key, "p2p\t", 4) == 0) {
+            int a = -1, b = -1, level = parse_level(value);
+            char extra = 0;
+            if (sscanf(key + 4, "%d %d %c", &a, &b, &extra) != 2 || a < 0 || b < 0 || a >= FAKE_MAX_GPUS ||
+                b >= FAKE_MAX_GPUS || a == b) {
+                rc = fail(file, lineno, "bad p2p pair (p2p <index> <index> = <level>)", key);
+            } else if (level < 0) {
+                rc = fail(file, lineno, "bad p2p level", value);
+            } else {
+                cfg->p2p[a][b] = cfg->p2p[b][a] = level;
+            }
         } else if (strcmp(key, "state") == 0) {
             snprintf(cfg->state_path, sizeof cfg->state_path, "%s", value);
         } else {
@@ -225,6 +345,8 @@ int fake_config_load(struct fake_config *cfg) {
     cfg->cuda_version = 12040;
     cfg->launch_queue_ns = 10000000ULL;
     cfg->util_sample_ns = 100000000ULL;
+    cfg->p2p_level = -1;
+    memset(cfg->p2p, 0xff, sizeof cfg->p2p); /* -1: the default level */
     const char *path = getenv("HAMIPY_FAKE_GPU_CONFIG");
     if (path == NULL || *path == '\0') {
         cfg->count = 1;
@@ -235,6 +357,17 @@ int fake_config_load(struct fake_config *cfg) {
     snprintf(cfg->path, sizeof cfg->path, "%s", path);
     snprintf(cfg->state_path, sizeof cfg->state_path, "%s.state", path);
     struct stat st;
-    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) return load_dir(cfg);
-    return load_file(cfg, path);
+    int rc = (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) ? load_dir(cfg) : load_file(cfg, path);
+    if (rc == 0) rc = apply_topology(cfg);
+    for (int a = cfg->count; rc == 0 && a < FAKE_MAX_GPUS; a++) {
+        for (int b = 0; b < FAKE_MAX_GPUS; b++) {
+            if (cfg->p2p[a][b] >= 0) {
+                fprintf(stderr, "hami-py fake driver: %s: p2p %d %d names a GPU past the last (%d GPUs)\n", path,
+                        a, b, cfg->count);
+                rc = -1;
+                break;
+            }
+        }
+    }
+    return rc;
 }

@@ -14,6 +14,9 @@
  *   util_sample_ms = 100              # period of NVML's per-process utilization samples
  *   host_pid_offset = 0               # NVML reports pid + this (a container's pids are not the host's)
  *   gpu uuid=GPU-... name="NVIDIA A100-SXM4-80GB" memory=80g numa=0 pci=00000000:3B:00.0 healthy=true xid=79
+ *   topology = hgx8                   # a preset of links and P2P levels: hgx8 | pcie-pairs8 | none
+ *   p2p_level = NODE                  # P2P level of every pair (default: NODE on one NUMA node, else SYS)
+ *   p2p 0 1 = PIX                     # the level of one pair of GPUs (NVML indexes), both ways
  *
  * Kernels (compute for the limiter's tests). Each process has one stream per fake GPU: a launch
  * queues its GPU time (kilothread_ns x threads / 1024, or graph_ns) after the work already queued,
@@ -34,7 +37,18 @@
  * given GPUs by CDI gets a directory holding one file per GPU, as a real driver reaches one device
  * node per GPU). healthy=false makes NVML deliver one XID critical-error event (eventData = xid,
  * default 79) per event set that watches the GPU; the configuration is re-read while an event set
- * waits, so a test can flip it at run time. */
+ * waits, so a test can flip it at run time.
+ *
+ * Topology (nvmlDeviceGetTopologyCommonAncestor and the NVLink queries). A gpu line's
+ * nvlinks=<end>,<end>,... lists its NVLinks in link order; an end is the remote GPU's PCI bus id,
+ * `nvswitch` (NVSwitch k = link % 4, bus id 00000000:E<k>:00.0) or `off` (a disabled link), and
+ * `<end>*N` repeats it N times; at most NVML_NVLINK_MAX_LINKS (18). A GPU without nvlinks has no
+ * NVLink (its link queries answer NOT_SUPPORTED). A P2P level is INTERNAL, PIX, PXB, PHB, NODE,
+ * SYS or NVML's number. `topology` fills what the GPU lines and p2p lines leave unset, after every
+ * file is read: hgx8 gives every GPU 18 links into the NVSwitches; pcie-pairs8 joins GPUs 2k and
+ * 2k+1 with 12 links (three NVLink bridges) and gives each such pair PIX; none adds nothing. A
+ * preset with no gpu line makes 8 GPUs (H100 80GB, A100 80GB PCIe, L40S), 0-3 on NUMA node 0 and
+ * 4-7 on node 1. */
 #ifndef HAMIPY_FAKE_H
 #define HAMIPY_FAKE_H
 
@@ -43,6 +57,17 @@
 
 #define FAKE_MAX_GPUS 16
 #define FAKE_MAX_PROCS 256
+#define FAKE_MAX_NVLINKS 18 /* NVML_NVLINK_MAX_LINKS */
+#define FAKE_NVSWITCHES 4
+
+enum fake_link_end { FAKE_LINK_OFF, FAKE_LINK_GPU, FAKE_LINK_SWITCH };
+
+struct fake_link {
+    enum fake_link_end end;
+    char remote[32]; /* the remote PCI bus id (a GPU's or an NVSwitch's) */
+};
+
+enum fake_topology { FAKE_TOPOLOGY_UNSET, FAKE_TOPOLOGY_NONE, FAKE_TOPOLOGY_HGX8, FAKE_TOPOLOGY_PCIE_PAIRS8 };
 
 struct fake_gpu {
     char uuid[96];
@@ -53,6 +78,8 @@ struct fake_gpu {
     int healthy;
     unsigned xid;
     int slot; /* its index in the shared state: the host's index when a container sees a subset */
+    int nvlinks; /* links in `links`; -1: no nvlinks key (no NVLink unless the preset gives some) */
+    struct fake_link links[FAKE_MAX_NVLINKS];
 };
 
 struct fake_config {
@@ -66,6 +93,9 @@ struct fake_config {
     uint64_t launch_queue_ns;
     uint64_t util_sample_ns;
     unsigned host_pid_offset;
+    enum fake_topology topology;
+    int p2p_level; /* -1: NODE on one NUMA node, else SYS */
+    int p2p[FAKE_MAX_GPUS][FAKE_MAX_GPUS]; /* per pair, -1 = p2p_level */
     char path[4096];
     char state_path[4096];
 };
@@ -74,6 +104,8 @@ struct fake_config {
 int fake_config_load(struct fake_config *cfg);
 int fake_parse_bytes(const char *text, uint64_t *out);
 int fake_parse_uuid(const char *text, unsigned char out[16]);
+/* The P2P level (nvmlGpuTopologyLevel_t) between two configured GPUs, by NVML index. */
+int fake_p2p_level(const struct fake_config *cfg, int a, int b);
 
 /* Shared state: per process and device, the bytes the fake driver has handed out. */
 struct fake_state {

@@ -1,6 +1,7 @@
 /* A fake libnvidia-ml.so.1 for machines without a GPU: enough NVML for pynvml discovery (count,
- * handles, UUID, name, memory, PCI bus id, NUMA node, minor number, processes, versions) and for
- * health watching (XID events for GPUs the configuration marks unhealthy). Memory usage and
+ * handles, UUID, name, memory, PCI bus id, NUMA node, minor number, processes, versions), for
+ * the GPUs' topology (P2P levels, NVLinks and their remote ends) and for health watching (XID
+ * events for GPUs the configuration marks unhealthy). Memory usage and
  * process lists come from the state shared with the fake libcuda. */
 #include <pthread.h>
 #include <stdio.h>
@@ -194,23 +195,28 @@ HAMI_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMem
     return NVML_SUCCESS;
 }
 
-HAMI_EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci) {
-    REQUIRE_GPU(device, idx);
-    if (pci == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+/* The PCI info of bus id `bus` ("00000000:3B:00.0"), as NVML fills it. */
+static void fill_pci(nvmlPciInfo_t *pci, const char *bus) {
     memset(pci, 0, sizeof *pci);
-    snprintf(pci->busId, sizeof pci->busId, "%s", gpu->pci);
+    snprintf(pci->busId, sizeof pci->busId, "%s", bus);
     /* The legacy field holds the short form: "0000:3B:00.0" of "00000000:3B:00.0". */
-    const char *shortform = strlen(gpu->pci) > 12 ? gpu->pci + strlen(gpu->pci) - 12 : gpu->pci;
+    const char *shortform = strlen(bus) > 12 ? bus + strlen(bus) - 12 : bus;
     size_t n = strlen(shortform);
     memcpy(pci->busIdLegacy, shortform, n < sizeof pci->busIdLegacy ? n : sizeof pci->busIdLegacy - 1);
-    unsigned domain = 0, bus = 0, dev = 0, fn = 0;
-    if (sscanf(gpu->pci, "%x:%x:%x.%x", &domain, &bus, &dev, &fn) == 4) {
+    unsigned domain = 0, busno = 0, dev = 0, fn = 0;
+    if (sscanf(bus, "%x:%x:%x.%x", &domain, &busno, &dev, &fn) == 4) {
         pci->domain = domain;
-        pci->bus = bus;
+        pci->bus = busno;
         pci->device = dev;
     }
     pci->pciDeviceId = 0x233010DE;
     pci->pciSubSystemId = 0x16C110DE;
+}
+
+HAMI_EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci) {
+    REQUIRE_GPU(device, idx);
+    if (pci == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    fill_pci(pci, gpu->pci);
     return NVML_SUCCESS;
 }
 
@@ -369,6 +375,63 @@ HAMI_EXPORT nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device,
     *major = 9;
     *minor = 0;
     return NVML_SUCCESS;
+}
+
+/* ---- topology: P2P levels and NVLinks, as configured (fake.h) */
+
+HAMI_EXPORT nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t device1, nvmlDevice_t device2,
+                                                             nvmlGpuTopologyLevel_t *pathInfo) {
+    REQUIRE_GPU(device1, idx);
+    (void)gpu;
+    int other = 0;
+    if (gpu_of(device2, &other) == NULL || pathInfo == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    *pathInfo = (nvmlGpuTopologyLevel_t)(other == idx ? NVML_TOPOLOGY_INTERNAL : fake_p2p_level(&N.cfg, idx, other));
+    return NVML_SUCCESS;
+}
+
+/* The configured link `link` of a GPU (with `remote`, only an enabled one: a disabled link has no
+ * remote end); *rc says why there is none: INVALID_ARGUMENT past NVML_NVLINK_MAX_LINKS or past
+ * the GPU's links, NOT_SUPPORTED on a GPU without NVLink or for a disabled link's remote end. */
+static const struct fake_link *nvlink_of(const struct fake_gpu *gpu, unsigned link, const void *out, int remote,
+                                         nvmlReturn_t *rc) {
+    *rc = NVML_SUCCESS;
+    if (out == NULL || link >= NVML_NVLINK_MAX_LINKS) *rc = NVML_ERROR_INVALID_ARGUMENT;
+    else if (gpu->nvlinks <= 0) *rc = NVML_ERROR_NOT_SUPPORTED;
+    else if (link >= (unsigned)gpu->nvlinks) *rc = NVML_ERROR_INVALID_ARGUMENT;
+    else if (remote && gpu->links[link].end == FAKE_LINK_OFF) *rc = NVML_ERROR_NOT_SUPPORTED;
+    return *rc == NVML_SUCCESS ? &gpu->links[link] : NULL;
+}
+
+HAMI_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link, nvmlEnableState_t *isActive) {
+    REQUIRE_GPU(device, idx);
+    nvmlReturn_t rc;
+    const struct fake_link *l = nvlink_of(gpu, link, isActive, 0, &rc);
+    if (l != NULL) *isActive = l->end == FAKE_LINK_OFF ? NVML_FEATURE_DISABLED : NVML_FEATURE_ENABLED;
+    return rc;
+}
+
+HAMI_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t device, unsigned int link,
+                                                             nvmlPciInfo_t *pci) {
+    REQUIRE_GPU(device, idx);
+    nvmlReturn_t rc;
+    const struct fake_link *l = nvlink_of(gpu, link, pci, 1, &rc);
+    if (l != NULL) fill_pci(pci, l->remote);
+    return rc;
+}
+
+HAMI_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo(nvmlDevice_t device, unsigned int link, nvmlPciInfo_t *pci);
+HAMI_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo(nvmlDevice_t device, unsigned int link, nvmlPciInfo_t *pci) {
+    return nvmlDeviceGetNvLinkRemotePciInfo_v2(device, link, pci);
+}
+
+HAMI_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemoteDeviceType(nvmlDevice_t device, unsigned int link,
+                                                             nvmlIntNvLinkDeviceType_t *pNvLinkDeviceType) {
+    REQUIRE_GPU(device, idx);
+    nvmlReturn_t rc;
+    const struct fake_link *l = nvlink_of(gpu, link, pNvLinkDeviceType, 1, &rc);
+    if (l != NULL)
+        *pNvLinkDeviceType = l->end == FAKE_LINK_SWITCH ? NVML_NVLINK_DEVICE_TYPE_SWITCH : NVML_NVLINK_DEVICE_TYPE_GPU;
+    return rc;
 }
 
 /* ---- health: XID events for unhealthy GPUs */

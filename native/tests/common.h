@@ -19,10 +19,11 @@
         }                                                                           \
     } while (0)
 
+/* A CUresult or an nvmlReturn_t. */
 #define CHECK_RC(expr, want)                                                                        \
     do {                                                                                            \
-        CUresult rc_ = (expr);                                                                      \
-        if (rc_ != (want)) {                                                                        \
+        int rc_ = (int)(expr);                                                                      \
+        if (rc_ != (int)(want)) {                                                                   \
             fprintf(stderr, "%s:%d: %s returned %d, want %d\n", __FILE__, __LINE__, #expr, (int)rc_, \
                     (int)(want));                                                                   \
             exit(1);                                                                                \

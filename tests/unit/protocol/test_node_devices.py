@@ -55,6 +55,7 @@ def test_public_api_is_complete() -> None:
         "decode_node_devices",
         "device_type",
         "encode_node_devices",
+        "go_json",
     ]
 
 

@@ -55,6 +55,7 @@ SERVICE_RULES: Final[dict[str, tuple[dict[str, Any], ...]]] = {
     "device-plugin": (
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "patch"]},
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
     ),
     "monitor": ({"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},),
 }

@@ -4,6 +4,7 @@ Pure Python with no I/O. The package root re-exports the codecs and records ever
 the rest lives in submodules named for what they define:
 
 - ``node_devices``: ``hami.io/node-nvidia-register`` (JSON and legacy colon form)
+- ``node_scores``: ``hami.io/node-nvidia-score`` (GPU pair scores) and their computation from NVML
 - ``node_handshake`` / ``node_lock``: node liveness stamps and the bind -> Allocate node lock
 - ``pod_devices``: the positional per-container device lists of pod annotations
 - ``resources`` / ``quantities``: what a pod asks for, with HAMi's defaults and clamps

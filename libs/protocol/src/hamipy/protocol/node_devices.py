@@ -68,6 +68,7 @@ __all__ = [
     "decode_node_devices",
     "device_type",
     "encode_node_devices",
+    "go_json",
 ]
 
 # Kubernetes refuses objects whose annotations total more than 256 KiB, so no larger value is real;
@@ -454,3 +455,9 @@ def _check_utf8(field: str, text: str) -> None:
 
 def _go_string(text: str) -> str:
     return json.dumps(text, ensure_ascii=False).translate(_GO_ESCAPES)
+
+
+def go_json(value: object) -> str:
+    """``value`` as Go's ``json.Marshal`` writes it: no blanks, UTF-8 as is, ``<``, ``>``, ``&``,
+    U+2028 and U+2029 escaped; keys in the order given (Go sorts a map's, a struct's are fixed)."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).translate(_GO_ESCAPES)

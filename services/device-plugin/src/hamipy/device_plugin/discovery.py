@@ -7,24 +7,31 @@ Health follows NVIDIA's device plugin: a GPU turns Unhealthy on an XID critical-
 except the XIDs an application causes (13, 31, 43, 45, 68, 109: a bad kernel, not a bad GPU).
 Where a GPU does not support events, it is polled instead: a GPU whose memory query fails is
 Unhealthy. An Unhealthy GPU stays so until the plugin restarts, as upstream.
+
+Topology (``read_node_scores``) is read as upstream's plugin reads it: the P2P level of every
+ordered pair, and per GPU its enabled NVLinks' remote PCI bus ids and how many end at an NVSwitch;
+a link whose query answers NOT_SUPPORTED or INVALID_ARGUMENT is skipped, any other error fails the
+read (``hamipy.protocol.node_scores`` turns the facts into scores).
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Final
 
 import pynvml
 
 from hamipy.device_plugin.devices import Gpu
 from hamipy.device_plugin.errors import NvmlError
+from hamipy.protocol.node_scores import NVLINK_MAX_LINKS, GpuLinks, NodeScores, node_scores
 
-__all__ = ["APPLICATION_XIDS", "HealthWatch", "Nvml", "discover_gpus"]
+__all__ = ["APPLICATION_XIDS", "HealthWatch", "Nvml", "discover_gpus", "read_node_scores"]
 
 APPLICATION_XIDS: Final = frozenset({13, 31, 43, 45, 68, 109})
 _MIB: Final = 1024 * 1024
+_LINK_SKIPPED: Final = (pynvml.NVMLError_NotSupported, pynvml.NVMLError_InvalidArgument)
 
 
 def _text(value: str | bytes) -> str:
@@ -68,6 +75,47 @@ class Nvml:
             numa=max(numa, 0),
             pci_bus_id=_text(pynvml.nvmlDeviceGetPciInfo(handle).busId),
         )
+
+    def topology(self, uuids: Sequence[str]) -> tuple[list[GpuLinks], dict[tuple[str, str], int]]:
+        """The NVLinks of the GPUs ``uuids`` (in that order) and the P2P level of each ordered pair."""
+        try:
+            handles = {uuid: pynvml.nvmlDeviceGetHandleByUUID(uuid) for uuid in uuids}
+            links = [_links(uuid, handle) for uuid, handle in handles.items()]
+            levels = {
+                (a, b): int(pynvml.nvmlDeviceGetTopologyCommonAncestor(handles[a], handles[b]))
+                for a in uuids
+                for b in uuids
+                if a != b
+            }
+        except pynvml.NVMLError as exc:
+            raise NvmlError(f"NVML topology query failed: {exc}") from exc
+        return links, levels
+
+
+def _links(uuid: str, handle: object) -> GpuLinks:
+    remote: list[str] = []
+    switches = 0
+    for link in range(NVLINK_MAX_LINKS):
+        try:
+            if pynvml.nvmlDeviceGetNvLinkState(handle, link) != pynvml.NVML_FEATURE_ENABLED:
+                continue
+        except _LINK_SKIPPED:
+            continue
+        with contextlib.suppress(*_LINK_SKIPPED):
+            remote.append(_text(pynvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link).busId))
+        with contextlib.suppress(*_LINK_SKIPPED):
+            kind = pynvml.nvmlDeviceGetNvLinkRemoteDeviceType(handle, link)
+            switches += kind == pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH
+    bus = _text(pynvml.nvmlDeviceGetPciInfo(handle).busId)
+    return GpuLinks(uuid=uuid, bus_id=bus, remote_bus_ids=tuple(remote), switch_links=switches)
+
+
+def read_node_scores(uuids: Sequence[str]) -> tuple[NodeScores, list[tuple[str, str]]]:
+    """The pair scores of the GPUs ``uuids`` (registration order) and the asymmetric pairs
+    (blocking). ``NvmlError`` when NVML fails, ``ProtocolError`` for a P2P level NVML does not define."""
+    with Nvml() as nvml:
+        links, levels = nvml.topology(uuids)
+    return node_scores(links, levels)
 
 
 def discover_gpus() -> list[Gpu]:

@@ -1,4 +1,4 @@
-"""The node's GPUs and their health, shared by ListAndWatch and the node registration loop.
+"""The node's GPUs, their health and pair scores, shared by ListAndWatch and the node registration loop.
 
 One instance per plugin, owned by the event loop. ``version`` grows on every change; readers wait
 for a version newer than the one they have (``wait_changed``), so ListAndWatch streams and the
@@ -25,6 +25,8 @@ class Inventory:
         self.settings = settings
         self.unhealthy: dict[str, str] = {}
         self.version = 0
+        self.scores: str | None = None
+        """The ``hami.io/node-nvidia-score`` value; None where the topology could not be read."""
         self._changed = asyncio.Condition()
 
     @property

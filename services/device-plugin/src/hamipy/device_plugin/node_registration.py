@@ -1,4 +1,5 @@
-"""Keep this node's ``hami.io/node-nvidia-register`` and ``hami.io/node-handshake`` current.
+"""Keep this node's ``hami.io/node-nvidia-register``, ``hami.io/node-nvidia-score`` and
+``hami.io/node-handshake`` current.
 
 Written at start, whenever GPU health changes, and every ``register_interval_s`` even when nothing
 changed: the handshake answers the scheduler's ``Requesting_`` stamp with ``Reported_<now>``, and
@@ -24,10 +25,13 @@ _RETRY_S = 2.0
 
 
 async def write_node_register(api: NodeKube, inventory: Inventory) -> str:
-    """One write of the register, the handshake and our marker (equal to the handshake, so that a
+    """One write of the register, the pair scores (removed where they could not be computed, so
+    that none describe other GPUs), the handshake and our marker (equal to the handshake, so that a
     report by HAMi's plugin, which leaves the marker, is told apart); returns the register value."""
     value = encode_node_devices(inventory.register_devices())
-    await api.patch_node_annotations({keys.NODE_REGISTER: value, **plugin_report(datetime.now(UTC))})
+    await api.patch_node_annotations(
+        {keys.NODE_REGISTER: value, keys.NODE_SCORE: inventory.scores, **plugin_report(datetime.now(UTC))}
+    )
     return value
 
 

@@ -4,10 +4,13 @@ health, this node's pods, and the HTTP endpoints (``/metrics``, ``/healthz``, ``
 Every long-lived task runs under one ``hamipy.serving.supervision.Supervisor``, by name:
 
 - ``device-plugin:serve``: the gRPC socket and the kubelet registration (``serving``);
-- ``device-plugin:node-register``: the node's register annotation and handshake (``node_registration``);
+- ``device-plugin:node-register``: the node's register and pair-score annotations and handshake
+  (``node_registration``); the pair scores are computed once, at start (topology does not change
+  while the plugin runs);
 - ``device-plugin:pod-informer``: this node's pods (``pod_cache``, ``hamipy.kube.informer``);
 - ``device-plugin:health-watch``: the NVML health watch, in a worker thread (``discovery``);
-- ``device-plugin:health-record``: its findings into the inventory.
+- ``device-plugin:health-record``: its findings into the inventory;
+- ``device-plugin:events``: the Events about this node (``hamipy.kube.events``).
 
 Each retries what is expected to fail (API errors, an absent kubelet). One that dies anyway (a bug,
 or a forever-task that returned) is logged with its name and error, turns ``/readyz`` to 503 with
@@ -31,7 +34,8 @@ from prometheus_client import generate_latest
 from hamipy.device_plugin.allocating import ServeRules
 from hamipy.device_plugin.allocator import Allocator
 from hamipy.device_plugin.devices import Gpu
-from hamipy.device_plugin.discovery import HealthWatch, discover_gpus
+from hamipy.device_plugin.discovery import HealthWatch, discover_gpus, read_node_scores
+from hamipy.device_plugin.errors import NvmlError
 from hamipy.device_plugin.inventory import Inventory
 from hamipy.device_plugin.kube import NodeKube, node_pods_informer
 from hamipy.device_plugin.kubelet_pods import PodResourcesClient
@@ -40,14 +44,17 @@ from hamipy.device_plugin.pod_cache import PodCache
 from hamipy.device_plugin.servicer import DevicePluginServicer
 from hamipy.device_plugin.serving import serve_and_register
 from hamipy.device_plugin.settings import PluginSettings
-from hamipy.device_plugin.telemetry import Telemetry
+from hamipy.device_plugin.telemetry import SERVICE_NAME, Telemetry
 from hamipy.kube.client import KubeApi
+from hamipy.kube.events import EventRecorder
 from hamipy.kube.informer import InformerSettings
+from hamipy.protocol import ProtocolError
 from hamipy.protocol.config import Config
+from hamipy.protocol.node_scores import ASYMMETRIC_MESSAGE, ASYMMETRIC_REASON, NodeScores, encode_node_scores
 from hamipy.serving.probes import start_probe_server
 from hamipy.serving.supervision import Supervisor
 
-__all__ = ["DevicePlugin", "HealthSource", "HealthWatchFactory", "install_interposer"]
+__all__ = ["DevicePlugin", "HealthSource", "HealthWatchFactory", "ScoreReader", "install_interposer"]
 
 _PRELOAD: Final = "ld.so.preload"
 _LIBRARY: Final = "libvgpu.so"
@@ -78,6 +85,13 @@ class HealthWatchFactory(Protocol):
     ) -> HealthSource: ...
 
 
+class ScoreReader(Protocol):
+    """Reads the pair scores of the GPUs ``uuids`` and the asymmetric pairs (blocking;
+    ``discovery.read_node_scores``)."""
+
+    def __call__(self, uuids: list[str]) -> tuple[NodeScores, list[tuple[str, str]]]: ...
+
+
 async def _run_in_thread(source: HealthSource) -> None:
     """``source.run()`` in a worker thread; cancelled, it stops the source and waits for the thread."""
     done = asyncio.get_running_loop().run_in_executor(None, source.run)
@@ -91,8 +105,8 @@ async def _run_in_thread(source: HealthSource) -> None:
 
 
 class DevicePlugin:
-    """Wiring of one plugin instance. ``discover`` and ``health_watch`` reach NVML (tests hand in
-    fakes)."""
+    """Wiring of one plugin instance. ``discover``, ``health_watch`` and ``read_scores`` reach NVML
+    (tests hand in fakes)."""
 
     def __init__(
         self,
@@ -103,16 +117,21 @@ class DevicePlugin:
         api: KubeApi,
         discover: Callable[[], list[Gpu]] = discover_gpus,
         health_watch: HealthWatchFactory = HealthWatch,
+        read_scores: ScoreReader = read_node_scores,
     ) -> None:
         self.config = config
         self.settings = settings
         self.telemetry = telemetry
         self.discover = discover
         self.health_watch = health_watch
+        self.read_scores = read_scores
         self.logger = telemetry.logger.bind(node=settings.node_name)
         self.kube = NodeKube(api, node_name=settings.node_name, timeout_s=settings.api_timeout_s)
         self.node_settings = config.for_node(settings.node_name)
         self.supervisor = Supervisor(self.logger)
+        self.events = EventRecorder(
+            api, component=SERVICE_NAME, logger=self.logger, timeout_s=settings.api_timeout_s
+        )
         self.pods = PodCache(
             node_pods_informer(
                 api,
@@ -140,6 +159,7 @@ class DevicePlugin:
             gpus=[(g.index, g.uuid, g.name, g.memory_mib, g.numa) for g in gpus],
             device_list_strategy=self.config.nvidia.device_list_strategy,
         )
+        inventory.scores = await self._pair_scores(inventory.uuids)
         kubelet = PodResourcesClient(
             self.settings.pod_resources_socket,
             self.config.nvidia.resource_count_name,
@@ -182,6 +202,7 @@ class DevicePlugin:
         health = self.health_watch(inventory.uuids, unhealthy, poll_s=self.settings.health_poll_s)
         start = self.supervisor.start
         try:
+            start("device-plugin:events", self.events.run())
             start("device-plugin:pod-informer", self.pods.run())
             start("device-plugin:health-watch", _run_in_thread(health))
             start("device-plugin:health-record", record_health())
@@ -211,6 +232,20 @@ class DevicePlugin:
             await kubelet.close()
             await server.close()
             self.logger.info("stopped", failure=self.supervisor.failure)
+
+    async def _pair_scores(self, uuids: list[str]) -> str | None:
+        """The ``hami.io/node-nvidia-score`` value of the registered GPUs; None (logged) where the
+        topology cannot be read. An asymmetric pair is a Warning Event on the node (upstream's)."""
+        try:
+            scores, asymmetric = await asyncio.to_thread(self.read_scores, uuids)
+        except (NvmlError, ProtocolError) as exc:
+            self.logger.error("GPU pair scores not published: topology unreadable", error=str(exc))
+            return None
+        if asymmetric:
+            self.logger.warning("asymmetric GPU P2P links scored 0", pairs=asymmetric)
+            node = {"kind": "Node", "name": self.settings.node_name, "uid": self.settings.node_name}
+            self.events.emit(node, ASYMMETRIC_REASON, ASYMMETRIC_MESSAGE, warning=True)
+        return encode_node_scores(scores)
 
     def not_ready(self) -> str | None:
         """``/readyz``: None when ready, else why not (a dead task first)."""
