@@ -302,20 +302,23 @@ def _explained(node: NodeState, ask: PodAsk, ever: dict[tuple[Any, ...], bool]) 
     if fit.ok:
         return Explained(node, node.version, None, True)
     by_uuid = bool(ask.prefs.use_uuids or ask.prefs.nouse_uuids)
-    shape = (node.scores_problem is not None,) + tuple(
-        (
-            g.uuid if by_uuid else "",
-            g.count,
-            g.devmem,
-            g.devcore,
-            g.type,
-            g.mode,
-            g.numa,
-            g.health,
-            g.cordoned,
-            g.refused,
-        )
-        for g in node.gpus
+    shape = (
+        node.scores_problem is not None,
+        *(
+            (
+                g.uuid if by_uuid else "",
+                g.count,
+                g.devmem,
+                g.devcore,
+                g.type,
+                g.mode,
+                g.numa,
+                g.health,
+                g.cordoned,
+                g.refused,
+            )
+            for g in node.gpus
+        ),
     )
     possible = ever.get(shape)
     if possible is None:

@@ -11,12 +11,13 @@ a pair missing from them scoring 0. As HAMi's ``NvidiaGPUDevices.Fit``:
   candidate; the first set in lexicographic order of candidate positions wins ties, so with no
   scores the pick is the first N candidates, what the policy alone would take.
 
-HAMi enumerates every set, C(C, N) of them: 70 at most on 8 GPUs, 12,870 for 8 of 16, each summed
-over N(N-1)/2 pairs. Here the search is exact while the sets number at most ``EXACT_SETS`` (every
-request among up to 10 candidates; 1, 2 and 14 to 16 GPUs of 16), and greedy beyond: from each
-candidate as a seed, add the candidate that adds most to the set (the first on ties) until N are
-taken, and keep the best set (the first seed's on ties): C x (N - 1) steps of about 2C operations,
-under 4,000 for any N of 16 candidates. A node's
+HAMi enumerates every set, C(C, N) of them, each summed over its N(N-1)/2 pairs: 70 x 6 pairs for 4
+of 8 GPUs, 12,870 x 28 for 8 of 16. Here the search is exact while that work (pairs read) is at
+most ``EXACT_PAIRS``, which holds every request among up to 8 candidates and 2 of 16, and greedy
+beyond: from each candidate as a seed, add the candidate that adds most to the set (the
+first on ties) until N are taken, and keep the best set (the first seed's on ties). That is C x
+(N - 1) steps, each a pass over the C candidates: under 4,000 for any N of 16, so a 16-GPU node's
+search is bounded by C^2 x N, not by C(C, N). A node's
 links come in groups (NVLink-bridged pairs or quads, NVSwitch planes, PCIe switches, NUMA nodes),
 and growing a set from a seed inside the best group takes that group before anything outside it.
 """
@@ -28,18 +29,20 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Final
 
-__all__ = ["EXACT_SETS", "PairScores", "pick_gpus", "set_score"]
+__all__ = ["EXACT_PAIRS", "PairScores", "exact", "pick_gpus", "set_score"]
 
 PairScores = Mapping[str, Mapping[str, int]]
 """Per GPU UUID the score to each other GPU (``NodeScores``)."""
 
-EXACT_SETS: Final = 256
-"""Most sets searched exactly: 256 sets of at most 10 GPUs cost about as much as the greedy search
-on 16 GPUs (about 2,000 additions), a fraction of a millisecond."""
+EXACT_PAIRS: Final = 600
+"""Most pair scores an exact search reads: every request on an 8-GPU node (at most 56 sets x 10
+pairs) is exact, and no exact search costs more than a greedy one on 16 candidates
+(``tests/bench/bench_extender.py``: tens of microseconds against hundreds)."""
+_TAKEN: Final = float("-inf")
 
 
 def pick_gpus(
-    candidates: Sequence[str], count: int, scores: PairScores, *, exact_sets: int = EXACT_SETS
+    candidates: Sequence[str], count: int, scores: PairScores, *, exact_pairs: int = EXACT_PAIRS
 ) -> list[int]:
     """Positions in ``candidates`` (UUIDs, in the order tried) of the ``count`` GPUs to take, in
     that order; ``count`` is at least 1 and at most ``len(candidates)``."""
@@ -61,9 +64,14 @@ def pick_gpus(
         row = rows[i]
         for j in range(i + 1, n):
             pair[i][j] = pair[j][i] = row.get(candidates[j], 0)
-    if math.comb(n, count) <= exact_sets:
+    if exact(n, count, exact_pairs=exact_pairs):
         return _exact(pair, count)
     return _greedy(pair, count)
+
+
+def exact(candidates: int, count: int, *, exact_pairs: int = EXACT_PAIRS) -> bool:
+    """Whether ``count`` GPUs of ``candidates`` are searched exactly (else greedily)."""
+    return math.comb(candidates, count) * count * (count - 1) // 2 <= exact_pairs
 
 
 def set_score(pair: Sequence[Sequence[int]], chosen: Sequence[int]) -> int:
@@ -84,21 +92,18 @@ def _exact(pair: list[list[int]], count: int) -> list[int]:
 def _greedy(pair: list[list[int]], count: int) -> list[int]:
     n = len(pair)
     best: list[int] = []
-    best_total = 0
+    best_total = 0.0
     for seed in range(n):
         chosen = [seed]
-        taken = [False] * n
-        taken[seed] = True
-        gain = list(pair[seed])  # what each candidate adds to the set so far
-        total = 0
-        while len(chosen) < count:
-            step = max((j for j in range(n) if not taken[j]), key=gain.__getitem__)
+        gain: list[float] = list(pair[seed])  # what each candidate adds to the set so far
+        gain[seed] = _TAKEN  # stays taken: -inf plus any score
+        total = 0.0
+        for _ in range(count - 1):
+            step = max(range(n), key=gain.__getitem__)
             chosen.append(step)
-            taken[step] = True
             total += gain[step]
-            row = pair[step]
-            for j in range(n):
-                gain[j] += row[j]
+            gain = [g + s for g, s in zip(gain, pair[step], strict=True)]
+            gain[step] = _TAKEN
         if not best or total > best_total:
             best, best_total = sorted(chosen), total
     return best
