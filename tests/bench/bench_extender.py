@@ -15,6 +15,11 @@ node, the slow path a pod that fits nowhere takes ("first": nothing explained be
 pod again, its nodes unchanged, as kube-scheduler retries it); and "cores taken", half the nodes with 90 % of
 each GPU's cores used (binpack ranks them first, the pod fits none of them), with how many nodes a
 filter fitted.
+
+Every node publishes pair scores as the fake driver's ``pcie-pairs8`` makes them (GPUs 2k and 2k+1
+bridged). "topology" is a 2-GPU topology-aware pod against the same pod under plain spread,
+their calls alternated in one run; "topology search" times the search alone on 16 candidates for
+each count of GPUs asked (exact up to ``EXACT_PAIRS`` pair reads, greedy beyond).
 """
 
 from __future__ import annotations
@@ -43,17 +48,28 @@ from hamipy.extender.model import PodUid, now_epoch
 from hamipy.extender.server import ExtenderServer
 from hamipy.extender.settings import ExtenderSettings
 from hamipy.extender.telemetry import Telemetry
+from hamipy.extender.topology import pick_gpus
 from hamipy.kube.client import NullKube
 from hamipy.protocol import keys
 from hamipy.protocol.config import Config
 from hamipy.protocol.devices import ContainerDevice, DeviceInfo
 from hamipy.protocol.kube_objects import plain
 from hamipy.protocol.node_devices import encode_node_devices
+from hamipy.protocol.node_scores import NodeScores, encode_node_scores
 from hamipy.protocol.pod_devices import encode_pod_devices
 
 GPUS = 8
 PODS_PER_NODE = 10
 TARGETS_US = {"in_process_1000": 2000.0, "http_1000": 5000.0, "http_5000": 10000.0}
+
+
+def pcie_pairs(uuids: list[str]) -> NodeScores:
+    """Pair scores as ``pcie-pairs8`` makes them: bridged pairs 1250, NODE 20 within a NUMA node
+    (GPUs 0-3, 4-7), SYS 10 across."""
+    return {
+        a: {b: 1250 if j == i ^ 1 else 20 if i // 4 == j // 4 else 10 for j, b in enumerate(uuids) if j != i}
+        for i, a in enumerate(uuids)
+    }
 
 
 def node_json(i: int) -> dict[str, Any]:
@@ -64,7 +80,10 @@ def node_json(i: int) -> dict[str, Any]:
     return {
         "metadata": {
             "name": f"node-{i:05d}",
-            "annotations": {keys.NODE_REGISTER: encode_node_devices(devices)},
+            "annotations": {
+                keys.NODE_REGISTER: encode_node_devices(devices),
+                keys.NODE_SCORE: encode_node_scores(pcie_pairs([d.id for d in devices])),
+            },
         },
         "status": {"allocatable": {keys.RESOURCE_COUNT: str(GPUS * 10)}},
     }
@@ -92,10 +111,13 @@ def running_pod(node: int, j: int, rng: random.Random) -> dict[str, Any]:
     }
 
 
-def pending_pod(mem: str = "2048", uid: str = "uid-new") -> dict[str, Any]:
-    limits = {keys.RESOURCE_COUNT: "1", keys.RESOURCE_MEMORY: mem, keys.RESOURCE_CORES: "20"}
+def pending_pod(
+    mem: str = "2048", uid: str = "uid-new", *, gpus: int = 1, policy: str | None = None
+) -> dict[str, Any]:
+    limits = {keys.RESOURCE_COUNT: str(gpus), keys.RESOURCE_MEMORY: mem, keys.RESOURCE_CORES: "20"}
+    annotations = {keys.GPU_SCHEDULER_POLICY: policy} if policy else {}
     return {
-        "metadata": {"name": uid, "namespace": "work", "uid": uid, "annotations": {}},
+        "metadata": {"name": uid, "namespace": "work", "uid": uid, "annotations": annotations},
         "spec": {
             "schedulerName": "hami-scheduler",
             "containers": [
@@ -120,6 +142,8 @@ def build(nodes: int) -> ExtenderServer:
     # The filtered pods as the pod watch delivers them: the filter reserves only for pods it has seen.
     server.model.apply_pod("ADDED", pending_pod())
     server.model.apply_pod("ADDED", pending_pod(mem="40000", uid="uid-nofit"))
+    for uid, policy in TOPOLOGY_PODS.items():
+        server.model.apply_pod("ADDED", pending_pod(uid=uid, gpus=2, policy=policy))
     gc.collect()
     gc.freeze()  # as the watcher does after each list
     print(f"model of {nodes} nodes, {nodes * PODS_PER_NODE} pods built in {time.perf_counter() - began:.2f}s")
@@ -135,6 +159,45 @@ def in_process(server: ExtenderServer, args: ExtenderArgs, iterations: int) -> l
         model.release(PodUid("uid-new"))
 
     return time_calls(call, iterations=iterations, warmup=50)
+
+
+TOPOLOGY_PODS = {"uid-topology": "topology-aware", "uid-spread": "spread"}
+
+
+def topology_vs_spread(server: ExtenderServer, names: list[str], iterations: int) -> dict[str, Any]:
+    """The 2-GPU topology-aware pod and the same pod under spread, filtered in turn (each call's
+    reservation dropped), so both see the same cluster and the same machine load."""
+    scheduler, model = server.scheduler, server.model
+    calls = {
+        policy: msgspec.convert(
+            {"Pod": pending_pod(uid=uid, gpus=2, policy=policy), "NodeNames": names}, ExtenderArgs
+        )
+        for uid, policy in TOPOLOGY_PODS.items()
+    }
+    uids = {policy: PodUid(uid) for uid, policy in TOPOLOGY_PODS.items()}
+    samples: dict[str, list[float]] = {policy: [] for policy in calls}
+    clock = time.perf_counter
+    for i in range(iterations + 50):
+        for policy, args in calls.items():
+            start = clock()
+            assert scheduler.filter(args)["NodeNames"], policy
+            took = clock() - start
+            model.release(uids[policy])
+            if i >= 50:
+                samples[policy].append(took)
+    return {policy: percentiles_us(times) for policy, times in samples.items()}
+
+
+def topology_search(iterations: int) -> dict[str, Any]:
+    """``pick_gpus`` alone over 16 candidates (8 bridged pairs), per count of GPUs asked."""
+    uuids = [f"GPU-{g}" for g in range(16)]
+    scores = pcie_pairs(uuids)
+    return {
+        f"{count}_of_16": percentiles_us(
+            time_calls(functools.partial(pick_gpus, uuids, count, scores), iterations=iterations, warmup=10)
+        )
+        for count in (1, 2, 3, 4, 8, 12, 14)
+    }
 
 
 def filter_cold(server: ExtenderServer, args: ExtenderArgs) -> None:
@@ -273,6 +336,8 @@ def main() -> None:
         figures[f"no_fit_first_in_process_{nodes}"] = nofit_first
         figures[f"scrape_{nodes}"] = asyncio.run(scrape(server, 5))
         figures[f"cores_taken_in_process_{nodes}"] = cores_taken(server, args, opts.iterations)
+        figures[f"topology_in_process_{nodes}"] = topology_vs_spread(server, names, opts.iterations)
+    figures["topology_search"] = topology_search(min(opts.iterations, 500))
     for key, target in TARGETS_US.items():
         if key in figures:
             figures[key]["target_p99_us"] = target

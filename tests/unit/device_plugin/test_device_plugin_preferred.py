@@ -12,6 +12,7 @@ from allocator_support import (
     UUID_A,
     UUID_B,
     UUID_C,
+    UUIDS,
     dev,
     hijack_pod,
     legit_pod,
@@ -26,8 +27,13 @@ from plugin_fakes import PODS, node_kube
 from hamipy.device_plugin.allocator import Preference
 from hamipy.device_plugin.devices import preferred_ids
 from hamipy.device_plugin.servicer import OPTIONS
+from hamipy.extender.filtering import build_ask
+from hamipy.extender.fitting import fit_pod
+from hamipy.extender.model import Gpu, NodeName, NodeState
 from hamipy.kube.errors import KubeError
 from hamipy.kubelet_api.v1beta1 import api_pb2
+from hamipy.protocol import keys
+from hamipy.protocol.config import Config
 
 A = [f"{UUID_A}-{i}" for i in range(3)]
 B = [f"{UUID_B}-{i}" for i in range(3)]
@@ -175,3 +181,21 @@ async def test_the_plugin_offers_preferences_and_answers_them_over_grpc(tmp_path
         )
         response = await stub.GetPreferredAllocation(request, timeout=10)
     assert [list(r.deviceIDs) for r in response.container_responses] == [[f"{UUID_B}-0"], []]
+
+
+async def test_a_topology_aware_pair_is_what_the_kubelet_is_steered_to(tmp_path: Path) -> None:
+    # The extender picks the bridged pair (B, C) for a 2-GPU topology-aware pod, though spread alone
+    # would take A first; the kubelet is then steered to IDs on exactly B and C.
+    bridged = {(UUID_B, UUID_C), (UUID_C, UUID_B)}
+    scores = {a: {b: 1250 if (a, b) in bridged else 10 for b in UUIDS if b != a} for a in UUIDS}
+    node = NodeState(NodeName("n"), registered=True, pair_scores=scores)
+    node.gpus = [Gpu.of(builders.gpu(u, i)) for i, u in enumerate(UUIDS)]
+    asked = builders.container("main", gpu=2, gpumem=1000, gpucores=10)
+    annotations = {keys.GPU_SCHEDULER_POLICY: "topology-aware"}
+    fit = fit_pod(node, build_ask(builders.gpu_pod("pair", asked, annotations=annotations), Config()))
+    assert fit.devices is not None
+    assert {d.uuid for d in fit.devices[0]} == {UUID_B, UUID_C}
+    pod = waiting_pod("pair", asked, slots=fit.devices)
+    allocator = await make_allocator(node_kube(pod), tmp_path)
+    (ids,) = await allocator.preferred([Preference([*A, *B, *C], [], 2)])
+    assert sorted(ids) == sorted([B[0], C[0]])

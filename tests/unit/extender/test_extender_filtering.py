@@ -354,51 +354,29 @@ def test_malformed_nodes_are_explained_by_what_is_wrong() -> None:
 
 
 @pytest.mark.parametrize(
-    ("annotation", "configured", "policy"),
+    ("annotation", "configured", "keys_"),
     [
-        pytest.param("binpack,spread", ("spread",), "binpack", id="first-in-chain"),
-        pytest.param("spread", ("binpack",), "spread", id="annotation-over-config"),
-        pytest.param("spread", ("numa",), "spread", id="annotation-over-an-unbuilt-config"),
-        pytest.param(None, ("binpack",), "binpack", id="config-default"),
+        pytest.param("binpack,spread", ("spread",), ("binpack", "spread"), id="the-pods-chain"),
+        pytest.param("spread", ("binpack",), ("spread", "numa"), id="annotation-over-config"),
+        pytest.param("spread", ("numa",), ("spread", "numa"), id="annotation-over-a-numa-config"),
+        pytest.param(None, ("binpack",), ("binpack", "numa"), id="config-default"),
+        pytest.param(None, ("numa", "spread"), ("numa", "spread"), id="config-chain"),
     ],
 )
-def test_gpu_policy_is_the_first_of_the_pods_chain_else_the_configured_one(
-    annotation: str | None, configured: tuple[str, ...], policy: str
+def test_gpu_policy_is_the_pods_chain_else_the_configured_one(
+    annotation: str | None, configured: tuple[str, ...], keys_: tuple[str, ...]
 ) -> None:
     annotations = {keys.GPU_SCHEDULER_POLICY: annotation} if annotation else {}
     config = Config.model_validate({"gpu_scheduler_policy": ",".join(configured)})
-    assert build_ask(gpu_pod("p", annotations=annotations), config).gpu_policy == policy
+    assert build_ask(gpu_pod("p", annotations=annotations), config).gpu_rule.keys == keys_
 
 
-@pytest.mark.parametrize(
-    ("annotation", "configured", "named"),
-    [
-        pytest.param("topology-aware,binpack", ("spread",), "topology-aware", id="topology-aware"),
-        pytest.param("binpack,numa", ("spread",), "numa", id="numa-after-binpack"),
-        pytest.param("mutex", ("binpack",), "mutex", id="mutex"),
-        pytest.param(None, ("numa", "spread"), "numa", id="configured"),
-    ],
-)
-def test_a_gpu_policy_not_built_yet_refuses_the_pod_instead_of_ignoring_it(
-    annotation: str | None, configured: tuple[str, ...], named: str
-) -> None:
-    # A 2-GPU pod asking a policy not built (topology-aware, numa, mutex) is refused, not placed as
-    # plain spread.
-    annotations = {keys.GPU_SCHEDULER_POLICY: annotation} if annotation else {}
-    config = Config.model_validate({"gpu_scheduler_policy": ",".join(configured)})
-    with pytest.raises(ProtocolError, match=f"GPU policy '{named}' is not supported by hami-py yet"):
-        build_ask(gpu_pod("p", container(gpu=2, gpumem=10), annotations=annotations), config)
-
-
-def test_the_filter_answers_an_unbuilt_policy_with_an_unresolvable_reason_on_every_node() -> None:
+def test_the_filter_places_a_topology_aware_pod() -> None:
     r = bind_rig(BIND_SETTINGS, gpu_node("n", [gpu("A", 0), gpu("B", 1)]))
     p = gpu_pod("p", container(gpu=2, gpumem=10), annotations={keys.GPU_SCHEDULER_POLICY: "topology-aware"})
     r.add_watched_pod(p)
     result = r.scheduler.filter(filter_args(p, ["n"]))
-    assert result["NodeNames"] == []
-    why = result["FailedAndUnresolvableNodes"]["n"]  # no retry helps: the pod must change
-    assert why.startswith("InvalidRequest: ")
-    assert "GPU policy 'topology-aware' is not supported by hami-py yet" in why
+    assert result["NodeNames"] == ["n"]
 
 
 # -- across nodes ----------------------------------------------------------------------------------------

@@ -242,7 +242,7 @@ def test_node_policy_binpack_vs_spread(policy: str, expected: str) -> None:
 def test_config_default_policies_apply_without_annotations() -> None:
     config = Config(node_scheduler_policy="spread", gpu_scheduler_policy=("binpack",))
     ask = build_ask(gpu_pod("p"), config)
-    assert (ask.node_policy, ask.gpu_policy) == ("spread", "binpack")
+    assert (ask.node_policy, ask.gpu_rule.keys) == ("spread", ("binpack", "numa"))
 
 
 def test_prioritize_score_ranges() -> None:

@@ -13,13 +13,13 @@ from hypothesis import strategies as st
 from hamipy.extender.model import Gpu
 from hamipy.extender.scoring import (
     MAX_PRIORITY,
-    Policy,
+    GpuRule,
     gpu_order,
     gpu_score,
     node_rank_key,
     prioritize_score,
 )
-from hamipy.protocol.pod_preferences import ScoringWeights
+from hamipy.protocol.pod_preferences import ScoringWeights, parse_gpu_policy
 from hamipy.protocol.resources import ContainerRequest
 
 EVEN = ScoringWeights()
@@ -66,6 +66,11 @@ def test_gpu_score_skips_a_dimension_the_gpu_has_none_of() -> None:
 
 # -- the order GPUs are tried in ---------------------------------------------------------------------
 
+
+def rule(policy: str) -> GpuRule:
+    return GpuRule.of(parse_gpu_policy(policy))
+
+
 FOUR = [Gpu.of(gpu(f"G{i}", i, count=4, mem=1000, core=100)) for i in range(4)]
 
 
@@ -76,18 +81,18 @@ FOUR = [Gpu.of(gpu(f"G{i}", i, count=4, mem=1000, core=100)) for i in range(4)]
         pytest.param("spread", [1, 0, 3, 2], id="spread-idlest-first"),
     ],
 )
-def test_gpu_order_follows_the_policy_ties_by_index(policy: Policy, order: list[int]) -> None:
-    # G0 and G3 are equally used: the lower index goes first under either policy.
+def test_gpu_order_follows_the_policy_ties_by_index(policy: str, order: list[int]) -> None:
+    # G0 and G3 are equally used (on one NUMA node): the lower index goes first under either policy.
     used = [(1, 100, 10), (0, 0, 0), (3, 500, 50), (1, 100, 10)]
-    assert gpu_order(FOUR, used, ask(), policy=policy, weights=EVEN) == order
+    assert gpu_order(FOUR, used, ask(), rule=rule(policy), weights=EVEN) == order
 
 
 def test_gpu_order_weighs_what_the_pod_says_matters() -> None:
     # G0 has more slots taken, G1 more memory: the weights decide which is "busier".
     used = [(3, 0, 0), (0, 900, 0)]
     two = FOUR[:2]
-    assert gpu_order(two, used, ask(), policy="binpack", weights=ScoringWeights(10, 0, 1)) == [0, 1]
-    assert gpu_order(two, used, ask(), policy="binpack", weights=ScoringWeights(1, 0, 10)) == [1, 0]
+    assert gpu_order(two, used, ask(), rule=rule("binpack"), weights=ScoringWeights(10, 0, 1)) == [0, 1]
+    assert gpu_order(two, used, ask(), rule=rule("binpack"), weights=ScoringWeights(1, 0, 10)) == [1, 0]
 
 
 USAGES = st.lists(
@@ -106,8 +111,8 @@ USAGES = st.lists(
 def test_gpu_order_law_binpack_scores_fall_spread_scores_rise(used: list[tuple[int, int, int]]) -> None:
     request_ = ask()
     scores = [gpu_score(g, u, request_, EVEN) for g, u in zip(FOUR, used, strict=True)]
-    binpack = gpu_order(FOUR, used, request_, policy="binpack", weights=EVEN)
-    spread = gpu_order(FOUR, used, request_, policy="spread", weights=EVEN)
+    binpack = gpu_order(FOUR, used, request_, rule=rule("binpack"), weights=EVEN)
+    spread = gpu_order(FOUR, used, request_, rule=rule("spread"), weights=EVEN)
     assert sorted(binpack) == sorted(spread) == [0, 1, 2, 3]
     for first, second in itertools.pairwise(binpack):
         assert (-scores[first], first) < (-scores[second], second)

@@ -32,11 +32,9 @@ from hamipy.extender.model import (
     pod_usage,
 )
 from hamipy.extender.quota import QUOTA_EXCEEDED
-from hamipy.extender.scoring import Policy
-from hamipy.protocol import keys
+from hamipy.extender.scoring import GpuRule
 from hamipy.protocol.config import Config
 from hamipy.protocol.devices import PodDevices
-from hamipy.protocol.errors import ProtocolError
 from hamipy.protocol.pod_preferences import ScoringWeights, preferences_of, type_allowed
 from hamipy.protocol.resources import pod_requests
 
@@ -46,7 +44,6 @@ __all__ = [
     "NODE_LOCK_HELD",
     "NODE_REGISTER_MALFORMED",
     "NODE_UNREGISTERED",
-    "UNBUILT_GPU_POLICIES",
     "Decision",
     "FailureSummary",
     "QuotaCheck",
@@ -95,20 +92,6 @@ class Decision:
     """Why the namespace's quota refused a fit (then every node failed with it), or None."""
 
 
-def _policy(chain: Iterable[str], default: Policy) -> Policy:
-    for item in chain:
-        if item == "binpack":
-            return "binpack"
-        if item == "spread":
-            return "spread"
-    return default
-
-
-UNBUILT_GPU_POLICIES: Final = ("topology-aware", "mutex", "numa")
-"""GPU policies HAMi documents that we parse but do not build yet: a pod whose chain names one is
-refused (``InvalidRequest``) rather than placed as plain binpack or spread."""
-
-
 _ASK: Final = "ask"
 
 
@@ -125,24 +108,16 @@ def ask_of(pending: PendingPod, config: Config) -> PodAsk:
 
 
 def build_ask(pod: Mapping[str, Any], config: Config) -> PodAsk:
-    """The pod's asks and preferences; raises ``ProtocolError`` on a malformed pod, or one whose GPU
-    policy chain (its annotation's, else the configured one) names a policy not built yet."""
+    """The pod's asks and preferences; raises ``ProtocolError`` on a malformed pod. The GPU policy
+    chain is the pod's annotation, else the configured one, taken whole (as HAMi's
+    ``GetGPUSchedulerPolicyByPod``)."""
     nv = config.nvidia
     prefs = preferences_of(pod)
-    chain = prefs.gpu_policy or config.gpu_scheduler_policy
-    unbuilt = [p for p in chain if p in UNBUILT_GPU_POLICIES]
-    if unbuilt:
-        raise ProtocolError(
-            keys.GPU_SCHEDULER_POLICY,
-            ",".join(chain),
-            f"GPU policy {unbuilt[0]!r} is not supported by hami-py yet (only binpack and spread "
-            "rank GPUs); the pod is not placed rather than placed without it",
-        )
     return PodAsk(
         requests=pod_requests(pod, names=nv.resource_names, defaults=nv.request_defaults),
         prefs=prefs,
         node_policy=prefs.node_policy or config.node_scheduler_policy,
-        gpu_policy=_policy(prefs.gpu_policy, _policy(config.gpu_scheduler_policy, "spread")),
+        gpu_rule=GpuRule.of(prefs.gpu_policy or config.gpu_scheduler_policy),
         weights=prefs.scoring_weights or ScoringWeights(),
     )
 
@@ -248,10 +223,12 @@ def _summary_check(ask: PodAsk, now: float, locks: LockRule | None) -> Callable[
     cache: dict[tuple[str, ...], bool] = {}
     max_count, max_mem, max_cores = ask.max_count, ask.max_memory_mib, ask.max_cores
     typed = bool(ask.prefs.use_types or ask.prefs.nouse_types)
+    idle_count = max_count if ask.gpu_rule.mutex else 0
 
     def passes(node: NodeState) -> bool:
         return not (
             node.free_slot_gpus < max_count
+            or node.idle_gpus < idle_count
             or node.max_free_mem < max_mem
             or node.max_free_cores < max_cores
             or not node.registered
@@ -293,7 +270,7 @@ def _explain(
         decision.failed.update(dict.fromkeys(names, refused))
         return
     known = explained.of(ask, nodes=len(model.nodes)) if explained is not None else {}
-    ever: dict[tuple[tuple[Any, ...], ...], bool] = {}
+    ever: dict[tuple[Any, ...], bool] = {}
     for name in names:
         node = model.nodes.get(name)
         if node is None or not node.registered:
@@ -317,28 +294,31 @@ def _explain(
             (decision.failed if entry.possible else decision.unresolvable)[name] = entry.reasons
 
 
-def _explained(node: NodeState, ask: PodAsk, ever: dict[tuple[tuple[Any, ...], ...], bool]) -> Explained:
+def _explained(node: NodeState, ask: PodAsk, ever: dict[tuple[Any, ...], bool]) -> Explained:
     """Why ``node`` does not fit ``ask`` now, and whether it could if it were empty. Whether a node
-    could ever fit depends only on its GPUs' shape (not their UUIDs, unless the pod names UUIDs):
-    one empty fit per shape (``ever``), not per node."""
+    could ever fit depends only on its GPUs' shape (not their UUIDs, unless the pod names UUIDs)
+    and on whether its pair scores are readable: one empty fit per shape (``ever``), not per node."""
     fit: Fit = fit_pod(node, ask)
     if fit.ok:
         return Explained(node, node.version, None, True)
     by_uuid = bool(ask.prefs.use_uuids or ask.prefs.nouse_uuids)
-    shape = tuple(
-        (
-            g.uuid if by_uuid else "",
-            g.count,
-            g.devmem,
-            g.devcore,
-            g.type,
-            g.mode,
-            g.numa,
-            g.health,
-            g.cordoned,
-            g.refused,
-        )
-        for g in node.gpus
+    shape = (
+        node.scores_problem is not None,
+        *(
+            (
+                g.uuid if by_uuid else "",
+                g.count,
+                g.devmem,
+                g.devcore,
+                g.type,
+                g.mode,
+                g.numa,
+                g.health,
+                g.cordoned,
+                g.refused,
+            )
+            for g in node.gpus
+        ),
     )
     possible = ever.get(shape)
     if possible is None:

@@ -13,12 +13,19 @@ The checks are those of docs/wire-format.md#resources and #user-annotations, in 
 ``CardTimeSlicingExhausted``       every slot (split count) taken
 ``CardInsufficientMemory``         not enough memory left (MiB or percentage of ``devmem``)
 ``CardInsufficientCore``           not enough cores left
-``ExclusiveDeviceAllocateConflict``  cores = 100 asked on a GPU that has a user
+``ExclusiveDeviceAllocateConflict``  a ``mutex`` pod, or cores = 100 asked, on a GPU that has a user
 ``CardComputeUnitsExhausted``      cores = 0 asked on a GPU whose cores are all taken
 ``NumaNotFit``                     numa-bind: no NUMA node has enough fitting GPUs
 ``AllocatedCardsInsufficientRequest``  some GPUs fit, fewer than the container asks
 ``NodeInsufficientDevice``         the node has fewer GPUs than one container asks
+``NodePairScoresMalformed``        topology-aware: the node's pair scores cannot be read (ours)
 =================================  ===========================================================
+
+The GPU policy (``scoring.GpuRule``) orders the GPUs tried; ``mutex`` refuses a GPU with a user
+(one-sided, as HAMi's: a later pod without it may still join the GPU a mutex pod holds);
+``topology-aware`` takes, among every GPU that fits the container, the best-linked ones
+(``hamipy.extender.topology``) rather than the first. With ``numa-bind`` that search runs within
+the first NUMA node, in the policy's order, that has enough GPUs fitting.
 
 A pod's init containers are each fitted alone on the node as it is (they run one after the other),
 its regular containers one after the other on the node with the previous ones' devices taken, as
@@ -38,7 +45,8 @@ from collections.abc import Sequence
 from typing import Final
 
 from hamipy.extender.model import Gpu, NodeState
-from hamipy.extender.scoring import Policy, gpu_order
+from hamipy.extender.scoring import GpuRule, Policy, gpu_order
+from hamipy.extender.topology import PairScores, pick_gpus
 from hamipy.protocol import keys
 from hamipy.protocol.devices import ContainerDevice, PodDevices
 from hamipy.protocol.pod_preferences import (
@@ -61,6 +69,7 @@ __all__ = [
     "CARD_CORDONED",
     "CARD_REFUSED",
     "NODE_INSUFFICIENT_DEVICE",
+    "NODE_PAIR_SCORES_MALFORMED",
     "NODE_UNFIT_POD",
     "NUMA_NOT_FIT",
     "Fit",
@@ -83,6 +92,7 @@ NUMA_NOT_FIT: Final = "NumaNotFit"
 ALLOCATED_INSUFFICIENT: Final = "AllocatedCardsInsufficientRequest"
 NODE_INSUFFICIENT_DEVICE: Final = "NodeInsufficientDevice"
 NODE_UNFIT_POD: Final = "NodeUnfitPod"
+NODE_PAIR_SCORES_MALFORMED: Final = "NodePairScoresMalformed"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -92,7 +102,7 @@ class PodAsk:
     requests: PodRequests
     prefs: PodPreferences
     node_policy: Policy
-    gpu_policy: Policy
+    gpu_rule: GpuRule
     weights: ScoringWeights
 
     @property
@@ -186,7 +196,9 @@ class Fit:
         return NodeReasons.of_gpus(self.reasons, self.n_gpus)
 
 
-def _check(gpu: Gpu, used: list[int], req: ContainerRequest, prefs: PodPreferences) -> str | None:
+def _check(
+    gpu: Gpu, used: list[int], req: ContainerRequest, prefs: PodPreferences, *, mutex: bool
+) -> str | None:
     """The reason ``gpu`` cannot take ``req`` now, or None when it can."""
     if gpu.refused is not None:
         return CARD_REFUSED
@@ -201,6 +213,8 @@ def _check(gpu: Gpu, used: list[int], req: ContainerRequest, prefs: PodPreferenc
     slots, mem, cores = used
     if slots >= gpu.count:
         return CARD_SLOTS_EXHAUSTED
+    if mutex and slots:
+        return EXCLUSIVE_CONFLICT
     if gpu.devmem - mem < memory_for_device(req, gpu.devmem):
         return CARD_MEMORY
     if gpu.devcore - cores < req.cores:
@@ -219,17 +233,28 @@ def _fit_container(
     ask: PodAsk,
     preferred: Sequence[str],
     reasons: Counter[str],
+    scores: PairScores,
 ) -> list[int] | None:
     """Positions of the GPUs chosen for one container, or None (``reasons`` filled in)."""
     if req.count > len(gpus):
         reasons[NODE_INSUFFICIENT_DEVICE] += 1
         return None
-    order = gpu_order(gpus, used, req, policy=ask.gpu_policy, weights=ask.weights)
+    rule = ask.gpu_rule
+    order = gpu_order(gpus, used, req, rule=rule, weights=ask.weights)
+    first: list[int] = []
     if preferred:
         position: dict[str, int] = {g.uuid: i for i, g in enumerate(gpus)}
         first = [position[u] for u in preferred if u in position]
         order = first + [i for i in order if i not in first]
-    verdicts = {i: _check(gpus[i], used[i], req, ask.prefs) for i in order}
+    verdicts = {i: _check(gpus[i], used[i], req, ask.prefs, mutex=rule.mutex) for i in order}
+
+    def take(fitting: list[int]) -> list[int]:
+        if not rule.topology or len(fitting) == req.count:
+            return fitting[: req.count]
+        if first and fitting[: req.count] == first:
+            return first  # an earlier decision that still fits stays
+        return [fitting[p] for p in pick_gpus([gpus[i].uuid for i in fitting], req.count, scores)]
+
     if ask.prefs.numa_bind:
         groups: dict[int, list[int]] = {}
         for i in order:
@@ -238,7 +263,7 @@ def _fit_container(
         for members in groups.values():
             fitting = [i for i in members if verdicts[i] is None]
             if len(fitting) >= req.count:
-                return fitting[: req.count]
+                return take(fitting)
             best = max(best, len(fitting))
         _count(verdicts, reasons)
         if sum(1 for v in verdicts.values() if v is None) >= req.count:
@@ -246,12 +271,12 @@ def _fit_container(
         elif best:
             reasons[ALLOCATED_INSUFFICIENT] += best
         return None
-    chosen = [i for i in order if verdicts[i] is None][: req.count]
-    if len(chosen) == req.count:
-        return chosen
+    fitting = [i for i in order if verdicts[i] is None]
+    if len(fitting) >= req.count:
+        return take(fitting)
     _count(verdicts, reasons)
-    if chosen:
-        reasons[ALLOCATED_INSUFFICIENT] += len(chosen)
+    if fitting:
+        reasons[ALLOCATED_INSUFFICIENT] += len(fitting)
     return None
 
 
@@ -289,6 +314,8 @@ def fit_pod(
     ``preferred`` (an earlier decision) is tried first, GPU by GPU, so a re-check keeps it where it
     still fits."""
     gpus = node.gpus
+    if ask.gpu_rule.topology and node.scores_problem is not None:
+        return Fit(None, Counter({NODE_PAIR_SCORES_MALFORMED: 1}), len(gpus))
     if held is not None:
         base = [list(u) for u in held]
     else:
@@ -303,7 +330,7 @@ def fit_pod(
         alone = slot < ask.n_init and slot not in ask.sidecars
         used = [list(u) for u in running] if alone else running
         wanted = [d.uuid for d in preferred[slot]] if preferred and slot < len(preferred) else []
-        chosen = _fit_container(gpus, used, req, ask, wanted, reasons)
+        chosen = _fit_container(gpus, used, req, ask, wanted, reasons, node.pair_scores)
         if chosen is None:
             return Fit(None, reasons, len(gpus))
         devices.append(_take(gpus, used, chosen, req))

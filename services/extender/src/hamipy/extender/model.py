@@ -38,9 +38,14 @@ A well-formed register may still name a GPU that is not offered (``Gpu.refused``
 older node registers, or with 0 MiB (``hamipy.extender.gpu_claims``); each is returned as a refused
 ``Problem`` for the caller to log and report as an Event.
 
+A node's ``hami.io/node-nvidia-score`` (``NodeState.pair_scores``) is read when its register is; a
+GPU or pair missing from it scores 0, as upstream.
+
 Malformed input is never read as zero: a malformed register annotation makes the node offer nothing
-(``NodeState.problem``); a malformed allocation on a bound pod makes its node offer nothing until the
-pod is gone (``NodeState.bad_pods``), since what it holds is unknown. A malformed allocation on an
+(``NodeState.problem``); a malformed pair-score annotation makes it offer nothing to topology-aware
+pods (``NodeState.scores_problem``: the scores are unknown) and its GPUs to every other pod; a
+malformed allocation on a bound pod makes its node offer nothing until the pod is gone
+(``NodeState.bad_pods``), since what it holds is unknown. A malformed allocation on an
 unbound pod holds nothing and blocks nothing. Each is returned as a ``Problem`` for the caller to
 log, count and report as an Event.
 
@@ -73,6 +78,7 @@ from hamipy.protocol.identifiers import GpuUuid, NodeName, PodUid
 from hamipy.protocol.node_devices import decode_node_devices
 from hamipy.protocol.node_handshake import HANDSHAKE_TIMEOUT, parse_handshake, reported_by_us
 from hamipy.protocol.node_lock import NodeLock, parse_node_lock
+from hamipy.protocol.node_scores import NodeScores, decode_node_scores
 from hamipy.protocol.pod_devices import decode_pod_devices
 from hamipy.protocol.quantities import is_json_int, parse_quantity
 from hamipy.protocol.resources import ResourceNames, sidecar_positions
@@ -180,6 +186,11 @@ class NodeState:
     """Epoch seconds of a pending ``Requesting_`` handshake, None when none is pending."""
     handshake: str | None = None
     register_value: str | None = None
+    scores_value: str | None = None
+    pair_scores: NodeScores = dataclasses.field(default_factory=dict)
+    """``hami.io/node-nvidia-score`` decoded: per GPU UUID the score to each other GPU."""
+    scores_problem: str | None = None
+    """Why ``scores_value`` could not be read (topology-aware pods are not placed here), or None."""
     cordon_value: str | None = None
     lock_value: str | None = None
     lock: NodeLock | None = None
@@ -189,6 +200,8 @@ class NodeState:
     (``keys.DEVICE_PLUGIN_MARKER``). Kept while the handshake is a ``Requesting_`` stamp."""
     score: float = 0.0
     free_slot_gpus: int = 0
+    idle_gpus: int = 0
+    """Offered GPUs nothing is allocated on (what a ``mutex`` pod may take)."""
     max_free_mem: int = 0
     max_free_cores: int = 0
     """The most cores left on one usable GPU with a free slot (as ``max_free_mem`` for memory)."""
@@ -218,7 +231,7 @@ class NodeState:
     def refresh_summary(self) -> None:
         slots = cores = mem = 0
         total_slots = total_cores = total_mem = 0
-        free_slot_gpus = 0
+        free_slot_gpus = idle_gpus = 0
         max_free_mem = max_free_cores = 0
         for gpu in self.gpus:
             slots += gpu.used_slots
@@ -229,6 +242,7 @@ class NodeState:
             total_mem += gpu.devmem
             if gpu.health and not gpu.cordoned and gpu.refused is None and gpu.used_slots < gpu.count:
                 free_slot_gpus += 1
+                idle_gpus += gpu.used_slots == 0
                 max_free_mem = max(max_free_mem, gpu.devmem - gpu.used_mem)
                 max_free_cores = max(max_free_cores, gpu.devcore - gpu.used_cores)
         # HAMi's node score (policy.NodeScore.ComputeScore): usage ratios before placement.
@@ -238,6 +252,7 @@ class NodeState:
             + (mem / total_mem if total_mem else 0.0)
         )
         self.free_slot_gpus = free_slot_gpus
+        self.idle_gpus = idle_gpus
         self.max_free_mem = max_free_mem
         self.max_free_cores = max_free_cores
 
@@ -460,8 +475,23 @@ def node_from_json(
             )
             state.by_uuid = {g.uuid: g for g in state.gpus}
             state.type_key = tuple(sorted({g.type_upper for g in state.gpus}))
+            problem = _read_scores(state, ann.get(keys.NODE_SCORE), uid=str(meta.get("uid", "")))
     state.refresh_summary()
     return state, problem
+
+
+def _read_scores(state: NodeState, value: Any, *, uid: str) -> Problem | None:
+    if value is None:
+        return None
+    state.scores_value = value if isinstance(value, str) else None
+    try:
+        if state.scores_value is None:
+            raise ProtocolError(f"node {state.name}: {keys.NODE_SCORE}", value, "expected a string")
+        state.pair_scores = decode_node_scores(state.scores_value, node=state.name)
+    except ProtocolError as exc:
+        state.scores_problem = f"malformed {keys.NODE_SCORE}: {exc}"
+        return Problem("Node", state.name, "", uid, keys.NODE_SCORE, exc.field, str(exc))
+    return None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -616,6 +646,7 @@ class ClusterModel:
             old is not None
             and old.register_value == ann.get(keys.NODE_REGISTER)
             and old.cordon_value == ann.get(keys.DEVICE_CORDON)
+            and old.scores_value == ann.get(keys.NODE_SCORE)
             and old.created == str((node.get("metadata") or {}).get("creationTimestamp") or "")
         ):
             # Only liveness/lock fields changed: keep the GPUs and their usage.
