@@ -115,26 +115,23 @@ async def test_topology_aware_takes_a_bridged_pair_and_mutex_only_an_unused_gpu(
             for a, g in enumerate(GPUS)
         }
 
-        # make up's mutex example: a GPU of its own.
-        mutex = await placed(stack, example(stack, "gpu-policy-1-mutex.yaml"))
-        # Under the default spread a 2-GPU pod takes the two least used GPUs, across pairs...
+        # Under the default spread, with one GPU in use, a 2-GPU pod takes the two least used GPUs,
+        # across pairs...
+        solo = await placed(stack, stack.pod_body("solo", [container(gpu=1, gpumem=8192)]))
         spread = await placed(stack, stack.pod_body("spread", [container(gpu=2, gpumem=16384)]))
-        assert not is_bridged_pair(spread), spread
+        assert not is_bridged_pair(spread), (solo, spread)
         # ...while make up's topology-aware example gets a bridged pair, and Allocate hands it those.
-        pair = await placed(stack, example(stack, "gpu-policy-2-topology-aware.yaml"))
+        pair = await placed(stack, example(stack, "gpu-policy-1-topology-aware.yaml"))
         assert is_bridged_pair(pair), pair
         await assert_allocated_as_placed(stack, await stack.pod("nvlink-pair"), "trainer")
 
-        # Another mutex pod skips every GPU in use.
-        used = {*mutex, *spread, *pair}
-        alone = stack.pod_body(
-            "alone", [container(gpu=1, gpumem=8192)], annotations={keys.GPU_SCHEDULER_POLICY: "mutex"}
-        )
-        (own,) = await placed(stack, alone)
+        # make up's mutex example skips every GPU in use.
+        used = {*solo, *spread, *pair}
+        (own,) = await placed(stack, example(stack, "gpu-policy-2-mutex.yaml"))
         assert own not in used, (own, used)
-        await assert_allocated_as_placed(stack, await stack.pod("alone"), "main")
+        await assert_allocated_as_placed(stack, await stack.pod("mutex"), "cuda")
 
-        # A pod without mutex may join the GPUs mutex pods hold: now every GPU has a user, and a
+        # A pod without mutex may join the GPU the mutex pod holds: now every GPU has a user, and a
         # mutex pod waits, its FailedScheduling Event saying why.
         assert await placed(stack, stack.pod_body("everywhere", [container(gpu=8, gpumem=1024)])) == list(
             range(8)
