@@ -52,6 +52,7 @@ def is_bridged_pair(indexes: Sequence[int]) -> bool:
 def example(stack: GpuStack, file: str) -> dict[str, Any]:
     """The one pod of an example manifest, in the stack's namespace and on its node."""
     (pod,) = [doc for doc in yaml.safe_load_all((EXAMPLES / file).read_text()) if doc]
+    assert isinstance(pod, dict)
     pod["metadata"]["namespace"] = stack.namespace
     pod["spec"]["nodeSelector"] = {"gpu-test": stack.namespace}
     pod["spec"]["terminationGracePeriodSeconds"] = 0
@@ -103,13 +104,12 @@ async def test_topology_aware_takes_a_bridged_pair_and_mutex_only_an_unused_gpu(
         devcluster, kube_client, namespace, hami_scheduler, gpus=GPUS, topology="pcie-pairs8"
     ) as stack:
         # The plugin read the links over NVML and published HAMi's pair scores on the node.
-        async def published() -> str | None:
+        async def published() -> str:
             node = await stack.core.read_node(stack.node, _request_timeout=API_TIMEOUT_S)
-            return (node.metadata.annotations or {}).get(keys.NODE_SCORE)
+            return str((node.metadata.annotations or {}).get(keys.NODE_SCORE, ""))
 
-        scores = decode_node_scores(
-            await wait_for(published, timeout=30, interval=0.2, what="pair scores published"), node=stack.node
-        )
+        value = await wait_for(published, timeout=30, interval=0.2, what="pair scores published")
+        scores = decode_node_scores(value, node=stack.node)
         assert scores == {
             g.uuid: {h.uuid: expected_score(a, b) for b, h in enumerate(GPUS) if b != a}
             for a, g in enumerate(GPUS)
