@@ -131,7 +131,7 @@ async def test_topology_aware_takes_a_bridged_pair_and_mutex_only_an_unused_gpu(
         assert own not in used, (own, used)
         await assert_allocated_as_placed(stack, await stack.pod("mutex"), "cuda")
 
-        # A pod without mutex may join the GPU the mutex pod holds: now every GPU has a user, and a
+        # A pod without mutex may join the GPU the mutex pod holds: with it every GPU has a user, and a
         # mutex pod waits, its FailedScheduling Event saying why.
         assert await placed(stack, stack.pod_body("everywhere", [container(gpu=8, gpumem=1024)])) == list(
             range(8)
