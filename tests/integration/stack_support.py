@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from hamipy.devcluster import DevCluster, ExtenderConfig, ManagedResource, wait_for
 from hamipy.devcluster.containerd_runtime import NVIDIA_HANDLER
-from hamipy.devcluster.gpu_nodes import DevicePluginAgent, FakeGpu, MonitorAgent
+from hamipy.devcluster.gpu_nodes import DevicePluginAgent, FakeGpu, MonitorAgent, Topology
 from hamipy.devcluster.kubelet_nodes import KubeletNode, gpu_kubelet_node
 from hamipy.devcluster.kubeobjects import ensure_runtime_class
 from hamipy.devcluster.real_kubelet import ContainerConfig, can_run_real_kubelets
@@ -300,13 +300,18 @@ class GpuStack:
         self.plugin = plugin
 
     def pod_body(
-        self, name: str, containers: list[dict[str, Any]], init: list[dict[str, Any]] | None = None
+        self,
+        name: str,
+        containers: list[dict[str, Any]],
+        init: list[dict[str, Any]] | None = None,
+        annotations: Mapping[str, str] | None = None,
     ) -> dict[str, Any]:
         """``builders.pod`` for this stack's node, deleted at once."""
         return builders.pod(
             name,
             *containers,
             init=init or (),
+            annotations=annotations,
             nodeSelector={"gpu-test": self.namespace},
             terminationGracePeriodSeconds=0,
         )
@@ -389,12 +394,14 @@ async def gpu_node(
     workdir: Path,
     *,
     gpus: Sequence[FakeGpu],
+    topology: Topology | None = None,
     extra_agents: Callable[[DevicePluginAgent], Sequence[Any]] = lambda _plugin: (),
     nvidia: Mapping[str, Any] | None = None,
     real_runtime: bool = False,
 ) -> AsyncIterator[tuple[KubeletNode, DevicePluginAgent]]:
     """A GPU node ``<namespace>-gpu`` labelled ``gpu-test=<namespace>``: the real kubelet over the
-    fake runtime, the device plugin process (with ``nvidia`` over its own hook and CDI directories)
+    fake runtime, the device plugin process over ``gpus`` linked by ``topology`` (with ``nvidia``
+    over its own hook and CDI directories)
     (and ``extra_agents(plugin)``, the monitor), Ready with its GPUs advertised. Its tracing follows
     this process's OTEL_* variables. With ``real_runtime``, over containerd and runc instead: its
     pods' containers really run."""
@@ -404,6 +411,7 @@ async def gpu_node(
         f"{namespace}-gpu",
         workdir=workdir,
         gpus=gpus,
+        topology=topology,
         nvidia=nvidia,
         native_build=NATIVE_BUILD,
         labels={"gpu-test": namespace},
@@ -424,12 +432,15 @@ async def running_gpu_stack(
     hami_scheduler: Callable[..., Any],
     *,
     gpus: Sequence[FakeGpu],
+    topology: Topology | None = None,
     real_runtime: bool = False,
     nvidia: Mapping[str, Any] | None = None,
     monitor_args: Sequence[str] | None = None,
+    config: Config | None = None,
 ) -> AsyncIterator[GpuStack]:
-    """The webhook and one extender in this process, the hami-scheduler using it, and one GPU node
-    (``gpu_node``, its plugin's ``nvidia`` settings; with the monitor when ``monitor_args`` are
+    """The webhook and one extender in this process (deciding by ``config``, the defaults when
+    None), the hami-scheduler using it, and one GPU node (``gpu_node`` over ``gpus`` linked by
+    ``topology``, its plugin's ``nvidia`` settings; with the monitor when ``monitor_args`` are
     given; over containerd with ``real_runtime``). On exit the cluster must hold the GPU
     invariant."""
     # On real containers GPU pods get the node's NVIDIA runtime as the chart's webhook gives it.
@@ -442,7 +453,7 @@ async def running_gpu_stack(
     try:
         webhook = await start_webhook(api, namespace, workdir / "webhook", settings=settings)
         try:
-            (extender,) = await start_extenders(api)
+            (extender,) = await start_extenders(api, config=config)
             try:
                 await use_extender(hami_scheduler, extender.url)
 
@@ -455,6 +466,7 @@ async def running_gpu_stack(
                     namespace,
                     workdir / "node",
                     gpus=gpus,
+                    topology=topology,
                     nvidia=nvidia,
                     real_runtime=real_runtime,
                     extra_agents=monitor,

@@ -236,7 +236,7 @@ async def test_an_admins_day(prometheus_server: PrometheusFactory, tmp_path: Pat
         # Install: one extender first, every service's ServiceMonitor and the alert rules on.
         began = time.monotonic()
         await stack.start(
-            [GPU_MODEL.gpus(i) for i in range(NODES)],
+            [GPU_MODEL] * NODES,
             values=["--set", "extender.replicas=1", *MONITORING_VALUES],
         )
         print(f"[admin] nodes up and the chart installed (--wait) in {time.monotonic() - began:.1f} s")

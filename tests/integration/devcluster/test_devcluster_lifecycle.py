@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from by_path import load
 
 from hamipy.devcluster import ClusterSettings, DevCluster, StartupError, ensure_binaries
 from hamipy.devcluster.binaries import CONTAINERD_VERSION, KUBERNETES_VERSION
+from hamipy.devcluster.cli import DEFAULT_GPU_NODES
 from hamipy.devcluster.cluster import _sweep_stale_workdirs
 from hamipy.devcluster.cluster_network import REGISTRY as NETWORKS
 from hamipy.devcluster.containerd_runtime import REGISTRY
@@ -144,9 +146,18 @@ def _readme_after_up() -> list[str]:
     return commands
 
 
-def _row(table: str, pod: str) -> list[str]:
+def _line(table: str, pod: str) -> str:
     (line,) = [line for line in table.splitlines() if line.startswith(pod + " ")]
-    return line.split()
+    return line
+
+
+def _row(table: str, pod: str) -> list[str]:
+    return _line(table, pod).split()
+
+
+def _pcie_gpus(table: str, pod: str) -> list[int]:
+    """The indexes of the PCIe A100s (the NVLink-pair node's GPUs) the pod's row names."""
+    return sorted(int(i) for i in re.findall(r"\b(\d+):A100 80GB PCIe", _line(table, pod)))
 
 
 def _check_examples(table: str) -> None:
@@ -166,7 +177,18 @@ def _check_examples(table: str) -> None:
     assert "Preempted by pod hami-examples/training (priority 1000)" in " ".join(preempted[0])
     training = _row(table, "hami-examples/training")
     assert training[1] == "Running", table
-    assert "A100" in " ".join(training)
+    assert "A100-SXM4" in " ".join(training)
+    # The GPU policies: the topology-aware pod on a bridged pair (2k, 2k+1) of the PCIe node, the
+    # mutex pod on a GPU of its own there.
+    pair, mutex = _row(table, "hami-examples/nvlink-pair"), _row(table, "hami-examples/mutex")
+    assert pair[1] == mutex[1] == "Running", table
+    assert pair[2] == mutex[2], table
+    (low, high), (alone,) = (
+        _pcie_gpus(table, "hami-examples/nvlink-pair"),
+        _pcie_gpus(table, "hami-examples/mutex"),
+    )
+    assert (low % 2, high) == (0, low + 1), table
+    assert alone not in (low, high), table
     # The quota admits one of the two 6 GiB pods; the other waits, naming the quota.
     first, second = _row(table, "hami-team-a/quota-first"), _row(table, "hami-team-a/quota-second")
     assert first[1] == "Running"
@@ -178,9 +200,10 @@ def _check_examples(table: str) -> None:
 
 
 def _check_gpu_nodes(table: str) -> None:
-    """`kubectl get nodes -o wide`: three Ready GPU nodes, run by the real kubelet where it can run."""
+    """`kubectl get nodes -o wide`: the Ready GPU nodes, run by the real kubelet where it can run."""
     rows = [line.split() for line in table.splitlines()[1:] if line.startswith("hamipy-gpu-")]
-    assert [(row[1], row[0]) for row in rows] == [("Ready", f"hamipy-gpu-{i}") for i in range(3)], table
+    expected = [("Ready", f"hamipy-gpu-{i}") for i in range(DEFAULT_GPU_NODES)]
+    assert [(row[1], row[0]) for row in rows] == expected, table
     real = can_run_real_kubelets() is None
     assert {row[4] for row in rows} == (
         {KUBERNETES_VERSION} if real else {f"{KUBERNETES_VERSION}-hamipy-sim"}
@@ -225,7 +248,7 @@ def _check_gone(state_dir: Path, state: dict[str, Any], nodes: list[dict[str, An
     if can_run_real_kubelets() is None:
         assert any(name.startswith("kubelet-hamipy-gpu-") for name in state["process_pids"])
         assert any(name.startswith("containerd-hamipy-gpu-") for name in state["process_pids"])
-        assert len(nodes) == 3
+        assert len(nodes) == DEFAULT_GPU_NODES
     assert _runtime_residue(nodes) == []
     assert not [line for line in Path("/proc/mounts").read_text().splitlines() if str(state_dir) in line]
     assert _wait_gone(pids, state["ports"]) == ([], [])
@@ -248,7 +271,7 @@ def test_the_readme_commands_work_as_written_then_up_down_again_leaves_nothing(t
         state = json.loads((state_dir / "state.json").read_text())
         nodes = _runtime_nodes(state["daemon_pid"])
         assert (state_dir / "kubeconfig").is_file()
-        assert len(state["nodes"]) == 3
+        assert len(state["nodes"]) == DEFAULT_GPU_NODES
         _check_examples(up.stdout)
 
         outputs = {}

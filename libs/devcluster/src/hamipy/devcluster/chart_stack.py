@@ -26,7 +26,7 @@ from hamipy.devcluster import binaries, cluster_dns
 from hamipy.devcluster.containerd_runtime import NVIDIA_HANDLER, ContainerdRuntime
 from hamipy.devcluster.errors import DevClusterError
 from hamipy.devcluster.fake_nvidia_toolkit import FakeNvidiaToolkit
-from hamipy.devcluster.gpu_nodes import FakeGpu, fake_gpu_config
+from hamipy.devcluster.gpu_nodes import FakeGpu, GpuNodeModel, Topology, fake_gpu_config
 from hamipy.devcluster.images import ensure_coredns_image, ensure_images
 from hamipy.devcluster.kubelet_nodes import KubeletNode
 from hamipy.devcluster.processes import http_ok
@@ -167,15 +167,18 @@ class ChartStack:
         )
         self._dns_image = dns.ref
 
-    async def add_gpu_node(self, name: str, gpus: Sequence[FakeGpu]) -> KubeletNode:
+    async def add_gpu_node(
+        self, name: str, gpus: Sequence[FakeGpu], topology: Topology | None = None
+    ) -> KubeletNode:
         """A GPU node as the chart expects one: containerd with the NVIDIA runtime, labelled for the
-        chart's DaemonSets, no agent of ours (the chart's pods are the agents)."""
+        chart's DaemonSets, no agent of ours (the chart's pods are the agents); its fake driver has
+        ``gpus`` linked by ``topology``."""
         if not self._archives:
             await self.prepare_images()
         workdir = self.socket_root / name
         driver = workdir / "driver" / "gpus.conf"
         driver.parent.mkdir(parents=True, exist_ok=True)
-        driver.write_text(fake_gpu_config(gpus))
+        driver.write_text(fake_gpu_config(gpus, topology))
         containerd = ContainerdRuntime(
             workdir / "kubelet",
             node=name,
@@ -191,12 +194,12 @@ class ChartStack:
         self.gpu_nodes.append(name)
         return node
 
-    async def start(self, gpu_models: Sequence[Sequence[FakeGpu]], *, values: Sequence[str] = ()) -> None:
-        """The nodes, the cluster's DNS, then ``helm install --wait`` with ``values`` (helm arguments)
-        after the dev values."""
+    async def start(self, gpu_models: Sequence[GpuNodeModel], *, values: Sequence[str] = ()) -> None:
+        """The nodes (one of each model), the cluster's DNS, then ``helm install --wait`` with
+        ``values`` (helm arguments) after the dev values."""
         await self.prepare_images()
-        for i, gpus in enumerate(gpu_models):
-            await self.add_gpu_node(f"hamipy-gpu-{i}", gpus)
+        for i, model in enumerate(gpu_models):
+            await self.add_gpu_node(f"hamipy-gpu-{i}", model.gpus(i), model.topology)
         await cluster_dns.ensure_cluster_dns(
             self.api, cluster_ip=self.cluster.network.dns_ip, image=self._dns_image
         )

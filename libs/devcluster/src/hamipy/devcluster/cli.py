@@ -2,7 +2,7 @@
 
     hamipy-devcluster binaries     build (first time) and print the control-plane binaries
     hamipy-devcluster up           start etcd, kube-apiserver, kube-schedulers, the extender, the
-                                   webhook and 3 GPU nodes (the real kubelet over a fake runtime,
+                                   webhook and 5 GPU nodes (the real kubelet over a fake runtime,
                                    the device plugin and the monitor; as root, else simulated)
     hamipy-devcluster status       say whether it is up and where
     hamipy-devcluster gpus         every GPU's allocation: memory, cores, slots, pods
@@ -54,7 +54,7 @@ DAEMON_LOG = "devcluster.log"
 TRACES_FILE = "traces.jsonl"
 CLUSTER_DIR = "cluster"
 DEFAULT_NODES = 0
-DEFAULT_GPU_NODES = 3
+DEFAULT_GPU_NODES = 5
 # First `up` on a machine may also wait for etcd/apiserver to settle on a loaded box.
 UP_TIMEOUT_S = 240.0
 # The daemon's graceful stop (nodes, schedulers, apiserver, etcd) takes ~2 s; this is headroom.
@@ -398,7 +398,7 @@ async def _serve_chart(
             cluster, api, root=Path.cwd(), native_build=native_build, otlp_endpoint=receiver.url
         )
         try:
-            models = [GPU_NODE_MODELS[i % len(GPU_NODE_MODELS)].gpus(i) for i in range(gpu_count)]
+            models = [GPU_NODE_MODELS[i % len(GPU_NODE_MODELS)] for i in range(gpu_count)]
             await stack.start(models)
             applied = await apply_examples(api, examples, quota_enforced=stack.quota_enforced)
             services = {"traces (OTLP/HTTP receiver)": f"{receiver.url}/v1/traces", **await stack.endpoints()}
@@ -519,7 +519,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=DEFAULT_GPU_NODES,
         help="GPU nodes (the real kubelet as root, else simulated) with the device plugin and the "
-        "monitor, plus the extender and webhook (default 3; 0: none)",
+        "monitor, plus the extender and webhook (default 5; 0: none)",
     )
     up.add_argument(
         "--examples",

@@ -19,7 +19,7 @@ import os
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -30,7 +30,9 @@ __all__ = [
     "Credentials",
     "DevicePluginAgent",
     "FakeGpu",
+    "GpuNodeModel",
     "MonitorAgent",
+    "Topology",
     "fake_gpu_config",
     "gpu_node_agents",
 ]
@@ -54,9 +56,15 @@ class FakeGpu:
     healthy: bool = True
 
 
-def fake_gpu_config(gpus: Sequence[FakeGpu]) -> str:
-    """The fake driver's configuration file for ``gpus``, in NVML index order."""
-    lines = []
+Topology = Literal["hgx8", "pcie-pairs8", "none"]
+"""A preset of the fake driver's NVLinks and P2P levels (docs/isolation.md): GPUs 2k and 2k+1 of
+``pcie-pairs8`` are NVLink-bridged pairs, every GPU of ``hgx8`` is on the NVSwitches."""
+
+
+def fake_gpu_config(gpus: Sequence[FakeGpu], topology: Topology | None = None) -> str:
+    """The fake driver's configuration file for ``gpus``, in NVML index order, linked by the
+    ``topology`` preset (None: no NVLink, P2P levels by NUMA node)."""
+    lines = [] if topology is None else [f"topology = {topology}"]
     for i, gpu in enumerate(gpus):
         pci = gpu.pci or f"00000000:{0x10 + i:02X}:00.0"
         lines.append(
@@ -64,6 +72,29 @@ def fake_gpu_config(gpus: Sequence[FakeGpu]) -> str:
             f"healthy={'true' if gpu.healthy else 'false'}"
         )
     return "\n".join(lines) + "\n"
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuNodeModel:
+    """A kind of simulated GPU node: the GPU model, how many, memory, NUMA layout and links."""
+
+    gpu_name: str
+    count: int
+    memory_mib: int
+    numa_nodes: int = 1
+    topology: Topology | None = None
+
+    def gpus(self, node_index: int) -> list[FakeGpu]:
+        per_numa = max(1, self.count // self.numa_nodes)
+        return [
+            FakeGpu(
+                uuid=f"GPU-{node_index:08x}-0000-4000-8000-{i:012x}",
+                name=self.gpu_name,
+                memory_mib=self.memory_mib,
+                numa=min(i // per_numa, self.numa_nodes - 1),
+            )
+            for i in range(self.count)
+        ]
 
 
 class DevicePluginAgent:
@@ -79,12 +110,14 @@ class DevicePluginAgent:
         plugin_dir: Path,
         pod_resources_socket: Path,
         nvidia: Mapping[str, Any] | None = None,
+        topology: Topology | None = None,
         register_interval_s: float = 30.0,
         env: Mapping[str, str] | None = None,
         credentials: Credentials | None = None,
     ) -> None:
         self.workdir = workdir
         self.gpus = list(gpus)
+        self.topology = topology
         self.kubeconfig = kubeconfig
         self.credentials = credentials
         self.native_build = native_build
@@ -113,7 +146,7 @@ class DevicePluginAgent:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.hook_path.mkdir(exist_ok=True)
         self.gpu_config_path.parent.mkdir(exist_ok=True)
-        self.gpu_config_path.write_text(fake_gpu_config(self.gpus))
+        self.gpu_config_path.write_text(fake_gpu_config(self.gpus, self.topology))
         self.config_path.write_text(yaml.safe_dump({"nvidia": dict(self.nvidia)}))
         return self.config_path
 
@@ -202,7 +235,7 @@ class DevicePluginAgent:
     async def set_health(self, uuid: str, *, healthy: bool) -> None:
         """Flip a GPU's health in the fake driver: NVML then reports an XID error for it."""
         self.gpus = [dataclasses.replace(g, healthy=healthy) if g.uuid == uuid else g for g in self.gpus]
-        await asyncio.to_thread(self.gpu_config_path.write_text, fake_gpu_config(self.gpus))
+        await asyncio.to_thread(self.gpu_config_path.write_text, fake_gpu_config(self.gpus, self.topology))
 
 
 class MonitorAgent:
@@ -284,13 +317,15 @@ def gpu_node_agents(
     kubeconfig: Path,
     native_build: Path,
     nvidia: Mapping[str, Any] | None = None,
+    topology: Topology | None = None,
     record_dir: Path | None = None,
     plugin_dir: Path | None = None,
     env: Mapping[str, str] | None = None,
     credentials: Credentials | None = None,
 ) -> tuple[NodeAgent, DevicePluginAgent]:
     """The two agents of a GPU node, in start order: the kubelet stand-in (it must be serving
-    ``kubelet.sock`` first), then the device plugin. Pass both to ``NodePool.add(..., agents=...)``.
+    ``kubelet.sock`` first), then the device plugin over ``gpus`` linked by ``topology``. Pass both
+    to ``NodePool.add(..., agents=...)``.
     ``plugin_dir`` (default ``<workdir>/device-plugins``) holds the unix sockets: keep its path short;
     ``env`` is added to the plugin's environment (``OTEL_*`` for trace export, say); ``credentials``
     (default: ``kubeconfig``, admin) gives the plugin its own identity."""
@@ -306,6 +341,7 @@ def gpu_node_agents(
         plugin_dir=plugin_dir,
         pod_resources_socket=standin.pod_resources_socket,
         nvidia=nvidia,
+        topology=topology,
         env=env,
         credentials=credentials,
     )

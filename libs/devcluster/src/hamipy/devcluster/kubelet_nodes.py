@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol, Self
 from hamipy.devcluster.containerd_runtime import NVIDIA_HANDLER, ContainerdRuntime
 from hamipy.devcluster.errors import WaitTimeout
 from hamipy.devcluster.fake_nvidia_toolkit import FakeNvidiaToolkit
-from hamipy.devcluster.gpu_nodes import Credentials, DevicePluginAgent, FakeGpu
+from hamipy.devcluster.gpu_nodes import Credentials, DevicePluginAgent, FakeGpu, Topology
 from hamipy.devcluster.images import ensure_images
 from hamipy.devcluster.kubeobjects import ensure_runtime_class
 from hamipy.devcluster.nodes import NamedNode, delete_node, remove_not_ready_taint
@@ -179,18 +179,19 @@ def gpu_kubelet_node(
     native_build: Path,
     labels: Mapping[str, str] | None = None,
     nvidia: Mapping[str, Any] | None = None,
+    topology: Topology | None = None,
     env: Mapping[str, str] | None = None,
     credentials: Credentials | None = None,
     real_runtime: bool = False,
 ) -> tuple[KubeletNode, DevicePluginAgent]:
-    """A kubelet node with the real device plugin process over the fake driver's `gpus`. Add more
-    agents (the monitor) to ``node.agents`` before starting it. `workdir` holds the plugin's and the
-    kubelet's unix sockets: keep its path short (about 60 bytes at most). ``credentials`` (default:
-    the cluster's admin kubeconfig) gives the plugin its own identity; ``env`` is added to its
-    environment. With ``real_runtime`` the node runs containerd and runc (``ContainerdRuntime``,
-    with the pause and GPU workload images), the toolkit stand-in (``FakeNvidiaToolkit``) putting
-    the fake driver into GPU containers, and containerd reading the plugin's CDI specs too; without,
-    the fake runtime."""
+    """A kubelet node with the real device plugin process over the fake driver's `gpus` (linked by
+    the `topology` preset). Add more agents (the monitor) to ``node.agents`` before starting it.
+    `workdir` holds the plugin's and the kubelet's unix sockets: keep its path short (about 60
+    bytes at most). ``credentials`` (default: the cluster's admin kubeconfig) gives the plugin its
+    own identity; ``env`` is added to its environment. With ``real_runtime`` the node runs
+    containerd and runc (``ContainerdRuntime``, with the pause and GPU workload images), the
+    toolkit stand-in (``FakeNvidiaToolkit``) putting the fake driver into GPU containers, and
+    containerd reading the plugin's CDI specs too; without, the fake runtime."""
     plugin_dir = workdir / "plugin"
     containerd = None
     if real_runtime:
@@ -213,6 +214,7 @@ def gpu_kubelet_node(
         plugin_dir=node.kubelet.plugin_dir,
         pod_resources_socket=node.kubelet.pod_resources_socket,
         nvidia=nvidia,
+        topology=topology,
         env=env,
         credentials=credentials,
     )

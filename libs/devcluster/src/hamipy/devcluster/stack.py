@@ -5,7 +5,8 @@
   (probes and metrics on a plain-HTTP port of their own);
 - the webhook (``hamipy-webhook serve``) over TLS with a certificate from a CA made here, and the
   MutatingWebhookConfiguration it ships (``hamipy-webhook manifest``) pointing at it;
-- three GPU nodes with different GPU models, each run by the real kubelet over containerd and runc
+- five GPU nodes (``GPU_NODE_MODELS``: three GPU models, and 8-GPU nodes with the fake driver's
+  NVSwitch and NVLink-pair presets), each run by the real kubelet over containerd and runc
   (``kubelet_nodes``, ``containerd_runtime``: the pods' containers really run, the fake driver put
   into GPU containers by the nodes' ``nvidia`` runtime, which the webhook gives GPU pods), with its
   real device plugin process over the fake NVML driver and the monitor process; where real kubelets
@@ -27,7 +28,6 @@ services and never imports them.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
 import os
@@ -42,7 +42,14 @@ from typing import Any, Final
 
 from hamipy.devcluster.config import ExtenderConfig, ExtenderTLS, ManagedResource, SchedulerConfig
 from hamipy.devcluster.containerd_runtime import NVIDIA_HANDLER
-from hamipy.devcluster.gpu_nodes import DevicePluginAgent, FakeGpu, MonitorAgent, gpu_node_agents
+from hamipy.devcluster.gpu_nodes import (
+    DevicePluginAgent,
+    FakeGpu,
+    GpuNodeModel,
+    MonitorAgent,
+    Topology,
+    gpu_node_agents,
+)
 from hamipy.devcluster.identities import ServiceIdentities
 from hamipy.devcluster.kubelet_nodes import KubeletNode, gpu_kubelet_node
 from hamipy.devcluster.kubeobjects import API_TIMEOUT_S
@@ -54,7 +61,7 @@ from hamipy.kube.certs import issue_cert, make_ca
 from hamipy.kube.client import RawKube
 from hamipy.protocol.allocation_env import DEFAULT_HOOK_PATH
 
-__all__ = ["GPU_NODE_LABELS", "GPU_NODE_MODELS", "GpuNodeModel", "LocalStack"]
+__all__ = ["GPU_NODE_LABELS", "GPU_NODE_MODELS", "LocalStack"]
 
 log = logging.getLogger(__name__)
 
@@ -69,32 +76,13 @@ MANAGED_RESOURCES: Final = (
 )
 
 
-@dataclasses.dataclass(frozen=True)
-class GpuNodeModel:
-    """A kind of simulated GPU node: the GPU model, how many, memory and NUMA layout."""
-
-    gpu_name: str
-    count: int
-    memory_mib: int
-    numa_nodes: int = 1
-
-    def gpus(self, node_index: int) -> list[FakeGpu]:
-        per_numa = max(1, self.count // self.numa_nodes)
-        return [
-            FakeGpu(
-                uuid=f"GPU-{node_index:08x}-0000-4000-8000-{i:012x}",
-                name=self.gpu_name,
-                memory_mib=self.memory_mib,
-                numa=min(i // per_numa, self.numa_nodes - 1),
-            )
-            for i in range(self.count)
-        ]
-
-
 GPU_NODE_MODELS: Final = (
     GpuNodeModel("NVIDIA A100-SXM4-80GB", count=4, memory_mib=81920, numa_nodes=2),
     GpuNodeModel("NVIDIA H100 80GB HBM3", count=2, memory_mib=81559),
     GpuNodeModel("Tesla T4", count=4, memory_mib=15360),
+    # The fake driver's 8-GPU presets: every GPU on the NVSwitches, and NVLink-bridged pairs.
+    GpuNodeModel("NVIDIA H100 80GB HBM3", count=8, memory_mib=81559, numa_nodes=2, topology="hgx8"),
+    GpuNodeModel("NVIDIA A100 80GB PCIe", count=8, memory_mib=81920, numa_nodes=2, topology="pcie-pairs8"),
 )
 
 
@@ -148,7 +136,7 @@ class LocalStack:
         await self.start_webhook()
         hook_paths = [DEFAULT_HOOK_PATH]
         for i, model in enumerate(models):
-            plugin = await self.add_gpu_node(f"hamipy-gpu-{i}", model.gpus(i))
+            plugin = await self.add_gpu_node(f"hamipy-gpu-{i}", model.gpus(i), model.topology)
             hook_paths.append(str(plugin.hook_path))
         await self.install_admission_policies(hook_paths)
 
@@ -336,8 +324,11 @@ class LocalStack:
             json.loads(manifest.stdout), _request_timeout=API_TIMEOUT_S
         )
 
-    async def add_gpu_node(self, name: str, gpus: Sequence[FakeGpu]) -> DevicePluginAgent:
-        """A GPU node with its device plugin and monitor: on the real kubelet where it can run."""
+    async def add_gpu_node(
+        self, name: str, gpus: Sequence[FakeGpu], topology: Topology | None = None
+    ) -> DevicePluginAgent:
+        """A GPU node with its device plugin and monitor (over ``gpus`` linked by ``topology``): on
+        the real kubelet where it can run."""
 
         def plugin_identity(node: str) -> Any:
             return self.identities.kubeconfig("device-plugin", bound_node=node)
@@ -350,6 +341,7 @@ class LocalStack:
                 name,
                 workdir=self.socket_root / name,
                 gpus=gpus,
+                topology=topology,
                 native_build=self.native_build,
                 labels=GPU_NODE_LABELS,
                 env=self.env,
@@ -369,6 +361,7 @@ class LocalStack:
             standin, plugin = gpu_node_agents(
                 workdir=self.workdir / name,
                 gpus=gpus,
+                topology=topology,
                 kubeconfig=Path(self.cluster.access.kubeconfig),
                 native_build=self.native_build,
                 record_dir=self.workdir / name / "allocations",
