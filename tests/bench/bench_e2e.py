@@ -170,6 +170,10 @@ GPU_SPLIT = 10
 GPU_MEM_MIB = 40960
 TARGET_PODS_PER_S = 200.0
 TIMEOUT_S = 600.0
+HEARTBEAT_S = 6 * 3600.0
+"""The simulated nodes' heartbeat: the devcluster runs no node-lifecycle controller, so a node stays
+Ready without one, and a round of 1,000 nodes' status and Lease writes landing inside a phase
+costs the kube-apiserver as much as hundreds of pods."""
 DELETE_TIMEOUT_S = 180.0
 """Per request of a phase's clean-up: deleting a collection of thousands of pods took the API
 server over its usual 30 s on this machine's slow days (with the control plane on one CPU)."""
@@ -1086,7 +1090,7 @@ async def run(
             bench.backlog, bench.extender_args = backlog, tuple(extender_args)
             bench.device_plugins = device_plugins
             bench.tls = LoopbackPki.create(Path(tmp) / "pki") if tls else None
-            async with NodePool(api, heartbeat_interval_s=300) as pool:
+            async with NodePool(api, heartbeat_interval_s=HEARTBEAT_S) as pool:
                 nodes_s = await add_nodes(pool, nodes)
                 # kube-controller-manager's TTL controller annotates every new node, 20 a second.
                 _, quiet_s = await quiet_apiserver(api, bench.counter)
