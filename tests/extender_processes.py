@@ -20,7 +20,7 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
@@ -187,9 +187,11 @@ async def start_extender_processes(
     extra_args: Sequence[str] = (),
     replica_args: Callable[[int, int], Sequence[str]] | None = None,
     tls: LoopbackPki | None = None,
+    extra_env: Mapping[str, str] | None = None,
 ) -> list[ExtenderProcess]:
     """``n`` extender replicas with ``nodeSchedulerPolicy: policy``, each its own process on a port of
     its own, all ready (``/readyz``) on return; those started are stopped again when one fails.
+    ``extra_env``: variables added to every replica's environment.
 
     ``extra_args`` go to every replica, ``replica_args(index, port)`` to one (flags that differ per
     replica, such as where the others reach it: ``--advertise-url http://127.0.0.1:<port>``). With
@@ -199,6 +201,7 @@ async def start_extender_processes(
     # Flags come from the command line only: a HAMIPY_EXTENDER_* variable would change the setup.
     env = {k: v for k, v in os.environ.items() if not k.startswith("HAMIPY_EXTENDER_")}
     env.pop("HAMIPY_CONFIG", None)
+    env.update(extra_env or {})
     # The kernel kills a replica if this process dies (as the devcluster does with its processes).
     prefix = [setpriv, "--pdeathsig", "KILL", "--"] if (setpriv := shutil.which("setpriv")) else []
     started: list[ExtenderProcess] = []

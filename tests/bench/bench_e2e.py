@@ -7,8 +7,8 @@ Run as a script: ``.venv/bin/python tests/bench/bench_e2e.py [--nodes 1000] [--p
 
 Part 1, placement rate: a devcluster and ``--nodes`` simulated nodes, registered once, each with 8
 GPUs (the register annotation and ``nvidia.com/gpu`` capacity 80, as the device plugin writes them).
-Then, ``--rounds`` times, four phases one after the other on the same nodes, so that the machine's
-noise falls on all alike:
+Then, ``--rounds`` times, the phases (four unless ``--phases`` says otherwise) one after the other
+on the same nodes, so that the machine's noise falls on all alike:
 
 - ``bare``: the ``hami-scheduler`` kube-scheduler with no extender (the ceiling), ``--pods`` pods
   asking only ``nvidia.com/gpu: 1``, which kube-scheduler fits against the nodes' capacity itself;
@@ -84,9 +84,13 @@ to the extenders and the probe alone (the extender as with a guaranteed CPU of i
 backlog of a busy GPU cluster: kube-scheduler tries them again after backoffs and on cluster events,
 so the extender answers filters that fit nowhere while the binds run.
 ``--extender-args '--api-connections 24'`` gives every extender process those flags (to compare a
-setting run by run). Each extender phase's line also counts the connections kube-scheduler opened
-to the extenders (``conns``: Go's client keeps two idle per host, so binds in flight open new ones)
-and the extenders' peak RSS (``VmHWM``).
+setting run by run); ``--variant LABEL:NAME=VALUE`` runs each extender phase once more a round as
+``<phase>+LABEL`` with ``NAME=VALUE`` in its extenders' environment (repeatable; the phase and its
+variants in an order rotated by round), and reports ``<phase>+LABEL`` / ``<phase>`` per round and
+their medians (pods/s and CPU per pod); ``--profile-extender DIR`` records each extender with
+py-spy while the pods are placed. Each extender phase's line also counts the connections
+kube-scheduler opened to the extenders (``conns``: Go's client keeps two idle per host, so binds
+in flight open new ones) and the extenders' peak RSS (``VmHWM``).
 
 Part 2, one node: a simulated GPU node with 8 GPUs, its real device-plugin process over the fake
 NVML driver and the kubelet stand-in, and an extender in this process; 40 identical pods (1 GPU,
@@ -105,6 +109,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import statistics
 import sys
 import tempfile
@@ -426,6 +431,31 @@ async def probe_filters(
     return samples
 
 
+async def start_profiler(pid: int, out: Path) -> asyncio.subprocess.Process:
+    """``py-spy record`` of process ``pid`` into ``out`` (collapsed stacks, ``--format raw``)
+    until `stop_profiler`."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return await asyncio.create_subprocess_exec(
+        "py-spy",
+        "record",
+        "--pid",
+        str(pid),
+        "--format",
+        "raw",
+        "--output",
+        str(out),
+        "--nonblocking",
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+
+
+async def stop_profiler(process: asyncio.subprocess.Process) -> None:
+    """End a `start_profiler` recording (SIGINT: py-spy then writes its file)."""
+    process.send_signal(signal.SIGINT)
+    await asyncio.wait_for(process.wait(), timeout=60)
+
+
 @dataclasses.dataclass
 class DevicePlugins:
     """The simulated nodes' device plugins (``_device_plugins.py``): one process serving, for every
@@ -557,6 +587,13 @@ class Bench:
     """``--backlog N``: pods that fit nowhere, created before each phase's burst (``waiting_pods``)."""
     extender_args: tuple[str, ...] = ()
     """``--extender-args``: flags every extender process gets (to compare settings run by run)."""
+    profile_dir: Path | None = None
+    """``--profile-extender DIR``: each extender is recorded by py-spy while a phase's pods are
+    placed, into ``DIR/round-<n>-<phase>-<replica>.txt`` (its own sampling costs CPU: not for
+    the rates)."""
+    variants: Mapping[str, Mapping[str, str]] = dataclasses.field(default_factory=dict)
+    """``--variant LABEL:NAME=VALUE``: label -> the environment its extenders get; each extender
+    phase runs once more a round per label (``<phase>+LABEL``), in an order rotated by round."""
     tls: LoopbackPki | None = None
     """``--tls``: the extenders serve HTTPS demanding kube-scheduler's client certificate, as the
     chart deploys them (binpack and spread phases)."""
@@ -609,47 +646,52 @@ async def empty_namespace(api: Any, namespace: str) -> None:
 async def placement_phase(bench: Bench, round_no: int, phase: str) -> dict[str, Any]:
     """One phase (``bare``, ``binpack`` or ``spread``) of ``bench.pods`` pods on the shared nodes."""
     api, cluster = bench.api, bench.cluster
-    namespace = await create_namespace(api, prefix=f"bench-{phase}")
+    namespace = await create_namespace(api, prefix=f"bench-{phase.replace('+', '-')}")
     extenders: list[ExtenderProcess] = []
     plugins: DevicePlugins | None = None
     served: dict[str, int] = {}
     exit_codes: dict[int, int] = {}
+    # ``<phase>+LABEL``: the phase with variant LABEL's environment in its extenders'.
+    base, _, variant = phase.partition("+")
+    alt_env = bench.variants.get(variant, {})
     limits = BARE_LIMITS if phase == "bare" else OUR_LIMITS
     ignored: tuple[str, ...] = ()
     try:
         target = None
-        if phase.startswith("binpack3"):
+        if base.startswith("binpack3"):
             extenders = await start_extender_processes(
                 ELECTED_REPLICAS,
                 "binpack",
                 kubeconfig=Path(cluster.access.kubeconfig),
                 workdir=bench.workdir / f"round-{round_no}",
                 extra_args=bench.extender_args,
+                extra_env=alt_env,
                 replica_args=elected_args(
                     f"bench-{round_no}",
-                    redirect=phase in ("binpack3r", "binpack3rc", "binpack3s"),
-                    cold=phase in ("binpack3rc", "binpack3s"),
+                    redirect=base in ("binpack3r", "binpack3rc", "binpack3s"),
+                    cold=base in ("binpack3rc", "binpack3s"),
                 ),
             )
             leader = await wait_leader(extenders)
             # binpack3s: the chart's Service selects the leader (its pod's role label).
-            pinned = leader if phase == "binpack3s" else next(e for e in extenders if e is not leader)
+            pinned = leader if base == "binpack3s" else next(e for e in extenders if e is not leader)
             target = pinned.url
         elif phase == "bare3res":
             ignored = (keys.RESOURCE_MEMORY, keys.RESOURCE_CORES)
         elif phase != "bare":
             extenders = await start_extender_processes(
                 bench.replicas,
-                phase,
+                base,
                 kubeconfig=Path(cluster.access.kubeconfig),
                 workdir=bench.workdir / f"round-{round_no}",
                 extra_args=bench.extender_args,
+                extra_env=alt_env,
                 tls=bench.tls,
             )
             target = extenders[0].url
         tls = bench.tls if target is not None and target.startswith("https:") else None
         if target is not None and bench.device_plugins:
-            hooks = bench.workdir / f"round-{round_no}" / f"hooks-{phase}"
+            hooks = bench.workdir / f"round-{round_no}" / f"hooks-{phase.replace('+', '-')}"
             plugins = await DevicePlugins.start(Path(cluster.access.kubeconfig), namespace, hooks)
         config = dataclasses.replace(scheduler_config(target, tls), ignored_resources=ignored)
         await asyncio.to_thread(cluster.start_scheduler, config, name="hami")
@@ -681,6 +723,11 @@ async def placement_phase(bench: Bench, round_no: int, phase: str) -> dict[str, 
                     tls=tls,
                 )
             )
+        profilers = [
+            await start_profiler(e.pid, bench.profile_dir / f"round-{round_no}-{phase}-{e.index}.txt")
+            for e in extenders
+            if bench.profile_dir is not None
+        ]
         first = time.perf_counter()
         try:
             created, done = await asyncio.gather(
@@ -694,6 +741,8 @@ async def placement_phase(bench: Bench, round_no: int, phase: str) -> dict[str, 
             )
         finally:
             stop_probe.set()
+            for profiler in profilers:
+                await stop_profiler(profiler)
         probed = await probe if probe is not None else {"wall": [], "arrival": []}
         elapsed = max(done.values()) - first
         await asyncio.sleep(SETTLE_S)  # let trailing events land before the closing scrape
@@ -852,6 +901,11 @@ def _vs_bare3res(phases: Sequence[str]) -> list[str]:
     return [ph for ph in phases if ph not in BASELINES] if "bare3res" in phases else []
 
 
+def _alt_ratios(phases: Sequence[str]) -> list[str]:
+    """The ``<phase>+LABEL`` phases (``--variant``), each compared with its stock twin."""
+    return [ph for ph in phases if "+" in ph]
+
+
 def _replica_ratios(phases: Sequence[str]) -> list[str]:
     """The elected-replica phases to compare with one replica's (``binpack``) when both ran."""
     return [ph for ph in phases if ph.startswith("binpack3") and "binpack" in phases]
@@ -872,6 +926,10 @@ def summarize(phases: list[dict[str, Any]], rounds: int) -> dict[str, Any]:
         row.update(
             {f"{ph}_cpu_vs_bare": round(row[f"{ph}_cpu_ms_per_pod"] / bare_cpu, 3) for ph in _ours(names)}
         )
+        for ph in _alt_ratios(names):
+            base = ph.partition("+")[0]
+            row[f"{ph}_vs_{base}"] = round(by[(r, ph)]["pods_per_s"] / by[(r, base)]["pods_per_s"], 3)
+            row[f"{ph}_cpu_vs_{base}"] = round(row[f"{ph}_cpu_ms_per_pod"] / row[f"{base}_cpu_ms_per_pod"], 3)
         for ph in _replica_ratios(names):
             row[f"{ph}_vs_binpack"] = round(by[(r, ph)]["pods_per_s"] / by[(r, "binpack")]["pods_per_s"], 3)
         for ph in _vs_bare3res(names):
@@ -886,6 +944,7 @@ def summarize(phases: list[dict[str, Any]], rounds: int) -> dict[str, Any]:
         *(f"{ph}_cpu_vs_bare" for ph in _ours(names)),
         *(f"{ph}_vs_bare" for ph in _ours(names)),
         *(f"{ph}_vs_binpack" for ph in _replica_ratios(names)),
+        *(f"{ph}_{what}vs_{ph.partition('+')[0]}" for ph in _alt_ratios(names) for what in ("", "cpu_")),
         *(f"{ph}_vs_bare3res" for ph in _vs_bare3res(names)),
     ]
     median.update({key: round(statistics.median(r[key] for r in per_round), 3) for key in ratios})
@@ -982,6 +1041,11 @@ def table(phases: list[dict[str, Any]], summary: dict[str, Any]) -> str:
         for ph in _replica_ratios(names)
     )
     same_pods = "".join(f"; {ph} / bare3res: {m[f'{ph}_vs_bare3res']:.2f}" for ph in _vs_bare3res(names))
+    same_pods += "".join(
+        f"; {ph} / {(base := ph.partition('+')[0])}: pods/s {m[f'{ph}_vs_{base}']:.2f},"
+        f" cpu/pod {m[f'{ph}_cpu_vs_{base}']:.2f}"
+        for ph in _alt_ratios(names)
+    )
     lines.append(
         "median: "
         + ", ".join(f"{ph} {m[f'{ph}_pods_per_s']:.1f} pods/s" for ph in names)
@@ -1079,6 +1143,8 @@ async def run(
     extender_args: Sequence[str] = (),
     tls: bool = False,
     device_plugins: bool = True,
+    variants: Mapping[str, Mapping[str, str]] | None = None,
+    profile_dir: Path | None = None,
 ) -> dict[str, Any]:
     with (
         tempfile.TemporaryDirectory(prefix="hamipy-e2e-", dir="/tmp") as tmp,
@@ -1088,7 +1154,8 @@ async def run(
             bench = Bench(cluster, api, RequestCounter(api), Path(tmp) / "extenders", nodes, pods)
             bench.filter_probe, bench.favour, bench.split = filter_probe, favour, split
             bench.backlog, bench.extender_args = backlog, tuple(extender_args)
-            bench.device_plugins = device_plugins
+            bench.device_plugins, bench.variants = device_plugins, dict(variants or {})
+            bench.profile_dir = profile_dir
             bench.tls = LoopbackPki.create(Path(tmp) / "pki") if tls else None
             async with NodePool(api, heartbeat_interval_s=HEARTBEAT_S) as pool:
                 nodes_s = await add_nodes(pool, nodes)
@@ -1100,9 +1167,14 @@ async def run(
                 phases = []
                 for round_no in range(1, rounds + 1):
                     for phase in phases_run:
-                        result = await placement_phase(bench, round_no, phase)
-                        progress(f"round {round_no} {phase}: {result['pods_per_s']} pods/s")
-                        phases.append(result)
+                        turn = [phase]
+                        if phase not in BASELINES:
+                            turn += [f"{phase}+{label}" for label in bench.variants]
+                        shift = (round_no - 1) % len(turn)
+                        for one in turn[shift:] + turn[:shift]:
+                            result = await placement_phase(bench, round_no, one)
+                            progress(f"round {round_no} {one}: {result['pods_per_s']} pods/s")
+                            phases.append(result)
             async with NodePool(api) as pool:
                 node = await one_node(cluster, api, pool, Path(tmp) / "one-node")
     summary = summarize(phases, rounds)
@@ -1113,6 +1185,7 @@ async def run(
         "rounds": rounds,
         "extender_tls": tls,
         "device_plugins": device_plugins,
+        "variants": {label: dict(env) for label, env in (variants or {}).items()},
         "cpu_ms_per_pod_method": (
             "CPU seconds from the first create to 1s after the last pod done, per placed pod, of the"
             " control plane (kube-apiserver, etcd, kube-scheduler, kube-controller-manager), the"
@@ -1141,6 +1214,15 @@ async def run(
         "phases": phases,
         "one_8_gpu_node_40_pods": node,
     }
+
+
+def variant(text: str) -> tuple[str, dict[str, str]]:
+    """``--variant``'s ``LABEL:NAME=VALUE[,NAME=VALUE]``."""
+    label, _, pairs = text.partition(":")
+    env = dict(pair.split("=", 1) for pair in pairs.split(",") if "=" in pair)
+    if not label.isalnum() or not env or len(env) != len(pairs.split(",")):
+        raise argparse.ArgumentTypeError(f"want LABEL:NAME=VALUE[,NAME=VALUE], got {text!r}")
+    return label, env
 
 
 def main() -> None:
@@ -1195,6 +1277,22 @@ def main() -> None:
         " certificate, as the chart deploys them (the probe asks over TLS too)",
     )
     parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        type=variant,
+        metavar="LABEL:NAME=VALUE[,NAME=VALUE]",
+        help="run each extender phase also as <phase>+LABEL with NAME=VALUE in its extenders'"
+        " environment, in an order rotated by round (repeatable)",
+    )
+    parser.add_argument(
+        "--profile-extender",
+        type=Path,
+        metavar="DIR",
+        help="record each extender with py-spy (on PATH) while the pods are placed, into DIR"
+        " (collapsed stacks; the sampling's own CPU lowers the rates)",
+    )
+    parser.add_argument(
         "--no-device-plugins",
         action="store_true",
         help="leave out the simulated nodes' device plugins: an extender phase's pods are done when"
@@ -1238,6 +1336,8 @@ def main() -> None:
             extender_args=shlex.split(args.extender_args),
             tls=args.tls,
             device_plugins=not args.no_device_plugins,
+            variants=dict(args.variant),
+            profile_dir=args.profile_extender,
         )
     )
     print(
