@@ -24,6 +24,7 @@ from hamipy.extender.server import ExtenderServer
 from hamipy.kube.client import RawKube
 from hamipy.protocol import keys
 from hamipy.protocol.config import Config
+from hamipy.protocol.identifiers import NodeName
 from hamipy.protocol.node_devices import encode_node_devices
 from hamipy.protocol.node_lock import NodeLock, format_node_lock
 
@@ -92,7 +93,7 @@ async def test_a_stuck_lock_keeps_no_pod_waiting_and_is_freed_once_its_holder_is
     p = await create_pod(kube, namespace, "p")
 
     async def seen() -> bool:
-        state = extender.model.nodes.get(stuck)
+        state = extender.model.nodes.get(NodeName(stuck))
         pending = p["metadata"]["uid"] in extender.model.pending
         return state is not None and state.lock_value == lock and pending
 

@@ -143,7 +143,7 @@ async def test_a_pod_bound_by_another_bind_is_left_as_it_is(where: str) -> None:
 
 
 def ours(model: ClusterModel, name: str) -> bool:
-    return model.nodes[name].ours
+    return model.nodes[NodeName(name)].ours
 
 
 def test_the_node_is_ours_while_our_marker_matches_its_last_report() -> None:

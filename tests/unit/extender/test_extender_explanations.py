@@ -53,7 +53,7 @@ def fits(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 def texts(model: ClusterModel, explained: Explanations, mem: int = 100) -> dict[str, str]:
-    decision = decide(model, ask(mem), ["a", "b"], now=NOW, explained=explained)
+    decision = decide(model, ask(mem), [NodeName("a"), NodeName("b")], now=NOW, explained=explained)
     assert decision.node is None
     return {name: r.text() for name, r in (decision.failed | decision.unresolvable).items()}
 
@@ -85,12 +85,12 @@ def test_a_node_registered_anew_is_explained_anew(fits: list[str]) -> None:
     model, explained = ClusterModel(), Explanations()
     model.replace_nodes([gpu_node("b", [gpu("GPU-b", 0, count=2, mem=500)])])
     model.replace_pods([])
-    first = decide(model, ask(600), ["b"], now=NOW, explained=explained)
+    first = decide(model, ask(600), [NodeName("b")], now=NOW, explained=explained)
     assert {n: r.text() for n, r in first.unresolvable.items()} == {"b": "1/1 CardInsufficientMemory"}
     fits.clear()
     # Registered anew, its GPU now unhealthy: a new node state, at the same version as the old one.
     model.apply_node("MODIFIED", gpu_node("b", [gpu("GPU-b", 0, count=2, mem=500, health=False)]))
-    again = decide(model, ask(600), ["b"], now=NOW, explained=explained)
+    again = decide(model, ask(600), [NodeName("b")], now=NOW, explained=explained)
     assert {n: r.text() for n, r in again.unresolvable.items()} == {"b": "1/1 CardNotHealth"}
     assert "b" in fits
 

@@ -11,7 +11,7 @@ from typing import Any
 from builders import allocation, container, gpu, gpu_node, gpu_pod
 from extender_fakes import BIND_SETTINGS, BindRig, bind_args, bind_rig, filter_args
 
-from hamipy.extender.model import PodUid
+from hamipy.extender.model import NodeName, PodUid
 from hamipy.extender.scheduler import UNKNOWN_POD
 from hamipy.kube.errors import KubeError
 
@@ -127,7 +127,7 @@ def test_a_made_up_filter_of_a_bound_pods_uid_frees_nothing() -> None:
     del unbound_copy["spec"]["nodeName"]
     filter_all(r, unbound_copy)
     assert r.model.contributions[PodUid("uid-ns-holder")].source == "allocated"
-    assert r.model.nodes["n"].gpus[0].used_slots == 2
+    assert r.model.nodes[NodeName("n")].gpus[0].used_slots == 2
 
 
 async def test_a_filter_during_our_bind_leaves_the_bind_in_flight_alone() -> None:

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from hamipy.extender import filtering
 from hamipy.extender.filtering import build_ask, decide, summarize
 from hamipy.extender.fitting import NodeReasons, PodAsk, fit_pod
-from hamipy.extender.model import ClusterModel, PodUid
+from hamipy.extender.model import ClusterModel, NodeName, PodUid
 from hamipy.extender.scoring import node_rank_key
 from hamipy.protocol import keys
 from hamipy.protocol.config import Config
@@ -60,7 +60,7 @@ def typed_node(name: str, type_: str) -> dict[str, Any]:
     return gpu_node(name, [gpu(f"{name}-0", 0, type_=type_), gpu(f"{name}-1", 1, type_=type_)])
 
 
-def texts(reasons: dict[str, NodeReasons]) -> dict[str, str]:
+def texts(reasons: dict[NodeName, NodeReasons]) -> dict[str, str]:
     return {name: r.text() for name, r in reasons.items()}
 
 
@@ -84,7 +84,7 @@ def test_a_skipped_node_does_not_hide_the_nodes_after_it(skipped: str) -> None:
         gpu_node("fits"),
         pods=(holding("x", "full", dev("F", 10)),),
     )
-    decision = decide(model, ask_of(), [skipped, "fits"], now=NOW)
+    decision = decide(model, ask_of(), [NodeName(skipped), NodeName("fits")], now=NOW)
     assert (decision.node, decision.fitted) == ("fits", 1)
 
 
@@ -95,7 +95,12 @@ def test_summary_check_skips_without_fitting() -> None:
         gpu_node("full", [gpu("F", 0, count=1), gpu("G", 1, count=1)]),
         pods=(holding("x", "full", dev("F", 10), dev("G", 10)),),
     )
-    decision = decide(model, ask_of(container(gpu=2, gpumem=600)), ["one-gpu", "small", "full"], now=NOW)
+    decision = decide(
+        model,
+        ask_of(container(gpu=2, gpumem=600)),
+        [NodeName("one-gpu"), NodeName("small"), NodeName("full")],
+        now=NOW,
+    )
     assert decision.node is None
     assert decision.fitted == 0
     assert texts(decision.failed) == {"full": "2/2 CardTimeSlicingExhausted"}
@@ -108,16 +113,16 @@ def test_summary_check_skips_without_fitting() -> None:
 def test_memory_equal_to_the_free_memory_is_placed() -> None:
     # A whole-GPU ask: exactly what is left, on the only GPU.
     model = model_of(gpu_node("n", [gpu("A", 0, mem=1000)]), pods=(holding("x", "n", dev("A", 400)),))
-    decision = decide(model, ask_of(container(gpu=1, gpumem=600)), ["n"], now=NOW)
+    decision = decide(model, ask_of(container(gpu=1, gpumem=600)), [NodeName("n")], now=NOW)
     assert decision.node == "n"
-    assert decide(model, ask_of(container(gpu=1, gpumem=601)), ["n"], now=NOW).node is None
+    assert decide(model, ask_of(container(gpu=1, gpumem=601)), [NodeName("n")], now=NOW).node is None
 
 
 def test_cores_equal_to_the_free_cores_are_placed() -> None:
     model = model_of(gpu_node("n", [gpu("A", 0)]), pods=(holding("x", "n", dev("A", 100, 80)),))
-    decision = decide(model, ask_of(container(gpu=1, gpumem=100, gpucores=20)), ["n"], now=NOW)
+    decision = decide(model, ask_of(container(gpu=1, gpumem=100, gpucores=20)), [NodeName("n")], now=NOW)
     assert (decision.node, decision.fitted) == ("n", 1)
-    refused = decide(model, ask_of(container(gpu=1, gpumem=100, gpucores=21)), ["n"], now=NOW)
+    refused = decide(model, ask_of(container(gpu=1, gpumem=100, gpucores=21)), [NodeName("n")], now=NOW)
     assert (refused.node, refused.fitted) == (None, 0)
 
 
@@ -135,18 +140,18 @@ def handshaking(name: str, age_s: float) -> dict[str, Any]:
 
 def test_nodes_mid_handshake_are_placed_on() -> None:
     model = model_of(handshaking("a", 0), handshaking("b", 59))
-    decision = decide(model, ask_of(), ["a", "b"], now=NOW)
+    decision = decide(model, ask_of(), [NodeName("a"), NodeName("b")], now=NOW)
     assert decision.node in {"a", "b"}
-    cooperative = decide(model, ask_of(), ["a", "b"], now=NOW, all_feasible=True)
+    cooperative = decide(model, ask_of(), [NodeName("a"), NodeName("b")], now=NOW, all_feasible=True)
     assert sorted(name for name, _, _ in cooperative.feasible) == ["a", "b"]
 
 
 def test_nodes_whose_handshake_timed_out_are_skipped_and_explained() -> None:
     model = model_of(handshaking("dead", 60), gpu_node("alive"))
-    decision = decide(model, ask_of(), ["dead"], now=NOW)
+    decision = decide(model, ask_of(), [NodeName("dead")], now=NOW)
     assert (decision.node, decision.fitted) == (None, 0)
     assert texts(decision.failed) == {"dead": "NodeHandshakeTimeout"}
-    assert decide(model, ask_of(), ["dead", "alive"], now=NOW).node == "alive"
+    assert decide(model, ask_of(), [NodeName("dead"), NodeName("alive")], now=NOW).node == "alive"
 
 
 # -- type selectors, through the decision ---------------------------------------------------------------
@@ -173,7 +178,7 @@ def test_type_selector_chooses_among_nodes_whatever_the_ranking(
         pods=(holding("x", "t4-busy", dev("t4-busy-0", 20000, 50)), holding("y", "a100", dev("a100-0", 100))),
     )
     ask = ask_of(**selector, **{keys.NODE_SCHEDULER_POLICY: policy})
-    decision = decide(model, ask, ["t4-busy", "a100", "t4"], now=NOW)
+    decision = decide(model, ask, [NodeName("t4-busy"), NodeName("a100"), NodeName("t4")], now=NOW)
     # Among the T4 nodes the policy still ranks: binpack the busy one, spread the idle one.
     expected = {"t4": {"binpack": "t4-busy", "spread": "t4"}}.get(chosen, {}).get(policy, chosen)
     assert (decision.node, decision.fitted) == (expected, 1)
@@ -182,14 +187,16 @@ def test_type_selector_chooses_among_nodes_whatever_the_ranking(
 def test_type_no_node_has_is_skipped_unfitted_and_explained() -> None:
     model = model_of(typed_node("t4-a", T4), typed_node("t4-b", T4), typed_node("a100", A100))
     for selector in ({keys.USE_GPU_TYPE: "H100"}, {keys.NOUSE_GPU_TYPE: "NVIDIA"}):
-        decision = decide(model, ask_of(**selector), ["t4-a", "t4-b", "a100"], now=NOW)
+        decision = decide(
+            model, ask_of(**selector), [NodeName("t4-a"), NodeName("t4-b"), NodeName("a100")], now=NOW
+        )
         assert (decision.node, decision.fitted) == (None, 0)
         assert texts(decision.unresolvable) == dict.fromkeys(["t4-a", "t4-b", "a100"], "2/2 CardTypeMismatch")
 
 
 def test_node_with_any_accepted_gpu_type_is_fitted() -> None:
     mixed = gpu_node("mixed", [gpu("T", 0, type_=T4), gpu("A", 1, type_=A100)])
-    decision = decide(model_of(mixed), ask_of(**{keys.USE_GPU_TYPE: "A100"}), ["mixed"], now=NOW)
+    decision = decide(model_of(mixed), ask_of(**{keys.USE_GPU_TYPE: "A100"}), [NodeName("mixed")], now=NOW)
     assert decision.devices is not None
     assert [[d.uuid for d in slot] for slot in decision.devices] == [["A"]]
 
@@ -219,7 +226,7 @@ def test_decide_law_the_best_ranked_node_that_fits_wins(
     """Among the names sent (twice each with ``twice``), whatever the nodes not sent (idle ones,
     which spread would rank first): with few sent, decide ranks the names; with many, it walks the
     model's order."""
-    names = [f"n{i}" for i in range(len(usage))]
+    names = [NodeName(f"n{i}") for i in range(len(usage))]
     model = model_of(
         *(gpu_node(name) for name in names),
         *(gpu_node(f"idle{i}") for i in range(unsent)),
@@ -247,10 +254,10 @@ def test_fitted_counts_the_nodes_fitted_until_one_fits() -> None:
     # binpack tries the busy node first: its summary passes (GPU 1 has every core left), but the pod
     # wants 20 cores on each of two GPUs and GPU 0 has 10.
     ask = ask_of(container(gpu=2, gpumem=100, gpucores=20), **{keys.NODE_SCHEDULER_POLICY: "binpack"})
-    decision = decide(model, ask, ["busy", "idle"], now=NOW)
+    decision = decide(model, ask, [NodeName("busy"), NodeName("idle")], now=NOW)
     assert (decision.node, decision.fitted) == ("idle", 2)
     assert (decision.failed, decision.unresolvable) == ({}, {})
-    first = decide(model, ask_of(), ["busy", "idle"], now=NOW)
+    first = decide(model, ask_of(), [NodeName("busy"), NodeName("idle")], now=NOW)
     assert (first.node, first.fitted) == ("busy", 1)
 
 
@@ -262,12 +269,12 @@ def test_a_node_without_the_cores_asked_left_on_any_gpu_is_skipped_unfitted_and_
     )
     # Slots and memory left on both GPUs, 10 cores on each: binpack would try it first.
     ask = ask_of(container(gpu=1, gpumem=100, gpucores=20), **{keys.NODE_SCHEDULER_POLICY: "binpack"})
-    decision = decide(model, ask, ["busy", "idle"], now=NOW)
+    decision = decide(model, ask, [NodeName("busy"), NodeName("idle")], now=NOW)
     assert (decision.node, decision.fitted) == ("idle", 1)
-    alone = decide(model, ask, ["busy"], now=NOW)
+    alone = decide(model, ask, [NodeName("busy")], now=NOW)
     assert (alone.node, alone.fitted) == (None, 0)
     assert texts(alone.failed) == {"busy": "2/2 CardInsufficientCore"}
-    assert model.nodes["busy"].max_free_cores == 10
+    assert model.nodes[NodeName("busy")].max_free_cores == 10
 
 
 # -- cooperative mode -------------------------------------------------------------------------------------
@@ -280,12 +287,18 @@ def test_cooperative_fits_every_candidate_and_returns_those_that_fit_with_scores
         gpu_node("small", [gpu("S", 0, mem=10)]),
         pods=(holding("x", "b", dev("GPU-b-0", 1000, 10)),),
     )
-    decision = decide(model, ask_of(), ["a", "b", "small", "ghost"], now=NOW, all_feasible=True)
+    decision = decide(
+        model,
+        ask_of(),
+        [NodeName("a"), NodeName("b"), NodeName("small"), NodeName("ghost")],
+        now=NOW,
+        all_feasible=True,
+    )
     assert [(name, score) for name, _, score in sorted(decision.feasible)] == [
         ("a", 0.0),
-        ("b", model.nodes["b"].score),
+        ("b", model.nodes[NodeName("b")].score),
     ]
-    assert model.nodes["b"].score > 0
+    assert model.nodes[NodeName("b")].score > 0
     assert decision.fitted == 2  # small and ghost are skipped by the summary check
     assert decision.node is None
 
@@ -293,7 +306,9 @@ def test_cooperative_fits_every_candidate_and_returns_those_that_fit_with_scores
 def test_cooperative_with_nothing_feasible_explains_every_node() -> None:
     model = model_of(gpu_node("a", [gpu("A", 0, count=1)]), gpu_node("small", [gpu("S", 0, mem=10)]))
     model.apply_pod("ADDED", holding("x", "a", dev("A", 10)))
-    decision = decide(model, ask_of(), ["a", "small", "ghost"], now=NOW, all_feasible=True)
+    decision = decide(
+        model, ask_of(), [NodeName("a"), NodeName("small"), NodeName("ghost")], now=NOW, all_feasible=True
+    )
     assert decision.feasible == []
     assert texts(decision.failed) == {"a": "1/1 CardTimeSlicingExhausted"}
     assert texts(decision.unresolvable) == {
@@ -313,7 +328,7 @@ def test_uuid_selector_tells_alike_nodes_apart_when_explained(order: list[str]) 
         gpu_node("b", [gpu("GPU-b", 0, count=1)]),
         pods=(holding("x", "a", dev("GPU-a", 10)),),
     )
-    decision = decide(model, ask_of(**{keys.USE_GPU_UUID: "GPU-a"}), order, now=NOW)
+    decision = decide(model, ask_of(**{keys.USE_GPU_UUID: "GPU-a"}), map(NodeName, order), now=NOW)
     assert texts(decision.failed) == {"a": "1/1 CardTimeSlicingExhausted"}
     assert texts(decision.unresolvable) == {"b": "1/1 CardUuidMismatch"}
 
@@ -329,7 +344,7 @@ def test_node_that_could_fit_once_freed_is_failed_not_unresolvable(
     devices: list[DeviceInfo], failed: bool
 ) -> None:
     model = model_of(gpu_node("n", devices), pods=(holding("x", "n", dev("A", 10)),))
-    decision = decide(model, ask_of(container(gpu=1, gpumem=500)), ["n"], now=NOW)
+    decision = decide(model, ask_of(container(gpu=1, gpumem=500)), [NodeName("n")], now=NOW)
     assert ("n" in decision.failed, "n" in decision.unresolvable) == (failed, not failed)
 
 
@@ -339,7 +354,7 @@ def test_malformed_nodes_are_explained_by_what_is_wrong() -> None:
     model = model_of(bad_register, gpu_node("bad-pod"), builders.node("plain"))
     malformed = allocation(allocated="GPU-bad-pod-0,NVIDIA,-5,0:;")
     model.apply_pod("ADDED", gpu_pod("x", node_name="bad-pod", phase="Running", annotations=malformed))
-    names = ["bad-register", "bad-pod", "plain", "ghost"]
+    names = [NodeName(n) for n in ("bad-register", "bad-pod", "plain", "ghost")]
     decision = decide(model, ask_of(), names, now=NOW)
     assert (decision.node, decision.fitted) == (None, 0)
     assert texts(decision.failed) == {"bad-pod": "NodeAllocationUnknown"}
@@ -384,11 +399,11 @@ def test_the_filter_places_a_topology_aware_pod() -> None:
 
 def test_failure_summary_ranks_causes_by_nodes_then_name() -> None:
     failed = {
-        "n1": NodeReasons.of_node("NodeUnregistered"),
-        "n2": NodeReasons.of_node("NodeUnregistered"),
-        "n3": NodeReasons((("CardInsufficientMemory", 1),), 1),
-        "n0": NodeReasons((("ZCause", 1),), 1),
-        "n9": NodeReasons((("ACause", 1),), 1),
+        NodeName("n1"): NodeReasons.of_node("NodeUnregistered"),
+        NodeName("n2"): NodeReasons.of_node("NodeUnregistered"),
+        NodeName("n3"): NodeReasons((("CardInsufficientMemory", 1),), 1),
+        NodeName("n0"): NodeReasons((("ZCause", 1),), 1),
+        NodeName("n9"): NodeReasons((("ACause", 1),), 1),
     }
     summary = summarize(failed, {})
     # The longest cause name fails fewest nodes; ties go by cause, not by the nodes it names.
@@ -410,7 +425,7 @@ def test_failure_summary_ranks_causes_by_nodes_then_name() -> None:
     ],
 )
 def test_failure_summary_names_five_nodes_per_cause(n_nodes: int, shown: str) -> None:
-    unresolvable = {f"n{i}": NodeReasons.of_node("NodeUnregistered") for i in range(n_nodes)}
+    unresolvable = {NodeName(f"n{i}"): NodeReasons.of_node("NodeUnregistered") for i in range(n_nodes)}
     assert summarize({}, unresolvable).text() == f"{n_nodes} nodes NodeUnregistered({shown})"
 
 

@@ -29,14 +29,14 @@ def model_with(*nodes: dict[str, Any]) -> ClusterModel:
 
 
 def fit(model: ClusterModel, name: str, p: dict[str, Any]) -> Any:
-    return fit_pod(model.nodes[name], build_ask(p, CONFIG))
+    return fit_pod(model.nodes[NodeName(name)], build_ask(p, CONFIG))
 
 
 def uuids(devices: Any) -> list[list[str]]:
     return [[d.uuid for d in slot] for slot in devices]
 
 
-def texts(reasons: Mapping[str, NodeReasons]) -> dict[str, str]:
+def texts(reasons: Mapping[NodeName, NodeReasons]) -> dict[str, str]:
     return {name: r.text() for name, r in reasons.items()}
 
 
@@ -189,7 +189,7 @@ def test_containers_add_up_and_init_containers_count_by_peak() -> None:
             init=[container("i", gpu=1), container("plain")],
         ),
     )
-    assert model.nodes["n"].gpus[0].used_mem == 10000
+    assert model.nodes[NodeName("n")].gpus[0].used_mem == 10000
 
 
 def test_a_native_sidecar_is_fitted_as_running_beside_the_apps() -> None:
@@ -202,7 +202,7 @@ def test_a_native_sidecar_is_fitted_as_running_beside_the_apps() -> None:
     placed = fit(two, "n", p)
     assert sorted(u for slot in uuids(placed.devices) for u in slot) == ["A", "B"]
     two.apply_pod("ADDED", allocated("q", "n", encode_pod_devices(placed.devices), init=[sidecar]))
-    assert [g.used_mem for g in two.nodes["n"].gpus] == [40000, 40000]
+    assert [g.used_mem for g in two.nodes[NodeName("n")].gpus] == [40000, 40000]
     # The same pod with a run-to-completion init container fits one GPU (they never run together).
     plain = gpu_pod(
         "p", container("app", gpu=1, gpumem=40000), init=[container("setup", gpu=1, gpumem=40000)]
@@ -235,7 +235,7 @@ def test_node_policy_binpack_vs_spread(policy: str, expected: str) -> None:
     model = model_with(gpu_node("busy"), gpu_node("idle"))
     model.apply_pod("ADDED", allocated("a", "busy", "GPU-busy-0,NVIDIA,1000,10:;"))
     p = gpu_pod("p", container(gpu=1, gpumem=100), annotations={keys.NODE_SCHEDULER_POLICY: policy})
-    decision = decide(model, build_ask(p, CONFIG), ["busy", "idle"], now=NOW)
+    decision = decide(model, build_ask(p, CONFIG), [NodeName("busy"), NodeName("idle")], now=NOW)
     assert decision.node == expected
 
 
@@ -257,7 +257,7 @@ def test_prioritize_score_ranges() -> None:
 def test_reservation_is_seen_by_the_next_filter() -> None:
     model = model_with(gpu_node("n", [gpu("A", 0, count=1)]))
     ask = build_ask(gpu_pod("p"), CONFIG)
-    first = decide(model, ask, ["n"], now=NOW)
+    first = decide(model, ask, [NodeName("n")], now=NOW)
     assert first.node == "n"
     assert first.devices is not None
     model.reserve(
@@ -269,17 +269,17 @@ def test_reservation_is_seen_by_the_next_filter() -> None:
         n_init=0,
         expires_at=5,
     )
-    second = decide(model, ask, ["n"], now=NOW)
+    second = decide(model, ask, [NodeName("n")], now=NOW)
     assert second.node is None
     assert texts(second.failed) == {"n": "1/1 CardTimeSlicingExhausted"}
     assert model.expire(10) == 1
-    assert decide(model, ask, ["n"], now=NOW).node == "n"
+    assert decide(model, ask, [NodeName("n")], now=NOW).node == "n"
 
 
 def test_reasons_counted_per_cause_and_unresolvable_nodes() -> None:
     model = model_with(gpu_node("small", [gpu("A", 0, mem=100)]), gpu_node("one", [gpu("B", 0)]))
     ask = build_ask(gpu_pod("p", container(gpu=2, gpumem=1000)), CONFIG)
-    decision = decide(model, ask, ["small", "one", "ghost"], now=NOW)
+    decision = decide(model, ask, [NodeName("small"), NodeName("one"), NodeName("ghost")], now=NOW)
     assert decision.node is None
     assert decision.unresolvable == {
         "small": NodeReasons((("NodeInsufficientDevice", 1),), 1),
@@ -302,13 +302,19 @@ def test_reasons_are_worded_once_as_hami_words_them() -> None:
     assert NodeReasons.of_node("InvalidRequest", "bad gpumem").text() == "InvalidRequest: bad gpumem"
     assert summarize({}, {}).top_cause() == "NoNodes"
     assert summarize({}, {}).text() == ""
-    many = {f"n{i}": NodeReasons.of_node("NodeUnregistered") for i in range(7)}
+    many = {NodeName(f"n{i}"): NodeReasons.of_node("NodeUnregistered") for i in range(7)}
     assert summarize({}, many).text(limit=2) == "7 nodes NodeUnregistered(n0,n1,...)"
 
 
 def test_cooperative_returns_every_feasible_node() -> None:
     model = model_with(gpu_node("a"), gpu_node("b"), gpu_node("c", [gpu("X", 0, mem=10)]))
-    decision = decide(model, build_ask(gpu_pod("p"), CONFIG), ["a", "b", "c"], now=NOW, all_feasible=True)
+    decision = decide(
+        model,
+        build_ask(gpu_pod("p"), CONFIG),
+        [NodeName("a"), NodeName("b"), NodeName("c")],
+        now=NOW,
+        all_feasible=True,
+    )
     assert sorted(n for n, _, _ in decision.feasible) == ["a", "b"]
 
 
@@ -322,7 +328,7 @@ def test_malformed_register_offers_nothing_and_is_reported() -> None:
     problems = model.replace_nodes([bad])
     assert problems
     assert problems[0].kind == "Node"
-    decision = decide(model, build_ask(gpu_pod("p"), CONFIG), ["n"], now=NOW)
+    decision = decide(model, build_ask(gpu_pod("p"), CONFIG), [NodeName("n")], now=NOW)
     assert texts(decision.unresolvable) == {"n": "NodeRegisterMalformed"}
 
 
@@ -333,26 +339,26 @@ def test_malformed_allocation_makes_its_node_unusable_until_the_pod_goes() -> No
     assert problems
     assert problems[0].kind == "Pod"
     ask = build_ask(gpu_pod("p"), CONFIG)
-    assert texts(decide(model, ask, ["n"], now=NOW).failed) == {"n": "NodeAllocationUnknown"}
+    assert texts(decide(model, ask, [NodeName("n")], now=NOW).failed) == {"n": "NodeAllocationUnknown"}
     model.apply_pod("DELETED", bad)
-    assert decide(model, ask, ["n"], now=NOW).node == "n"
+    assert decide(model, ask, [NodeName("n")], now=NOW).node == "n"
 
 
 def test_finished_and_deleted_pods_free_their_gpus() -> None:
     model = model_with(gpu_node("n", [gpu("A", 0)]))
     running = allocated("a", "n", "A,NVIDIA,1000,10:;")
     model.apply_pod("ADDED", running)
-    assert model.nodes["n"].gpus[0].used_mem == 1000
+    assert model.nodes[NodeName("n")].gpus[0].used_mem == 1000
     done = {**running, "status": {"phase": "Succeeded"}}
     model.apply_pod("MODIFIED", done)
-    assert model.nodes["n"].gpus[0].used_mem == 0
+    assert model.nodes[NodeName("n")].gpus[0].used_mem == 0
 
 
 def test_register_change_keeps_usage_of_remaining_gpus() -> None:
     model = model_with(gpu_node("n", [gpu("A", 0), gpu("B", 1)]))
     model.apply_pod("ADDED", allocated("a", "n", "A,NVIDIA,1000,10:;"))
     model.apply_node("MODIFIED", gpu_node("n", [gpu("A", 0, mem=2000), gpu("C", 1)]))
-    state = model.nodes["n"]
+    state = model.nodes[NodeName("n")]
     assert [(g.uuid, g.used_mem) for g in state.gpus] == [("A", 1000), ("C", 0)]
 
 
@@ -360,7 +366,7 @@ def test_dead_node_by_handshake_rule() -> None:
     n = gpu_node("n", annotations={keys.NODE_HANDSHAKE: "Requesting_1970-01-01 00:00:00"})
     n["status"]["allocatable"][keys.RESOURCE_COUNT] = "0"
     model = model_with(n)
-    decision = decide(model, build_ask(gpu_pod("p"), CONFIG), ["n"], now=NOW)
+    decision = decide(model, build_ask(gpu_pod("p"), CONFIG), [NodeName("n")], now=NOW)
     assert texts(decision.failed) == {"n": "NodeHandshakeTimeout"}
 
 

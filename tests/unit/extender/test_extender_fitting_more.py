@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from hamipy.extender.filtering import build_ask
 from hamipy.extender.fitting import Fit, NodeReasons, fit_pod
-from hamipy.extender.model import ClusterModel, NodeState
+from hamipy.extender.model import ClusterModel, NodeName, NodeState
 from hamipy.protocol import keys
 from hamipy.protocol.config import Config
 from hamipy.protocol.devices import ContainerDevice, DeviceInfo, PodDevices
@@ -46,7 +46,7 @@ def state_of(
         if holding
         else []
     )
-    return model.nodes["n"]
+    return model.nodes[NodeName("n")]
 
 
 def fit(

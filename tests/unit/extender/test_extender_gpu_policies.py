@@ -447,7 +447,7 @@ def test_a_spread_pod_on_the_pcie_pairs_node_may_take_two_unbridged_gpus() -> No
     model = model_with(pairs_node())
     place(model, gpu_pod("one", container(gpu=1, gpumem=1000), annotations={POLICY: "spread"}))
     spread = place(model, gpu_pod("p", container(gpu=2, gpumem=1000)))
-    topo = decide(model, ask(TOPOLOGY, nums=2, memreq=1000), ["n"], now=NOW)
+    topo = decide(model, ask(TOPOLOGY, nums=2, memreq=1000), [NodeName("n")], now=NOW)
     assert spread.devices is not None
     assert topo.devices is not None
     assert {d.uuid for d in spread.devices[0]} == {"GPU-5", "GPU-6"}
@@ -497,7 +497,7 @@ def test_malformed_pair_scores_refuse_topology_aware_pods_only_and_are_reported(
 def test_pair_scores_are_read_from_the_node_and_follow_its_changes() -> None:
     # TestGetNodeDevices_PairScores.
     model = model_with(pairs_node())
-    assert model.nodes["n"].pair_scores["GPU-0"]["GPU-1"] == 1250
+    assert model.nodes[NodeName("n")].pair_scores["GPU-0"]["GPU-1"] == 1250
     changed = pairs_node(scores=encode_node_scores({"GPU-0": {"GPU-1": 100}, "GPU-1": {"GPU-0": 100}}))
     model.apply_node("MODIFIED", changed)
-    assert model.nodes["n"].pair_scores == {"GPU-0": {"GPU-1": 100}, "GPU-1": {"GPU-0": 100}}
+    assert model.nodes[NodeName("n")].pair_scores == {"GPU-0": {"GPU-1": 100}, "GPU-1": {"GPU-0": 100}}

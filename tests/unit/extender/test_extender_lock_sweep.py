@@ -90,7 +90,7 @@ async def test_a_node_locked_again_by_a_bind_of_ours_is_no_longer_owed() -> None
     settings = dataclasses.replace(BIND_SETTINGS, release_lock_after_bind=False)
     r = bind_rig(settings, gpu_node("n", [gpu("A", 0, count=4)]))
     r.kube.add(gpu_pod("p"))
-    r.binder.sweeper.owe("n", "ns", "p")  # an earlier bind of p failed, and so did its release
+    r.binder.sweeper.owe(NodeName("n"), "ns", "p")  # an earlier bind of p failed, and so did its release
     r.locked_by("ns", "p", datetime.now(UTC))
     await r.binder.bind(namespace="ns", name="p", uid=PodUid("uid-ns-p"), node=NodeName("n"))
     assert r.binder.sweeper.owed == {}
@@ -101,11 +101,11 @@ async def test_a_node_locked_again_by_a_bind_of_ours_is_no_longer_owed() -> None
 async def test_a_node_this_replica_is_binding_on_is_skipped() -> None:
     r = bind_rig()
     r.locked_by("ns", "p", datetime.now(UTC))
-    r.binder.sweeper.owe("n", "ns", "p")
-    await r.binder._mutexes.setdefault("n", asyncio.Lock()).acquire()
+    r.binder.sweeper.owe(NodeName("n"), "ns", "p")
+    await r.binder._mutexes.setdefault(NodeName("n"), asyncio.Lock()).acquire()
     await r.binder.sweeper.sweep()
     assert r.lock() is not None
-    r.binder._mutexes["n"].release()
+    r.binder._mutexes[NodeName("n")].release()
     await r.binder.sweeper.sweep()
     assert r.lock() is None
 

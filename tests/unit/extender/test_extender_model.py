@@ -77,7 +77,7 @@ def model_of(*nodes: dict[str, Any], pods: Sequence[dict[str, Any]] = ()) -> Clu
 
 
 def used(model: ClusterModel, name: str) -> dict[str, tuple[int, int, int]]:
-    return {g.uuid: (g.used_slots, g.used_mem, g.used_cores) for g in model.nodes[name].gpus}
+    return {g.uuid: (g.used_slots, g.used_mem, g.used_cores) for g in model.nodes[NodeName(name)].gpus}
 
 
 def stamped(seconds_before_now: float, *, allocatable: str = "0") -> dict[str, Any]:
@@ -128,7 +128,7 @@ def test_node_known_only_from_a_pod_offers_nothing() -> None:
     # A pod event may come before its node's: the node is then a placeholder holding the bad pod.
     model = ClusterModel()
     model.apply_pod("ADDED", running("bad", "late", "GPU-late-0,NVIDIA,-5,0:;"))
-    placeholder = model.nodes["late"]
+    placeholder = model.nodes[NodeName("late")]
     assert not placeholder.registered
     assert not placeholder.usable(NOW)
     assert (placeholder.free_slot_gpus, placeholder.max_free_mem, placeholder.allocatable_gpus) == (0, 0, 0)
@@ -136,12 +136,18 @@ def test_node_known_only_from_a_pod_offers_nothing() -> None:
         NodeName("fresh"), registered=False, free_slot_gpus=0, max_free_mem=0
     )
     ask = build_ask(gpu_pod("p"), CONFIG)
-    assert decide(model, ask, ["late"], now=NOW).unresolvable["late"].text() == "NodeUnregistered"
+    assert (
+        decide(model, ask, [NodeName("late")], now=NOW).unresolvable[NodeName("late")].text()
+        == "NodeUnregistered"
+    )
     # The node registers: it still holds the malformed allocation, so it offers nothing yet.
     model.apply_node("ADDED", gpu_node("late"))
-    assert decide(model, ask, ["late"], now=NOW).failed["late"].text() == "NodeAllocationUnknown"
+    assert (
+        decide(model, ask, [NodeName("late")], now=NOW).failed[NodeName("late")].text()
+        == "NodeAllocationUnknown"
+    )
     model.apply_pod("DELETED", running("bad", "late", "GPU-late-0,NVIDIA,-5,0:;"))
-    assert decide(model, ask, ["late"], now=NOW).node == "late"
+    assert decide(model, ask, [NodeName("late")], now=NOW).node == "late"
 
 
 @pytest.mark.parametrize(
@@ -179,8 +185,8 @@ def test_requesting_stamp_kills_a_node_after_60s_without_allocatable_gpus(
     age_s: float, allocatable: str, dead: bool
 ) -> None:
     model = model_of(stamped(age_s, allocatable=allocatable))
-    assert model.nodes["n"].dead(NOW) is dead
-    assert model.nodes["n"].usable(NOW) is not dead
+    assert model.nodes[NodeName("n")].dead(NOW) is dead
+    assert model.nodes[NodeName("n")].usable(NOW) is not dead
 
 
 @pytest.mark.parametrize(
@@ -195,16 +201,16 @@ def test_only_a_requesting_stamp_can_kill_a_node(handshake: str) -> None:
     n = builders.node(
         "n", TWO_GPUS, annotations={keys.NODE_HANDSHAKE: handshake}, allocatable={keys.RESOURCE_COUNT: "0"}
     )
-    state = model_of(n).nodes["n"]
+    state = model_of(n).nodes[NodeName("n")]
     assert state.requesting_since is None
     assert not state.dead(NOW)
 
 
 def test_handshake_change_keeps_the_gpus_and_their_usage() -> None:
     model = model_of(gpu_node("n", TWO_GPUS), pods=[running("a", "n", [[dev("A", 300, 20)]])])
-    before = model.nodes["n"]
+    before = model.nodes[NodeName("n")]
     model.apply_node("MODIFIED", stamped(10))
-    after = model.nodes["n"]
+    after = model.nodes[NodeName("n")]
     assert after is before
     assert after.requesting_since == NOW - 10
     assert after.allocatable_gpus == 0
@@ -220,13 +226,13 @@ def test_node_score_is_the_sum_of_slot_core_and_memory_ratios() -> None:
         gpu_node("n", TWO_GPUS),
         pods=[running("a", "n", [[dev("A", 300, 30)]]), running("b", "n", [[dev("B", 200, 10)]])],
     )
-    assert model.nodes["n"].score == pytest.approx(0.1 + 0.2 + 0.25)
+    assert model.nodes[NodeName("n")].score == pytest.approx(0.1 + 0.2 + 0.25)
 
 
 def test_node_score_ignores_a_dimension_the_node_has_none_of() -> None:
     no_cores = [gpu("A", 0, count=4, mem=1000, core=0)]
     model = model_of(gpu_node("n", no_cores), pods=[running("a", "n", [[dev("A", 500, 0)]])])
-    assert model.nodes["n"].score == pytest.approx(0.25 + 0.5)
+    assert model.nodes[NodeName("n")].score == pytest.approx(0.25 + 0.5)
 
 
 def test_free_slot_gpus_and_freest_memory_count_only_gpus_that_can_take_a_pod() -> None:
@@ -245,7 +251,7 @@ def test_free_slot_gpus_and_freest_memory_count_only_gpus_that_can_take_a_pod() 
             running("c", "n", [[dev("busy", 3000)]]),
         ],
     )
-    state = model.nodes["n"]
+    state = model.nodes[NodeName("n")]
     assert (state.free_slot_gpus, state.max_free_mem) == (2, 2500)
 
 
@@ -253,13 +259,13 @@ def test_a_node_with_every_slot_taken_offers_no_memory() -> None:
     model = model_of(
         gpu_node("n", [gpu("A", 0, count=1, mem=1000)]), pods=[running("a", "n", [[dev("A", 10)]])]
     )
-    state = model.nodes["n"]
+    state = model.nodes[NodeName("n")]
     assert (state.free_slot_gpus, state.max_free_mem) == (0, 0)
 
 
 def test_a_gpu_with_its_memory_all_taken_offers_zero_not_one() -> None:
     model = model_of(gpu_node("n", [gpu("A", 0, mem=1000)]), pods=[running("a", "n", [[dev("A", 1000)]])])
-    state = model.nodes["n"]
+    state = model.nodes[NodeName("n")]
     assert (state.free_slot_gpus, state.max_free_mem) == (1, 0)
 
 
@@ -404,7 +410,7 @@ def test_allocation_counts_on_spec_node_not_on_vgpu_node() -> None:
     model.apply_pod("MODIFIED", running("p", "b", [[dev("C", 50, 5)]]))
     assert used(model, "a")["A"] == (0, 0, 0)
     assert used(model, "b")["C"] == (1, 50, 5)
-    assert model.nodes["a"].score == 0.0
+    assert model.nodes[NodeName("a")].score == 0.0
     assert [c.name for c in model.pods_on(NodeName("b"))] == ["p"]
     assert model.pods_on(NodeName("a")) == []
 
@@ -479,7 +485,7 @@ def test_finished_pod_frees_its_gpus(how: str) -> None:
         model.apply_pod("MODIFIED", {**p, "status": {"phase": how.capitalize()}})
     assert used(model, "n")["A"] == (0, 0, 0)
     assert model.contributions == {}
-    assert model.nodes["n"].free_slot_gpus == 2
+    assert model.nodes[NodeName("n")].free_slot_gpus == 2
 
 
 def test_pod_being_deleted_holds_its_gpus_until_its_containers_stop() -> None:
@@ -502,9 +508,9 @@ def test_malformed_allocation_is_reported_and_blocks_its_node_until_fixed() -> N
     ]
     # What it held before is unknown now: not counted, and the node offers nothing.
     assert used(model, "n")["A"] == (0, 0, 0)
-    assert model.nodes["n"].bad_pods == {PodUid("uid-ns-p")}
+    assert model.nodes[NodeName("n")].bad_pods == {PodUid("uid-ns-p")}
     assert model.apply_pod("MODIFIED", running("p", "n", [[dev("A", 200)]])) == []
-    assert model.nodes["n"].bad_pods == set()
+    assert model.nodes[NodeName("n")].bad_pods == set()
     assert used(model, "n")["A"] == (1, 200, 0)
 
 
@@ -530,15 +536,15 @@ def test_register_change_recounts_the_new_gpus_from_the_pods() -> None:
     )
     model.apply_node("MODIFIED", gpu_node("n", [gpu("A", 0, mem=2000), gpu("B", 1)]))
     assert used(model, "n")["A"] == (2, 150, 15)
-    assert model.nodes["n"].max_free_mem == 32768
+    assert model.nodes[NodeName("n")].max_free_mem == 32768
 
 
 def test_cordon_change_takes_effect_with_usage_kept() -> None:
     model = model_of(gpu_node("n", TWO_GPUS), pods=[running("p", "n", [[dev("A", 100, 10)]])])
     model.apply_node("MODIFIED", gpu_node("n", TWO_GPUS, annotations={keys.DEVICE_CORDON: "A, "}))
-    assert [g.cordoned for g in model.nodes["n"].gpus] == [True, False]
+    assert [g.cordoned for g in model.nodes[NodeName("n")].gpus] == [True, False]
     assert used(model, "n")["A"] == (1, 100, 10)
-    assert model.nodes["n"].free_slot_gpus == 1
+    assert model.nodes[NodeName("n")].free_slot_gpus == 1
 
 
 def test_malformed_register_is_reported_and_offers_nothing() -> None:
@@ -547,7 +553,7 @@ def test_malformed_register_is_reported_and_offers_nothing() -> None:
     model = ClusterModel()
     problems = model.apply_node("ADDED", bad)
     assert [(p.kind, p.name, p.uid) for p in problems] == [("Node", "n", "uid-n")]
-    state = model.nodes["n"]
+    state = model.nodes[NodeName("n")]
     assert state.registered
     assert state.problem is not None
     assert state.gpus == []
@@ -564,7 +570,7 @@ def test_deleted_node_is_forgotten_and_returns_with_its_pods_counted() -> None:
 
 def test_unregistered_node_is_known_but_not_registered() -> None:
     model = model_of(builders.node("plain"))
-    state = model.nodes["plain"]
+    state = model.nodes[NodeName("plain")]
     assert not state.registered
     assert state.gpus == []
 
@@ -607,8 +613,8 @@ def test_pod_relist_reports_malformed_and_forgets_bad_pods_not_listed() -> None:
     model.apply_pod("ADDED", running("old-bad", "n", "A,NVIDIA,x,0:;"))
     problems = model.replace_pods([running("new-bad", "m", "A,NVIDIA,y,0:;")])
     assert [p.name for p in problems] == ["new-bad"]
-    assert model.nodes["n"].bad_pods == set()
-    assert model.nodes["m"].bad_pods == {PodUid("uid-ns-new-bad")}
+    assert model.nodes[NodeName("n")].bad_pods == set()
+    assert model.nodes[NodeName("m")].bad_pods == {PodUid("uid-ns-new-bad")}
 
 
 @pytest.mark.parametrize(

@@ -34,7 +34,7 @@ def model_with(*nodes: dict[str, object]) -> ClusterModel:
 def test_no_readable_allocatable_count_counts_as_none_for_liveness(allocatable: dict[str, str]) -> None:
     stamp = requesting(datetime.fromtimestamp(NOW - 3600, UTC))
     n = builders.node("n", TWO_GPUS, annotations={keys.NODE_HANDSHAKE: stamp}, allocatable=allocatable)
-    state = model_with(n).nodes["n"]
+    state = model_with(n).nodes[NodeName("n")]
     assert state.allocatable_gpus == 0
     assert state.dead(NOW)
 
@@ -44,7 +44,7 @@ def test_a_bound_pod_with_an_empty_allocation_holds_nothing_and_blocks_nothing()
     problems = model.apply_pod("ADDED", gpu_pod("p", node_name="n", annotations={keys.DEVICES_ALLOCATED: ""}))
     assert problems == []
     assert not model.contributions
-    assert model.nodes["n"].usable(NOW)
+    assert model.nodes[NodeName("n")].usable(NOW)
 
 
 def test_a_pending_pod_keeps_its_identity_preferences_and_asks_only() -> None:
@@ -114,11 +114,11 @@ def test_a_node_deleted_before_its_malformed_pod_is_whole_when_it_returns() -> N
     model = model_with(builders.node("n", TWO_GPUS))
     bad = gpu_pod("bad", node_name="n", annotations={keys.DEVICES_ALLOCATED: "not,a,slot"})
     assert model.apply_pod("ADDED", bad)  # reported
-    assert not model.nodes["n"].usable(NOW)
+    assert not model.nodes[NodeName("n")].usable(NOW)
     model.apply_node("DELETED", builders.node("n", TWO_GPUS))
     assert model.apply_pod("DELETED", bad) == []
     model.apply_node("ADDED", builders.node("n", TWO_GPUS))
-    assert model.nodes["n"].usable(NOW)
+    assert model.nodes[NodeName("n")].usable(NOW)
 
 
 def test_apply_pod_always_answers_a_list_of_problems() -> None:

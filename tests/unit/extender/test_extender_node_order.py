@@ -16,23 +16,23 @@ from hamipy.protocol.devices import ContainerDevice
 def test_spread_is_emptiest_first_and_binpack_fullest_first_ties_by_name_in_both() -> None:
     order = NodeOrder()
     for name, score in (("c", 0.5), ("a", 0.5), ("b", 0.0), ("d", 1.0)):
-        order.put(name, score)
+        order.put(NodeName(name), score)
     assert list(order.names(binpack=False)) == ["b", "a", "c", "d"]
     assert list(order.names(binpack=True)) == ["d", "a", "c", "b"]
 
 
 def test_put_moves_a_node_whose_score_changed_and_drop_forgets_it() -> None:
     order = NodeOrder()
-    order.put("a", 0.1)
-    order.put("b", 0.2)
-    order.put("a", 0.3)
-    order.put("a", 0.3)  # unchanged: stays once
+    order.put(NodeName("a"), 0.1)
+    order.put(NodeName("b"), 0.2)
+    order.put(NodeName("a"), 0.3)
+    order.put(NodeName("a"), 0.3)  # unchanged: stays once
     assert list(order.names(binpack=False)) == ["b", "a"]
-    assert (order.score("a"), len(order)) == (0.3, 2)
-    order.drop("b")
-    order.drop("ghost")  # not there: nothing
+    assert (order.score(NodeName("a")), len(order)) == (0.3, 2)
+    order.drop(NodeName("b"))
+    order.drop(NodeName("ghost"))  # not there: nothing
     assert list(order.names(binpack=True)) == ["a"]
-    assert (order.score("b"), len(order)) == (None, 1)
+    assert (order.score(NodeName("b")), len(order)) == (None, 1)
 
 
 NODES = [f"n{i}" for i in range(4)]

@@ -13,7 +13,7 @@ from extender_fakes import BIND_SETTINGS, BindRig, bind_rig, filter_args, preemp
 
 from hamipy.extender.disruption_budgets import selector_matches
 from hamipy.extender.filtering import build_ask
-from hamipy.extender.model import ClusterModel, PodUid
+from hamipy.extender.model import ClusterModel, NodeName, PodUid
 from hamipy.extender.preemption import PREEMPTING, Plan, choose_plan, plan_node, preemptor_of
 from hamipy.extender.quota import QUOTA_EXCEEDED
 from hamipy.protocol import keys
@@ -57,7 +57,7 @@ def model_with(gpus: int, *pods: dict[str, Any], mem: int = 80 * GIB, slots: int
 def plan_for(model: ClusterModel, p: dict[str, Any]) -> Plan | None:
     preemptor = preemptor_of(PodUid(p["metadata"]["uid"]), p, build_ask(p, Config()))
     assert preemptor is not None
-    return plan_node(model, model.nodes["n"], preemptor)
+    return plan_node(model, model.nodes[NodeName("n")], preemptor)
 
 
 def victims(plan: Plan | None) -> list[str]:

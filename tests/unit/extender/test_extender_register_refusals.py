@@ -34,13 +34,13 @@ NEWER = "2026-06-01T00:00:00Z"
 
 
 def refused(model: ClusterModel, node_name: str) -> dict[str, str | None]:
-    return {g.uuid: g.refused for g in model.nodes[node_name].gpus}
+    return {g.uuid: g.refused for g in model.nodes[NodeName(node_name)].gpus}
 
 
 def chosen(model: ClusterModel, names: Sequence[str], mem: int = 1000) -> tuple[str | None, list[str]]:
     """The node and GPUs a filter chooses for a pod asking one GPU and ``mem`` MiB."""
     ask = build_ask(gpu_pod("q", container(gpu=1, gpumem=mem)), Config())
-    decision = decide(model, ask, list(names), now=0.0)
+    decision = decide(model, ask, [NodeName(n) for n in names], now=0.0)
     uuids = [d.uuid for slot in decision.devices or [] for d in slot]
     return decision.node, uuids
 
@@ -54,7 +54,7 @@ def test_a_gpu_registered_with_0_mib_is_refused_and_the_nodes_other_gpus_are_off
     assert "GPU Z (index 0) is not scheduled: it is registered with 0 MiB" in problem.reason
     # A pod asking a percentage (0 % of 0 MiB fits in 0 MiB) or nothing but a GPU never lands on Z.
     for mem_ask in (container(gpu=1), container(gpu=1, gpumem_percentage=10)):
-        decision = decide(model, build_ask(gpu_pod("q", mem_ask), Config()), ["n"], now=0.0)
+        decision = decide(model, build_ask(gpu_pod("q", mem_ask), Config()), [NodeName("n")], now=0.0)
         assert [d.uuid for slot in decision.devices or [] for d in slot] == ["A"]
     # The same register again reports nothing new.
     changed = gpu_node("n", [gpu("Z", 0, mem=0), gpu("A", 1, count=5)])
@@ -84,9 +84,9 @@ def test_a_new_refusal_names_every_gpu_refused_on_the_node() -> None:
 def test_a_node_of_only_0_mib_gpus_fits_nothing_and_says_why() -> None:
     model = ClusterModel()
     model.apply_node("ADDED", gpu_node("n", [gpu("Z", 0, mem=0)]))
-    decision = decide(model, build_ask(gpu_pod("q"), Config()), ["n"], now=0.0)
+    decision = decide(model, build_ask(gpu_pod("q"), Config()), [NodeName("n")], now=0.0)
     assert decision.node is None
-    assert "CardRefused" in decision.unresolvable["n"].text()
+    assert "CardRefused" in decision.unresolvable[NodeName("n")].text()
 
 
 @pytest.mark.parametrize("order", ["older-first", "newer-first", "listed"])
@@ -119,7 +119,7 @@ def test_pods_on_the_refused_entry_count_against_the_owners_gpu() -> None:
     model.replace_nodes([gpu_node("new", [gpu("X", 0, count=2, mem=2000)], created=NEWER, ours=True)])
     model.replace_pods([running_pod("p", allocated="X,NVIDIA,1500,0:;", node="new")])
     model.apply_node("ADDED", gpu_node("old", [gpu("X", 0, count=2, mem=2000)], created=OLDER, ours=True))
-    (x_old,) = model.nodes["old"].gpus
+    (x_old,) = model.nodes[NodeName("old")].gpus
     assert (x_old.used_slots, x_old.used_mem) == (1, 1500)
     assert chosen(model, ["old", "new"], mem=1000) == (None, [])
     assert chosen(model, ["old"], mem=500) == ("old", ["X"])
@@ -142,7 +142,7 @@ def test_when_the_owner_goes_the_other_nodes_entry_is_offered_with_every_pod_cou
     )
     freed: list[str | None] = []
     model.on_freed = freed.append
-    (x_old,), (x_new,) = model.nodes["old"].gpus, model.nodes["new"].gpus
+    (x_old,), (x_new,) = model.nodes[NodeName("old")].gpus, model.nodes[NodeName("new")].gpus
     assert (x_old.used_mem, x_new.used_mem) == (1500, 500)
     assert model.refused_gpus(DUPLICATE_UUID) == 1
     if how == "deleted":
@@ -152,7 +152,7 @@ def test_when_the_owner_goes_the_other_nodes_entry_is_offered_with_every_pod_cou
     else:
         model.replace_nodes([new])
     assert refused(model, "new") == {"X": None}
-    (x_new,) = model.nodes["new"].gpus
+    (x_new,) = model.nodes[NodeName("new")].gpus
     # b's 500 MiB; a (bound to the old node) counts where its node is, if that is still there.
     assert x_new.used_mem == 500
     assert "new" in freed
@@ -180,7 +180,7 @@ def test_a_duplicates_register_changing_leaves_the_owners_usage_as_it_is() -> No
         model.apply_node(
             "MODIFIED", gpu_node("new", [gpu("X", 0, count=count, mem=4000)], created=NEWER, ours=True)
         )
-    (x_old,), (x_new,) = model.nodes["old"].gpus, model.nodes["new"].gpus
+    (x_old,), (x_new,) = model.nodes[NodeName("old")].gpus, model.nodes[NodeName("new")].gpus
     assert (x_old.used_slots, x_old.used_mem) == (2, 1500)
     assert (x_new.used_slots, x_new.used_mem, x_new.refused) == (1, 500, DUPLICATE_UUID)
 
@@ -218,7 +218,7 @@ def test_a_refused_entry_never_fits_where_a_full_one_of_the_same_shape_may() -> 
         ]
     )
     model.replace_pods([running_pod("p", allocated="X,NVIDIA,2000,0:;", node="old")])
-    decision = decide(model, build_ask(gpu_pod("q"), Config()), ["old", "new"], now=0.0)
+    decision = decide(model, build_ask(gpu_pod("q"), Config()), [NodeName("old"), NodeName("new")], now=0.0)
     assert (list(decision.failed), list(decision.unresolvable)) == (["old"], ["new"])
 
 

@@ -196,7 +196,7 @@ async def test_a_failed_bind_leaves_the_allocation_the_watch_reported_meanwhile(
     with pytest.raises(LockTimeout):
         await r.binder.bind(namespace="ns", name="p", uid=P, node=NodeName("n"))
     assert held_on(r) == ("allocated", "m", ["B"])
-    assert r.model.nodes["m"].gpus[0].used_cores == 100
+    assert r.model.nodes[NodeName("m")].gpus[0].used_cores == 100
 
 
 def lose_binding_answers(r: BindRig, *, written: bool) -> None:
@@ -283,7 +283,7 @@ async def test_a_retried_bind_reads_whether_the_binding_in_doubt_was_written(wri
     else:
         await r.binder.bind(namespace="ns", name="p", uid=P, node=NodeName("m"))
         assert held_on(r) == ("allocated", "m", ["B"])
-        assert r.model.nodes["n"].gpus[0].used_cores == 0
+        assert r.model.nodes[NodeName("n")].gpus[0].used_cores == 0
     assert r.kube.pod("ns", "p")["spec"]["nodeName"] == ("n" if written else "m")
     assert (await check_cluster(r.kube)).ok
 

@@ -13,7 +13,7 @@ from builders import allocation, container, gpu, gpu_node, gpu_pod
 from extender_fakes import BIND_SETTINGS, BindRig, bind_args, bind_rig, filter_args, shared_rig
 
 from hamipy.extender.invariant import check_cluster, check_objects
-from hamipy.extender.model import ClusterModel, PodUid
+from hamipy.extender.model import ClusterModel, NodeName, PodUid
 from hamipy.kube.errors import KubeError
 from hamipy.protocol import keys
 from hamipy.protocol.devices import ContainerDevice
@@ -43,7 +43,7 @@ def rig() -> BindRig:
 
 
 def used(model: ClusterModel) -> dict[str, tuple[int, int, int]]:
-    return {g.uuid: (g.used_slots, g.used_mem, g.used_cores) for g in model.nodes["n"].gpus}
+    return {g.uuid: (g.used_slots, g.used_mem, g.used_cores) for g in model.nodes[NodeName("n")].gpus}
 
 
 def filter_n(r: BindRig, p: dict[str, Any]) -> list[str]:
@@ -68,7 +68,7 @@ def test_a_malformed_allocation_on_a_pending_pod_is_reported_but_blocks_nothing(
     [problem] = r.model.apply_pod("ADDED", squatter(allocated="not a device list"))
     assert (problem.kind, problem.namespace, problem.name) == ("Pod", "tenant", "squat")
     assert problem.field.startswith(keys.DEVICES_ALLOCATED)
-    assert not r.model.nodes["n"].bad_pods
+    assert not r.model.nodes[NodeName("n")].bad_pods
     r.add_watched_pod(gpu_pod("p"))
     assert filter_n(r, gpu_pod("p")) == ["n"]
 

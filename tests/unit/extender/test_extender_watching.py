@@ -81,7 +81,7 @@ async def test_lists_then_applies_events_and_advances_on_bookmarks() -> None:
         await until(lambda: r.restarts("pods", "closed") == 1, "the scripted watch ended")
         assert r.model.synced
         assert r.model.contributions[PodUid("uid-ns-a")].source == "allocated"
-        assert r.model.nodes["n"].gpus[0].used_mem == 500
+        assert r.model.nodes[NodeName("n")].gpus[0].used_mem == 500
         assert r.informers["pods"].resource_version == "909"
         # The watch is re-opened from the bookmark's version.
         await until(lambda: len([w for w in kube.watches if w.path == PODS]) == 2, "the watch re-opened")
@@ -116,13 +116,13 @@ async def test_a_relist_forgets_pods_deleted_while_not_watching_and_keeps_the_ot
             n_init=0,
             expires_at=float("inf"),
         )
-        assert r.model.nodes["n"].gpus[0].used_mem == 4200
+        assert r.model.nodes[NodeName("n")].gpus[0].used_mem == 4200
         kube.remove(pod_path("ns", "deleted"))  # its DELETED event is never seen: no watch is open
         resumed.set()
         await until(lambda: r.informers["pods"].lists == 2, "listed again")
     assert set(r.model.contributions) == {PodUid("uid-ns-kept"), PodUid("uid-ns-reserved")}
     assert r.model.contributions[PodUid("uid-ns-kept")].source == "allocated"
-    assert r.model.nodes["n"].gpus[0].used_mem == 1200
+    assert r.model.nodes[NodeName("n")].gpus[0].used_mem == 1200
     assert r.restarts("pods", cause) == 1
 
 
@@ -134,7 +134,7 @@ async def test_a_deleted_event_frees_the_gpus() -> None:
     async with watching(r.informers):
         await until(lambda: r.restarts("pods", "closed") == 1, "the scripted watch ended")
     assert r.model.contributions == {}
-    assert r.model.nodes["n"].gpus[0].used_mem == 0
+    assert r.model.nodes[NodeName("n")].gpus[0].used_mem == 0
 
 
 async def test_malformed_annotations_are_logged_counted_and_reported_as_events() -> None:
@@ -143,7 +143,7 @@ async def test_malformed_annotations_are_logged_counted_and_reported_as_events()
     r = Rig(kube)
     async with watching(r.informers):
         await until(lambda: r.model.synced, "listed")
-    assert r.model.nodes["n"].bad_pods == {PodUid("uid-ns-bad")}
+    assert r.model.nodes[NodeName("n")].bad_pods == {PodUid("uid-ns-bad")}
     assert [e.reason for e in r.events.recorded] == ["MalformedAnnotation"]
     sample = r.telemetry.metrics.registry.get_sample_value(
         "hamipy_extender_malformed_annotations_total", {"kind": "Pod", "field": keys.DEVICES_ALLOCATED}

@@ -178,9 +178,9 @@ class Binder:
         model has caught up): only then may a bind decide from the model."""
         self.clock = clock
         """Monotonic seconds, as the scheduler's (a reservation's expiry)."""
-        self._mutexes: dict[str, asyncio.Lock] = {}
-        self._waiting: collections.Counter[str] = collections.Counter()
-        self._sessions: dict[str, _Session] = {}
+        self._mutexes: dict[NodeName, asyncio.Lock] = {}
+        self._waiting: collections.Counter[NodeName] = collections.Counter()
+        self._sessions: dict[NodeName, _Session] = {}
         self._turns = PodTurns()
         self.sweeper = LockSweeper(
             api=api,
@@ -193,7 +193,7 @@ class Binder:
         )
         """Retries the lock releases that failed and frees stuck locks (its ``run`` is a task)."""
 
-    def busy(self, node: str) -> bool:
+    def busy(self, node: NodeName) -> bool:
         """Whether a bind of this replica holds or waits for ``node``'s lock now."""
         mutex = self._mutexes.get(node)
         return (mutex is not None and mutex.locked()) or self._waiting[node] > 0
@@ -220,7 +220,7 @@ class Binder:
     async def _bind(self, target: _Target, deadline: float) -> None:
         namespace, name, uid, node = target
         timeout = self.settings.api_timeout_s
-        counted = self.model.contributions.get(PodUid(uid))
+        counted = self.model.contributions.get(uid)
         named = counted is not None and (counted.namespace, counted.name) == (namespace, name)
         bound_to: str | None = None
         if counted is not None and named and counted.in_doubt:
@@ -247,7 +247,7 @@ class Binder:
         refusal = self._not_ours(pod, uid)
         if refusal is not None:
             if _meta(pod).get("uid") == uid:
-                self.model.release(PodUid(uid))
+                self.model.release(uid)
             raise BindRefused(f"pod {namespace}/{name} {refusal}")
         bound = (pod.get("spec") or {}).get("nodeName")
         if bound:
@@ -257,7 +257,7 @@ class Binder:
         try:
             ask = ask_of(pending, self.config) if pending is not None else build_ask(pod, self.config)
         except ProtocolError as exc:
-            self.model.release(PodUid(uid))
+            self.model.release(uid)
             raise BindRefused(f"pod asks malformed resources: {exc}") from exc
         if not ask.requests.any:
             # It names a GPU resource but asks no GPU (a count of 0): kube-scheduler hands it to us
@@ -271,7 +271,7 @@ class Binder:
             self.telemetry.metrics.bind_paths.labels(path="locked").inc()
             await self._bind_locked(target, pod, ask, deadline)
 
-    async def _settle(self, namespace: str, name: str, uid: str) -> str | None:
+    async def _settle(self, namespace: str, name: str, uid: PodUid) -> NodeName | None:
         """An earlier bind of this pod lost its Binding's answer, so it may be bound (the model holds
         its GPUs in doubt, ``ClusterModel.hold_in_doubt``): one read says. Bound, the model takes
         what the pod holds and its node is returned; not bound (or gone), the hold is an ordinary
@@ -287,25 +287,25 @@ class Binder:
             or _meta(current).get("uid") != uid
             or not (current.get("spec") or {}).get("nodeName")
         ):
-            self.model.clear_doubt(PodUid(uid))
+            self.model.clear_doubt(uid)
             return None
         self._count_bound(uid, current)
-        return str(current["spec"]["nodeName"])
+        return NodeName(str(current["spec"]["nodeName"]))
 
-    def _count_bound(self, uid: str, current: Mapping[str, Any]) -> None:
+    def _count_bound(self, uid: PodUid, current: Mapping[str, Any]) -> None:
         """The model counts what ``current``, the pod read bound from the API, holds, in place of
         whatever it counted for it."""
-        self.model.release(PodUid(uid), source=None)
+        self.model.release(uid, source=None)
         self.model.apply_pod("MODIFIED", current)
 
-    def _watched(self, namespace: str, name: str, uid: str) -> PendingPod | None:
+    def _watched(self, namespace: str, name: str, uid: PodUid) -> PendingPod | None:
         """The pod as the watch last saw it pending, if that is the pod this bind names."""
-        pending = self.model.pending.get(PodUid(uid))
+        pending = self.model.pending.get(uid)
         if pending is None or (pending.namespace, pending.name) != (namespace, name):
             return None
         return pending
 
-    def releases_after_bind(self, node: str) -> bool:
+    def releases_after_bind(self, node: NodeName) -> bool:
         """Whether a lock of ours on ``node`` lasts only for the bind: ``release_lock_after_bind``
         and our device plugin serves the node (its last report carries our marker). HAMi's device
         plugin serves the pod its node lock names, so where it serves, the lock is held until its
@@ -314,7 +314,7 @@ class Binder:
         state = self.model.nodes.get(node)
         return self.settings.release_lock_after_bind and state is not None and state.ours
 
-    def _fast(self, node: str) -> bool:
+    def _fast(self, node: NodeName) -> bool:
         """Whether this bind may decide from the model alone: this replica is the only one writing
         allocations (``exclusive``), our device plugin serves the node (it needs no lock), and no
         one else holds the node's lock (HAMi's scheduler beside us): docs/extender.md#two-bind-paths."""
@@ -334,7 +334,7 @@ class Binder:
         """Decide on the model's node and write one Binding: no lock, no read. Safe because this
         replica alone writes allocations (``exclusive``) and the model counts every bind it made,
         in flight ones included; the decision and ``begin_bind`` run with no await between them."""
-        uid = PodUid(target.uid)
+        uid = target.uid
         state = self.model.nodes.get(target.node)
         if state is None:
             self.model.release(uid)
@@ -373,7 +373,7 @@ class Binder:
                 await mutex.acquire()
         except TimeoutError:
             self._waiting[node] -= 1
-            self.model.release(PodUid(uid))
+            self.model.release(uid)
             raise LockTimeout(
                 f"node {node} is busy binding other pods; gave up after {self.settings.bind_timeout_s:g}s"
             ) from None
@@ -390,7 +390,7 @@ class Binder:
             else:
                 node_obj, fresh = continued
                 locked = True
-            reservation = self.model.contributions.get(PodUid(uid))
+            reservation = self.model.contributions.get(uid)
             preferred = reservation.devices if reservation is not None and reservation.node == node else None
             devices = self._choose(fresh.nodes[node], ask, preferred)
             self._within_quota(target, ask, devices)
@@ -404,7 +404,7 @@ class Binder:
         except BaseException:
             # Its reservation goes; ``_write`` left what the API may hold (an allocation read after
             # a Conflict, a hold in doubt), which ``release`` never drops.
-            self.model.release(PodUid(uid))
+            self.model.release(uid)
             if locked:
                 await self._release(node, namespace, name)
                 locked = False
@@ -422,7 +422,7 @@ class Binder:
         of one namespace count each other (only the leader binds: docs/extender.md#replicas).
         A quota spans nodes, so no node's fresh state can stand in for the model: until a new
         leader's model has every bound pod, a namespace with a quota waits."""
-        check = quota_check(self.model, target.namespace, ask, PodUid(target.uid))
+        check = quota_check(self.model, target.namespace, ask, target.uid)
         if check is not None and not self.exclusive():
             raise BindRefused(
                 f"{QUOTA_EXCEEDED}: namespace {target.namespace} has a GPU quota and this extender "
@@ -477,10 +477,10 @@ class Binder:
 
         def record(model: ClusterModel, *, in_flight: bool = False) -> None:
             (model.begin_bind if in_flight else model.allocate)(
-                uid=PodUid(uid),
+                uid=uid,
                 namespace=namespace,
                 name=name,
-                node=NodeName(node),
+                node=node,
                 devices=devices,
                 n_init=ask.n_init,
                 raw=encoded,
@@ -496,7 +496,7 @@ class Binder:
             # the pod's allocation when a Conflict showed another bind of it wrote first
             # (``_after_conflict``) or the watch reported it bound meanwhile, and the GPUs of a
             # Binding whose answer was lost (``hold_in_doubt``).
-            self.model.release(PodUid(uid), source="binding")
+            self.model.release(uid, source="binding")
             raise
         if twin is not None:
             if fresh is not None:
@@ -558,14 +558,14 @@ class Binder:
                     # same, so its GPUs stay counted until the API says. A 4xx wrote nothing. Only
                     # while binds trust this model: otherwise they count fresh API state.
                     expires_at = self.clock() + self.settings.reservation_ttl_s
-                    self.model.hold_in_doubt(PodUid(uid), expires_at=expires_at)
+                    self.model.hold_in_doubt(uid, expires_at=expires_at)
                 raise
         raise BindRefused(f"pod {namespace}/{name} kept changing while being bound; kube-scheduler retries")
 
     # -- the node lock ---------------------------------------------------------------------------
 
     async def _continue(
-        self, session: _Session | None, node: str, namespace: str, name: str, pod_uid: str
+        self, session: _Session | None, node: NodeName, namespace: str, name: str, pod_uid: PodUid
     ) -> tuple[dict[str, Any], ClusterModel] | None:
         """Take over a session's lock for this pod: (node as written, fresh state), or None when
         there is no session or its lock was lost (then the full path runs)."""
@@ -614,7 +614,7 @@ class Binder:
         return None
 
     async def _acquire(
-        self, node: str, namespace: str, name: str, deadline: float
+        self, node: NodeName, namespace: str, name: str, deadline: float
     ) -> tuple[dict[str, Any], tuple[str, str] | None]:
         """Take the node lock: (the node as written, the pod whose lock was broken, if one was)."""
         loop = asyncio.get_running_loop()
@@ -680,7 +680,7 @@ class Binder:
         after, expiry = self.settings.bind_timeout_s, self.settings.lock_expiry.total_seconds()
         return lock_held_too_long(lock, self.wall_clock().timestamp(), after_s=after, expiry_s=expiry)
 
-    async def breakable(self, value: str, namespace: str, name: str, node: str) -> LockVerdict:
+    async def breakable(self, value: str, namespace: str, name: str, node: NodeName) -> LockVerdict:
         """The verdict on the lock value on ``node`` for a bind of ``namespace/name``."""
         try:
             lock = parse_node_lock(value)
@@ -705,7 +705,7 @@ class Binder:
             return LockVerdict("owner-bound", holder)
         return LockVerdict("held", holder)
 
-    def _bound_and_left(self, lock: NodeLock, owner: Mapping[str, Any], node: str) -> bool:
+    def _bound_and_left(self, lock: NodeLock, owner: Mapping[str, Any], node: NodeName) -> bool:
         """Whether the lock outlived its bind, held longer than a bind waits: its owner is bound
         and locks on ``node`` last only for the bind (``releases_after_bind``: a binder killed
         between its Binding and its release leaves this; a lock session re-stamps the lock for
@@ -717,7 +717,7 @@ class Binder:
             return False
         return self._held_too_long(lock)
 
-    async def _release(self, node: str, namespace: str, name: str) -> None:
+    async def _release(self, node: NodeName, namespace: str, name: str) -> None:
         """Remove our lock, if it is still ours; best effort (an expired lock is broken anyway)."""
         try:
             outcome = await release_node_lock(
@@ -736,12 +736,12 @@ class Binder:
     # -- fresh state -----------------------------------------------------------------------------
 
     async def _fresh_model(
-        self, node_obj: Mapping[str, Any], *, exclude: str, displaced: tuple[str, str] | None = None
+        self, node_obj: Mapping[str, Any], *, exclude: PodUid, displaced: tuple[str, str] | None = None
     ) -> ClusterModel:
         """A model of just this node, from the Node and every pod bound to it; and ``displaced``,
         the holder of a lock we broke, if it is annotated and labelled for this node but not bound
         (a bind that may still create its Binding)."""
-        node = str(_meta(node_obj).get("name"))
+        node = NodeName(str(_meta(node_obj).get("name")))
         timeout = self.settings.api_timeout_s
         queries: list[list[tuple[str, str]]] = [node_pods_query(node)]
         if displaced is not None and len(node) <= _LABEL_MAX:
@@ -771,7 +771,7 @@ class Binder:
         self.model.claims.overlay(fresh.nodes[node])
         return fresh
 
-    def _not_ours(self, pod: Mapping[str, Any], uid: str) -> str | None:
+    def _not_ours(self, pod: Mapping[str, Any], uid: PodUid) -> str | None:
         """Why ``/bind`` refuses this pod (the end of a sentence naming it), None when it may bind:
         the bind's UID, our schedulerName and a GPU resource of ours named by some container."""
         actual = _meta(pod).get("uid")
@@ -818,7 +818,7 @@ class Binder:
         )
         return current
 
-    async def _label(self, namespace: str, name: str, uid: str, node: str) -> None:
+    async def _label(self, namespace: str, name: str, uid: PodUid, node: NodeName) -> None:
         """The ``hami.io/vgpu-node`` label HAMi's monitor selects on (a Binding sets annotations
         only), where HAMi's components serve the node. Best effort, after the bind: nothing here
         depends on it."""

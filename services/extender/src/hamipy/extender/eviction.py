@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 from typing import Final
 
-from hamipy.extender.model import ClusterModel
+from hamipy.extender.model import ClusterModel, PodUid
 from hamipy.extender.preemption import PREEMPTING, Plan, Preemptor
 from hamipy.extender.telemetry import Telemetry
 from hamipy.kube.client import MERGE_PATCH, STRATEGIC_MERGE_PATCH, KubeApi
@@ -101,7 +101,7 @@ class Evictor:
             "for this pod; it is placed there once they have stopped",
         )
 
-    async def _evict_one(self, namespace: str, name: str, uid: str) -> None:
+    async def _evict_one(self, namespace: str, name: str, uid: PodUid) -> None:
         path = pod_path(namespace, name)
         condition = {
             "type": "DisruptionTarget",

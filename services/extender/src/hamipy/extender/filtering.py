@@ -25,6 +25,7 @@ from hamipy.extender.explanations import Explained, Explanations
 from hamipy.extender.fitting import Fit, NodeReasons, PodAsk, fit_pod
 from hamipy.extender.model import (
     ClusterModel,
+    NodeName,
     NodeState,
     PendingPod,
     PodUid,
@@ -79,12 +80,12 @@ class Decision:
     """A filter's outcome: the chosen node and devices (HAMi mode), every feasible node (cooperative),
     and, for nodes that were explained, their reasons."""
 
-    node: str | None = None
+    node: NodeName | None = None
     devices: PodDevices | None = None
-    feasible: list[tuple[str, PodDevices, float]] = dataclasses.field(default_factory=list)
-    failed: dict[str, NodeReasons] = dataclasses.field(default_factory=dict)
+    feasible: list[tuple[NodeName, PodDevices, float]] = dataclasses.field(default_factory=list)
+    failed: dict[NodeName, NodeReasons] = dataclasses.field(default_factory=dict)
     """Nodes that do not fit now but could (kube-scheduler may preempt for them)."""
-    unresolvable: dict[str, NodeReasons] = dataclasses.field(default_factory=dict)
+    unresolvable: dict[NodeName, NodeReasons] = dataclasses.field(default_factory=dict)
     """Nodes that could not fit the pod even empty."""
     fitted: int = 0
     """How many nodes got a full fit (the rest were ranked out or skipped by the summary check)."""
@@ -167,7 +168,7 @@ passed over there costs a set lookup, ranking one sent name over ten times that
 def decide(
     model: ClusterModel,
     ask: PodAsk,
-    names: Iterable[str],
+    names: Iterable[NodeName],
     *,
     now: float,
     all_feasible: bool = False,
@@ -242,7 +243,7 @@ def _summary_check(ask: PodAsk, now: float, locks: LockRule | None) -> Callable[
     return passes
 
 
-def _in_policy_order(model: ClusterModel, names: list[str], *, binpack: bool) -> Iterator[str]:
+def _in_policy_order(model: ClusterModel, names: list[NodeName], *, binpack: bool) -> Iterator[NodeName]:
     """``names`` (each once) fullest node first (``binpack``) or emptiest first, ties by name."""
     wanted = set(names)
     if len(wanted) * _WALK_SHARE >= len(model.order):
@@ -258,7 +259,7 @@ def _in_policy_order(model: ClusterModel, names: list[str], *, binpack: bool) ->
 def _explain(
     model: ClusterModel,
     ask: PodAsk,
-    names: Iterable[str],
+    names: Iterable[NodeName],
     now: float,
     decision: Decision,
     locks: LockRule | None,
@@ -347,7 +348,9 @@ class FailureSummary:
         return "; ".join(parts)
 
 
-def summarize(failed: Mapping[str, NodeReasons], unresolvable: Mapping[str, NodeReasons]) -> FailureSummary:
+def summarize(
+    failed: Mapping[NodeName, NodeReasons], unresolvable: Mapping[NodeName, NodeReasons]
+) -> FailureSummary:
     """Every node's reasons counted per cause."""
     by_cause: dict[str, list[str]] = defaultdict(list)
     for name, reasons in (*failed.items(), *unresolvable.items()):

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
     from hamipy.extender.model import Gpu, NodeState
+    from hamipy.protocol.identifiers import GpuUuid, NodeName
 
 __all__ = ["DUPLICATE_UUID", "ZERO_MEMORY", "ClaimChange", "GpuClaims", "Rank", "rank_of", "refusal_text"]
 
@@ -70,7 +71,7 @@ class ClaimChange:
     """What re-owning some UUIDs changed: the nodes whose GPUs' refusal or usage changed (their
     summaries are stale), the GPUs newly refused as duplicates, and those offered again."""
 
-    nodes: set[str] = dataclasses.field(default_factory=set)
+    nodes: set[NodeName] = dataclasses.field(default_factory=set)
     refused: list[Gpu] = dataclasses.field(default_factory=list)
     accepted: list[Gpu] = dataclasses.field(default_factory=list)
 
@@ -79,14 +80,14 @@ class GpuClaims:
     """Per UUID, the nodes registering it and their entry for it."""
 
     def __init__(self) -> None:
-        self._claims: dict[str, dict[str, tuple[Rank, Gpu]]] = {}
+        self._claims: dict[GpuUuid, dict[NodeName, tuple[Rank, Gpu]]] = {}
 
     def replace(self, old: NodeState | None, new: NodeState | None) -> ClaimChange:
         """``old``'s GPUs give way to ``new``'s (None: the node is new, or gone): each UUID either
         registers is owned again. ``new``'s GPUs hold their own pods' usage already."""
         uuids = {g.uuid for g in (*_claimable(old), *_claimable(new))}
         change = ClaimChange()
-        before: dict[tuple[str, str], bool] = {}
+        before: dict[tuple[NodeName, GpuUuid], bool] = {}
         for uuid in uuids:
             group = self._claims.get(uuid, {})
             for name, (_, gpu) in group.items():
@@ -138,7 +139,7 @@ class GpuClaims:
         state.refresh_summary()
 
     @staticmethod
-    def _dissolve(group: dict[str, tuple[Rank, Gpu]], change: ClaimChange) -> None:
+    def _dissolve(group: dict[NodeName, tuple[Rank, Gpu]], change: ClaimChange) -> None:
         """Undo ``_form``: each duplicate's usage leaves its owner, and nothing is refused as one."""
         for _, gpu in group.values():
             owner = gpu.owner
@@ -152,7 +153,7 @@ class GpuClaims:
             change.nodes.update((owner.node, gpu.node))
 
     @staticmethod
-    def _form(group: dict[str, tuple[Rank, Gpu]], change: ClaimChange) -> None:
+    def _form(group: dict[NodeName, tuple[Rank, Gpu]], change: ClaimChange) -> None:
         """The oldest node owns the UUID; the others' entries are refused, their usage added to it."""
         if len(group) < 2:
             change.nodes.update(gpu.node for _, gpu in group.values())

@@ -24,7 +24,7 @@ import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import Final, Literal
 
-from hamipy.extender.model import ClusterModel, now_epoch
+from hamipy.extender.model import ClusterModel, NodeName, now_epoch
 from hamipy.extender.settings import ExtenderSettings
 from hamipy.extender.telemetry import Telemetry
 from hamipy.kube.client import KubeApi
@@ -54,7 +54,7 @@ class LockVerdict:
         return self.kind not in ("mine", "held")
 
 
-JudgeLock = Callable[[str, str, str, str], Awaitable[LockVerdict]]
+JudgeLock = Callable[[str, str, str, NodeName], Awaitable[LockVerdict]]
 """``Binder.breakable``: the verdict on (lock value, namespace, name, node)."""
 
 
@@ -68,7 +68,7 @@ class LockSweeper:
         model: ClusterModel,
         settings: ExtenderSettings,
         telemetry: Telemetry,
-        busy: Callable[[str], bool],
+        busy: Callable[[NodeName], bool],
         breakable: JudgeLock,
         deciding: Callable[[], bool] = lambda: True,
     ) -> None:
@@ -80,14 +80,14 @@ class LockSweeper:
         """Whether this replica is binding on the node now (its lock may be that bind's)."""
         self.breakable = breakable
         self.deciding = deciding
-        self.owed: dict[str, Owner] = {}
+        self.owed: dict[NodeName, Owner] = {}
         """Releases that failed: node -> the pod our lock there names."""
 
-    def owe(self, node: str, namespace: str, name: str) -> None:
+    def owe(self, node: NodeName, namespace: str, name: str) -> None:
         self.owed[node] = (namespace, name)
         self.telemetry.metrics.lock_releases_owed.set(len(self.owed))
 
-    def forget(self, node: str) -> None:
+    def forget(self, node: NodeName) -> None:
         if self.owed.pop(node, None) is not None:
             self.telemetry.metrics.lock_releases_owed.set(len(self.owed))
 
@@ -123,7 +123,7 @@ class LockSweeper:
             if verdict.kind in _STUCK_REASONS:
                 await self._free(state.name, (lock.namespace, lock.name), reason=verdict.kind)
 
-    async def _free(self, node: str, owner: Owner, *, reason: str) -> None:
+    async def _free(self, node: NodeName, owner: Owner, *, reason: str) -> None:
         namespace, name = owner
         try:
             outcome = await release_node_lock(

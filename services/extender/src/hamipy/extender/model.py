@@ -114,6 +114,7 @@ Usage = tuple[int, int, int]
 _FINISHED: Final = frozenset({"Succeeded", "Failed"})
 _DEAD_AFTER_S: Final = HANDSHAKE_TIMEOUT.total_seconds()
 _LOCK_RESOLUTION_S: Final = 1.0
+_NO_NODE: Final = NodeName("")
 
 
 @dataclasses.dataclass(slots=True)
@@ -134,7 +135,7 @@ class Gpu:
     used_slots: int = 0
     used_mem: int = 0
     used_cores: int = 0
-    node: str = ""
+    node: NodeName = _NO_NODE
     refused: str | None = None
     """Why the node's entry for this GPU is never offered (``gpu_claims``: ``DUPLICATE_UUID``,
     ``ZERO_MEMORY``), None when it may be."""
@@ -143,7 +144,7 @@ class Gpu:
     count there too."""
 
     @classmethod
-    def of(cls, dev: DeviceInfo, *, cordoned: bool = False, node: str = "") -> Gpu:
+    def of(cls, dev: DeviceInfo, *, cordoned: bool = False, node: NodeName = _NO_NODE) -> Gpu:
         return cls(
             node=node,
             refused=ZERO_MEMORY if dev.devmem <= 0 else None,
@@ -446,10 +447,10 @@ def node_from_json(
     """A fresh ``NodeState`` (no usage yet) from a Node object, and the problem with it if any;
     ``previous``, the node's state before this event, supplies what only a past event told."""
     meta = node.get("metadata") or {}
-    name = str(meta.get("name", ""))
+    name = NodeName(str(meta.get("name", "")))
     ann = _annotations(node)
     state = NodeState(
-        name=NodeName(name),
+        name=name,
         uid=str(meta.get("uid", "")),
         created=str(meta.get("creationTimestamp") or ""),
         ours=previous.ours if previous is not None else False,
@@ -593,7 +594,7 @@ class ClusterModel:
         self.count_resource = count_resource
         self.quotas = Quotas(names or ResourceNames(count=count_resource))
         """The namespaces' GPU quotas (from the ResourceQuota watch), charged ``namespace_usage``."""
-        self.nodes: dict[str, NodeState] = {}
+        self.nodes: dict[NodeName, NodeState] = {}
         self.claims = GpuClaims()
         """Which node each GPU UUID counts on when several register it (``gpu_claims``)."""
         self.order = NodeOrder()
@@ -605,8 +606,8 @@ class ClusterModel:
         self.held: dict[Source, int] = {"allocated": 0, "binding": 0, "reserved": 0}
         """How many pods hold GPUs here, by ``Contribution.source`` (a metric: a reservation or a
         bind that never ends shows as a count that does not return to 0)."""
-        self._by_node: dict[str, set[PodUid]] = {}
-        self._expiry: list[tuple[float, str]] = []
+        self._by_node: dict[NodeName, set[PodUid]] = {}
+        self._expiry: list[tuple[float, PodUid]] = []
         # Pods seen with a malformed allocation: uid -> node, so the node recovers when they go.
         self._bad: dict[PodUid, NodeName] = {}
         self.pending: dict[PodUid, PendingPod] = {}
@@ -635,7 +636,7 @@ class ClusterModel:
 
     def apply_node(self, event: EventType, node: Mapping[str, Any]) -> list[Problem]:
         """Apply one Node watch event."""
-        name = str((node.get("metadata") or {}).get("name", ""))
+        name = NodeName(str((node.get("metadata") or {}).get("name", "")))
         self.generation += 1
         if event == "DELETED":
             self._drop_node(name)
@@ -660,7 +661,7 @@ class ClusterModel:
         change = self.claims.replace(old, state)
         self._claims_changed(change, skip=name)
         self._summarize(state)
-        self.freed(NodeName(name))
+        self.freed(name)
         was = old.by_uuid if old is not None else {}
         refused = [
             gpu
@@ -670,21 +671,21 @@ class ClusterModel:
         ]
         return ([problem] if problem else []) + self._refusals([*refused, *change.refused])
 
-    def _drop_node(self, name: str) -> None:
+    def _drop_node(self, name: NodeName) -> None:
         """The node is gone: the UUIDs it registered are owned again by the nodes left."""
         old = self.nodes.pop(name, None)
         self.order.drop(name)
         if old is not None:
             self._claims_changed(self.claims.replace(old, None), skip=name)
 
-    def _claims_changed(self, change: ClaimChange, *, skip: str) -> None:
+    def _claims_changed(self, change: ClaimChange, *, skip: NodeName) -> None:
         """Other nodes' GPUs were refused or offered again, or took on usage (``gpu_claims``)."""
         for other in change.nodes - {skip}:
             state = self.nodes.get(other)
             if state is not None:
                 self._summarize(state)
         for node in {gpu.node for gpu in change.accepted} - {skip}:
-            self.freed(NodeName(node))
+            self.freed(node)
 
     def _refusals(self, gpus: Iterable[Gpu]) -> list[Problem]:
         """One problem per node with GPUs newly refused, naming every GPU refused there: a node has
@@ -1059,9 +1060,9 @@ class ClusterModel:
         heap = self._expiry
         while heap and heap[0][0] <= now:
             at, uid = heapq.heappop(heap)
-            current = self.contributions.get(PodUid(uid))
+            current = self.contributions.get(uid)
             if current is not None and current.source == "reserved" and current.expires_at == at:
-                self._set(None, PodUid(uid))
+                self._set(None, uid)
                 dropped += 1
         return dropped
 

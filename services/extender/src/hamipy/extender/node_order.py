@@ -18,6 +18,8 @@ import bisect
 from collections.abc import Iterator
 from operator import itemgetter
 
+from hamipy.protocol.identifiers import NodeName
+
 __all__ = ["NodeOrder"]
 
 
@@ -27,18 +29,18 @@ class NodeOrder:
     __slots__ = ("_binpack", "_scores", "_spread")
 
     def __init__(self) -> None:
-        self._scores: dict[str, float] = {}
-        self._spread: list[tuple[float, str]] = []
-        self._binpack: list[tuple[float, str]] = []
+        self._scores: dict[NodeName, float] = {}
+        self._spread: list[tuple[float, NodeName]] = []
+        self._binpack: list[tuple[float, NodeName]] = []
 
     def __len__(self) -> int:
         return len(self._scores)
 
-    def score(self, name: str) -> float | None:
+    def score(self, name: NodeName) -> float | None:
         """The score ``name`` is ordered by; None when it is not here."""
         return self._scores.get(name)
 
-    def put(self, name: str, score: float) -> None:
+    def put(self, name: NodeName, score: float) -> None:
         """Order ``name`` by ``score`` (added, or moved when its score changed)."""
         old = self._scores.get(name)
         if old == score:
@@ -50,14 +52,14 @@ class NodeOrder:
         bisect.insort(self._spread, (score, name))
         bisect.insort(self._binpack, (-score, name))
 
-    def drop(self, name: str) -> None:
+    def drop(self, name: NodeName) -> None:
         """Forget ``name`` (a deleted node); nothing when it is not here."""
         old = self._scores.pop(name, None)
         if old is not None:
             _remove(self._spread, (old, name))
             _remove(self._binpack, (-old, name))
 
-    def names(self, *, binpack: bool) -> Iterator[str]:
+    def names(self, *, binpack: bool) -> Iterator[NodeName]:
         """Every name, fullest first (``binpack``) or emptiest first; ties by name (read while the
         model does not change: a filter's decision, which runs without an await)."""
         return map(_NAME, self._binpack if binpack else self._spread)
@@ -66,7 +68,7 @@ class NodeOrder:
 _NAME = itemgetter(1)
 
 
-def _remove(order: list[tuple[float, str]], entry: tuple[float, str]) -> None:
+def _remove(order: list[tuple[float, NodeName]], entry: tuple[float, NodeName]) -> None:
     at = bisect.bisect_left(order, entry)
     if at == len(order) or order[at] != entry:
         raise AssertionError(f"node order lost {entry!r}")  # put/drop are its only writers

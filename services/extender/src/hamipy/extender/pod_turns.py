@@ -15,6 +15,8 @@ import collections
 import contextlib
 from collections.abc import AsyncIterator
 
+from hamipy.protocol.identifiers import PodUid
+
 __all__ = ["PodTurns"]
 
 
@@ -22,15 +24,15 @@ class PodTurns:
     """One lock per pod UID with binds holding or waiting for it (FIFO, as ``asyncio.Lock``)."""
 
     def __init__(self) -> None:
-        self._locks: dict[str, asyncio.Lock] = {}
-        self._users: collections.Counter[str] = collections.Counter()
+        self._locks: dict[PodUid, asyncio.Lock] = {}
+        self._users: collections.Counter[PodUid] = collections.Counter()
 
     def __len__(self) -> int:
         """Pods with a bind running or waiting."""
         return len(self._locks)
 
     @contextlib.asynccontextmanager
-    async def turn(self, uid: str, timeout_s: float) -> AsyncIterator[bool]:
+    async def turn(self, uid: PodUid, timeout_s: float) -> AsyncIterator[bool]:
         """Wait up to ``timeout_s`` for the pod's turn: yields True holding it, False when the
         binds before this one still run after that time (it holds nothing then)."""
         lock = self._locks.setdefault(uid, asyncio.Lock())

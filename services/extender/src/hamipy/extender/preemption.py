@@ -217,7 +217,7 @@ def plan_node(
         return None
     chosen = tuple(sorted([*forced, *victims], key=lambda c: (c.namespace, c.name)))
     return Plan(
-        node=NodeName(state.name),
+        node=state.name,
         victims=chosen,
         priorities=tuple(model.facts[c.uid].priority for c in chosen),
         devices=devices,

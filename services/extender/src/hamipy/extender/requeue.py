@@ -88,7 +88,7 @@ class Requeuer:
         """The node to annotate: where GPUs freed if the model still has it, else any it has."""
         if self._node is not None and self._node in self.model.nodes:
             return self._node
-        return next((NodeName(name) for name in self.model.nodes), None)
+        return next(iter(self.model.nodes), None)
 
     async def nudge(self) -> bool:
         """Write the annotation if GPUs freed since the last nudge and a refused pod still waits;

@@ -251,7 +251,7 @@ class Scheduler:
                 reason = UNKNOWN_POD
             elif uid not in self.model.contributions:  # a bind of ours in flight is left alone
                 expires_at = now_mono + self.settings.reservation_ttl_s
-                self._hold(watched, uid, ask, NodeName(decision.node), decision.devices, expires_at)
+                self._hold(watched, uid, ask, decision.node, decision.devices, expires_at)
             self.model.nominations.pop(uid, None)  # fits now: a preemption for it is over
             chose = f"chose node {decision.node} among {len(names)} ({decision.fitted} fitted)"
             if self.settings.success_events:
@@ -345,9 +345,9 @@ class Scheduler:
     def _result(
         names: list[NodeName],
         items: list[Node] | None,
-        chosen: Sequence[str],
-        failed: Mapping[str, NodeReasons],
-        unresolvable: Mapping[str, NodeReasons],
+        chosen: Sequence[NodeName],
+        failed: Mapping[NodeName, NodeReasons],
+        unresolvable: Mapping[NodeName, NodeReasons],
     ) -> dict[str, Any]:
         """The ExtenderFilterResult; the one place node reasons become the text kube-scheduler shows."""
         result: dict[str, Any] = {
