@@ -45,6 +45,18 @@ def _findings(containers: str, per_entry: str, field: str) -> str:
     return f"{containers}.map(c, has(c.{field}) ? c.{field}.{per_entry} : []).filter(found, size(found) > 0)"
 
 
+def _unless_exempt(per_entry: str, field: str, ephemeral: str) -> str:
+    """CEL: ``_findings`` over the app and init containers and the ephemeral ones, none in an
+    exempt namespace."""
+    return (
+        "variables.exempt ? [] : ("
+        + _findings("variables.containers", per_entry, field)
+        + " + "
+        + _findings(ephemeral, per_entry, field)
+        + ")"
+    )
+
+
 def reserved_env_policy(
     prefix: str, names: ResourceNames, exempt_namespaces: Sequence[str]
 ) -> list[dict[str, Any]]:
@@ -82,25 +94,10 @@ def reserved_env_policy(
             "expression": _findings("variables.gpuContainers", f"filter(x, {gpu_prefix}).{takes}", "envFrom"),
         },
         {"name": "exempt", "expression": f"request.namespace in {cel_list(exempt_namespaces)}"},
-        {
-            "name": "visible",
-            "expression": (
-                "variables.exempt ? [] : ("
-                + _findings("variables.containers", f"filter(x, {visible}).{sets}", "env")
-                + " + "
-                + _findings(ephemeral, f"filter(x, {visible}).{sets}", "env")
-                + ")"
-            ),
-        },
+        {"name": "visible", "expression": _unless_exempt(f"filter(x, {visible}).{sets}", "env", ephemeral)},
         {
             "name": "visibleFrom",
-            "expression": (
-                "variables.exempt ? [] : ("
-                + _findings("variables.containers", f"filter(x, {visible_prefix}).{takes}", "envFrom")
-                + " + "
-                + _findings(ephemeral, f"filter(x, {visible_prefix}).{takes}", "envFrom")
-                + ")"
-            ),
+            "expression": _unless_exempt(f"filter(x, {visible_prefix}).{takes}", "envFrom", ephemeral),
         },
     ]
     checks = [
