@@ -48,7 +48,18 @@
  * file is read: hgx8 gives every GPU 18 links into the NVSwitches; pcie-pairs8 joins GPUs 2k and
  * 2k+1 with 12 links (three NVLink bridges) and gives each such pair PIX; none adds nothing. A
  * preset with no gpu line makes 8 GPUs (H100 80GB, A100 80GB PCIe, L40S), 0-3 on NUMA node 0 and
- * 4-7 on node 1. */
+ * 4-7 on node 1.
+ *
+ * MIG (mig.c; docs/isolation.md#the-fake-driver). Names holding A100 (40/80 GB), H100 (80 GB) or
+ * H200 (141 GB) are MIG-capable, with the driver's profile ids, placements and NVIDIA's NVML-mock
+ * sizes; elsewhere MIG calls answer NOT_SUPPORTED. mig=on|off (default off) is the MIG mode and
+ * mig_instances=<profile>@<start>,... the GPU instances (each with one full compute instance) made
+ * when the state file is created. MIG mode, GPU and compute instances live in the shared state;
+ * each compute instance is a MIG device with a new random MIG- UUID. `gpu uuid=MIG-...` is
+ * resolved through the state to that instance, which sets its slot (the parent's), memory (the
+ * instance's) and name ("<parent> MIG <profile>"); its allocations are charged to the instance too
+ * (procs[].gi_used), so it runs out at the instance's size. An unknown MIG UUID drops the line. The
+ * fake libcuda reads CUDA_VISIBLE_DEVICES (indexes, GPU- and MIG- UUIDs) as the real driver does. */
 #ifndef HAMIPY_FAKE_H
 #define HAMIPY_FAKE_H
 
