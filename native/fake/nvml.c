@@ -657,11 +657,17 @@ static nvmlReturn_t mig_device_memory(const struct mig_ref *r, const struct fake
     return NVML_SUCCESS;
 }
 
+/* Declares idx, m (the GPU's MIG state) and model for a parent handle, or returns lookup's code. */
+#define REQUIRE_MIG_PARENT(device, lookup)                                        \
+    int idx = 0;                                                                  \
+    struct fake_mig_gpu m;                                                        \
+    nvmlReturn_t rc;                                                              \
+    const struct fake_mig_model *model = lookup((device), &idx, &m, &rc);         \
+    if (model == NULL) return rc;                                                 \
+    (void)model
+
 HAMI_EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *currentMode, unsigned int *pendingMode) {
-    int idx = 0;
-    struct fake_mig_gpu m;
-    nvmlReturn_t rc;
-    if (mig_parent(device, &idx, &m, &rc) == NULL) return rc;
+    REQUIRE_MIG_PARENT(device, mig_parent);
     if (currentMode == NULL || pendingMode == NULL) return NVML_ERROR_INVALID_ARGUMENT;
     *currentMode = m.current;
     *pendingMode = m.pending;
@@ -669,10 +675,7 @@ HAMI_EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int 
 }
 
 HAMI_EXPORT nvmlReturn_t nvmlDeviceSetMigMode(nvmlDevice_t device, unsigned int mode, nvmlReturn_t *activationStatus) {
-    int idx = 0;
-    struct fake_mig_gpu m;
-    nvmlReturn_t rc;
-    if (mig_parent(device, &idx, &m, &rc) == NULL) return rc;
+    REQUIRE_MIG_PARENT(device, mig_parent);
     if (activationStatus == NULL) return NVML_ERROR_INVALID_ARGUMENT;
     int activation = NVML_SUCCESS;
     rc = (nvmlReturn_t)fake_mig_set_mode(N.st, N.cfg.gpus[idx].slot, mode, &activation);
@@ -686,11 +689,7 @@ static void fill_profile_name(char *out, size_t len, const struct fake_gi_profil
 
 HAMI_EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfo(nvmlDevice_t device, unsigned int profile,
                                                              nvmlGpuInstanceProfileInfo_t *info) {
-    int idx = 0;
-    struct fake_mig_gpu m;
-    nvmlReturn_t rc;
-    const struct fake_mig_model *model = mig_parent(device, &idx, &m, &rc);
-    if (model == NULL) return rc;
+    REQUIRE_MIG_PARENT(device, mig_parent);
     if (info == NULL) return NVML_ERROR_INVALID_ARGUMENT;
     const struct fake_gi_profile *p = fake_mig_profile_by_index(model, profile);
     if (p == NULL) return profile < 0x12 ? NVML_ERROR_NOT_SUPPORTED : NVML_ERROR_INVALID_ARGUMENT;
@@ -736,11 +735,7 @@ HAMI_EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfoV(nvmlDevice_t devic
 HAMI_EXPORT nvmlReturn_t nvmlDeviceGetGpuInstancePossiblePlacements_v2(nvmlDevice_t device, unsigned int profileId,
                                                                        nvmlGpuInstancePlacement_t *placements,
                                                                        unsigned int *count) {
-    int idx = 0;
-    struct fake_mig_gpu m;
-    nvmlReturn_t rc;
-    const struct fake_mig_model *model = mig_parent(device, &idx, &m, &rc);
-    if (model == NULL) return rc;
+    REQUIRE_MIG_PARENT(device, mig_parent);
     const struct fake_gi_profile *p = fake_mig_profile_by_id(model, profileId);
     if (p == NULL || count == NULL) return NVML_ERROR_INVALID_ARGUMENT;
     if (placements == NULL) {
@@ -758,11 +753,7 @@ HAMI_EXPORT nvmlReturn_t nvmlDeviceGetGpuInstancePossiblePlacements_v2(nvmlDevic
 
 HAMI_EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceRemainingCapacity(nvmlDevice_t device, unsigned int profileId,
                                                                    unsigned int *count) {
-    int idx = 0;
-    struct fake_mig_gpu m;
-    nvmlReturn_t rc;
-    const struct fake_mig_model *model = mig_enabled_parent(device, &idx, &m, &rc);
-    if (model == NULL) return rc;
+    REQUIRE_MIG_PARENT(device, mig_enabled_parent);
     const struct fake_gi_profile *p = fake_mig_profile_by_id(model, profileId);
     if (p == NULL || count == NULL) return NVML_ERROR_INVALID_ARGUMENT;
     *count = fake_mig_gi_capacity(&m, model, p);
@@ -770,10 +761,7 @@ HAMI_EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceRemainingCapacity(nvmlDevice_t 
 }
 
 static nvmlReturn_t create_gi(nvmlDevice_t device, unsigned int profileId, int start, nvmlGpuInstance_t *gpuInstance) {
-    int idx = 0;
-    struct fake_mig_gpu m;
-    nvmlReturn_t rc;
-    if (mig_parent(device, &idx, &m, &rc) == NULL) return rc;
+    REQUIRE_MIG_PARENT(device, mig_parent);
     if (gpuInstance == NULL) return NVML_ERROR_INVALID_ARGUMENT;
     unsigned id = 0;
     rc = (nvmlReturn_t)fake_mig_create_gi(N.st, N.cfg.gpus[idx].slot, &N.cfg.gpus[idx], profileId, start, &id);
@@ -808,11 +796,7 @@ HAMI_EXPORT nvmlReturn_t nvmlGpuInstanceDestroy(nvmlGpuInstance_t gpuInstance) {
 
 HAMI_EXPORT nvmlReturn_t nvmlDeviceGetGpuInstances(nvmlDevice_t device, unsigned int profileId,
                                                    nvmlGpuInstance_t *gpuInstances, unsigned int *count) {
-    int idx = 0;
-    struct fake_mig_gpu m;
-    nvmlReturn_t rc;
-    const struct fake_mig_model *model = mig_enabled_parent(device, &idx, &m, &rc);
-    if (model == NULL) return rc;
+    REQUIRE_MIG_PARENT(device, mig_enabled_parent);
     const struct fake_gi_profile *p = fake_mig_profile_by_id(model, profileId);
     if (p == NULL || count == NULL || gpuInstances == NULL) return NVML_ERROR_INVALID_ARGUMENT;
     unsigned n = 0;
@@ -825,10 +809,7 @@ HAMI_EXPORT nvmlReturn_t nvmlDeviceGetGpuInstances(nvmlDevice_t device, unsigned
 
 HAMI_EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceById(nvmlDevice_t device, unsigned int id,
                                                       nvmlGpuInstance_t *gpuInstance) {
-    int idx = 0;
-    struct fake_mig_gpu m;
-    nvmlReturn_t rc;
-    if (mig_enabled_parent(device, &idx, &m, &rc) == NULL) return rc;
+    REQUIRE_MIG_PARENT(device, mig_enabled_parent);
     if (gpuInstance == NULL) return NVML_ERROR_INVALID_ARGUMENT;
     if (id >= FAKE_MAX_GIS || !m.gis[id].live) return NVML_ERROR_NOT_FOUND;
     *gpuInstance = (nvmlGpuInstance_t)&N.gis[idx][id];
@@ -1030,10 +1011,7 @@ HAMI_EXPORT nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, uns
 
 HAMI_EXPORT nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsigned int index,
                                                              nvmlDevice_t *migDevice) {
-    int idx = 0;
-    struct fake_mig_gpu m;
-    nvmlReturn_t rc;
-    if (mig_enabled_parent(device, &idx, &m, &rc) == NULL) return rc;
+    REQUIRE_MIG_PARENT(device, mig_enabled_parent);
     if (migDevice == NULL || index >= MAX_MIG_DEVICES) return NVML_ERROR_INVALID_ARGUMENT;
     unsigned n = 0;
     for (int g = 0; g < FAKE_MAX_GIS; g++) {
