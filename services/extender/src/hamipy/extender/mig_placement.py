@@ -22,18 +22,24 @@ the fit reports it as ``CardMigTopologyInfeasible`` (``hamipy.extender.fitting``
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
-from hamipy.protocol.devices import MigPlacement, MigProfile
+from hamipy.protocol.devices import ContainerDevice, MigPlacement, MigProfile
+from hamipy.protocol.mig_allocations import MigAllocation
 
 __all__ = [
+    "MigGpu",
     "by_size",
     "can_place",
     "ordered_placements",
     "overlaps",
+    "plan_allocations",
     "select_candidate",
     "select_placement",
 ]
+
+MigGpu = tuple[Sequence[MigProfile], Sequence[MigPlacement]]
+"""A dynamic MIG GPU as the planner sees it: its profiles and the placements taken on it."""
 
 
 def overlaps(a: MigPlacement, b: MigPlacement) -> bool:
@@ -106,3 +112,29 @@ def can_place(
 
 def _first_size(placements: Sequence[MigPlacement]) -> int:
     return placements[0].size if placements else 0
+
+
+def plan_allocations(
+    devices: Sequence[Sequence[ContainerDevice]], gpus: Mapping[str, MigGpu]
+) -> tuple[MigAllocation, ...] | None:
+    """The MIG allocation of each device of a pod's device lists (one slot per container) that is
+    on one of ``gpus`` (by UUID), in container and device order, each beside the placements taken
+    and those chosen before it; None when one finds no room.
+
+    A fit (``hamipy.extender.fitting``) gives each such device its profile's memory, so planning the
+    same devices on the same GPUs chooses what the fit chose."""
+    taken: dict[str, list[MigPlacement]] = {}
+    out: list[MigAllocation] = []
+    for c, slot in enumerate(devices):
+        for d, dev in enumerate(slot):
+            gpu = gpus.get(dev.uuid)
+            if gpu is None:
+                continue
+            profiles, occupied = gpu
+            mine = taken.setdefault(dev.uuid, [])
+            chosen = select_candidate(profiles, [*occupied, *mine], dev.usedmem)
+            if chosen is None:
+                return None
+            mine.append(chosen[1])
+            out.append(MigAllocation(c, d, dev.uuid, chosen[0].name, chosen[1]))
+    return tuple(out)
