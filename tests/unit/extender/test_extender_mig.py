@@ -12,6 +12,7 @@ from extender_fakes import BIND_SETTINGS, BindRig, bind_rig, filter_args
 
 from hamipy.extender.filtering import build_ask
 from hamipy.extender.fitting import fit_pod
+from hamipy.extender.invariant import check_cluster
 from hamipy.extender.mig_placement import overlaps
 from hamipy.extender.model import ClusterModel, NodeName, PodUid
 from hamipy.protocol import keys
@@ -308,6 +309,7 @@ async def test_two_mig_pods_on_one_gpu_get_placements_apart_written_as_hami_read
     (a,) = decode_mig_allocations(first[keys.MIG_ALLOCATIONS])
     (b,) = decode_mig_allocations(second[keys.MIG_ALLOCATIONS])
     assert not overlaps(a.placement, b.placement)
+    assert (await check_cluster(r.kube)).ok
     # The device lists carry the parent GPU with the profile's memory and SMs.
     assert decode_pod_devices(second[keys.DEVICES_ALLOCATED]) == [[ContainerDevice("M", "NVIDIA", 10240, 28)]]
     assert r.model.contributions[PodUid("uid-ns-q")].mig == (b,)
