@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from builders import container, gpu, gpu_node, gpu_pod
+from builders import A100_MIG_PROFILES, container, gpu, gpu_node, gpu_pod
 from extender_fakes import BIND_SETTINGS, BindRig, bind_rig, filter_args
 
 from hamipy.extender.filtering import build_ask
@@ -29,13 +29,7 @@ def _p(start: int, size: int) -> MigPlacement:
     return MigPlacement(start, size)
 
 
-# HAMi's A100 40GB test profiles (pkg/device/nvidia/mig_capability_test.go) and its 7g.
-PROFILES = (
-    MigProfile("1g.5gb", 5120, 14, 1, tuple(_p(s, 1) for s in range(7))),
-    MigProfile("2g.10gb", 10240, 28, 2, (_p(0, 2), _p(2, 2), _p(4, 2))),
-    MigProfile("3g.20gb", 20480, 42, 3, (_p(0, 4), _p(4, 4))),
-    MigProfile("7g.40gb", 40192, 100, 8, (_p(0, 8),)),
-)
+PROFILES = A100_MIG_PROFILES
 
 
 def mig_gpu(uuid: str = "M", index: int = 0) -> DeviceInfo:
@@ -73,6 +67,19 @@ def fit(model: ClusterModel, p: dict[str, Any], node: str = "n") -> Any:
 
 
 NAMED = {p.name: p for p in PROFILES}
+
+
+def reserve(model: ClusterModel, devices: Any) -> None:
+    """A filter's reservation of ``devices`` on ``n`` for pod ``p``."""
+    model.reserve(
+        uid=PodUid("u-p"),
+        namespace="ns",
+        name="p",
+        node=NodeName("n"),
+        devices=devices,
+        n_init=0,
+        expires_at=9e9,
+    )
 
 
 # -- the fit -----------------------------------------------------------------------------------------
@@ -187,15 +194,7 @@ def test_a_premade_instance_is_one_containers_alone() -> None:
     model = model_with(gpu_node("n", [instance("MIG-a")]))
     devices = fit(model, mig_pod("p", 4000)).devices
     assert devices == [[ContainerDevice("MIG-a", "NVIDIA", 4000, 0)]]
-    model.reserve(
-        uid=PodUid("u-p"),
-        namespace="ns",
-        name="p",
-        node=NodeName("n"),
-        devices=devices,
-        n_init=0,
-        expires_at=9e9,
-    )
+    reserve(model, devices)
     assert fit(model, mig_pod("q", 1000)).why().text() == "1/1 CardTimeSlicingExhausted"
     assert fit(model_with(gpu_node("n", [instance("MIG-a")])), mig_pod("r", 10000)).why().text() == (
         "1/1 CardInsufficientMemory"
@@ -230,28 +229,12 @@ def test_a_node_registering_again_keeps_its_pods_instances() -> None:
 def test_a_reservation_holds_its_placement_until_released() -> None:
     model = model_with(gpu_node("n", [mig_gpu()]))
     devices = fit(model, mig_pod("p", 20000)).devices
-    model.reserve(
-        uid=PodUid("u-p"),
-        namespace="ns",
-        name="p",
-        node=NodeName("n"),
-        devices=devices,
-        n_init=0,
-        expires_at=9e9,
-    )
+    reserve(model, devices)
     assert model.contributions[PodUid("u-p")].mig == (MigAllocation(0, 0, "M", "3g.20gb", _p(4, 4)),)
     other = fit(model, mig_pod("q", 20000)).devices
     assert model.mig_plan(NodeName("n"), other) == (MigAllocation(0, 0, "M", "3g.20gb", _p(0, 4)),)
     # Reserving the same pod again plans beside what others hold, not beside itself.
-    model.reserve(
-        uid=PodUid("u-p"),
-        namespace="ns",
-        name="p",
-        node=NodeName("n"),
-        devices=devices,
-        n_init=0,
-        expires_at=9e9,
-    )
+    reserve(model, devices)
     assert model.contributions[PodUid("u-p")].mig[0].placement == _p(4, 4)
     model.release(PodUid("u-p"))
     assert model.nodes[NodeName("n")].gpus[0].mig_taken == []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
+from builders import A100_MIG_PROFILES
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -24,11 +25,7 @@ def _p(start: int, size: int) -> MigPlacement:
 
 
 # HAMi's A100 40GB test profiles (pkg/device/nvidia/mig_topology_test.go, mig_capability_test.go).
-A100 = (
-    MigProfile("1g.5gb", 5120, 14, 1, tuple(_p(s, 1) for s in range(7))),
-    MigProfile("2g.10gb", 10240, 28, 2, (_p(0, 2), _p(2, 2), _p(4, 2))),
-    MigProfile("3g.20gb", 20480, 42, 3, (_p(0, 4), _p(4, 4))),
-)
+A100 = A100_MIG_PROFILES[:3]
 NAMED = {p.name: p for p in A100}
 
 CAN_PLACE = [

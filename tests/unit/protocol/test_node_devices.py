@@ -55,6 +55,7 @@ def test_public_api_is_complete() -> None:
         "check_go_int",
         "check_mig_placement",
         "check_utf8",
+        "check_value",
         "decode_mig_placement",
         "decode_node_devices",
         "device_type",
@@ -62,6 +63,7 @@ def test_public_api_is_complete() -> None:
         "encode_node_devices",
         "go_json",
         "go_string",
+        "parse_json",
     ]
 
 

@@ -21,7 +21,6 @@ empty value or ``null`` is no allocations (HAMi reads both so).
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -29,13 +28,14 @@ from hamipy.protocol import keys
 from hamipy.protocol.devices import MigPlacement
 from hamipy.protocol.errors import ProtocolError
 from hamipy.protocol.node_devices import (
-    MAX_VALUE_BYTES,
     check_go_int,
     check_mig_placement,
     check_utf8,
+    check_value,
     decode_mig_placement,
     encode_mig_placement,
     go_string,
+    parse_json,
 )
 
 __all__ = [
@@ -106,16 +106,10 @@ def decode_mig_allocations(value: str) -> tuple[MigAllocation, ...]:
 
     Raises ``ProtocolError`` naming the element and key (``hami.io/vgpu-mig-allocations[1].gpuUUID``).
     """
-    if len(value) > MAX_VALUE_BYTES or (not value.isascii() and len(value.encode()) > MAX_VALUE_BYTES):
-        raise ProtocolError(_KEY, value, f"value longer than {MAX_VALUE_BYTES} bytes")
+    check_value(_KEY, value)
     if not value:
         return ()
-    try:
-        raw = json.loads(value)
-    except json.JSONDecodeError as exc:
-        raise ProtocolError(_KEY, value, f"not valid JSON: {exc.msg} at offset {exc.pos}") from exc
-    except RecursionError as exc:
-        raise ProtocolError(_KEY, value, "JSON nested too deeply") from exc
+    raw = parse_json(_KEY, value)
     if raw is None:
         return ()
     if type(raw) is not list:

@@ -73,6 +73,7 @@ __all__ = [
     "check_go_int",
     "check_mig_placement",
     "check_utf8",
+    "check_value",
     "decode_mig_placement",
     "decode_node_devices",
     "device_type",
@@ -80,6 +81,7 @@ __all__ = [
     "encode_node_devices",
     "go_json",
     "go_string",
+    "parse_json",
 ]
 
 # Kubernetes refuses objects whose annotations total more than 256 KiB, so no larger value is real;
@@ -147,7 +149,7 @@ def decode_node_devices(value: str) -> list[DeviceInfo]:
 
     Raises ``ProtocolError`` naming the device and field (``hami.io/node-nvidia-register[2].devmem``).
     """
-    _check_size(value)
+    check_value(_KEY, value)
     # '{' too, so that a lone object gets a JSON error rather than a legacy one.
     if value.lstrip()[:1] in ("[", "{"):
         return _decode_json(value)
@@ -188,7 +190,7 @@ def encode_node_devices(devices: Sequence[DeviceInfo]) -> str:
         parts.append("".join(out))
     _check_ids([dev.id for dev in devices])
     encoded = "[" + ",".join(parts) + "]"
-    _check_size(encoded)
+    check_value(_KEY, encoded)
     return encoded
 
 
@@ -290,12 +292,7 @@ def _fast_profiles(profiles: list[_FastProfile]) -> tuple[MigProfile, ...]:
 
 
 def _decode_json_exact(value: str) -> list[DeviceInfo]:
-    try:
-        raw = json.loads(value)
-    except json.JSONDecodeError as exc:
-        raise ProtocolError(_KEY, value, f"not valid JSON: {exc.msg} at offset {exc.pos}") from exc
-    except RecursionError as exc:
-        raise ProtocolError(_KEY, value, "JSON nested too deeply") from exc
+    raw = parse_json(_KEY, value)
     if type(raw) is not list:
         raise ProtocolError(_KEY, raw, "expected a JSON array of devices")
 
@@ -548,10 +545,21 @@ def _legacy_int(i: int, name: str, text: str, maximum: int) -> int:
 # -- shared ------------------------------------------------------------------------------------------
 
 
-def _check_size(value: str) -> None:
+def check_value(field: str, value: str) -> None:
+    """Refuse (``ProtocolError`` on ``field``) an annotation value over ``MAX_VALUE_BYTES``."""
     # Characters never outnumber UTF-8 bytes, so the byte count is only needed for non-ASCII text.
     if len(value) > MAX_VALUE_BYTES or (not value.isascii() and len(value.encode()) > MAX_VALUE_BYTES):
-        raise ProtocolError(_KEY, value, f"value longer than {MAX_VALUE_BYTES} bytes")
+        raise ProtocolError(field, value, f"value longer than {MAX_VALUE_BYTES} bytes")
+
+
+def parse_json(field: str, value: str) -> Any:
+    """``json.loads`` of an annotation value, its failure a ``ProtocolError`` on ``field`` saying where."""
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise ProtocolError(field, value, f"not valid JSON: {exc.msg} at offset {exc.pos}") from exc
+    except RecursionError as exc:
+        raise ProtocolError(field, value, "JSON nested too deeply") from exc
 
 
 def _check_encodable(i: int, dev: DeviceInfo) -> None:
