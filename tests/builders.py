@@ -21,12 +21,13 @@ from typing import Any
 
 from hamipy.protocol import ProtocolError, keys
 from hamipy.protocol.config import Config
-from hamipy.protocol.devices import ContainerDevice, DeviceInfo
+from hamipy.protocol.devices import ContainerDevice, DeviceInfo, MigPlacement, MigProfile
 from hamipy.protocol.node_devices import encode_node_devices
 from hamipy.protocol.node_handshake import plugin_report
 from hamipy.protocol.pod_devices import decode_pod_devices, encode_pod_devices
 
 __all__ = [
+    "A100_MIG_PROFILES",
     "GPU_TYPE",
     "IMAGE",
     "NAMESPACE",
@@ -56,6 +57,13 @@ SCHEDULER = Config().scheduler_name
 """The scheduler the webhook gives a GPU pod."""
 REPORT = plugin_report(datetime(2026, 11, 24, 10, 0, tzinfo=UTC))
 """Our device plugin's last report on a node: a ``Reported_`` handshake and our marker."""
+A100_MIG_PROFILES = (
+    MigProfile("1g.5gb", 5120, 14, 1, tuple(MigPlacement(s, 1) for s in range(7))),
+    MigProfile("2g.10gb", 10240, 28, 2, (MigPlacement(0, 2), MigPlacement(2, 2), MigPlacement(4, 2))),
+    MigProfile("3g.20gb", 20480, 42, 3, (MigPlacement(0, 4), MigPlacement(4, 4))),
+    MigProfile("7g.40gb", 40192, 100, 8, (MigPlacement(0, 8),)),
+)
+"""The MIG profiles of an A100 40GB: HAMi's test profiles (``mig_capability_test.go``) and the 7g."""
 
 Quantity = int | str
 """A resource quantity: a number, or a string for one as written (``"0.5"``, ``"1500m"``, ``"lots"``)."""

@@ -57,3 +57,18 @@ def test_a_native_sidecar_counts_as_running_beside_the_app() -> None:
     assert [(v.what, v.allocated, v.capacity) for v in report.violations] == [("memory", 800, 600)]
     # A run-to-completion init container counts by its peak against the app, not with it.
     assert check_objects(gpus, [bound(sidecar=False)]).ok
+
+
+def test_mig_instances_sharing_slices_of_a_gpu_are_a_violation() -> None:
+    def mig(name: str, start: int, size: int) -> dict[str, object]:
+        held = (
+            f'[{{"containerIndex":0,"deviceIndex":0,"gpuUUID":"A","profile":"{size}g.x",'
+            f'"placement":{{"start":{start},"size":{size}}}}}]'
+        )
+        both = {keys.DEVICES_ALLOCATED: "A,NVIDIA,1,0:;", keys.MIG_ALLOCATIONS: held}
+        return gpu_pod(name, node_name="n", annotations=both, phase="Running")
+
+    gpus = [gpu_node("n", [gpu("A", 0, count=7, mem=40960)])]
+    assert check_objects(gpus, [mig("a", 0, 4), mig("b", 4, 2), mig("c", 6, 1)]).ok
+    (violation,) = check_objects(gpus, [mig("a", 0, 4), mig("b", 2, 2)]).violations
+    assert str(violation) == "n/A: MIG instances at slices 0 and 2 overlap (pods ns/a, ns/b)"

@@ -31,13 +31,15 @@ one whose earlier Binding lost its answer is read once to learn whether it is bo
 5. on either path, record the bind in flight in the model (``begin_bind``), so a filter meanwhile
    counts it; then one write binds the pod and records its allocation: the Binding carries
    ``hami.io/vgpu-node``, ``vgpu-time``, ``vgpu-devices-to-allocate``, ``vgpu-devices-allocated``,
-   ``bind-phase=allocating`` and ``bind-time`` as annotations, which the API server copies onto the
-   pod with ``spec.nodeName``, guarded by the pod's UID and the resourceVersion the bind read. On a
-   Conflict the pod is read (``_after_conflict``): bound by another bind of it, it is left as that
-   bind wrote it, the model takes what it holds, and the bind succeeds if it is bound to this node;
-   still unbound and asking the same, it is written again with its new resourceVersion. On the
-   locked path (a node HAMi's device plugin serves) the ``hami.io/vgpu-node`` label HAMi's monitor
-   selects on follows, best effort; our own components never read it;
+   ``bind-phase=allocating`` and ``bind-time`` as annotations, and ``vgpu-mig-allocations`` (the
+   profile and placement of each device on a dynamic MIG GPU, planned on the state decided on),
+   which the API server copies onto the pod with ``spec.nodeName``, guarded by the pod's UID and the
+   resourceVersion the bind read. On a Conflict the pod is read (``_after_conflict``): bound by
+   another bind of it, it is left as that bind wrote it, the model takes what it holds, and the bind
+   succeeds if it is bound to this node; still unbound and asking the same, it is written again with
+   its new resourceVersion. On the locked path (a node HAMi's device plugin serves) the
+   ``hami.io/vgpu-node`` label HAMi's monitor selects on follows, best effort; our own components
+   never read it;
 6. on the locked path, release the lock at once where our device plugin serves the node
    (``releases_after_bind``: ``release_lock_after_bind``, the default), or leave it for the device
    plugin to release after Allocate: always on a node HAMi's device plugin serves, which hands the
@@ -71,8 +73,9 @@ from typing import Any, Final, NamedTuple
 
 from hamipy.extender.errors import BindRefused, LockTimeout
 from hamipy.extender.filtering import ask_of, build_ask, quota_check
-from hamipy.extender.fitting import PodAsk, fit_pod
+from hamipy.extender.fitting import CARD_MIG_TOPOLOGY_INFEASIBLE, PodAsk, fit_pod
 from hamipy.extender.lock_sweep import LockSweeper, LockVerdict
+from hamipy.extender.mig_placement import plan_allocations
 from hamipy.extender.model import (
     ClusterModel,
     NodeName,
@@ -80,6 +83,7 @@ from hamipy.extender.model import (
     PendingPod,
     PodUid,
     lock_held_too_long,
+    mig_gpus,
     now_epoch,
     pod_leaving,
 )
@@ -104,6 +108,7 @@ from hamipy.protocol import keys
 from hamipy.protocol.config import Config
 from hamipy.protocol.devices import PodDevices
 from hamipy.protocol.errors import ProtocolError
+from hamipy.protocol.mig_allocations import MigAllocation, encode_mig_allocations
 from hamipy.protocol.node_lock import NodeLock, format_node_lock, lock_expired, owned_by, parse_node_lock
 from hamipy.protocol.pod_devices import encode_pod_devices
 from hamipy.protocol.resources import requests_any_gpu
@@ -347,7 +352,7 @@ class Binder:
         # second during a burst, docs/extender.md#requeueing-refused-pods).
         self.model.release(uid, quiet=True)
         try:
-            devices = self._choose(state, ask, preferred)
+            devices, mig = self._choose(state, ask, preferred)
             self._within_quota(target, ask, devices)
         except BaseException:
             if held is not None:
@@ -357,7 +362,7 @@ class Binder:
             self.model.freed_unless_kept(held, target.node, devices)
         # No ``hami.io/vgpu-node`` label here: only HAMi's components read it, and they do not
         # serve this node; a second write of every pod was a third of the API cost of a bind.
-        await self._write(target, pod, ask, devices, fresh=None, fenced=True)
+        await self._write(target, pod, ask, devices, mig, fresh=None, fenced=True)
 
     async def _bind_locked(
         self, target: _Target, pod: Mapping[str, Any], ask: PodAsk, deadline: float
@@ -392,9 +397,9 @@ class Binder:
                 locked = True
             reservation = self.model.contributions.get(uid)
             preferred = reservation.devices if reservation is not None and reservation.node == node else None
-            devices = self._choose(fresh.nodes[node], ask, preferred)
+            devices, mig = self._choose(fresh.nodes[node], ask, preferred)
             self._within_quota(target, ask, devices)
-            written = await self._write(target, pod, ask, devices, fresh=fresh)
+            written = await self._write(target, pod, ask, devices, mig, fresh=fresh)
             if self.releases_after_bind(node):
                 # Decided before the mutex is released, so the next bind finds the session.
                 if self._waiting[node] > 0:
@@ -432,9 +437,12 @@ class Binder:
         if why is not None:
             raise BindRefused(f"{QUOTA_EXCEEDED}: {why}")
 
-    def _choose(self, state: NodeState, ask: PodAsk, preferred: PodDevices | None) -> PodDevices:
-        """The pod's devices on ``state`` (the filter's when they still fit); ``BindRefused`` when
-        the node cannot take GPU pods or the pod no longer fits."""
+    def _choose(
+        self, state: NodeState, ask: PodAsk, preferred: PodDevices | None
+    ) -> tuple[PodDevices, tuple[MigAllocation, ...]]:
+        """The pod's devices on ``state`` (the filter's when they still fit) and the MIG instances
+        of those on dynamic MIG GPUs; ``BindRefused`` when the node cannot take GPU pods or the pod
+        no longer fits."""
         if not state.usable(now_epoch()):
             why = state.problem or (
                 f"a pod on it has a malformed {keys.DEVICES_ALLOCATED}"
@@ -447,7 +455,10 @@ class Binder:
         fit = fit_pod(state, ask, preferred=preferred)
         if fit.devices is None:
             raise BindRefused(f"pod no longer fits node {state.name}: {fit.why().text()}")
-        return fit.devices
+        mig = plan_allocations(fit.devices, mig_gpus(state)) if state.has_mig else ()
+        if mig is None:  # the fit found room for each: only a planner at odds with it gets here
+            raise BindRefused(f"pod no longer fits node {state.name}: {CARD_MIG_TOPOLOGY_INFEASIBLE}")
+        return fit.devices, mig
 
     async def _write(
         self,
@@ -455,6 +466,7 @@ class Binder:
         pod: Mapping[str, Any],
         ask: PodAsk,
         devices: PodDevices,
+        mig: tuple[MigAllocation, ...],
         *,
         fresh: ClusterModel | None,
         fenced: bool = False,
@@ -474,6 +486,9 @@ class Binder:
             keys.BIND_PHASE: "allocating",
             keys.BIND_TIME: stamp,
         }
+        mig_raw = encode_mig_allocations(mig) if mig else None
+        if mig_raw is not None:
+            annotations[keys.MIG_ALLOCATIONS] = mig_raw
 
         def record(model: ClusterModel, *, in_flight: bool = False) -> None:
             (model.begin_bind if in_flight else model.allocate)(
@@ -485,6 +500,8 @@ class Binder:
                 n_init=ask.n_init,
                 raw=encoded,
                 sidecars=ask.sidecars,
+                mig=mig,
+                mig_raw=mig_raw,
             )
 
         # In flight: counted by filters meanwhile, whatever the pod's watch events say.

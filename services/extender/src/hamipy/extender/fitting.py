@@ -11,10 +11,13 @@ The checks are those of docs/wire-format.md#resources and #user-annotations, in 
 ``CardTypeMismatch``               use/nouse-gputype or vgpu-mode exclude it
 ``CardUuidMismatch``               use/nouse-gpuuuid exclude it
 ``CardTimeSlicingExhausted``       every slot (split count) taken
-``CardInsufficientMemory``         not enough memory left (MiB or percentage of ``devmem``)
+``CardInsufficientMemory``         not enough memory left (MiB or percentage of ``devmem``), or
+                                   on a dynamic MIG GPU more than its largest profile has
 ``CardInsufficientCore``           not enough cores left
 ``ExclusiveDeviceAllocateConflict``  a ``mutex`` pod, or cores = 100 asked, on a GPU that has a user
 ``CardComputeUnitsExhausted``      cores = 0 asked on a GPU whose cores are all taken
+``CardMigTopologyInfeasible``      a dynamic MIG GPU with the memory, but fragmented: no profile
+                                   covering the ask has a placement free of the instances taken
 ``NumaNotFit``                     numa-bind: no NUMA node has enough fitting GPUs
 ``AllocatedCardsInsufficientRequest``  some GPUs fit, fewer than the container asks
 ``NodeInsufficientDevice``         the node has fewer GPUs than one container asks
@@ -26,6 +29,12 @@ The GPU policy (``scoring.GpuRule``) orders the GPUs tried; ``mutex`` refuses a 
 ``topology-aware`` takes, among every GPU that fits the container, the best-linked ones
 (``hamipy.extender.topology``) rather than the first. With ``numa-bind`` that search runs within
 the first NUMA node, in the policy's order, that has enough GPUs fitting.
+
+On a dynamic MIG GPU (``Gpu.mig_profiles``) every check above runs as on any GPU, and then the
+ask must find a profile and placement (``hamipy.extender.mig_placement``) beside the instances its
+pods hold and those this pod takes before it; the device gets the profile's memory and SM share
+(HAMi's ``AddResourceUsage``). Every container's instances are kept apart, init containers' too.
+A pre-made MIG instance registers as a GPU of its own (``count`` 1) and needs nothing more.
 
 A pod's init containers are each fitted alone on the node as it is (they run one after the other),
 its regular containers one after the other on the node with the previous ones' devices taken, as
@@ -44,11 +53,12 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Final
 
+from hamipy.extender.mig_placement import select_candidate
 from hamipy.extender.model import Gpu, NodeState
 from hamipy.extender.scoring import GpuRule, Policy, gpu_order
 from hamipy.extender.topology import PairScores, pick_gpus
 from hamipy.protocol import keys
-from hamipy.protocol.devices import ContainerDevice, PodDevices
+from hamipy.protocol.devices import ContainerDevice, MigPlacement, PodDevices
 from hamipy.protocol.pod_preferences import (
     PodPreferences,
     ScoringWeights,
@@ -67,6 +77,7 @@ from hamipy.protocol.resources import (
 __all__ = [
     "ALLOCATED_INSUFFICIENT",
     "CARD_CORDONED",
+    "CARD_MIG_TOPOLOGY_INFEASIBLE",
     "CARD_REFUSED",
     "NODE_INSUFFICIENT_DEVICE",
     "NODE_PAIR_SCORES_MALFORMED",
@@ -88,6 +99,7 @@ CARD_MEMORY: Final = "CardInsufficientMemory"
 CARD_CORE: Final = "CardInsufficientCore"
 EXCLUSIVE_CONFLICT: Final = "ExclusiveDeviceAllocateConflict"
 COMPUTE_EXHAUSTED: Final = "CardComputeUnitsExhausted"
+CARD_MIG_TOPOLOGY_INFEASIBLE: Final = "CardMigTopologyInfeasible"
 NUMA_NOT_FIT: Final = "NumaNotFit"
 ALLOCATED_INSUFFICIENT: Final = "AllocatedCardsInsufficientRequest"
 NODE_INSUFFICIENT_DEVICE: Final = "NodeInsufficientDevice"
@@ -196,8 +208,19 @@ class Fit:
         return NodeReasons.of_gpus(self.reasons, self.n_gpus)
 
 
+# Per GPU position, the MIG placements taken on a dynamic MIG GPU during one fit: its pods' and
+# those this pod took so far. Only MIG GPUs have an entry.
+_MigTaken = dict[int, list[MigPlacement]]
+
+
 def _check(
-    gpu: Gpu, used: list[int], req: ContainerRequest, prefs: PodPreferences, *, mutex: bool
+    gpu: Gpu,
+    used: list[int],
+    req: ContainerRequest,
+    prefs: PodPreferences,
+    *,
+    mutex: bool,
+    mig: list[MigPlacement] | None = None,
 ) -> str | None:
     """The reason ``gpu`` cannot take ``req`` now, or None when it can."""
     if gpu.refused is not None:
@@ -223,6 +246,11 @@ def _check(
         return EXCLUSIVE_CONFLICT
     if zero_core_conflict(req.cores, device_usedcores=cores, device_totalcore=gpu.devcore):
         return COMPUTE_EXHAUSTED
+    if mig is not None:
+        asked = memory_for_device(req, gpu.devmem)
+        if select_candidate(gpu.mig_profiles, mig, asked) is None:
+            # Larger than every profile is a lack of memory; else the GPU is fragmented.
+            return CARD_MEMORY if gpu.mig_profiles[-1].memory_mb < asked else CARD_MIG_TOPOLOGY_INFEASIBLE
     return None
 
 
@@ -234,6 +262,7 @@ def _fit_container(
     preferred: Sequence[str],
     reasons: Counter[str],
     scores: PairScores,
+    mig: _MigTaken,
 ) -> list[int] | None:
     """Positions of the GPUs chosen for one container, or None (``reasons`` filled in)."""
     if req.count > len(gpus):
@@ -246,7 +275,7 @@ def _fit_container(
         position: dict[str, int] = {g.uuid: i for i, g in enumerate(gpus)}
         first = [position[u] for u in preferred if u in position]
         order = first + [i for i in order if i not in first]
-    verdicts = {i: _check(gpus[i], used[i], req, ask.prefs, mutex=rule.mutex) for i in order}
+    verdicts = {i: _check(gpus[i], used[i], req, ask.prefs, mutex=rule.mutex, mig=mig.get(i)) for i in order}
 
     def take(fitting: list[int]) -> list[int]:
         if not rule.topology or len(fitting) == req.count:
@@ -287,16 +316,24 @@ def _count(verdicts: dict[int, str | None], reasons: Counter[str]) -> None:
 
 
 def _take(
-    gpus: Sequence[Gpu], used: list[list[int]], chosen: list[int], req: ContainerRequest
+    gpus: Sequence[Gpu], used: list[list[int]], chosen: list[int], req: ContainerRequest, mig: _MigTaken
 ) -> list[ContainerDevice]:
     devices = []
     for i in chosen:
         gpu = gpus[i]
         mem = memory_for_device(req, gpu.devmem)
+        cores = req.cores
+        taken = mig.get(i)
+        if taken is not None:  # a dynamic MIG GPU: the instance's memory and SMs (_check found one)
+            candidate = select_candidate(gpu.mig_profiles, taken, mem)
+            assert candidate is not None
+            profile, placement = candidate
+            mem, cores = profile.memory_mb, profile.core
+            taken.append(placement)
         used[i][0] += 1
         used[i][1] += mem
-        used[i][2] += req.cores
-        devices.append(ContainerDevice(gpu.uuid, keys.DEVICE_VENDOR_NVIDIA, mem, req.cores))
+        used[i][2] += cores
+        devices.append(ContainerDevice(gpu.uuid, keys.DEVICE_VENDOR_NVIDIA, mem, cores))
     return devices
 
 
@@ -320,6 +357,11 @@ def fit_pod(
         base = [list(u) for u in held]
     else:
         base = [[0, 0, 0] if empty else [g.used_slots, g.used_mem, g.used_cores] for g in gpus]
+    # A MIG GPU's instances, by placement: none when the node is taken as empty; its pods' else,
+    # kept even with ``held`` (what pods would free their instances is not known there).
+    mig: _MigTaken = {}
+    if node.has_mig:
+        mig = {i: [] if empty else list(g.mig_taken) for i, g in enumerate(gpus) if g.mig_profiles}
     reasons: Counter[str] = Counter()
     devices: PodDevices = []
     running = [list(u) for u in base]  # with the sidecars started so far, then the app containers
@@ -330,8 +372,8 @@ def fit_pod(
         alone = slot < ask.n_init and slot not in ask.sidecars
         used = [list(u) for u in running] if alone else running
         wanted = [d.uuid for d in preferred[slot]] if preferred and slot < len(preferred) else []
-        chosen = _fit_container(gpus, used, req, ask, wanted, reasons, node.pair_scores)
+        chosen = _fit_container(gpus, used, req, ask, wanted, reasons, node.pair_scores, mig)
         if chosen is None:
             return Fit(None, reasons, len(gpus))
-        devices.append(_take(gpus, used, chosen, req))
+        devices.append(_take(gpus, used, chosen, req, mig))
     return Fit(devices, reasons, len(gpus))

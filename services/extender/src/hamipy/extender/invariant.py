@@ -8,7 +8,9 @@ sidecars count as running beside the app containers). A GPU UUID several nodes r
 the pods on it through every one of them are added up against the owning node's entry
 (``gpu_claims``), besides each node's own. A pod that is
 not bound holds nothing, as in the model: anyone may annotate their own pending pod, and only bound
-pods are served GPUs. Used by tests and by ``hamipy-extender check``.
+pods are served GPUs. And no two MIG instances of a GPU share a slice: the placements of every
+pod's ``hami.io/vgpu-mig-allocations`` on one GPU overlap none of the others. Used by tests and by
+``hamipy-extender check``.
 """
 
 from __future__ import annotations
@@ -18,20 +20,27 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from hamipy.extender.gpu_claims import Rank, rank_of
+from hamipy.extender.mig_placement import overlaps
 from hamipy.extender.model import pod_finished, pod_sidecars, pod_usage
 from hamipy.kube.client import KubeApi
 from hamipy.kube.resources import list_all, node_path, pod_path
 from hamipy.protocol import keys
+from hamipy.protocol.devices import MigPlacement
 from hamipy.protocol.errors import ProtocolError
+from hamipy.protocol.mig_allocations import decode_mig_allocations
 from hamipy.protocol.node_devices import decode_node_devices
 from hamipy.protocol.pod_devices import decode_pod_devices
 
-__all__ = ["Report", "Violation", "check_cluster", "check_objects"]
+__all__ = ["MIG_OVERLAP", "Report", "Violation", "check_cluster", "check_objects"]
+
+MIG_OVERLAP = "MIG placements"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Violation:
-    """One GPU over capacity (``what`` slots/memory/cores), or an unreadable annotation."""
+    """One GPU over capacity (``what`` slots/memory/cores), two MIG instances sharing slices of it
+    (``what`` MIG placements, ``allocated`` and ``capacity`` their starts), or an unreadable
+    annotation."""
 
     node: str
     device: str
@@ -41,6 +50,11 @@ class Violation:
     pods: tuple[str, ...]
 
     def __str__(self) -> str:
+        if self.what == MIG_OVERLAP:
+            return (
+                f"{self.node}/{self.device}: MIG instances at slices {self.allocated} and "
+                f"{self.capacity} overlap (pods {', '.join(self.pods)})"
+            )
         return (
             f"{self.node}/{self.device}: {self.what} {self.allocated} > {self.capacity} "
             f"(pods {', '.join(self.pods)})"
@@ -95,6 +109,7 @@ def check_objects(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str
                 )
     used: dict[tuple[str, str], list[int]] = {}
     holders: dict[tuple[str, str], list[str]] = {}
+    instances: dict[tuple[str, str], list[tuple[MigPlacement, str]]] = {}
     pod_count = 0
     for pod in pods:
         pod_meta = pod.get("metadata") or {}
@@ -107,6 +122,8 @@ def check_objects(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str
         ident = f"{pod_meta.get('namespace')}/{pod_meta.get('name')}"
         try:
             devices = decode_pod_devices(value, field=keys.DEVICES_ALLOCATED)
+            for allocation in decode_mig_allocations(ann.get(keys.MIG_ALLOCATIONS) or ""):
+                instances.setdefault((node, allocation.gpu_uuid), []).append((allocation.placement, ident))
         except ProtocolError as exc:
             violations.append(
                 Violation(node, "-", f"unreadable allocation of {ident}: {exc}", 0, 0, (ident,))
@@ -135,6 +152,13 @@ def check_objects(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str
             got = sum(u[i] for u in shared)
             if got > cap[i]:
                 violations.append(Violation(label, owner[1], what, got, cap[i], idents))
+    for (node, gpu_uuid), held in sorted(instances.items()):
+        for i, (a, first) in enumerate(held):
+            for b, second in held[i + 1 :]:
+                if overlaps(a, b):
+                    violations.append(
+                        Violation(node, gpu_uuid, MIG_OVERLAP, a.start, b.start, (first, second))
+                    )
     return Report(tuple(violations), node_count, len(capacity), pod_count)
 
 

@@ -38,6 +38,13 @@ A well-formed register may still name a GPU that is not offered (``Gpu.refused``
 older node registers, or with 0 MiB (``hamipy.extender.gpu_claims``); each is returned as a refused
 ``Problem`` for the caller to log and report as an Event.
 
+A dynamic MIG GPU (``Gpu.mig_profiles``) also keeps the placements of the MIG instances its pods
+hold or are reserved (``Gpu.mig_taken``), from each contribution's ``mig``: for a bound pod its
+``hami.io/vgpu-mig-allocations``, for a decision of ours what the bind writes or, for a filter's
+reservation, the plan of its devices on the node as it is (``mig_plan``). They come and go with the
+contribution, so a restarted extender has them back from the pods' annotations. A malformed
+``hami.io/vgpu-mig-allocations`` on a bound pod is a malformed allocation (below).
+
 A node's ``hami.io/node-nvidia-score`` (``NodeState.pair_scores``) is read when its register is; a
 GPU or pair missing from it scores 0, as upstream.
 
@@ -69,12 +76,14 @@ from typing import Any, Final, Literal
 
 from hamipy.extender.disruption_budgets import DisruptionBudgets
 from hamipy.extender.gpu_claims import ZERO_MEMORY, ClaimChange, GpuClaims, refusal_text
+from hamipy.extender.mig_placement import MigGpu, by_size, plan_allocations
 from hamipy.extender.node_order import NodeOrder
 from hamipy.extender.quota import Quotas
 from hamipy.protocol import keys
-from hamipy.protocol.devices import ContainerDevice, DeviceInfo, PodDevices
+from hamipy.protocol.devices import ContainerDevice, DeviceInfo, MigPlacement, MigProfile, PodDevices
 from hamipy.protocol.errors import ProtocolError
 from hamipy.protocol.identifiers import GpuUuid, NodeName, PodUid
+from hamipy.protocol.mig_allocations import MigAllocation, decode_mig_allocations
 from hamipy.protocol.node_devices import decode_node_devices
 from hamipy.protocol.node_handshake import HANDSHAKE_TIMEOUT, parse_handshake, reported_by_us
 from hamipy.protocol.node_lock import NodeLock, parse_node_lock
@@ -98,6 +107,7 @@ __all__ = [
     "Source",
     "Usage",
     "charge_of",
+    "mig_gpus",
     "node_from_json",
     "pod_finished",
     "pod_leaving",
@@ -142,10 +152,16 @@ class Gpu:
     owner: Gpu | None = None
     """For a refused duplicate, the entry that owns its UUID (on an older node): this GPU's pods
     count there too."""
+    mig_profiles: tuple[MigProfile, ...] = ()
+    """A dynamic MIG GPU's profiles (``mode`` mig with profiles registered), smallest first
+    (``mig_placement.by_size``); empty on any other GPU, a pre-made MIG instance included."""
+    mig_taken: list[MigPlacement] = dataclasses.field(default_factory=list)
+    """The placements of the MIG instances its pods hold or are reserved, one per device."""
 
     @classmethod
     def of(cls, dev: DeviceInfo, *, cordoned: bool = False, node: NodeName = _NO_NODE) -> Gpu:
         return cls(
+            mig_profiles=by_size(dev.mig_profiles) if dev.mode == "mig" else (),
             node=node,
             refused=ZERO_MEMORY if dev.devmem <= 0 else None,
             uuid=GpuUuid(dev.id),
@@ -207,6 +223,8 @@ class NodeState:
     max_free_cores: int = 0
     """The most cores left on one usable GPU with a free slot (as ``max_free_mem`` for memory)."""
     type_key: tuple[str, ...] = ()
+    has_mig: bool = False
+    """Whether a GPU of it is a dynamic MIG GPU (``Gpu.mig_profiles``)."""
     version: int = 0
     """Bumped whenever the GPUs' usage changes (``ClusterModel._summarize``): with the object's
     identity (re-registered GPUs make a new one), it says whether a fit could differ from before."""
@@ -278,6 +296,10 @@ class Contribution:
     in_doubt: bool = False
     """A reservation held for a Binding whose answer was lost (``hold_in_doubt``): the pod may be
     bound through it."""
+    mig: tuple[MigAllocation, ...] = ()
+    """The MIG instance of each device on a dynamic MIG GPU (``Gpu.mig_taken``)."""
+    mig_raw: str | None = None
+    """The ``hami.io/vgpu-mig-allocations`` an allocation's ``mig`` was decoded from."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -475,6 +497,7 @@ def node_from_json(
                 (Gpu.of(d, cordoned=d.id in cordon, node=name) for d in devices), key=lambda g: g.index
             )
             state.by_uuid = {g.uuid: g for g in state.gpus}
+            state.has_mig = any(g.mig_profiles for g in state.gpus)
             state.type_key = tuple(sorted({g.type_upper for g in state.gpus}))
             problem = _read_scores(state, ann.get(keys.NODE_SCORE), uid=str(meta.get("uid", "")))
     state.refresh_summary()
@@ -518,6 +541,7 @@ class _PodInfo:
     node: NodeName | None
     """``spec.nodeName``: None while the pod is not bound."""
     allocated: str | None
+    mig_raw: str | None
     n_init: int
     sidecars: frozenset[int]
     finished: bool
@@ -530,7 +554,9 @@ def _pod_info(pod: Mapping[str, Any]) -> _PodInfo:
     ann = meta.get("annotations") or {}
     node = spec.get("nodeName") or None
     allocated = ann.get(keys.DEVICES_ALLOCATED)
+    mig = ann.get(keys.MIG_ALLOCATIONS)
     return _PodInfo(
+        mig_raw=mig if isinstance(mig, str) and mig else None,
         uid=PodUid(str(meta.get("uid", ""))),
         namespace=str(meta.get("namespace", "")),
         name=str(meta.get("name", "")),
@@ -725,8 +751,11 @@ class ClusterModel:
         """``state``'s usage from its pods; before its GPUs are claimed (``claims.replace``)."""
         for gpu in state.gpus:
             gpu.used_slots = gpu.used_mem = gpu.used_cores = 0
+            gpu.mig_taken.clear()
         for uid in self._by_node.get(state.name, ()):
-            self._add_usage(state, self.contributions[uid].usage, 1)
+            contribution = self.contributions[uid]
+            self._add_usage(state, contribution.usage, 1)
+            self._add_mig(state, contribution.mig, 1)
         self._summarize(state)
 
     def _summarize(self, state: NodeState) -> None:
@@ -753,6 +782,30 @@ class ClusterModel:
                 if other is not None:
                     self._summarize(other)
 
+    @staticmethod
+    def _add_mig(state: NodeState, mig: Sequence[MigAllocation], sign: int) -> None:
+        for allocation in mig:
+            gpu = state.by_uuid.get(GpuUuid(allocation.gpu_uuid))
+            if gpu is None or not gpu.mig_profiles:
+                continue  # no longer a dynamic MIG GPU of this node: it holds nothing there
+            if sign > 0:
+                gpu.mig_taken.append(allocation.placement)
+            elif allocation.placement in gpu.mig_taken:
+                gpu.mig_taken.remove(allocation.placement)
+
+    def mig_plan(
+        self, node: NodeName, devices: PodDevices, *, exclude: PodUid | None = None
+    ) -> tuple[MigAllocation, ...] | None:
+        """The MIG allocations of ``devices`` on ``node`` as it is now, less what ``exclude`` holds
+        (``mig_placement.plan_allocations``): () on a node without dynamic MIG GPUs, None when a
+        device finds no room."""
+        state = self.nodes.get(node)
+        if state is None or not state.has_mig:
+            return ()
+        return plan_allocations(
+            devices, mig_gpus(state, self.contributions.get(exclude) if exclude else None)
+        )
+
     # -- contributions --------------------------------------------------------------------------
 
     def _set(self, contribution: Contribution | None, uid: PodUid, *, quiet: bool = False) -> None:
@@ -764,6 +817,7 @@ class ClusterModel:
             state = self.nodes.get(old.node)
             if state is not None:
                 self._add_usage(state, old.usage, -1)
+                self._add_mig(state, old.mig, -1)
                 if contribution is None or contribution.node != old.node:
                     self._summarize(state)
             if not quiet and (contribution is None or contribution.node != old.node):
@@ -776,6 +830,7 @@ class ClusterModel:
             state = self.nodes.get(contribution.node)
             if state is not None:
                 self._add_usage(state, contribution.usage, 1)
+                self._add_mig(state, contribution.mig, 1)
                 self._summarize(state)
             if contribution.expires_at is not None:
                 heapq.heappush(self._expiry, (contribution.expires_at, uid))
@@ -869,16 +924,19 @@ class ClusterModel:
             and current.source == "allocated"
             and current.node == info.node
             and current.raw == info.allocated
+            and current.mig_raw == info.mig_raw
         ):
             return []
         try:
             devices = decode_pod_devices(info.allocated, field=keys.DEVICES_ALLOCATED)
+            mig = decode_mig_allocations(info.mig_raw) if info.mig_raw else ()
         except ProtocolError as exc:
             self._set(None, uid)
             self._set_bad(uid, info.node)
-            return [
-                Problem("Pod", info.name, info.namespace, uid, keys.DEVICES_ALLOCATED, exc.field, str(exc))
-            ]
+            annotation = (
+                keys.MIG_ALLOCATIONS if exc.field.startswith(keys.MIG_ALLOCATIONS) else keys.DEVICES_ALLOCATED
+            )
+            return [Problem("Pod", info.name, info.namespace, uid, annotation, exc.field, str(exc))]
         self._set_bad(uid, None)
         self._set(
             Contribution(
@@ -893,6 +951,8 @@ class ClusterModel:
                 expires_at=None,
                 raw=info.allocated,
                 sidecars=info.sidecars,
+                mig=mig,
+                mig_raw=info.mig_raw,
             ),
             uid,
         )
@@ -929,7 +989,9 @@ class ClusterModel:
         expires_at: float,
         sidecars: frozenset[int] = frozenset(),
     ) -> None:
-        """Record a decision at once, so the next filter sees it; replaces the pod's previous one."""
+        """Record a decision at once, so the next filter sees it; replaces the pod's previous one.
+        Its MIG instances are planned on the node as it is, less the pod's previous decision."""
+        mig = self.mig_plan(node, devices, exclude=uid) or ()
         self._set(
             Contribution(
                 uid=uid,
@@ -942,6 +1004,7 @@ class ClusterModel:
                 source="reserved",
                 expires_at=expires_at,
                 sidecars=sidecars,
+                mig=mig,
             ),
             uid,
         )
@@ -957,10 +1020,12 @@ class ClusterModel:
         n_init: int,
         raw: str,
         sidecars: frozenset[int] = frozenset(),
+        mig: tuple[MigAllocation, ...] = (),
+        mig_raw: str | None = None,
     ) -> None:
-        """Record a bind of ours about to write ``raw`` (source ``binding``): it counts while the pod
-        is annotated but not bound, until ``allocate`` or ``release``."""
-        self._record(uid, namespace, name, node, devices, n_init, raw, "binding", sidecars)
+        """Record a bind of ours about to write ``raw`` and ``mig_raw`` (source ``binding``): it
+        counts while the pod is annotated but not bound, until ``allocate`` or ``release``."""
+        self._record(uid, namespace, name, node, devices, n_init, raw, "binding", sidecars, mig, mig_raw)
 
     def allocate(
         self,
@@ -973,10 +1038,12 @@ class ClusterModel:
         n_init: int,
         raw: str,
         sidecars: frozenset[int] = frozenset(),
+        mig: tuple[MigAllocation, ...] = (),
+        mig_raw: str | None = None,
     ) -> None:
         """Record an allocation written and bound by our bind before its watch event arrives (the
-        event, carrying the same ``raw`` annotation, is then a no-op)."""
-        self._record(uid, namespace, name, node, devices, n_init, raw, "allocated", sidecars)
+        event, carrying the same ``raw`` and ``mig_raw`` annotations, is then a no-op)."""
+        self._record(uid, namespace, name, node, devices, n_init, raw, "allocated", sidecars, mig, mig_raw)
 
     def _record(
         self,
@@ -989,6 +1056,8 @@ class ClusterModel:
         raw: str,
         source: Source,
         sidecars: frozenset[int],
+        mig: tuple[MigAllocation, ...],
+        mig_raw: str | None,
     ) -> None:
         self._set(
             Contribution(
@@ -1002,6 +1071,8 @@ class ClusterModel:
                 source=source,
                 raw=raw,
                 sidecars=sidecars,
+                mig=mig,
+                mig_raw=mig_raw,
             ),
             uid,
         )
@@ -1068,6 +1139,21 @@ class ClusterModel:
 
     def pods_on(self, node: NodeName) -> list[Contribution]:
         return [self.contributions[uid] for uid in self._by_node.get(node, ())]
+
+
+def mig_gpus(state: NodeState, exclude: Contribution | None = None) -> dict[str, MigGpu]:
+    """``state``'s dynamic MIG GPUs as ``plan_allocations`` takes them: profiles and the
+    placements taken, less those of ``exclude``."""
+    own = [a for a in exclude.mig if exclude.node == state.name] if exclude is not None else []
+    gpus: dict[str, MigGpu] = {}
+    for gpu in state.gpus:
+        if gpu.mig_profiles:
+            taken = list(gpu.mig_taken)
+            for allocation in own:
+                if allocation.gpu_uuid == gpu.uuid and allocation.placement in taken:
+                    taken.remove(allocation.placement)
+            gpus[gpu.uuid] = (gpu.mig_profiles, taken)
+    return gpus
 
 
 def now_epoch() -> float:
