@@ -1,16 +1,21 @@
 """Which MIG instances the node's pods hold (pure): active pods only (a pod being deleted still
 holds its own), a malformed record stops the reconcile, a container's records checked as HAMi's
-plugin checks them."""
+plugin checks them; the serving rules on a dynamic MIG GPU (the device planned is a whole profile
+covering the ask)."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
+import builders
 import pytest
+from allocator_support import dev, waiting_pod
 
+from hamipy.device_plugin.allocating import ServeRules, problems
 from hamipy.device_plugin.mig_records import MigKey, active_records, container_records, desired_keys
 from hamipy.protocol import ProtocolError, keys
+from hamipy.protocol.devices import MigPlacement, MigProfile
 
 GPU = "GPU-aaaa"
 
@@ -67,3 +72,34 @@ def test_a_containers_records_are_by_device_and_must_match_its_devices() -> None
         ProtocolError, match="MIG reservation on GPU GPU-bbbb, device allocated on GPU GPU-aaaa"
     ):
         container_records(pod.records, 1, [GPU, GPU])
+
+
+# -- the serving rules on a dynamic MIG GPU: the planned device is a whole profile -------------------
+
+PROFILES = (
+    MigProfile("1g.10gb", 9856, 15, 1, (MigPlacement(0, 1),)),
+    MigProfile("3g.40gb", 40192, 43, 3, (MigPlacement(0, 4),)),
+)
+MIG_RULES = ServeRules(devmem={GPU: 81920}, mig_profiles={GPU: PROFILES})
+
+
+@pytest.mark.parametrize(
+    ("asks", "planned"),
+    [({"gpumem": 8000, "gpucores": 30}, (9856, 15)), ({"gpumem_percentage": 25}, (40192, 43))],
+    ids=["memory", "percentage"],
+)
+def test_a_profile_covering_the_ask_is_served(asks: dict[str, int], planned: tuple[int, int]) -> None:
+    pod = waiting_pod("p", builders.container("main", gpu=1, **asks), slots=[[dev(GPU, *planned)]])
+    assert problems(pod, MIG_RULES) == []
+
+
+@pytest.mark.parametrize(
+    ("planned", "why"),
+    [((9856, 15), "no profile of 20000 MiB or more"), ((20000, 15), "no profile of 20000 MiB or more")],
+    ids=["too-small", "not-a-profile"],
+)
+def test_a_mig_device_that_is_no_covering_profile_is_refused(planned: tuple[int, int], why: str) -> None:
+    pod = waiting_pod("p", builders.container("main", gpu=1, gpumem=20000), slots=[[dev(GPU, *planned)]])
+    (found,) = problems(pod, MIG_RULES)
+    assert why in found
+    assert GPU in found

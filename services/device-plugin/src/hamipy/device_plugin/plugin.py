@@ -203,6 +203,7 @@ class DevicePlugin:
                 scheduler_name=self.config.scheduler_name,
                 names=self.config.nvidia.resource_names,
                 devmem={d.id: d.devmem for d in inventory.register_devices()},
+                mig_profiles={d.id: d.mig_profiles for d in inventory.register_devices() if d.mig_profiles},
             ),
             device_ids=lambda: [d.id for d in inventory.kubelet_devices()],
             mig=mig,
