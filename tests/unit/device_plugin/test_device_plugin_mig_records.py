@@ -84,12 +84,15 @@ MIG_RULES = ServeRules(devmem={GPU: 81920}, mig_profiles={GPU: PROFILES})
 
 
 @pytest.mark.parametrize(
-    ("asks", "planned"),
-    [({"gpumem": 8000, "gpucores": 30}, (9856, 15)), ({"gpumem_percentage": 25}, (40192, 43))],
+    ("container", "planned"),
+    [
+        (builders.container("main", gpu=1, gpumem=8000, gpucores=30), (9856, 15)),
+        (builders.container("main", gpu=1, gpumem_percentage=25), (40192, 43)),
+    ],
     ids=["memory", "percentage"],
 )
-def test_a_profile_covering_the_ask_is_served(asks: dict[str, int], planned: tuple[int, int]) -> None:
-    pod = waiting_pod("p", builders.container("main", gpu=1, **asks), slots=[[dev(GPU, *planned)]])
+def test_a_profile_covering_the_ask_is_served(container: dict[str, Any], planned: tuple[int, int]) -> None:
+    pod = waiting_pod("p", container, slots=[[dev(GPU, *planned)]])
     assert problems(pod, MIG_RULES) == []
 
 
