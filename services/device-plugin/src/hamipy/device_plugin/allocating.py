@@ -35,6 +35,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final, TypeAlias
 
 from hamipy.protocol import ContainerDevice, ProtocolError, keys
+from hamipy.protocol.devices import MigProfile
 from hamipy.protocol.pod_devices import (
     clear_container_slot,
     decode_pod_devices,
@@ -93,6 +94,9 @@ class ServeRules:
     devmem: Mapping[str, int] = dataclasses.field(default_factory=dict)
     """This node's registered memory (MiB, scaled) per GPU UUID: what a memory percentage resolves
     against. A GPU not named here gets no percentage check."""
+    mig_profiles: Mapping[str, Sequence[MigProfile]] = dataclasses.field(default_factory=dict)
+    """The profiles of this node's dynamic MIG GPUs: a device planned there is a whole profile whose
+    memory covers the ask (its cores are the profile's, whatever the container asks)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -233,6 +237,16 @@ def _slot_problems(
         wanted = mem_mib
         if percent is not None and d.uuid in rules.devmem:
             wanted = rules.devmem[d.uuid] * percent // FULL_PERCENT  # percent is at most 100
+        if d.uuid in rules.mig_profiles:
+            if not any(
+                (p.memory_mb, p.core) == (d.usedmem, d.usedcores) and p.memory_mb >= (wanted or 0)
+                for p in rules.mig_profiles[d.uuid]
+            ):
+                found.append(
+                    f"{label} is planned {d.usedmem} MiB, {d.usedcores} % cores on MIG GPU {d.uuid}: no "
+                    f"profile of {wanted or 0} MiB or more has them"
+                )
+            continue
         if wanted is not None and d.usedmem != wanted:
             found.append(f"{label} asks for {wanted} MiB on {d.uuid} but is planned {d.usedmem}")
         if cores is not None and d.usedcores != cores:

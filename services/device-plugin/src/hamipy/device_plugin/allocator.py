@@ -52,10 +52,11 @@ from hamipy.device_plugin.cdi_specs import write_slot_spec
 from hamipy.device_plugin.devices import gpu_of, preferred_ids
 from hamipy.device_plugin.errors import AllocateError, DevicePluginError, KubeletUnreachable, UnknownDevice
 from hamipy.device_plugin.kube import NodeKube
+from hamipy.device_plugin.mig_lifecycle import MigLifecycle
 from hamipy.device_plugin.pod_cache import PodCache
 from hamipy.device_plugin.telemetry import Telemetry
 from hamipy.kube.errors import KubeError
-from hamipy.protocol import ProtocolError, keys
+from hamipy.protocol import ContainerDevice, ProtocolError, keys
 from hamipy.protocol.allocation_env import ContainerAllocation, Mount, container_allocation
 from hamipy.protocol.cdi import slot_cdi_devices
 from hamipy.protocol.config import NodeSettings, NvidiaConfig
@@ -121,11 +122,13 @@ class Allocator:
         rules: ServeRules | None = None,
         device_ids: Callable[[], Collection[str]] | None = None,
         cache_id: Callable[[], str] = lambda: uuid.uuid4().hex,
+        mig: MigLifecycle | None = None,
     ) -> None:
         """``kubelet``: the kubelet's active pods now (``PodResourcesClient.pods``); ``rules``: who
         may be served (default: ``hami-scheduler`` and ``nvidia``'s resource names); ``device_ids``:
         the IDs this plugin advertises, the only ones an Allocate may name (None: not checked; the
-        plugin always passes its inventory's)."""
+        plugin always passes its inventory's); ``mig``: the dynamic MIG GPUs' lifecycle (a ``mig``
+        node)."""
         self.api = api
         self.pods = pods
         self.kubelet = kubelet
@@ -135,6 +138,7 @@ class Allocator:
         self.rules = rules if rules is not None else ServeRules(names=nvidia.resource_names)
         self.device_ids = device_ids
         self.cache_id = cache_id
+        self.mig = mig
         self._serial = asyncio.Lock()
         self._reported: dict[str, str] = {}
         """Skipped pods already logged: uid -> the reason logged."""
@@ -316,27 +320,7 @@ class Allocator:
             span.set_attribute("k8s.container.name", served.container)
             span.set_attribute("hamipy.devices", ",".join(d.uuid for d in served.devices))
             try:
-                allocation = container_allocation(
-                    served.devices,
-                    pod_uid=served.uid,
-                    container_name=served.container,
-                    cache_id=self.cache_id(),
-                    hook_path=self.nvidia.hook_path,
-                    memory_scaling=self.node_settings.device_memory_scaling,
-                    core_policy=self.nvidia.gpu_core_policy,
-                    disable_core_limit=self.node_settings.disable_core_limit,
-                    log_level=self.node_settings.lib_cuda_log_level,
-                    task_priority=served.priority,
-                )
-                await asyncio.to_thread(_write_limits, allocation)
-                answer = await self._answer(allocation, served)
-                annotations = {keys.DEVICES_TO_ALLOCATE: served.to_allocate}
-                if served.done:
-                    annotations[keys.BIND_PHASE] = PHASE_SUCCESS
-                written = await self.api.patch_pod_annotations(
-                    served.namespace, served.name, served.uid, annotations
-                )
-                self.pods.remember(written)  # the next Allocate sees this container served
+                answer, devices = await self._make(pod, served)
                 if served.done:
                     await self._release_lock(served.namespace, served.name)
             except Exception as exc:
@@ -348,17 +332,71 @@ class Allocator:
                 "allocated",
                 slot=served.slot,
                 devices=[d.uuid for d in served.devices],
+                mig_devices=[d.uuid for d in devices if d not in served.devices],
                 cdi_devices=list(answer.cdi_devices),
                 pod_done=served.done,
             )
         self._count("success", "Allocated")
         return answer
 
-    async def _answer(self, allocation: ContainerAllocation, served: Served) -> Answer:
+    async def _make(self, pod: Mapping[str, Any], served: Served) -> tuple[Answer, list[ContainerDevice]]:
+        """The container's limits file and answer, and the pod's slot emptied; on a dynamic MIG GPU
+        its instances made first (under the MIG lock, after a reconcile) and recorded in the same
+        write, or destroyed again when a step fails."""
+        mig = self.mig if self.mig is not None and self.mig.serves(served.devices) else None
+        if mig is None:
+            return await self._write(served, served.devices, {}), served.devices
+        async with mig.lock:
+            await mig.sync()
+            realised = await mig.realise(pod, slot=served.slot, devices=served.devices)
+            try:
+                answer = await self._write(
+                    served, realised.devices, {keys.MIG_ALLOCATIONS: realised.annotation}, memory_scaling=1.0
+                )
+            except BaseException:
+                await mig.rollback(realised.made)
+                raise
+            return answer, realised.devices
+
+    async def _write(
+        self,
+        served: Served,
+        devices: Sequence[ContainerDevice],
+        annotations: Mapping[str, str],
+        *,
+        memory_scaling: float | None = None,
+    ) -> Answer:
+        """Limits file, answer, and the pod's slot emptied with ``annotations``."""
+        allocation = container_allocation(
+            devices,
+            pod_uid=served.uid,
+            container_name=served.container,
+            cache_id=self.cache_id(),
+            hook_path=self.nvidia.hook_path,
+            memory_scaling=self.node_settings.device_memory_scaling
+            if memory_scaling is None
+            else memory_scaling,
+            core_policy=self.nvidia.gpu_core_policy,
+            disable_core_limit=self.node_settings.disable_core_limit,
+            log_level=self.node_settings.lib_cuda_log_level,
+            task_priority=served.priority,
+        )
+        await asyncio.to_thread(_write_limits, allocation)
+        answer = await self._answer(allocation, served, [d.uuid for d in devices])
+        written_annotations = {**annotations, keys.DEVICES_TO_ALLOCATE: served.to_allocate}
+        if served.done:
+            written_annotations[keys.BIND_PHASE] = PHASE_SUCCESS
+        written = await self.api.patch_pod_annotations(
+            served.namespace, served.name, served.uid, written_annotations
+        )
+        self.pods.remember(written)  # the next Allocate sees this container served
+        return answer
+
+    async def _answer(self, allocation: ContainerAllocation, served: Served, uuids: list[str]) -> Answer:
         """The answer in the configured strategy; for ``cdi-cri`` the slot's spec written first."""
         if self.nvidia.device_list_strategy == "envvar":
             return Answer(allocation.envs, allocation.mounts, (), allocation.limits_path)
-        devices = slot_cdi_devices(served.uid, served.container, [d.uuid for d in served.devices])
+        devices = slot_cdi_devices(served.uid, served.container, uuids)
         await asyncio.to_thread(
             write_slot_spec,
             Path(self.nvidia.cdi_spec_dir),

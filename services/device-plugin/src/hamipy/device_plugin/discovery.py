@@ -3,6 +3,11 @@
 The same code runs over the real ``libnvidia-ml.so.1`` on a GPU node and over native/'s fake one
 elsewhere. NVML calls block, so the async callers run them in a thread (``asyncio.to_thread``).
 
+MIG (docs/device-plugin.md#mig): each GPU's MIG mode; on a ``mig`` node the allowed profiles as NVML
+gives them (HAMi's ``discoverMigProfiles``: memory, SM share of the largest profile's SMs, slice count,
+possible placements, and the most instances any allows); on a GPU in MIG mode its MIG devices (UUID,
+profile from the name, memory, SM share).
+
 Health follows NVIDIA's device plugin: a GPU turns Unhealthy on an XID critical-error event,
 except the XIDs an application causes (13, 31, 43, 45, 68, 109: a bad kernel, not a bad GPU).
 Where a GPU does not support events, it is polled instead: a GPU whose memory query fails is
@@ -17,25 +22,102 @@ read (``hamipy.protocol.node_scores`` turns the facts into scores).
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from typing import Final
+from typing import Any, Final
 
 import pynvml
 
-from hamipy.device_plugin.devices import Gpu
+from hamipy.device_plugin.devices import Gpu, MigDevice
 from hamipy.device_plugin.errors import NvmlError
+from hamipy.device_plugin.mig_manager import GI_PROFILES, mig_devices, possible_placements, slice_prefix
+from hamipy.protocol.devices import MigPlacement, MigProfile
 from hamipy.protocol.node_scores import NVLINK_MAX_LINKS, GpuLinks, NodeScores, node_scores
 
-__all__ = ["APPLICATION_XIDS", "HealthWatch", "Nvml", "discover_gpus", "read_node_scores"]
+__all__ = ["APPLICATION_XIDS", "AllowedProfiles", "HealthWatch", "Nvml", "discover_gpus", "read_node_scores"]
 
 APPLICATION_XIDS: Final = frozenset({13, 31, 43, 45, 68, 109})
 _MIB: Final = 1024 * 1024
 _LINK_SKIPPED: Final = (pynvml.NVMLError_NotSupported, pynvml.NVMLError_InvalidArgument)
 
 
+AllowedProfiles = Callable[[str], Sequence[str]]
+"""The MIG profile names a GPU model (its NVML name) may publish (the node's allow-list)."""
+
+
 def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+def _mig_enabled(handle: Any) -> bool:
+    """MIG mode is on now (False where the GPU has no MIG)."""
+    try:
+        current, _ = pynvml.nvmlDeviceGetMigMode(handle)
+    except pynvml.NVMLError_NotSupported:
+        return False
+    return bool(current == pynvml.NVML_DEVICE_MIG_ENABLE)
+
+
+def _full_sm(handle: Any) -> int:
+    """The SMs of the whole GPU: the most any GPU-instance profile has (HAMi's rule); 0 without MIG."""
+    counts = [0]
+    for profile_id in GI_PROFILES.values():
+        with contextlib.suppress(pynvml.NVMLError):
+            counts.append(
+                int(pynvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, profile_id).multiprocessorCount)
+            )
+    return max(counts)
+
+
+def _share(sm: int, full: int) -> int:
+    return math.ceil(sm * 100 / full) if full else 0
+
+
+def _mig_profiles(handle: Any, names: Sequence[str]) -> tuple[tuple[MigProfile, ...], int]:
+    """The allowed profiles as NVML reports them, and the most instances any of them allows
+    (HAMi's ``discoverMigProfiles``). A profile whose slice prefix is unknown, or whose info or
+    placements NVML does not give, is left out."""
+    full = _full_sm(handle)
+    profiles = []
+    capacity = 0
+    for name in names:
+        profile_id = GI_PROFILES.get(slice_prefix(name))
+        if profile_id is None:
+            continue
+        try:
+            info = pynvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, profile_id)
+            placements = possible_placements(handle, info.id)
+        except pynvml.NVMLError:
+            continue
+        profiles.append(
+            MigProfile(
+                name=name,
+                memory_mb=int(info.memorySizeMB),
+                core=_share(int(info.multiprocessorCount), full),
+                slice_count=int(info.sliceCount),
+                placements=tuple(MigPlacement(start=s, size=n) for s, n in placements),
+            )
+        )
+        capacity = max(capacity, int(info.instanceCount))
+    return tuple(profiles), capacity
+
+
+def _mig_instances(handle: Any) -> tuple[MigDevice, ...]:
+    """The MIG devices that exist on a MIG-enabled GPU."""
+    full = _full_sm(handle)
+    out = []
+    for device in mig_devices(handle):
+        name = _text(pynvml.nvmlDeviceGetName(device))
+        out.append(
+            MigDevice(
+                uuid=_text(pynvml.nvmlDeviceGetUUID(device)),
+                profile=name.rpartition(" MIG ")[2],
+                memory_mib=int(pynvml.nvmlDeviceGetMemoryInfo(device).total) // _MIB,
+                core=_share(int(pynvml.nvmlDeviceGetAttributes(device).multiprocessorCount), full),
+            )
+        )
+    return tuple(out)
 
 
 class Nvml:
@@ -52,16 +134,20 @@ class Nvml:
         with contextlib.suppress(pynvml.NVMLError):
             pynvml.nvmlShutdown()
 
-    def gpus(self) -> list[Gpu]:
-        """Every GPU, in NVML index order."""
+    def gpus(self, allowed: AllowedProfiles | None = None) -> list[Gpu]:
+        """Every GPU, in NVML index order; with ``allowed`` (a ``mig`` node) each GPU's allowed
+        MIG profiles."""
         try:
-            return [self._gpu(i) for i in range(pynvml.nvmlDeviceGetCount())]
+            return [self._gpu(i, allowed) for i in range(pynvml.nvmlDeviceGetCount())]
         except pynvml.NVMLError as exc:
             raise NvmlError(f"NVML device query failed: {exc}") from exc
 
     @staticmethod
-    def _gpu(index: int) -> Gpu:
+    def _gpu(index: int, allowed: AllowedProfiles | None) -> Gpu:
         handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        name = _text(pynvml.nvmlDeviceGetName(handle))
+        enabled = _mig_enabled(handle)
+        profiles, capacity = _mig_profiles(handle, allowed(name)) if allowed is not None else ((), 0)
         try:
             numa = int(pynvml.nvmlDeviceGetNumaNodeId(handle))
         except pynvml.NVMLError:
@@ -70,10 +156,14 @@ class Nvml:
         return Gpu(
             index=index,
             uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
-            name=_text(pynvml.nvmlDeviceGetName(handle)),
+            name=name,
             memory_mib=int(memory.total) // _MIB,
             numa=max(numa, 0),
             pci_bus_id=_text(pynvml.nvmlDeviceGetPciInfo(handle).busId),
+            mig_enabled=enabled,
+            mig_profiles=profiles,
+            mig_capacity=capacity,
+            mig_devices=_mig_instances(handle) if enabled else (),
         )
 
     def topology(self, uuids: Sequence[str]) -> tuple[list[GpuLinks], dict[tuple[str, str], int]]:
@@ -118,10 +208,11 @@ def read_node_scores(uuids: Sequence[str]) -> tuple[NodeScores, list[tuple[str, 
     return node_scores(links, levels)
 
 
-def discover_gpus() -> list[Gpu]:
-    """Every GPU of this node, in NVML index order (blocking)."""
+def discover_gpus(allowed: AllowedProfiles | None = None) -> list[Gpu]:
+    """Every GPU of this node, in NVML index order, with the MIG profiles ``allowed`` gives for its
+    model (a ``mig`` node) and its MIG devices (blocking)."""
     with Nvml() as nvml:
-        return nvml.gpus()
+        return nvml.gpus(allowed)
 
 
 class HealthWatch:

@@ -3,6 +3,7 @@
     Exception
      └── DevicePluginError        something the plugin could not do; the message names the object
           ├── NvmlError           NVML could not be loaded or answered an error (discovery, health)
+          ├── MigError            a MIG instance could not be made, found, adopted or destroyed
           └── AllocateError       an Allocate request cannot be served; the message is the gRPC
                │                  status detail the kubelet shows on the pod (FAILED_PRECONDITION)
                ├── UnknownDevice  it names device IDs that are not this plugin's (INVALID_ARGUMENT)
@@ -17,7 +18,14 @@ that dies is not an exception here: the plugin's supervisor logs it and ends the
 
 from __future__ import annotations
 
-__all__ = ["AllocateError", "DevicePluginError", "KubeletUnreachable", "NvmlError", "UnknownDevice"]
+__all__ = [
+    "AllocateError",
+    "DevicePluginError",
+    "KubeletUnreachable",
+    "MigError",
+    "NvmlError",
+    "UnknownDevice",
+]
 
 
 class DevicePluginError(Exception):
@@ -26,6 +34,11 @@ class DevicePluginError(Exception):
 
 class NvmlError(DevicePluginError):
     """NVML failed: not loadable, or a call returned an error."""
+
+
+class MigError(DevicePluginError):
+    """A MIG instance could not be made, adopted or destroyed; the message names the GPU, the
+    profile and placement or the MIG UUID."""
 
 
 class AllocateError(DevicePluginError):

@@ -10,7 +10,9 @@ Every long-lived task runs under one ``hamipy.serving.supervision.Supervisor``, 
 - ``device-plugin:pod-informer``: this node's pods (``pod_cache``, ``hamipy.kube.informer``);
 - ``device-plugin:health-watch``: the NVML health watch, in a worker thread (``discovery``);
 - ``device-plugin:health-record``: its findings into the inventory;
-- ``device-plugin:events``: the Events about this node (``hamipy.kube.events``).
+- ``device-plugin:events``: the Events about this node (``hamipy.kube.events``);
+- ``device-plugin:mig-reconcile``: on a ``mig`` node, the dynamic MIG instances adopted at start
+  and reconciled with this node's pods every few seconds (``mig_lifecycle``).
 
 Each retries what is expected to fail (API errors, an absent kubelet). One that dies anyway (a bug,
 or a forever-task that returned) is logged with its name and error, turns ``/readyz`` to 503 with
@@ -33,12 +35,14 @@ from prometheus_client import generate_latest
 
 from hamipy.device_plugin.allocating import ServeRules
 from hamipy.device_plugin.allocator import Allocator
-from hamipy.device_plugin.devices import Gpu
+from hamipy.device_plugin.devices import MIG_SINGLE_UNSPLIT, MODE_MIG, Gpu, dynamic_mig_gpus, mig_findings
 from hamipy.device_plugin.discovery import HealthWatch, discover_gpus, read_node_scores
-from hamipy.device_plugin.errors import NvmlError
+from hamipy.device_plugin.errors import DevicePluginError, NvmlError
 from hamipy.device_plugin.inventory import Inventory
 from hamipy.device_plugin.kube import NodeKube, node_pods_informer
 from hamipy.device_plugin.kubelet_pods import PodResourcesClient
+from hamipy.device_plugin.mig_lifecycle import MigLifecycle
+from hamipy.device_plugin.mig_manager import MigManager
 from hamipy.device_plugin.node_registration import register_node_forever
 from hamipy.device_plugin.pod_cache import PodCache
 from hamipy.device_plugin.servicer import DevicePluginServicer
@@ -105,8 +109,9 @@ async def _run_in_thread(source: HealthSource) -> None:
 
 
 class DevicePlugin:
-    """Wiring of one plugin instance. ``discover``, ``health_watch`` and ``read_scores`` reach NVML
-    (tests hand in fakes)."""
+    """Wiring of one plugin instance. ``discover``, ``health_watch``, ``read_scores`` and
+    ``mig_manager`` reach NVML (tests hand in fakes); ``discover`` None reads the GPUs, with the
+    allowed MIG profiles on a ``mig`` node."""
 
     def __init__(
         self,
@@ -115,19 +120,25 @@ class DevicePlugin:
         settings: PluginSettings,
         telemetry: Telemetry,
         api: KubeApi,
-        discover: Callable[[], list[Gpu]] = discover_gpus,
+        discover: Callable[[], list[Gpu]] | None = None,
         health_watch: HealthWatchFactory = HealthWatch,
         read_scores: ScoreReader = read_node_scores,
+        mig_manager: MigManager | None = None,
     ) -> None:
         self.config = config
         self.settings = settings
         self.telemetry = telemetry
-        self.discover = discover
         self.health_watch = health_watch
         self.read_scores = read_scores
         self.logger = telemetry.logger.bind(node=settings.node_name)
         self.kube = NodeKube(api, node_name=settings.node_name, timeout_s=settings.api_timeout_s)
         self.node_settings = config.for_node(settings.node_name)
+        allowed = (
+            self.node_settings.allowed_mig_profiles if self.node_settings.operating_mode == MODE_MIG else None
+        )
+        self.discover = discover if discover is not None else functools.partial(discover_gpus, allowed)
+        self.mig_manager = mig_manager if mig_manager is not None else MigManager()
+        self.mig: MigLifecycle | None = None
         self.supervisor = Supervisor(self.logger)
         self.events = EventRecorder(
             api, component=SERVICE_NAME, logger=self.logger, timeout_s=settings.api_timeout_s
@@ -159,7 +170,23 @@ class DevicePlugin:
             gpus=[(g.index, g.uuid, g.name, g.memory_mib, g.numa) for g in gpus],
             device_list_strategy=self.config.nvidia.device_list_strategy,
         )
+        self._report_mig(gpus)
         inventory.scores = await self._pair_scores(inventory.uuids)
+        dynamic = [gpu.uuid for gpu in dynamic_mig_gpus(gpus, self.node_settings)]
+        mig = self.mig = (
+            MigLifecycle(
+                manager=self.mig_manager,
+                api=self.kube,
+                gpus=dynamic,
+                telemetry=self.telemetry,
+                events=self.events,
+            )
+            if dynamic
+            else None
+        )
+        if mig is not None:  # adopt and reset before the kubelet can call Allocate (HAMi's order)
+            async with mig.lock:
+                await mig.sync()
         kubelet = PodResourcesClient(
             self.settings.pod_resources_socket,
             self.config.nvidia.resource_count_name,
@@ -176,8 +203,10 @@ class DevicePlugin:
                 scheduler_name=self.config.scheduler_name,
                 names=self.config.nvidia.resource_names,
                 devmem={d.id: d.devmem for d in inventory.register_devices()},
+                mig_profiles={d.id: d.mig_profiles for d in inventory.register_devices() if d.mig_profiles},
             ),
             device_ids=lambda: [d.id for d in inventory.kubelet_devices()],
+            mig=mig,
         )
         servicer = DevicePluginServicer(inventory=inventory, allocator=allocator, telemetry=self.telemetry)
         loop = asyncio.get_running_loop()
@@ -206,6 +235,8 @@ class DevicePlugin:
             start("device-plugin:pod-informer", self.pods.run())
             start("device-plugin:health-watch", _run_in_thread(health))
             start("device-plugin:health-record", record_health())
+            if mig is not None:
+                start("device-plugin:mig-reconcile", mig.run(self.settings.mig_reconcile_interval_s))
             start(
                 "device-plugin:node-register",
                 register_node_forever(
@@ -232,6 +263,23 @@ class DevicePlugin:
             await kubelet.close()
             await server.close()
             self.logger.info("stopped", failure=self.supervisor.failure)
+
+    def _report_mig(self, gpus: list[Gpu]) -> None:
+        """Log and put on the node as Warning Events the GPUs MIG leaves out; a ``single`` node
+        with a GPU that is not split is not served (``DevicePluginError``)."""
+        findings = mig_findings(gpus, self.node_settings)
+        refused = [f.message for f in findings if f.reason == MIG_SINGLE_UNSPLIT]
+        if refused:
+            raise DevicePluginError("; ".join(refused))
+        node = {"kind": "Node", "name": self.settings.node_name, "uid": self.settings.node_name}
+        for finding in findings:
+            self.logger.warning(
+                "GPU not registered",
+                device_uuid=finding.gpu.uuid,
+                reason=finding.reason,
+                message=finding.message,
+            )
+            self.events.emit(node, finding.reason, finding.message, warning=True)
 
     async def _pair_scores(self, uuids: list[str]) -> str | None:
         """The ``hami.io/node-nvidia-score`` value of the registered GPUs; None (logged) where the

@@ -46,6 +46,8 @@ class PluginSettings:
     kubelet deletes every socket, and the plugin must serve and register again."""
     health_poll_s: float = 5.0
     """NVML event wait (and, where events are not supported, polling) period for GPU health."""
+    mig_reconcile_interval_s: float = 5.0
+    """How often a ``mig`` node's dynamic MIG instances are reconciled with its pods (HAMi's period)."""
     api_timeout_s: float = tuning(10.0, "seconds per Kubernetes API call")
     grpc_timeout_s: float = 10.0
     """Per call to the kubelet (Register, PodResources List)."""
