@@ -27,47 +27,14 @@ import pynvml
 import structlog
 
 from hamipy.monitor.errors import NvmlError
+from hamipy.monitor.gpu_samples import HostGpuSample, MigDeviceSample, mig_profile
 from hamipy.monitor.telemetry import Metrics
 from hamipy.protocol.node_devices import device_type
 
-__all__ = ["HostGpuSample", "HostGpus", "MigDeviceSample", "NvmlHostGpus", "mig_profile"]
+__all__ = ["HostGpus", "NvmlHostGpus"]
 
 _T = TypeVar("_T")
 _RETRY_S: Final = 30.0
-_MIG_NAME: Final = " MIG "
-
-
-def mig_profile(nvml_name: str) -> str:
-    """The profile in a MIG device's NVML name (``NVIDIA A100-SXM4-40GB MIG 1g.5gb`` -> ``1g.5gb``);
-    "" for a name without one."""
-    _, found, profile = nvml_name.rpartition(_MIG_NAME)
-    return profile.strip() if found else ""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class MigDeviceSample:
-    """One MIG instance of a MIG-enabled GPU as NVML reports it now; None where NVML could not say."""
-
-    uuid: str
-    profile: str
-    gpu_instance_id: int | None
-    compute_instance_id: int | None
-    memory_used_bytes: int | None
-    memory_total_bytes: int | None
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class HostGpuSample:
-    """One GPU as NVML reports it now; None where NVML could not say."""
-
-    index: int
-    uuid: str
-    device_type: str
-    memory_used_bytes: int | None
-    memory_total_bytes: int | None
-    utilization_percent: int | None
-    mig_enabled: bool = False
-    mig_devices: tuple[MigDeviceSample, ...] = ()
 
 
 class HostGpus(Protocol):
@@ -190,14 +157,14 @@ class NvmlHostGpus:
             mig_devices=self._mig_devices(d, where) if mig_enabled else (),
         )
 
-    def _mig_enabled(self, d: _Device, where: dict[str, Any]) -> bool:
+    def _mig_enabled(self, d: _Device, where: dict[str, Any]) -> bool | None:
         try:
             current, _pending = pynvml.nvmlDeviceGetMigMode(d.handle)
         except pynvml.NVMLError_NotSupported:
             return False  # a GPU without MIG: the normal case, nothing to report
         except pynvml.NVMLError as exc:
             self._failed(where, "nvmlDeviceGetMigMode", exc)
-            return False
+            return None
         self._answered(where, "nvmlDeviceGetMigMode")
         return bool(current == pynvml.NVML_DEVICE_MIG_ENABLE)
 
