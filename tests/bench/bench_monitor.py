@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from _results import percentiles_us, record, time_calls
 
-from hamipy.monitor.host_gpus import HostGpuSample
+from hamipy.monitor.gpu_samples import HostGpuSample
 from hamipy.monitor.monitor import Monitor
 from hamipy.monitor.settings import MonitorSettings
 from hamipy.monitor.telemetry import Telemetry

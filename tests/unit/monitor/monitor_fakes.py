@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hamipy.monitor.host_gpus import HostGpuSample
+from hamipy.monitor.gpu_samples import HostGpuSample
 from hamipy.monitor.telemetry import Telemetry
 from hamipy.protocol import keys
 from hamipy.protocol.allocation_env import region_host_dir

@@ -6,13 +6,9 @@ from __future__ import annotations
 import asyncio
 import io
 import struct
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import aiohttp
-import pytest
 from builders import running_pod
 from fake_kube import FakeKube, watch_event
 from monitor_fakes import (
@@ -26,108 +22,16 @@ from monitor_fakes import (
     telemetry,
     write_region,
 )
-from prometheus_client.parser import text_string_to_metric_families
+from running_monitor import NODE, PODS, Start, key, vgpu
 
 from hamipy.devcluster import wait_for
 from hamipy.kube.errors import KubeError
-from hamipy.monitor.host_gpus import HostGpuSample
+from hamipy.monitor.gpu_samples import HostGpuSample
 from hamipy.monitor.monitor import Monitor
 from hamipy.monitor.settings import MonitorSettings
-from hamipy.monitor.telemetry import Telemetry
 from hamipy.protocol.region import OFFSET_RECENT_KERNEL, OFFSET_UTILIZATION_SWITCH, build_region, parse_region
 
-NODE = "gpu-node"
-PODS = "/api/v1/pods"
-ON_NODE = f"spec.nodeName={NODE}"
 HOST = HostGpuSample(0, GPU_A, "NVIDIA A100-SXM4-80GB", 5 * MIB, 80 * 1024 * MIB, 37)
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-@dataclass
-class Running:
-    monitor: Monitor
-    api: FakeKube
-    telemetry: Telemetry
-    log: io.StringIO
-    hook: Path
-    gpus: FakeHostGpus | None
-    clock: list[float] = field(default_factory=lambda: [1000.0])
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.monitor.metrics_port}"
-
-    async def get(self, path: str) -> tuple[int, str]:
-        async with (
-            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session,
-            session.get(self.url + path) as resp,
-        ):
-            return resp.status, await resp.text()
-
-    async def scrape(self) -> Samples:
-        status, body = await self.get("/metrics")
-        assert status == 200
-        return {
-            (s.name, frozenset(s.labels.items())): s.value
-            for family in text_string_to_metric_families(body)
-            for s in family.samples
-        }
-
-
-Start = Callable[..., Any]
-
-
-@pytest.fixture
-async def start_monitor(tmp_path: Path) -> AsyncIterator[Start]:
-    """start_monitor(pods=[...], **settings) -> Running, stopped after the test."""
-    stops: list[tuple[asyncio.Event, asyncio.Task[str | None]]] = []
-    apis: list[FakeKube] = []
-
-    async def start(
-        pods: list[dict[str, Any]] | None = None, *, gpus: FakeHostGpus | None = None, **settings: Any
-    ) -> Running:
-        hook = tmp_path / "vgpu"
-        hook.mkdir(exist_ok=True)
-        t, stream = telemetry()
-        api = FakeKube(*(pods or []))
-        apis.append(api)
-        clock = [1000.0]
-        values = {"metrics_host": "127.0.0.1", "metrics_port": 0, "feedback_interval_s": 3600.0, **settings}
-        monitor = Monitor(
-            settings=MonitorSettings(node_name=NODE, hook_path=hook, **values),
-            telemetry=t,
-            api=api,
-            host_gpus=gpus,
-            wall_clock=lambda: 1_750_000_000.0,
-            monotonic=lambda: clock[0],
-        )
-        stop = asyncio.Event()
-        task = asyncio.create_task(monitor.run(stop), name="test:monitor")
-        stops.append((stop, task))
-        await wait_for(lambda: monitor.metrics_port is not None and monitor.pods.synced.is_set(), timeout=10)
-        return Running(monitor, api, t, stream, hook, gpus, clock)
-
-    yield start
-    for stop, task in stops:
-        stop.set()
-        assert await asyncio.wait_for(task, timeout=10) is None, "stopped, no task died"
-    for api in apis:
-        asked = {(r.method, r.path, r.query.get("fieldSelector")) for r in [*api.requests, *api.watches]}
-        assert asked == {("GET", PODS, ON_NODE), ("WATCH", PODS, ON_NODE)}, "only its node's pods, only read"
-
-
-def key(name: str, **labels: str) -> tuple[str, frozenset[tuple[str, str]]]:
-    return name, frozenset(labels.items())
-
-
-def vgpu(pod: str, container: str, index: int = 0, uuid: str = GPU_A, ns: str = "ns") -> dict[str, str]:
-    return {
-        "namespace": ns,
-        "pod": pod,
-        "container": container,
-        "vdevice_index": str(index),
-        "device_uuid": uuid,
-    }
 
 
 async def test_metrics_report_limits_and_use_per_container_and_host_gpu(start_monitor: Start) -> None:

@@ -13,7 +13,14 @@ Per container and device, labels ``namespace, pod, container, vdevice_index, dev
 
 Per host GPU, labels ``node, device_index, device_uuid, device_type``: ``hami_host_gpu_memory_used_bytes``,
 ``hami_host_gpu_utilization_ratio`` (percent, 0-100 as upstream) and our
-``hamipy_monitor_host_gpu_memory_total_bytes``.
+``hamipy_monitor_host_gpu_memory_total_bytes`` and ``hamipy_monitor_host_gpu_mig_enabled`` (1 or 0).
+Per MIG instance of a MIG-enabled GPU, the GPU's labels and ``mig_uuid, profile, gpu_instance_id,
+compute_instance_id``: ``hamipy_monitor_mig_device_memory_used_bytes`` and
+``hamipy_monitor_mig_device_memory_total_bytes``.
+
+Per container device on a MIG instance, HAMi's ``hami_mig_device_info`` (value 1), labels
+``namespace, pod, container, vdevice_index, device_uuid`` (the parent GPU), ``mig_uuid, profile,
+gpu_instance_id, compute_instance_id`` (``mig_info``); an id that is not known is an empty label.
 
 The monitor's view of its inputs: ``hamipy_monitor_container_region_state{namespace,pod,container,state}``
 (1 for the container's state: ``ok``, ``missing``, ``unreadable``), ``hamipy_monitor_region_files{state}``,
@@ -22,8 +29,9 @@ The monitor's view of its inputs: ``hamipy_monitor_container_region_state{namesp
 With ``legacy`` also HAMi's pre-2.9 names: ``HostGPUMemoryUsage``, ``HostCoreUtilization``
 (``nodeid, deviceidx, deviceuuid, devicetype``); ``vGPU_device_memory_usage_in_bytes``,
 ``vGPU_device_memory_limit_in_bytes``, ``Device_utilization_desc_of_container``,
-``Device_last_kernel_of_container`` (``podnamespace, podname, ctrname, vdeviceid, deviceuuid``), and
-``Device_memory_desc_of_container`` with the sizes as labels ``context, module, data, offset``.
+``Device_last_kernel_of_container`` (``podnamespace, podname, ctrname, vdeviceid, deviceuuid``),
+``Device_memory_desc_of_container`` with the sizes as labels ``context, module, data, offset``, and
+``MigInfo`` (the same labels and ``instanceid``, the GPU instance id).
 """
 
 from __future__ import annotations
@@ -36,14 +44,25 @@ from typing import Final
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from hamipy.monitor.host_gpus import HostGpuSample
+from hamipy.monitor.gpu_samples import HostGpuSample
+from hamipy.monitor.mig_info import MigInfoRow
 from hamipy.monitor.region_dirs import PROBLEMS, RegionReading
 from hamipy.monitor.usage import DeviceRow, UsageReport
 
-__all__ = ["CONTAINER_LABELS", "HOST_LABELS", "ScrapeData", "UsageCollector"]
+__all__ = [
+    "CONTAINER_LABELS",
+    "HOST_LABELS",
+    "MIG_HOST_LABELS",
+    "MIG_INFO_LABELS",
+    "ScrapeData",
+    "UsageCollector",
+]
 
 CONTAINER_LABELS: Final = ("namespace", "pod", "container", "vdevice_index", "device_uuid")
 HOST_LABELS: Final = ("node", "device_index", "device_uuid", "device_type")
+_MIG_IDENTITY: Final = ("mig_uuid", "profile", "gpu_instance_id", "compute_instance_id")
+MIG_HOST_LABELS: Final = (*HOST_LABELS, *_MIG_IDENTITY)
+MIG_INFO_LABELS: Final = (*CONTAINER_LABELS, *_MIG_IDENTITY)  # HAMi's, in its order
 _LEGACY_CONTAINER_LABELS: Final = ("podnamespace", "podname", "ctrname", "vdeviceid", "deviceuuid")
 _LEGACY_HOST_LABELS: Final = ("nodeid", "deviceidx", "deviceuuid", "devicetype")
 _FILE_STATES: Final = ("ok", *PROBLEMS)
@@ -51,12 +70,17 @@ _FILE_STATES: Final = ("ok", *PROBLEMS)
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ScrapeData:
-    """What one scrape read: the joined usage, the region readings, and the host GPUs (None when
-    NVML is off or failed)."""
+    """What one scrape read: the joined usage, the region readings, the host GPUs (None when
+    NVML is off or failed), and the container devices on MIG instances."""
 
     usage: UsageReport
     readings: Sequence[RegionReading]
     host: Sequence[HostGpuSample] | None
+    mig: Sequence[MigInfoRow] = ()
+
+
+def _id(value: int | None) -> str:
+    return "" if value is None else str(value)
 
 
 def _gauge(name: str, doc: str, labels: Sequence[str] = ()) -> GaugeMetricFamily:
@@ -101,6 +125,19 @@ class _Families:
         self.host_total = _gauge(
             "hamipy_monitor_host_gpu_memory_total_bytes", "GPU device memory in bytes", h
         )
+        self.host_mig = _gauge(
+            "hamipy_monitor_host_gpu_mig_enabled", "1 when the GPU is in MIG mode (NVML), else 0", h
+        )
+        m = MIG_HOST_LABELS
+        self.mig_used = _gauge(
+            "hamipy_monitor_mig_device_memory_used_bytes", "MIG instance memory usage in bytes", m
+        )
+        self.mig_total = _gauge(
+            "hamipy_monitor_mig_device_memory_total_bytes", "MIG instance memory in bytes", m
+        )
+        self.mig_info = _gauge(
+            "hami_mig_device_info", "MIG runtime identity for a container allocation", MIG_INFO_LABELS
+        )
         self.nvml_up = _gauge("hamipy_monitor_nvml_up", "1 when NVML answered this scrape, else 0")
         self.state = _gauge(
             "hamipy_monitor_container_region_state",
@@ -129,6 +166,7 @@ class _Families:
             self.l_last = _gauge(
                 "Device_last_kernel_of_container", "Container device last kernel description", lc
             )
+            self.l_mig = _gauge("MigInfo", "Mig device information for container", (*lc, "instanceid"))
             self.legacy = [
                 self.l_host_used,
                 self.l_host_util,
@@ -137,6 +175,7 @@ class _Families:
                 self.l_memory,
                 self.l_util,
                 self.l_last,
+                self.l_mig,
             ]
 
     def all(self) -> list[GaugeMetricFamily]:
@@ -153,6 +192,10 @@ class _Families:
             self.host_used,
             self.host_util,
             self.host_total,
+            self.host_mig,
+            self.mig_used,
+            self.mig_total,
+            self.mig_info,
             self.nvml_up,
             self.state,
             self.files,
@@ -188,6 +231,8 @@ class UsageCollector(Collector):
         f.nvml_up.add_metric([], 0 if data.host is None else 1)
         for gpu in data.host or ():
             self._host(f, gpu)
+        for mig in data.mig:
+            self._mig(f, mig)
         return iter(f.all())
 
     def _device(self, f: _Families, row: DeviceRow) -> None:
@@ -229,8 +274,23 @@ class UsageCollector(Collector):
             f.host_total.add_metric(labels, gpu.memory_total_bytes)
         if gpu.utilization_percent is not None:
             f.host_util.add_metric(labels, gpu.utilization_percent)
+        if gpu.mig_enabled is not None:
+            f.host_mig.add_metric(labels, 1 if gpu.mig_enabled else 0)
+        for mig in gpu.mig_devices:
+            ids = [mig.uuid, mig.profile, _id(mig.gpu_instance_id), _id(mig.compute_instance_id)]
+            if mig.memory_used_bytes is not None:
+                f.mig_used.add_metric([*labels, *ids], mig.memory_used_bytes)
+            if mig.memory_total_bytes is not None:
+                f.mig_total.add_metric([*labels, *ids], mig.memory_total_bytes)
         if f.legacy:
             if gpu.memory_used_bytes is not None:
                 f.l_host_used.add_metric(labels, gpu.memory_used_bytes)
             if gpu.utilization_percent is not None:
                 f.l_host_util.add_metric(labels, gpu.utilization_percent)
+
+    def _mig(self, f: _Families, row: MigInfoRow) -> None:
+        labels = [row.namespace, row.pod, row.container, str(row.vdevice_index), row.device_uuid]
+        ids = [_id(row.gpu_instance_id), _id(row.compute_instance_id)]
+        f.mig_info.add_metric([*labels, row.mig_uuid, row.profile, *ids], 1)
+        if f.legacy:
+            f.l_mig.add_metric([*labels, ids[0]], 1)

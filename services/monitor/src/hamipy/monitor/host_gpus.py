@@ -1,11 +1,18 @@
-"""Host GPU use from NVML through ``pynvml``: memory and utilization per GPU
-(docs/design.md#3-real-nvml-or-a-fake-driver).
+"""Host GPU use from NVML through ``pynvml``: memory and utilization per GPU, and per MIG instance
+of a MIG-enabled GPU (docs/design.md#3-real-nvml-or-a-fake-driver).
 
 The same code runs over the real ``libnvidia-ml.so.1`` and over native/'s fake one. NVML calls
 block, so callers run ``sample`` in a worker thread (the scrape does). NVML is initialised on the
 first sample and kept; if that fails it is tried again at most every ``retry_s``. A call that fails
 for one GPU leaves out that GPU's value (never a zero in its place), is counted in
-``hamipy_monitor_nvml_errors_total{call}`` and logged when it starts or stops failing.
+``hamipy_monitor_nvml_errors_total{call}`` and logged when it starts or stops failing. A value NVML
+does not give for a device (``NOT_SUPPORTED``: the utilization of a MIG-enabled GPU, memory on a
+unified-memory board) is left out too, logged once per device and call, and not counted as an error.
+
+MIG instances come and go with the pods (dynamic MIG), so they are listed on every sample, unlike
+the GPUs, which are listed once: a MIG-enabled GPU's instances are the MIG device handles NVML
+gives for it, each with its own memory (its UUID, GPU and compute instance ids, and the profile
+from its name, ``<GPU name> MIG <profile>``).
 """
 
 from __future__ import annotations
@@ -20,25 +27,14 @@ import pynvml
 import structlog
 
 from hamipy.monitor.errors import NvmlError
+from hamipy.monitor.gpu_samples import HostGpuSample, MigDeviceSample, mig_profile
 from hamipy.monitor.telemetry import Metrics
 from hamipy.protocol.node_devices import device_type
 
-__all__ = ["HostGpuSample", "HostGpus", "NvmlHostGpus"]
+__all__ = ["HostGpus", "NvmlHostGpus"]
 
 _T = TypeVar("_T")
 _RETRY_S: Final = 30.0
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class HostGpuSample:
-    """One GPU as NVML reports it now; None where NVML could not say."""
-
-    index: int
-    uuid: str
-    device_type: str
-    memory_used_bytes: int | None
-    memory_total_bytes: int | None
-    utilization_percent: int | None
 
 
 class HostGpus(Protocol):
@@ -61,6 +57,15 @@ class _Device:
     device_type: str
 
 
+_Key = tuple[str, int | None, str]
+
+
+def _key(where: dict[str, Any], call: str) -> _Key:
+    """A call on a GPU, or on one of its MIG slots: by slot rather than by MIG UUID, so that
+    instances made and destroyed over the months do not grow the monitor's memory."""
+    return (str(where["device_uuid"]), where.get("mig_index"), call)
+
+
 class NvmlHostGpus:
     """Host GPU samples from NVML; thread-safe."""
 
@@ -79,7 +84,9 @@ class NvmlHostGpus:
         self._lock = threading.Lock()
         self._devices: list[_Device] | None = None
         self._next_try = 0.0
-        self._failing: set[tuple[int, str]] = set()
+        # Calls failing now, and those NVML said it does not support (logged once), by ``_key``.
+        self._failing: set[_Key] = set()
+        self._unsupported: set[_Key] = set()
 
     def sample(self) -> list[HostGpuSample]:
         """Every GPU's memory use and utilization; ``NvmlError`` when NVML is not available."""
@@ -131,10 +138,14 @@ class NvmlHostGpus:
         return devices
 
     def _sample(self, d: _Device) -> HostGpuSample:
-        memory = self._call(d, "nvmlDeviceGetMemoryInfo", lambda: pynvml.nvmlDeviceGetMemoryInfo(d.handle))
-        rates = self._call(
-            d, "nvmlDeviceGetUtilizationRates", lambda: pynvml.nvmlDeviceGetUtilizationRates(d.handle)
+        where = {"device_index": d.index, "device_uuid": d.uuid}
+        memory = self._call(
+            where, "nvmlDeviceGetMemoryInfo", lambda: pynvml.nvmlDeviceGetMemoryInfo(d.handle)
         )
+        rates = self._call(
+            where, "nvmlDeviceGetUtilizationRates", lambda: pynvml.nvmlDeviceGetUtilizationRates(d.handle)
+        )
+        mig_enabled = self._mig_enabled(d, where)
         return HostGpuSample(
             index=d.index,
             uuid=d.uuid,
@@ -142,23 +153,91 @@ class NvmlHostGpus:
             memory_used_bytes=None if memory is None else int(memory.used),
             memory_total_bytes=None if memory is None else int(memory.total),
             utilization_percent=None if rates is None else int(rates.gpu),
+            mig_enabled=mig_enabled,
+            mig_devices=self._mig_devices(d, where) if mig_enabled else (),
         )
 
-    def _call(self, d: _Device, call: str, fn: Callable[[], _T]) -> _T | None:
-        key = (d.index, call)
+    def _mig_enabled(self, d: _Device, where: dict[str, Any]) -> bool | None:
+        try:
+            current, _pending = pynvml.nvmlDeviceGetMigMode(d.handle)
+        except pynvml.NVMLError_NotSupported:
+            return False  # a GPU without MIG: the normal case, nothing to report
+        except pynvml.NVMLError as exc:
+            self._failed(where, "nvmlDeviceGetMigMode", exc)
+            return None
+        self._answered(where, "nvmlDeviceGetMigMode")
+        return bool(current == pynvml.NVML_DEVICE_MIG_ENABLE)
+
+    def _mig_devices(self, d: _Device, where: dict[str, Any]) -> tuple[MigDeviceSample, ...]:
+        count = self._call(
+            where, "nvmlDeviceGetMaxMigDeviceCount", lambda: pynvml.nvmlDeviceGetMaxMigDeviceCount(d.handle)
+        )
+        found = []
+        for i in range(count or 0):
+            try:
+                handle = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(d.handle, i)
+            except pynvml.NVMLError_NotFound:
+                continue  # no instance in this slot
+            except pynvml.NVMLError as exc:
+                self._failed({**where, "mig_index": i}, "nvmlDeviceGetMigDeviceHandleByIndex", exc)
+                continue
+            self._answered({**where, "mig_index": i}, "nvmlDeviceGetMigDeviceHandleByIndex")
+            mig = self._mig_device({**where, "mig_index": i}, handle)
+            if mig is not None:
+                found.append(mig)
+        return tuple(found)
+
+    def _mig_device(self, where: dict[str, Any], handle: Any) -> MigDeviceSample | None:
+        uuid = self._call(where, "nvmlDeviceGetUUID", lambda: _text(pynvml.nvmlDeviceGetUUID(handle)))
+        if uuid is None:
+            return None  # nothing to name its series by; the failure is logged
+        where = {**where, "mig_uuid": uuid}
+        name = self._call(where, "nvmlDeviceGetName", lambda: _text(pynvml.nvmlDeviceGetName(handle)))
+        memory = self._call(where, "nvmlDeviceGetMemoryInfo", lambda: pynvml.nvmlDeviceGetMemoryInfo(handle))
+        gi = self._call(
+            where, "nvmlDeviceGetGpuInstanceId", lambda: int(pynvml.nvmlDeviceGetGpuInstanceId(handle))
+        )
+        ci = self._call(
+            where,
+            "nvmlDeviceGetComputeInstanceId",
+            lambda: int(pynvml.nvmlDeviceGetComputeInstanceId(handle)),
+        )
+        return MigDeviceSample(
+            uuid=uuid,
+            profile="" if name is None else mig_profile(name),
+            gpu_instance_id=gi,
+            compute_instance_id=ci,
+            memory_used_bytes=None if memory is None else int(memory.used),
+            memory_total_bytes=None if memory is None else int(memory.total),
+        )
+
+    def _call(self, where: dict[str, Any], call: str, fn: Callable[[], _T]) -> _T | None:
+        """``fn()``, or None (logged, and counted unless NVML does not support it) when it fails."""
         try:
             value = fn()
         except pynvml.NVMLError_NotSupported:
-            return None  # the GPU does not have it: not an error
-        except pynvml.NVMLError as exc:
-            self.metrics.nvml_errors.labels(call=call).inc()
-            if key not in self._failing:
-                self._failing.add(key)
-                self.logger.warning(
-                    "NVML call failed", call=call, device_index=d.index, device_uuid=d.uuid, error=str(exc)
+            key = _key(where, call)
+            if key not in self._unsupported:
+                self._unsupported.add(key)
+                self.logger.info(
+                    "NVML does not give this value for the device; it is left out", call=call, **where
                 )
             return None
+        except pynvml.NVMLError as exc:
+            self._failed(where, call, exc)
+            return None
+        self._answered(where, call)
+        return value
+
+    def _failed(self, where: dict[str, Any], call: str, exc: pynvml.NVMLError) -> None:
+        self.metrics.nvml_errors.labels(call=call).inc()
+        key = _key(where, call)
+        if key not in self._failing:
+            self._failing.add(key)
+            self.logger.warning("NVML call failed", call=call, error=str(exc), **where)
+
+    def _answered(self, where: dict[str, Any], call: str) -> None:
+        key = _key(where, call)
         if key in self._failing:
             self._failing.discard(key)
-            self.logger.info("NVML call answers again", call=call, device_index=d.index, device_uuid=d.uuid)
-        return value
+            self.logger.info("NVML call answers again", call=call, **where)

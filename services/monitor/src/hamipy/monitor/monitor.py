@@ -34,7 +34,9 @@ from hamipy.monitor.cdi_specs import CdiSpecs
 from hamipy.monitor.collector import ScrapeData, UsageCollector
 from hamipy.monitor.errors import NvmlError
 from hamipy.monitor.feedback import FeedbackInput, feedback
-from hamipy.monitor.host_gpus import HostGpus, HostGpuSample
+from hamipy.monitor.gpu_samples import HostGpuSample
+from hamipy.monitor.host_gpus import HostGpus
+from hamipy.monitor.mig_info import mig_info_rows
 from hamipy.monitor.pod_cache import PodCache
 from hamipy.monitor.region_dirs import RegionReading
 from hamipy.monitor.region_files import RegionFiles
@@ -101,12 +103,13 @@ class Monitor:
     def gather(self) -> ScrapeData:
         """Read everything one scrape reports."""
         readings = self.regions.read_all()
-        usage = usage_report(self.pods.snapshot, readings, now_s=self.wall_clock())
+        pods = self.pods.snapshot
+        usage = usage_report(pods, readings, now_s=self.wall_clock())
         host: list[HostGpuSample] | None = None
         if self.host_gpus is not None:
             with contextlib.suppress(NvmlError):  # logged and counted where it happened
                 host = self.host_gpus.sample()
-        return ScrapeData(usage=usage, readings=readings, host=host)
+        return ScrapeData(usage=usage, readings=readings, host=host, mig=mig_info_rows(pods, host))
 
     def render(self) -> bytes:
         """The ``/metrics`` body."""

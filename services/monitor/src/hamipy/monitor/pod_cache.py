@@ -95,16 +95,32 @@ class PodCache:
     def _record(self, pod: Mapping[str, Any], previous: Mapping[str, PodRecord]) -> PodRecord:
         """The pod's record; a malformed annotation is reported when first seen with that value."""
         record = pod_record(pod)
-        error = record.allocation_error
         known = previous.get(record.uid)
-        if error is not None and (known is None or known.annotation != record.annotation):
-            self.telemetry.metrics.malformed.labels(field=keys.DEVICES_ALLOCATED).inc()
-            self.logger.error(
+        checks = (
+            (
+                keys.DEVICES_ALLOCATED,
+                record.allocation_error,
+                record.annotation,
+                None if known is None else known.annotation,
                 "malformed annotation; the pod's GPU limits are not reported",
-                namespace=record.namespace,
-                pod=record.name,
-                uid=record.uid,
-                field=error.field,
-                error=str(error),
-            )
+            ),
+            (
+                keys.MIG_ALLOCATIONS,
+                record.mig_allocation_error,
+                record.mig_annotation,
+                None if known is None else known.mig_annotation,
+                "malformed annotation; the pod's MIG instances are not reported",
+            ),
+        )
+        for field, error, value, before, message in checks:
+            if error is not None and (known is None or before != value):
+                self.telemetry.metrics.malformed.labels(field=field).inc()
+                self.logger.error(
+                    message,
+                    namespace=record.namespace,
+                    pod=record.name,
+                    uid=record.uid,
+                    field=error.field,
+                    error=str(error),
+                )
         return record

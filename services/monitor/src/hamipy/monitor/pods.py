@@ -10,6 +10,12 @@ with exactly one slot per regular container that matches no such reading is the 
 HAMi versions and is read that way; anything else does not match the pod, and the pod's annotation
 is reported as malformed rather than guessed.
 
+A pod on dynamic MIG also has ``hami.io/vgpu-mig-allocations``: one record per device on a MIG
+GPU, naming the instance once the device plugin has made it. Such a device is the MIG instance the
+container sees: its allocated device is named by the instance's MIG UUID (as its region file and
+NVML inside the container name it) rather than by the parent GPU the device list carries. A record
+whose container index names no container of the pod makes the annotation malformed.
+
 Raw pod JSON is reduced to a ``PodRecord`` once per watch event, so a scrape reads small frozen
 records and never decodes an annotation.
 """
@@ -23,12 +29,19 @@ from typing import Any, Final
 from hamipy.protocol import keys
 from hamipy.protocol.devices import ContainerDevice
 from hamipy.protocol.errors import ProtocolError
+from hamipy.protocol.mig_allocations import MigAllocation, decode_mig_allocations, runtime_ready
 from hamipy.protocol.pod_devices import decode_pod_devices, slot_owners
 from hamipy.protocol.resources import container_request
 
-__all__ = ["TERMINAL_PHASES", "PodRecord", "pod_record"]
+__all__ = ["TERMINAL_PHASES", "PodRecord", "is_mig_uuid", "pod_record"]
 
 TERMINAL_PHASES: Final = frozenset({"Succeeded", "Failed"})
+_MIG_UUID_PREFIX: Final = "MIG-"
+
+
+def is_mig_uuid(uuid: str) -> bool:
+    """Whether a device UUID names a MIG instance (NVML's ``MIG-...``) rather than a GPU."""
+    return uuid.startswith(_MIG_UUID_PREFIX)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -38,7 +51,9 @@ class PodRecord:
     ``containers`` are init containers then regular ones, in spec order; ``allocations`` maps a
     container name to its devices (containers with no devices are left out); ``terminated`` names
     the containers whose status says they have stopped. ``allocation_error`` is the decoding error
-    of the annotation (``allocations`` is then empty) and ``annotation`` its raw value.
+    of the annotation (``allocations`` is then empty) and ``annotation`` its raw value;
+    ``mig_allocations``, ``mig_allocation_error`` and ``mig_annotation`` the same for
+    ``hami.io/vgpu-mig-allocations``.
     """
 
     uid: str
@@ -51,6 +66,9 @@ class PodRecord:
     terminated: frozenset[str] = frozenset()
     annotation: str | None = None
     allocation_error: ProtocolError | None = None
+    mig_allocations: tuple[MigAllocation, ...] = ()
+    mig_annotation: str | None = None
+    mig_allocation_error: ProtocolError | None = None
 
     @property
     def terminal(self) -> bool:
@@ -104,13 +122,41 @@ def _asking(spec: Mapping[str, Any]) -> list[bool]:
     return out
 
 
+def _mig_allocations(value: str, containers: int) -> tuple[MigAllocation, ...]:
+    """The records of the annotation value; raises ``ProtocolError``."""
+    records = decode_mig_allocations(value)
+    for i, a in enumerate(records):
+        if a.container_index >= containers:
+            raise ProtocolError(
+                f"{keys.MIG_ALLOCATIONS}[{i}].containerIndex",
+                a.container_index,
+                f"the pod has {containers} containers (init containers included)",
+            )
+    return records
+
+
+def _on_instances(
+    allocations: dict[str, tuple[ContainerDevice, ...]], names: list[str], records: tuple[MigAllocation, ...]
+) -> dict[str, tuple[ContainerDevice, ...]]:
+    """``allocations`` with each device that a runtime-ready record places on its parent GPU named
+    by the record's MIG UUID."""
+    out = {name: list(devs) for name, devs in allocations.items()}
+    for a in records:
+        devs = out.get(names[a.container_index], [])
+        on_parent = a.device_index < len(devs) and devs[a.device_index].uuid == a.gpu_uuid
+        if on_parent and a.mig_uuid is not None and runtime_ready(a):
+            devs[a.device_index] = dataclasses.replace(devs[a.device_index], uuid=a.mig_uuid)
+    return {name: tuple(devs) for name, devs in out.items()}
+
+
 def pod_record(pod: Mapping[str, Any]) -> PodRecord:
     """The record of one pod's JSON (as the API server sends it)."""
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     status = pod.get("status") or {}
     init, regular = _names(spec, "initContainers"), _names(spec, "containers")
-    annotation = (meta.get("annotations") or {}).get(keys.DEVICES_ALLOCATED)
+    annotations = meta.get("annotations") or {}
+    annotation = annotations.get(keys.DEVICES_ALLOCATED)
     allocations: dict[str, tuple[ContainerDevice, ...]] = {}
     error: ProtocolError | None = None
     if annotation is not None:
@@ -118,6 +164,15 @@ def pod_record(pod: Mapping[str, Any]) -> PodRecord:
             allocations = _allocations(str(annotation), spec)
         except ProtocolError as exc:
             error = exc
+    mig_annotation = annotations.get(keys.MIG_ALLOCATIONS)
+    mig: tuple[MigAllocation, ...] = ()
+    mig_error: ProtocolError | None = None
+    if mig_annotation is not None:
+        try:
+            mig = _mig_allocations(str(mig_annotation), len(init) + len(regular))
+        except ProtocolError as exc:
+            mig_error = exc
+    allocations = _on_instances(allocations, init + regular, mig)
     return PodRecord(
         uid=str(meta.get("uid", "")),
         namespace=str(meta.get("namespace", "")),
@@ -129,4 +184,7 @@ def pod_record(pod: Mapping[str, Any]) -> PodRecord:
         terminated=_terminated(status),
         annotation=None if annotation is None else str(annotation),
         allocation_error=error,
+        mig_allocations=mig,
+        mig_annotation=None if mig_annotation is None else str(mig_annotation),
+        mig_allocation_error=mig_error,
     )
