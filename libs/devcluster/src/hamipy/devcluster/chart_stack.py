@@ -13,8 +13,8 @@ The chart's values name these; nothing is set up behind its back.
 from __future__ import annotations
 
 import asyncio
-import json
 import dataclasses
+import json
 import shutil
 import subprocess
 import tempfile
@@ -154,7 +154,9 @@ class ChartStack:
         return self.root / CHART_DIR
 
     def values(self, *extra: str) -> list[str]:
-        nodes = ["--set-json", f"config.nodeConfigs={json.dumps(self.node_configs)}"] if self.node_configs else []
+        nodes = (
+            ["--set-json", f"config.nodeConfigs={json.dumps(self.node_configs)}"] if self.node_configs else []
+        )
         return [*dev_values(otlp_endpoint=self.otlp_endpoint), *nodes, *extra]
 
     async def prepare_images(self) -> None:

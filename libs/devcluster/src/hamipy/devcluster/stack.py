@@ -87,7 +87,11 @@ GPU_NODE_MODELS: Final = (
     # beside a GPU shared as usual.
     GpuNodeModel("NVIDIA A100-SXM4-40GB", count=2, memory_mib=40960, mig="dynamic"),
     GpuNodeModel(
-        "NVIDIA H100 80GB HBM3", count=2, memory_mib=81559, mig="mixed", mig_instances=("3g.40gb@4,2g.20gb@0",)
+        "NVIDIA H100 80GB HBM3",
+        count=2,
+        memory_mib=81559,
+        mig="mixed",
+        mig_instances=("3g.40gb@4,2g.20gb@0",),
     ),
 )
 
