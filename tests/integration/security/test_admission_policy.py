@@ -279,6 +279,47 @@ async def test_the_device_plugin_writes_only_its_keys_on_its_own_nodes_pods(rig:
     assert "bound to no node" in message
 
 
+# HAMi's MIG reservation of one device, as the scheduler writes it and as the plugin completes it.
+MIG_RESERVED = (
+    '[{"containerIndex":0,"deviceIndex":0,"gpuUUID":"GPU-a","profile":"1g.5gb",'
+    '"placement":{"start":6,"size":1}}]'
+)
+MIG_MADE = MIG_RESERVED[:-2] + ',"migUUID":"MIG-a","gpuInstanceID":13,"computeInstanceID":0}]'
+
+
+async def test_mig_allocations_are_written_by_the_scheduler_and_the_plugin_only(rig: dict[str, Any]) -> None:
+    """A tenant who could write ``hami.io/vgpu-mig-allocations`` could have the device plugin carve
+    an instance where it chose, over another pod's, or adopt another pod's instance."""
+    ns, tenant, editor = rig["namespace"], rig["tenant"], rig["editor"]
+    scheduler, plugin, admin = rig["scheduler"], rig["plugin"], rig["admin"]
+    pods = f"/api/v1/namespaces/{ns}/pods"
+    hijack = _pod("mig-hijack", annotations={keys.MIG_ALLOCATIONS: MIG_MADE})
+    message = await _refused(tenant, "POST", pods, hijack)
+    assert keys.MIG_ALLOCATIONS in message
+    assert "tenant may not" in message
+    await admin.request("POST", pods, body=_pod("mig", node=f"{ns}-a"))
+    await scheduler.request(
+        "PATCH",
+        f"{pods}/mig",
+        body={"metadata": {"annotations": {**BOUND, keys.MIG_ALLOCATIONS: MIG_RESERVED}}},
+        content_type=MERGE_PATCH,
+    )
+    for change in ({keys.MIG_ALLOCATIONS: MIG_MADE}, {keys.MIG_ALLOCATIONS: None}):
+        message = await _refused(
+            editor, "PATCH", f"{pods}/mig", {"metadata": {"annotations": change}}, patch=True
+        )
+        assert keys.MIG_ALLOCATIONS in message
+        assert "editor may not" in message
+    # The node's device plugin records the instance it made.
+    done = await plugin.request(
+        "PATCH",
+        f"{pods}/mig",
+        body={"metadata": {"annotations": {keys.MIG_ALLOCATIONS: MIG_MADE}}},
+        content_type=MERGE_PATCH,
+    )
+    assert done["metadata"]["annotations"][keys.MIG_ALLOCATIONS] == MIG_MADE
+
+
 async def test_a_device_plugin_updates_only_its_own_node(rig: dict[str, Any]) -> None:
     ns, plugin = rig["namespace"], rig["plugin"]
     body = {"metadata": {"annotations": {keys.NODE_HANDSHAKE: "Reported 2026-11-24T00:00:00Z"}}}

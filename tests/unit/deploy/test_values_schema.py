@@ -221,3 +221,14 @@ def test_the_certificate_modes_are_the_ones_the_template_renders() -> None:
     template = (CHART / "templates" / "webhook-certificates.yaml").read_text()
     rendered = re.findall(r'eq \.Values\.webhook\.certificates\.mode "(\w+)"', template)
     assert node("webhook", "certificates", "mode")["enum"] == rendered
+
+
+@given(st.text(alphabet="1g.b", max_size=6))
+@example("1g.5gb")
+@example("1g.")
+@example("g.5gb")
+@example("12g.x.y")
+def test_a_mig_profile_name_is_taken_as_the_config_takes_it(text: str) -> None:
+    taken = _nvidia_takes(migProfileAllowlist=[{"models": ["A100"], "profiles": [text]}])
+    pattern = SCHEMA.resolve(node(*NVIDIA, "migProfileAllowlist"))["items"]["properties"]["profiles"]
+    assert (re.fullmatch(pattern["items"]["pattern"], text) is not None) == taken, text

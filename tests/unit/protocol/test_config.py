@@ -11,9 +11,11 @@ from hypothesis import strategies as st
 
 from hamipy.protocol import config as config_module
 from hamipy.protocol.config import (
+    DEFAULT_MIG_PROFILE_ALLOWLIST,
     Config,
     ConfigError,
     FilterDevices,
+    MigProfileAllowlistEntry,
     NodeConfig,
     NodeSettings,
     NvidiaConfig,
@@ -154,6 +156,68 @@ def test_for_unlisted_node_is_the_global_settings() -> None:
         disable_core_limit=False,
         lib_cuda_log_level=None,
     )
+
+
+MIG_YAML = """
+nvidia:
+  migStrategy: mixed
+  migProfileAllowlist:
+    - models: [A30]
+      profiles: [1g.6gb]
+    - models: [A100-SXM4-40GB, A100-PCIE-40GB]
+      profiles: [1g.5gb, 3g.20gb]
+    - models: [A100]
+      profiles: [7g.40gb]
+nodeConfigs:
+  - {name: dynamic, operatingmode: mig}
+  - {name: static, migstrategy: single}
+  - {name: shared, operatingmode: hami-core, migstrategy: none}
+"""
+
+
+def test_mig_settings_per_node() -> None:
+    cfg = load_config(MIG_YAML)
+    assert cfg.nvidia.mig_strategy == "mixed"
+    dynamic, static, shared, other = (cfg.for_node(n) for n in ("dynamic", "static", "shared", "other"))
+    assert (dynamic.operating_mode, dynamic.mig_strategy) == ("mig", "mixed")
+    assert (static.operating_mode, static.mig_strategy) == ("hami-core", "single")
+    assert (shared.operating_mode, shared.mig_strategy) == ("hami-core", "none")
+    assert (other.operating_mode, other.mig_strategy) == ("hami-core", "mixed")
+    assert other.mig_profile_allowlist == cfg.nvidia.mig_profile_allowlist
+
+
+def test_the_first_allowlist_entry_naming_the_model_wins() -> None:
+    """HAMi's rule: a model matches as a substring of the NVML name; only the first match is used."""
+    settings = load_config(MIG_YAML).for_node("dynamic")
+    assert settings.allowed_mig_profiles("NVIDIA A100-SXM4-40GB") == ("1g.5gb", "3g.20gb")
+    assert settings.allowed_mig_profiles("NVIDIA A100-SXM4-80GB") == ("7g.40gb",)
+    assert settings.allowed_mig_profiles("NVIDIA A30") == ("1g.6gb",)
+    assert settings.allowed_mig_profiles("NVIDIA L40S") == ()
+
+
+def test_mig_defaults_are_hamis() -> None:
+    cfg = Config()
+    assert cfg.nvidia.mig_strategy == "none"
+    assert cfg.nvidia.mig_profile_allowlist == DEFAULT_MIG_PROFILE_ALLOWLIST
+    settings = cfg.for_node("any")
+    assert (settings.operating_mode, settings.mig_strategy) == ("hami-core", "none")
+    assert settings.allowed_mig_profiles("NVIDIA A100-SXM4-40GB") == (
+        "1g.5gb",
+        "2g.10gb",
+        "3g.20gb",
+        "7g.40gb",
+    )
+    h200 = ("1g.18gb", "2g.35gb", "3g.71gb", "7g.141gb")
+    assert settings.allowed_mig_profiles("NVIDIA H200 NVL") == h200  # not H20's, whose name it holds
+    assert settings.allowed_mig_profiles("NVIDIA H200") == h200
+    assert settings.allowed_mig_profiles("NVIDIA H20") == ("1g.12gb", "2g.24gb", "3g.48gb", "7g.96gb")
+    # NVML's names of the A100 80GB PCIe and the H100 SXM (the fake driver's too).
+    assert settings.allowed_mig_profiles("NVIDIA A100 80GB PCIe")[-1] == "7g.79gb"
+    assert settings.allowed_mig_profiles("NVIDIA H100 80GB HBM3")[-1] == "7g.80gb"
+    assert len(DEFAULT_MIG_PROFILE_ALLOWLIST) == 9
+    # The default passes the validation a configured list gets.
+    for entry in DEFAULT_MIG_PROFILE_ALLOWLIST:
+        assert MigProfileAllowlistEntry.model_validate(entry.model_dump()) == entry
 
 
 def test_node_names_match_exactly() -> None:
@@ -365,10 +429,81 @@ BAD = [
     ),
     (
         "node-unknown-key",
-        "nodeConfigs:\n  - {name: a, operatingmode: mig}",
-        "nodeConfigs[0].operatingmode",
+        "nodeConfigs:\n  - {name: a, operatingMode: mig}",
+        "nodeConfigs[0].operatingMode",
         "unknown key",
         "'mig'",
+    ),
+    (
+        "node-operating-mode-mps",
+        "nodeConfigs:\n  - {name: a, operatingmode: mps}",
+        "nodeConfigs[0].operatingmode",
+        "'hami-core' or 'mig'",
+        "'mps'",
+    ),
+    (
+        "node-mig-strategy-unknown",
+        "nodeConfigs:\n  - {name: a, migstrategy: all}",
+        "nodeConfigs[0].migstrategy",
+        "'none', 'single' or 'mixed'",
+        "'all'",
+    ),
+    (
+        "node-dynamic-and-static-mig",
+        "nodeConfigs:\n  - {name: a, operatingmode: mig, migstrategy: mixed}",
+        "nodeConfigs[0]",
+        "migstrategy mixed (pre-made instances) cannot apply",
+        "'a'",
+    ),
+    ("mig-strategy-unknown", "nvidia: {migStrategy: auto}", "nvidia.migStrategy", "'mixed'", "'auto'"),
+    (
+        "allowlist-no-profiles",
+        "nvidia: {migProfileAllowlist: [{models: [A100]}]}",
+        "nvidia.migProfileAllowlist[0].profiles",
+        "Field required",
+        "A100",
+    ),
+    (
+        "allowlist-empty-profiles",
+        "nvidia: {migProfileAllowlist: [{models: [A100], profiles: []}]}",
+        "nvidia.migProfileAllowlist[0].profiles",
+        "at least 1 item",
+        "[]",
+    ),
+    (
+        "allowlist-empty-models",
+        "nvidia: {migProfileAllowlist: [{models: [], profiles: [1g.5gb]}]}",
+        "nvidia.migProfileAllowlist[0].models",
+        "at least 1 item",
+        "[]",
+    ),
+    (
+        "allowlist-empty-model",
+        "nvidia: {migProfileAllowlist: [{models: [''], profiles: [1g.5gb]}]}",
+        "nvidia.migProfileAllowlist[0].models[0]",
+        "at least 1 character",
+        "''",
+    ),
+    (
+        "allowlist-bad-profile",
+        "nvidia: {migProfileAllowlist: [{models: [A100], profiles: [1g.5gb, g.5gb]}]}",
+        "nvidia.migProfileAllowlist[0].profiles",
+        "invalid MIG profile 'g.5gb'",
+        "g.5gb",
+    ),
+    (
+        "allowlist-profile-no-dot",
+        "nvidia: {migProfileAllowlist: [{models: [A100], profiles: [1g]}]}",
+        "nvidia.migProfileAllowlist[0].profiles",
+        "invalid MIG profile '1g'",
+        "1g",
+    ),
+    (
+        "allowlist-profile-not-g",
+        "nvidia: {migProfileAllowlist: [{models: [A100], profiles: [1c.5gb]}]}",
+        "nvidia.migProfileAllowlist[0].profiles",
+        "invalid MIG profile '1c.5gb'",
+        "1c.5gb",
     ),
     (
         "node-filter-index",
@@ -575,7 +710,7 @@ def test_exponent_floats_without_a_dot(text: str, value: float) -> None:
 
 
 def test_every_field_is_documented() -> None:
-    for model in (Config, NvidiaConfig, NodeConfig, FilterDevices):
+    for model in (Config, NvidiaConfig, NodeConfig, FilterDevices, MigProfileAllowlistEntry):
         for name, field in model.model_fields.items():
             assert field.description, f"{model.__name__}.{name} has no docstring"
 
@@ -585,8 +720,12 @@ def test_public_api_is_complete() -> None:
         [
             "Config",
             "ConfigError",
+            "DEFAULT_MIG_PROFILE_ALLOWLIST",
             "FilterDevices",
+            "MigProfileAllowlistEntry",
+            "MigStrategy",
             "NodeConfig",
+            "OperatingMode",
             "NodeSettings",
             "NvidiaConfig",
             "checked_hook_path",

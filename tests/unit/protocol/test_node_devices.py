@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hamipy.protocol import node_devices
-from hamipy.protocol.devices import DEVICE_MODES, DeviceInfo
+from hamipy.protocol.devices import DEVICE_MODES, DeviceInfo, MigPlacement, MigProfile
 from hamipy.protocol.errors import ProtocolError
 from hamipy.protocol.node_devices import MAX_VALUE_BYTES, decode_node_devices, encode_node_devices
 
@@ -52,10 +52,16 @@ def test_public_api_is_complete() -> None:
     assert sorted(node_devices.__all__) == [
         "DEFAULT_MODE",
         "MAX_VALUE_BYTES",
+        "check_go_int",
+        "check_mig_placement",
+        "check_utf8",
+        "decode_mig_placement",
         "decode_node_devices",
         "device_type",
+        "encode_mig_placement",
         "encode_node_devices",
         "go_json",
+        "go_string",
     ]
 
 
@@ -94,11 +100,75 @@ def test_missing_mode_means_hami_core(mode_json: str) -> None:
 
 def test_unknown_keys_are_ignored() -> None:
     value = (
-        '[{"id":"GPU-0","count":2,"mode":"mig","health":true,"migProfiles":[{"name":"1g.10gb"}],'
+        '[{"id":"GPU-0","count":2,"mode":"mig","health":true,'
         '"migtemplate":[[{"name":"x"}]],"devicevendor":"NVIDIA","custominfo":{"a":1},'
         '"devicepairscore":{},"somethingNew":[1,2]}]'
     )
     assert decode_node_devices(value) == [DeviceInfo("GPU-0", 0, 2, 0, 0, "", 0, "mig", True)]
+
+
+# -- migProfiles (a dynamic MIG GPU) ------------------------------------------------------------------
+
+# HAMi's documented profile (its dynamic-MIG migration guide) and its test GPU's (A100 40GB,
+# pkg/device/nvidia/mig_capability_test.go), as its device plugin publishes them.
+A100_PROFILES = (
+    MigProfile("1g.5gb", 5120, 14, 1, tuple(MigPlacement(s, 1) for s in range(7))),
+    MigProfile("2g.10gb", 9984, 29, 2, (MigPlacement(0, 2), MigPlacement(2, 2), MigPlacement(4, 2))),
+    MigProfile("3g.20gb", 20480, 42, 3, (MigPlacement(0, 4), MigPlacement(4, 4))),
+)
+A100_MIG = DeviceInfo(GPU_A, 0, 7, 40960, 100, "NVIDIA-A100-SXM4-40GB", 0, "mig", True, A100_PROFILES)
+A100_MIG_JSON = (
+    f'[{{"id":"{GPU_A}","count":7,"devmem":40960,"devcore":100,"type":"NVIDIA-A100-SXM4-40GB",'
+    '"mode":"mig","migProfiles":['
+    '{"name":"1g.5gb","memoryMB":5120,"core":14,"sliceCount":1,"placements":['
+    '{"start":0,"size":1},{"start":1,"size":1},{"start":2,"size":1},{"start":3,"size":1},'
+    '{"start":4,"size":1},{"start":5,"size":1},{"start":6,"size":1}]},'
+    '{"name":"2g.10gb","memoryMB":9984,"core":29,"sliceCount":2,"placements":'
+    '[{"start":0,"size":2},{"start":2,"size":2},{"start":4,"size":2}]},'
+    '{"name":"3g.20gb","memoryMB":20480,"core":42,"sliceCount":3,"placements":'
+    '[{"start":0,"size":4},{"start":4,"size":4}]}],"health":true}]'
+)
+
+
+def test_mig_profiles_encode_as_hamis_plugin_marshals_them() -> None:
+    """Struct order puts migProfiles between mode and health; a profile's keys have no omitempty."""
+    assert encode_node_devices([A100_MIG]) == A100_MIG_JSON
+
+
+def test_mig_profiles_decode_on_both_paths() -> None:
+    assert decode_node_devices(A100_MIG_JSON) == [A100_MIG]
+    # Folded keys take the exact decoder; it reads the same.
+    folded = A100_MIG_JSON.replace('"migProfiles"', '"MigProfiles"').replace('"memoryMB"', '"MemoryMB"')
+    assert decode_node_devices(folded) == [A100_MIG]
+
+
+def test_a_profile_without_placements_is_null_as_go_writes_a_nil_slice() -> None:
+    dev = DeviceInfo("GPU-0", mode="mig", mig_profiles=(MigProfile("7g.40gb", 40192, 100, 8),))
+    encoded = encode_node_devices([dev])
+    assert encoded == (
+        '[{"id":"GPU-0","mode":"mig","migProfiles":'
+        '[{"name":"7g.40gb","memoryMB":40192,"core":100,"sliceCount":8,"placements":null}]}]'
+    )
+    assert decode_node_devices(encoded) == [dev]
+    assert decode_node_devices(encoded.replace("null", "[]")) == [dev]
+
+
+@pytest.mark.parametrize(
+    "empty", ['"migProfiles":null,', '"migProfiles":[],', ""], ids=["null", "[]", "absent"]
+)
+def test_no_mig_profiles_is_an_empty_tuple(empty: str) -> None:
+    (dev,) = decode_node_devices(f'[{{{empty}"id":"GPU-0","mode":"mig"}}]')
+    assert dev.mig_profiles == ()
+    assert "migProfiles" not in encode_node_devices([dev])  # omitempty
+
+
+def test_unknown_profile_keys_are_ignored_like_go() -> None:
+    value = (
+        '[{"id":"GPU-0","mode":"mig","migProfiles":[{"name":"1g.5gb","memoryMB":1,"core":2,'
+        '"sliceCount":1,"instanceCount":7,"placements":[{"start":3,"size":1,"x":0}]}]}]'
+    )
+    (dev,) = decode_node_devices(value)
+    assert dev.mig_profiles == (MigProfile("1g.5gb", 1, 2, 1, (MigPlacement(3, 1),)),)
 
 
 def test_keys_match_case_insensitively_like_go() -> None:
@@ -211,6 +281,24 @@ devices = st.builds(
     numa=st.integers(min_value=0, max_value=2**63 - 1),
     mode=st.sampled_from(DEVICE_MODES),
     health=st.booleans(),
+    mig_profiles=st.lists(
+        st.builds(
+            MigProfile,
+            name=_ids,
+            memory_mb=_i32,
+            core=_i32,
+            slice_count=st.integers(min_value=0, max_value=2**32 - 1),
+            placements=st.lists(
+                st.builds(
+                    MigPlacement,
+                    start=st.integers(min_value=0, max_value=2**32 - 1),
+                    size=st.integers(min_value=1, max_value=2**32 - 1),
+                ),
+                max_size=3,
+            ).map(tuple),
+        ),
+        max_size=3,
+    ).map(tuple),
 )
 
 
@@ -223,9 +311,23 @@ def test_decode_inverts_encode(devs: list[DeviceInfo]) -> None:
 def test_encode_is_valid_json_with_go_omitempty(devs: list[DeviceInfo]) -> None:
     objs = json.loads(encode_node_devices(devs))
     for obj, dev in zip(objs, devs, strict=True):
-        expected = [k for k in ("id", "index", "count", "devmem", "devcore", "type", "numa", "mode", "health")
-                    if getattr(dev, k) or k in ("id", "mode")]  # fmt: skip
+        go_keys = (
+            "id",
+            "index",
+            "count",
+            "devmem",
+            "devcore",
+            "type",
+            "numa",
+            "mode",
+            "migProfiles",
+            "health",
+        )
+        names = {"migProfiles": "mig_profiles"}
+        expected = [k for k in go_keys if getattr(dev, names.get(k, k)) or k in ("id", "mode")]
         assert list(obj) == expected
+        for profile in obj.get("migProfiles", ()):
+            assert list(profile) == ["name", "memoryMB", "core", "sliceCount", "placements"]
 
 
 # Upstream's legacy fields: no separators in the type, index from Atoi (int64), and ids that do
@@ -297,6 +399,42 @@ BAD_JSON = {
     "truncated": (WIRE_JSON[:-5], KEY),
     "trailing-garbage": (WIRE_JSON + "x", KEY),
     "deeply-nested": ("[" * 100_000, KEY),
+    "mig-profiles-object": ('[{"id":"GPU-0","migProfiles":{}}]', "[0].migProfiles"),
+    "mig-profile-not-object": ('[{"id":"GPU-0","migProfiles":[1]}]', "[0].migProfiles[0]"),
+    "mig-profile-no-name": ('[{"id":"GPU-0","migProfiles":[{"memoryMB":1}]}]', "[0].migProfiles[0].name"),
+    "mig-profile-name-number": ('[{"id":"GPU-0","migProfiles":[{"name":1}]}]', "[0].migProfiles[0].name"),
+    "mig-profile-memory-negative": (
+        '[{"id":"GPU-0","migProfiles":[{"name":"a","memoryMB":-1}]}]',
+        "[0].migProfiles[0].memoryMB",
+    ),
+    "mig-profile-memory-null": (
+        '[{"id":"GPU-0","migProfiles":[{"name":"a","memoryMB":null}]}]',
+        "[0].migProfiles[0].memoryMB",
+    ),
+    "mig-profile-core-overflow": (
+        f'[{{"id":"GPU-0","migProfiles":[{{"name":"a","core":{2**31}}}]}}]',
+        "[0].migProfiles[0].core",
+    ),
+    "mig-profile-slices-overflow": (
+        f'[{{"id":"GPU-0","migProfiles":[{{"name":"a","sliceCount":{2**32}}}]}}]',
+        "[0].migProfiles[0].sliceCount",
+    ),
+    "mig-placements-object": (
+        '[{"id":"GPU-0","migProfiles":[{"name":"a","placements":{}}]}]',
+        "[0].migProfiles[0].placements",
+    ),
+    "mig-placement-size-zero": (
+        '[{"id":"GPU-0","migProfiles":[{"name":"a","placements":[{"start":1}]}]}]',
+        "[0].migProfiles[0].placements[0].size",
+    ),
+    "mig-placement-start-negative": (
+        '[{"id":"GPU-0","migProfiles":[{"name":"a","placements":[{"start":1,"size":1},{"start":-1,"size":1}]}]}]',
+        "[0].migProfiles[0].placements[1].start",
+    ),
+    "mig-placement-float": (
+        '[{"id":"GPU-0","migProfiles":[{"name":"a","placements":[{"start":1.5,"size":1}]}]}]',
+        "[0].migProfiles[0].placements[0].start",
+    ),
 }
 
 
@@ -409,6 +547,18 @@ BAD_DEVICES = {
     "mode-empty": (DeviceInfo("GPU-0", 0, 1, 1, 1, "T", 0, "", True), "[0].mode"),
     "health-int": (DeviceInfo("GPU-0", 0, 1, 1, 1, "T", 0, "mig", 1), "[0].health"),  # type: ignore[arg-type]
     "type-surrogate": (DeviceInfo("GPU-0", 0, 1, 1, 1, "\ud800", 0, "mig", True), "[0].type"),
+    "profile-name-empty": (
+        DeviceInfo("GPU-0", mode="mig", mig_profiles=(MigProfile("", 1, 1, 1),)),
+        "[0].migProfiles[0].name",
+    ),
+    "profile-memory-negative": (
+        DeviceInfo("GPU-0", mode="mig", mig_profiles=(MigProfile("a", -1, 1, 1),)),
+        "[0].migProfiles[0].memoryMB",
+    ),
+    "placement-size-zero": (
+        DeviceInfo("GPU-0", mode="mig", mig_profiles=(MigProfile("a", 1, 1, 1, (MigPlacement(0, 0),)),)),
+        "[0].migProfiles[0].placements[0].size",
+    ),
 }
 
 

@@ -30,7 +30,7 @@ def test_issue_named_entry_points_are_at_the_package_root() -> None:
 
 
 def test_records_have_the_wire_fields() -> None:
-    fields = ("id", "index", "count", "devmem", "devcore", "type", "numa", "mode", "health")
+    fields = ("id", "index", "count", "devmem", "devcore", "type", "numa", "mode", "health", "mig_profiles")
     assert DeviceInfo.__dataclass_fields__.keys() == set(fields)
     assert ContainerDevice.__dataclass_fields__.keys() == {"uuid", "type", "usedmem", "usedcores"}
     assert issubclass(ProtocolError, ValueError)

@@ -3,7 +3,9 @@
 Pure Python with no I/O. The package root re-exports the codecs and records every service needs;
 the rest lives in submodules named for what they define:
 
+- ``devices``: the device records, with a dynamic MIG GPU's profiles and placements
 - ``node_devices``: ``hami.io/node-nvidia-register`` (JSON and legacy colon form)
+- ``mig_allocations``: ``hami.io/vgpu-mig-allocations``, the MIG instance of each device
 - ``node_scores``: ``hami.io/node-nvidia-score`` (GPU pair scores) and their computation from NVML
 - ``node_handshake`` / ``node_lock``: node liveness stamps and the bind -> Allocate node lock
 - ``pod_devices``: the positional per-container device lists of pod annotations

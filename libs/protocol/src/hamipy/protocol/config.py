@@ -28,7 +28,7 @@ import dataclasses
 import os
 import re
 from collections.abc import Hashable
-from typing import Annotated, Any, Final, Self, TypeVar
+from typing import Annotated, Any, Final, Literal, Self, TypeVar
 
 import pydantic
 import yaml
@@ -43,12 +43,16 @@ from hamipy.protocol.pod_preferences import GpuPolicy, NodePolicy, parse_gpu_pol
 from hamipy.protocol.resources import RequestDefaults, ResourceNames
 
 __all__ = [
+    "DEFAULT_MIG_PROFILE_ALLOWLIST",
     "Config",
     "ConfigError",
     "FilterDevices",
+    "MigProfileAllowlistEntry",
+    "MigStrategy",
     "NodeConfig",
     "NodeSettings",
     "NvidiaConfig",
+    "OperatingMode",
     "checked_hook_path",
     "load_config",
     "load_config_file",
@@ -104,6 +108,65 @@ class _Model(BaseModel):
         validate_by_name=True,
         use_attribute_docstrings=True,
     )
+
+
+OperatingMode = Literal["hami-core", "mig"]
+"""How a node shares its GPUs (HAMi's ``operatingmode``): ``hami-core``, slices limited by the
+interposer, or ``mig``, dynamic MIG. HAMi's third mode, ``mps``, is not served by hami-py."""
+MigStrategy = Literal["none", "single", "mixed"]
+"""How a node that is not in ``mig`` operating mode serves GPUs already split into MIG instances
+(NVIDIA's and HAMi's ``--mig-strategy``): ``none`` leaves a MIG-enabled GPU unregistered;
+``single`` registers every instance as a device and needs every GPU MIG-enabled; ``mixed``
+registers the instances of MIG-enabled GPUs and the other GPUs as shared GPUs."""
+
+
+class MigProfileAllowlistEntry(_Model):
+    """The MIG profiles a dynamic MIG GPU of these models publishes (HAMi's ``AllowedMigProfiles``)."""
+
+    models: Annotated[tuple[Annotated[str, Field(min_length=1)], ...], Field(min_length=1)]
+    """Model names, each matched as a substring of the GPU's NVML name (``A100-SXM4-40GB`` matches
+    ``NVIDIA A100-SXM4-40GB``)."""
+    profiles: Annotated[tuple[str, ...], Field(min_length=1)]
+    """Profile names as NVIDIA writes them (``1g.5gb``): the slice count (``<n>g``), a dot, the rest.
+    Memory, SM share and placements come from NVML on the node, never from here."""
+
+    @field_validator("profiles")
+    @classmethod
+    def _profile_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for profile in value:
+            # HAMi's ValidateMigProfileAllowlist: "<at least one character>g.<anything>".
+            prefix, dot, _ = profile.partition(".")
+            if not dot or len(prefix) < 2 or not prefix.endswith("g"):
+                raise ValueError(f"invalid MIG profile {profile!r}: expected a name like 1g.5gb")
+        return value
+
+
+def _allowlist(*entries: tuple[tuple[str, ...], tuple[str, ...]]) -> tuple[MigProfileAllowlistEntry, ...]:
+    return tuple(MigProfileAllowlistEntry(models=models, profiles=profiles) for models, profiles in entries)
+
+
+DEFAULT_MIG_PROFILE_ALLOWLIST: Final = _allowlist(
+    (("A30",), ("1g.6gb", "2g.12gb", "4g.24gb")),
+    (("A100-SXM4-40GB", "A100-40GB-PCIe", "A100-PCIE-40GB"), ("1g.5gb", "2g.10gb", "3g.20gb", "7g.40gb")),
+    (
+        ("A100-SXM4-80GB", "A100-80GB-PCIe", "A100-PCIE-80GB", "A100 80GB PCIe"),
+        ("1g.10gb", "2g.20gb", "3g.40gb", "7g.79gb"),
+    ),
+    (
+        ("H100-PCIE-80GB", "H100-SXM5-80GB", "H100 80GB HBM3", "H100 PCIe"),
+        ("1g.10gb", "2g.20gb", "3g.40gb", "7g.80gb"),
+    ),
+    (("H100-PCIE-94GB", "H100-SXM5-94GB"), ("1g.12gb", "2g.24gb", "3g.47gb", "7g.94gb")),
+    (("H200 NVL", "H200-SXM5", "H200"), ("1g.18gb", "2g.35gb", "3g.71gb", "7g.141gb")),
+    (("H20", "H100 on GH200"), ("1g.12gb", "2g.24gb", "3g.48gb", "7g.96gb")),
+    (("B200",), ("1g.23gb", "2g.45gb", "3g.90gb", "7g.180gb")),
+    (("RTX PRO 6000 Blackwell Server Edition",), ("1g.24gb", "2g.48gb", "4g.96gb")),
+)
+"""HAMi's chart default (``nvidia.migProfileAllowlist`` of its ``hami-scheduler-device`` ConfigMap)
+with two corrections. The names NVML reports for an A100 80GB PCIe, an H100 SXM or PCIe and an
+H200 SXM (``NVIDIA A100 80GB PCIe``, ``NVIDIA H100 80GB HBM3``, ``NVIDIA H100 PCIe``,
+``NVIDIA H200``) contain none of HAMi's model strings, so they are added. And the H200 entry comes
+before the H20 one: ``H20`` is part of every H200's name, and the first match wins."""
 
 
 class NvidiaConfig(_Model):
@@ -168,6 +231,13 @@ class NvidiaConfig(_Model):
     cdi_spec_dir: str = DEFAULT_SPEC_DIR
     """Host directory the container runtime reads CDI specs from, where the device plugin writes
     each slot's spec in ``cdi-cri`` mode (containerd's and CRI-O's default)."""
+    mig_strategy: MigStrategy = "none"
+    """How nodes not in ``mig`` operating mode serve pre-made MIG instances (``MigStrategy``).
+    ``none``, NVIDIA's and HAMi's default: a GPU in MIG mode is left alone unless asked for."""
+    mig_profile_allowlist: tuple[MigProfileAllowlistEntry, ...] = DEFAULT_MIG_PROFILE_ALLOWLIST
+    """The profiles a dynamic MIG GPU (a node in ``mig`` operating mode) publishes: the first entry
+    one of whose models is part of the GPU's NVML name. A GPU no entry names is not registered.
+    HAMi's chart default, so its configuration carries over."""
 
     @field_validator("lib_cuda_log_level", mode="before")
     @classmethod
@@ -247,11 +317,26 @@ class NodeConfig(_Model):
     """Overrides ``nvidia.libCudaLogLevel`` on this node."""
     filter_devices: FilterDevices | None = None
     """GPUs of this node not to register."""
+    operating_mode: OperatingMode | None = Field(default=None, alias="operatingmode")
+    """How this node's GPUs are shared (HAMi's ``operatingmode``): ``hami-core`` (the default:
+    slices limited by the interposer) or ``mig`` (dynamic MIG: each MIG-capable GPU is carved into
+    MIG instances on demand, with the profiles of ``nvidia.migProfileAllowlist``)."""
+    mig_strategy: MigStrategy | None = Field(default=None, alias="migstrategy")
+    """Overrides ``nvidia.migStrategy`` on this node (HAMi's ``migstrategy``)."""
 
     @field_validator("lib_cuda_log_level", mode="before")
     @classmethod
     def _log_level_text(cls, value: Any) -> Any:
         return _log_level(value)
+
+    @model_validator(mode="after")
+    def _one_kind_of_mig(self) -> Self:
+        if self.operating_mode == "mig" and self.mig_strategy not in (None, "none"):
+            raise ValueError(
+                "a node in operatingmode mig makes its own MIG instances; migstrategy "
+                f"{self.mig_strategy} (pre-made instances) cannot apply to it"
+            )
+        return self
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -265,10 +350,21 @@ class NodeSettings:
     lib_cuda_log_level: int | None
     filter_uuids: frozenset[str] = frozenset()
     filter_indices: frozenset[int] = frozenset()
+    operating_mode: OperatingMode = "hami-core"
+    mig_strategy: MigStrategy = "none"
+    mig_profile_allowlist: tuple[MigProfileAllowlistEntry, ...] = DEFAULT_MIG_PROFILE_ALLOWLIST
 
     def filtered(self, uuid: str, index: int) -> bool:
         """Whether the GPU with this UUID or NVML index is left unregistered."""
         return uuid in self.filter_uuids or index in self.filter_indices
+
+    def allowed_mig_profiles(self, model: str) -> tuple[str, ...]:
+        """The MIG profile names a dynamic MIG GPU whose NVML name is ``model`` publishes: those of
+        the first allow-list entry with a model that is part of ``model`` (HAMi's rule), else none."""
+        for entry in self.mig_profile_allowlist:
+            if any(name in model for name in entry.models):
+                return entry.profiles
+        return ()
 
 
 class Config(_Model):
@@ -334,6 +430,8 @@ class Config(_Model):
                 device_core_scaling=nv.device_core_scaling,
                 disable_core_limit=nv.disable_core_limit,
                 lib_cuda_log_level=nv.lib_cuda_log_level,
+                mig_strategy=nv.mig_strategy,
+                mig_profile_allowlist=nv.mig_profile_allowlist,
             )
         filters = node.filter_devices or FilterDevices()
         return NodeSettings(
@@ -344,6 +442,9 @@ class Config(_Model):
             lib_cuda_log_level=_pick(node.lib_cuda_log_level, nv.lib_cuda_log_level),
             filter_uuids=frozenset(filters.uuid),
             filter_indices=frozenset(filters.index),
+            operating_mode=_pick(node.operating_mode, "hami-core"),
+            mig_strategy=_pick(node.mig_strategy, nv.mig_strategy),
+            mig_profile_allowlist=nv.mig_profile_allowlist,
         )
 
 

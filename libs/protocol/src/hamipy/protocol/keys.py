@@ -18,6 +18,7 @@ __all__ = [
     "DEVICE_VENDOR_NVIDIA",
     "EXTENDER_ROLE",
     "GPU_SCHEDULER_POLICY",
+    "MIG_ALLOCATIONS",
     "NODE_HANDSHAKE",
     "NODE_LOCK",
     "NODE_REGISTER",
@@ -57,6 +58,9 @@ DEVICES_TO_ALLOCATE: Final = "hami.io/vgpu-devices-to-allocate"
 DEVICES_ALLOCATED: Final = "hami.io/vgpu-devices-allocated"
 BIND_PHASE: Final = "hami.io/bind-phase"
 BIND_TIME: Final = "hami.io/bind-time"
+MIG_ALLOCATIONS: Final = "hami.io/vgpu-mig-allocations"
+"""The MIG profile and placement of each device on a dynamic MIG GPU (the scheduler writes them),
+and the instance made for it (the device plugin adds it): ``hamipy.protocol.mig_allocations``."""
 
 # Pod label mirroring VGPU_NODE (the monitor selects on it)
 VGPU_NODE_LABEL: Final = VGPU_NODE
@@ -68,13 +72,15 @@ ALLOCATION_STATE_ANNOTATIONS: Final = (
     DEVICES_ALLOCATED,
     BIND_PHASE,
     BIND_TIME,
+    MIG_ALLOCATIONS,
 )
 """The pod annotations that carry scheduling or allocation state: only the scheduler (our extender)
 may set or change them, and the device plugin those in ``PLUGIN_WRITTEN_ANNOTATIONS`` (the admission
 policy, docs/security.md; a tenant who could write them could pick their own slot)."""
 ALLOCATION_STATE_LABELS: Final = (VGPU_NODE_LABEL,)
-PLUGIN_WRITTEN_ANNOTATIONS: Final = (DEVICES_TO_ALLOCATE, BIND_PHASE)
-"""What the device plugin writes while serving ``Allocate``: the slots left and the phase."""
+PLUGIN_WRITTEN_ANNOTATIONS: Final = (DEVICES_TO_ALLOCATE, BIND_PHASE, MIG_ALLOCATIONS)
+"""What the device plugin writes while serving ``Allocate``: the slots left, the phase, and the
+MIG instances it made."""
 
 # Pod annotations set by users (docs/wire-format.md#user-annotations)
 USE_GPU_TYPE: Final = "nvidia.com/use-gputype"
