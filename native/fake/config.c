@@ -34,7 +34,7 @@ static int parse_number(const char *text, double *out) {
 }
 
 int fake_parse_uuid(const char *text, unsigned char out[16]) {
-    if (strncmp(text, "GPU-", 4) != 0) return -1;
+    if (strncmp(text, "GPU-", 4) != 0 && strncmp(text, "MIG-", 4) != 0) return -1;
     const char *p = text + 4;
     int n = 0;
     while (*p != '\0' && n < 16) {
@@ -60,6 +60,7 @@ static void default_gpu(struct fake_gpu *gpu, int index) {
     gpu->xid = 79;
     gpu->slot = index;
     gpu->nvlinks = -1;
+    gpu->gi = gpu->ci = -1;
 }
 
 /* "nvswitch", "off" or a PCI bus id, each optionally "*N": the GPU's links in order. */
@@ -193,7 +194,8 @@ static int parse_gpu(struct fake_config *cfg, const char *file, int lineno, char
     while ((key = next_pair(&rest, &value)) != NULL) {
         unsigned char bytes[16];
         if (strcmp(key, "uuid") == 0) {
-            if (fake_parse_uuid(value, bytes) != 0) return fail(file, lineno, "bad uuid (GPU-8-4-4-4-12 hex)", value);
+            if (fake_parse_uuid(value, bytes) != 0)
+                return fail(file, lineno, "bad uuid (GPU- or MIG-8-4-4-4-12 hex)", value);
             snprintf(gpu->uuid, sizeof gpu->uuid, "%s", value);
         } else if (strcmp(key, "name") == 0) {
             snprintf(gpu->name, sizeof gpu->name, "%s", value);
@@ -217,11 +219,19 @@ static int parse_gpu(struct fake_config *cfg, const char *file, int lineno, char
             snprintf(copy, sizeof copy, "%s", value);
             if (parse_nvlinks(gpu, copy) != 0)
                 return fail(file, lineno, "bad nvlinks (nvswitch|off|<pci bus id>[*N], at most 18)", value);
+        } else if (strcmp(key, "mig") == 0) {
+            if (strcmp(value, "on") != 0 && strcmp(value, "off") != 0) return fail(file, lineno, "bad mig (on|off)", value);
+            gpu->mig = strcmp(value, "on") == 0;
+        } else if (strcmp(key, "mig_instances") == 0) {
+            if (strlen(value) >= sizeof gpu->mig_instances) return fail(file, lineno, "mig_instances too long", value);
+            snprintf(gpu->mig_instances, sizeof gpu->mig_instances, "%s", value);
         } else {
             return fail(file, lineno, "unknown gpu key", key);
         }
     }
     if (*rest != '\0') return fail(file, lineno, "expected key=value", rest);
+    char why[160];
+    if (fake_mig_check_config(gpu, why, sizeof why) != 0) return fail(file, lineno, why, gpu->mig_instances);
     cfg->count++;
     return 0;
 }

@@ -66,6 +66,44 @@ static CUresult ready(void) { return F.initialized ? F.init_rc : CUDA_ERROR_NOT_
 
 static int valid_dev(CUdevice dev) { return dev >= 0 && dev < F.cfg.count; }
 
+/* CUDA_VISIBLE_DEVICES, as the real driver reads it: indexes, GPU UUIDs and MIG UUIDs, in the
+ * listed order, up to the first entry that names no device. A MIG UUID is looked up in the
+ * shared state (fake_mig_resolve) like a configuration's `uuid=MIG-...` line. */
+static void apply_visible_devices(void) {
+    const char *env = getenv("CUDA_VISIBLE_DEVICES");
+    if (env == NULL) return;
+    struct fake_config *picked = malloc(sizeof *picked);
+    if (picked == NULL) return;
+    *picked = F.cfg;
+    picked->count = 0;
+    char list[1024];
+    snprintf(list, sizeof list, "%s", env);
+    for (char *save = NULL, *item = strtok_r(list, ",", &save); item != NULL && picked->count < FAKE_MAX_GPUS;
+         item = strtok_r(NULL, ",", &save)) {
+        while (*item == ' ') item++;
+        char *end = NULL;
+        long index = strtol(item, &end, 10);
+        int found = -1;
+        if (strncmp(item, "MIG-", 4) == 0) {
+            struct fake_gpu *gpu = &picked->gpus[picked->count];
+            memset(gpu, 0, sizeof *gpu);
+            snprintf(gpu->uuid, sizeof gpu->uuid, "%s", item);
+            gpu->gi = gpu->ci = -1;
+            picked->count++;
+            continue;
+        }
+        for (int i = 0; i < F.cfg.count && found < 0; i++) {
+            if (strcmp(F.cfg.gpus[i].uuid, item) == 0) found = i;
+        }
+        if (found < 0 && end != item && *end == '\0' && index >= 0 && index < F.cfg.count) found = (int)index;
+        if (found < 0) break;
+        picked->gpus[picked->count++] = F.cfg.gpus[found];
+    }
+    F.cfg.count = picked->count;
+    memcpy(F.cfg.gpus, picked->gpus, sizeof F.cfg.gpus);
+    free(picked);
+}
+
 HAMI_EXPORT CUresult cuInit(unsigned int flags) {
     if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&F.mu);
@@ -73,6 +111,10 @@ HAMI_EXPORT CUresult cuInit(unsigned int flags) {
         F.init_rc = CUDA_SUCCESS;
         if (fake_config_load(&F.cfg) != 0) F.init_rc = CUDA_ERROR_NO_DEVICE;
         if (F.init_rc == CUDA_SUCCESS && (F.st = fake_state_attach(&F.cfg, 1)) == NULL) F.init_rc = CUDA_ERROR_NO_DEVICE;
+        if (F.init_rc == CUDA_SUCCESS) {
+            apply_visible_devices();
+            fake_mig_resolve(&F.cfg, F.st);
+        }
         for (int i = 0; i < FAKE_MAX_GPUS; i++) {
             F.next_address[i] = ADDRESS_BASE + (uint64_t)i * ADDRESS_SPAN;
             F.primary[i] = (struct fake_ctx){.dev = i, .primary = 1};

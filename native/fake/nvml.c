@@ -22,12 +22,21 @@ struct nvml_dev {
     int index;
 };
 
+/* GPU-instance, compute-instance and MIG-device handles: (configured GPU, GI id, CI id), checked
+ * against the shared state at each call (an instance destroyed meanwhile makes them invalid). */
+struct mig_ref {
+    int dev, gi, ci;
+};
+
 static struct {
     pthread_mutex_t mu;
     int refs;
     struct fake_config cfg;
     struct fake_state *st;
     struct nvml_dev devs[FAKE_MAX_GPUS];
+    struct mig_ref gis[FAKE_MAX_GPUS][FAKE_MAX_GIS];
+    struct mig_ref cis[FAKE_MAX_GPUS][FAKE_MAX_GIS][FAKE_MAX_CIS];
+    struct mig_ref migs[FAKE_MAX_GPUS][FAKE_MAX_GIS][FAKE_MAX_CIS];
 } N = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
 struct event_set {
@@ -42,7 +51,15 @@ static nvmlReturn_t init(void) {
         if (fake_config_load(&N.cfg) != 0 || (N.st = fake_state_attach(&N.cfg, 0)) == NULL) {
             rc = (nvmlReturn_t)NVML_ERROR_DRIVER_NOT_LOADED_;
         } else {
-            for (int i = 0; i < FAKE_MAX_GPUS; i++) N.devs[i].index = i;
+            fake_mig_resolve(&N.cfg, N.st);
+            for (int i = 0; i < FAKE_MAX_GPUS; i++) {
+                N.devs[i].index = i;
+                for (int g = 0; g < FAKE_MAX_GIS; g++) {
+                    N.gis[i][g] = (struct mig_ref){i, g, -1};
+                    for (int c = 0; c < FAKE_MAX_CIS; c++)
+                        N.cis[i][g][c] = N.migs[i][g][c] = (struct mig_ref){i, g, c};
+                }
+            }
         }
     }
     if (rc == NVML_SUCCESS) N.refs++;
@@ -78,6 +95,9 @@ HAMI_EXPORT const char *nvmlErrorString(nvmlReturn_t result) {
     case NVML_ERROR_TIMEOUT: return "Timeout";
     case NVML_ERROR_GPU_IS_LOST: return "GPU is lost";
     case NVML_ERROR_ARGUMENT_VERSION_MISMATCH: return "Argument version mismatch";
+    case NVML_ERROR_IN_USE: return "In use by another client";
+    case NVML_ERROR_INSUFFICIENT_RESOURCES: return "Insufficient resources";
+    case NVML_ERROR_NO_PERMISSION: return "Insufficient Permissions";
     default: return "Unknown Error";
     }
 }
@@ -92,6 +112,12 @@ static const struct fake_gpu *gpu_of(nvmlDevice_t device, int *index) {
     if (index != NULL) *index = d->index;
     return &N.cfg.gpus[d->index];
 }
+
+/* A live MIG device behind a MIG-device handle (its parent's MIG state in *m), or NULL. */
+static const struct mig_ref *mig_device_of(nvmlDevice_t device, struct fake_mig_gpu *m,
+                                           const struct fake_gi_profile **profile);
+static nvmlReturn_t mig_device_memory(const struct mig_ref *r, const struct fake_gi_profile *p,
+                                      unsigned long long *total, unsigned long long *used);
 
 #define REQUIRE_GPU(dev, idx)                                   \
     REQUIRE_INIT();                                             \
@@ -153,6 +179,18 @@ HAMI_EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_
             return NVML_SUCCESS;
         }
     }
+    for (int i = 0; strncmp(uuid, "MIG-", 4) == 0 && i < N.cfg.count; i++) {
+        struct fake_mig_gpu m;
+        fake_mig_snapshot(N.st, N.cfg.gpus[i].slot, &m);
+        for (int g = 0; g < FAKE_MAX_GIS; g++) {
+            for (int c = 0; m.gis[g].live && c < FAKE_MAX_CIS; c++) {
+                if (m.gis[g].cis[c].live && strcmp(m.gis[g].cis[c].uuid, uuid) == 0) {
+                    *device = (nvmlDevice_t)&N.migs[i][g][c];
+                    return NVML_SUCCESS;
+                }
+            }
+        }
+    }
     return NVML_ERROR_NOT_FOUND;
 }
 
@@ -164,16 +202,37 @@ HAMI_EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *i
 }
 
 HAMI_EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length) {
+    struct fake_mig_gpu m;
+    const struct fake_gi_profile *p = NULL;
+    const struct mig_ref *r = N.refs == 0 ? NULL : mig_device_of(device, &m, &p);
+    if (r != NULL) return copy_string(uuid, length, m.gis[r->gi].cis[r->ci].uuid);
     REQUIRE_GPU(device, idx);
     return copy_string(uuid, length, gpu->uuid);
 }
 
 HAMI_EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length) {
+    struct fake_mig_gpu m;
+    const struct fake_gi_profile *p = NULL;
+    const struct mig_ref *r = N.refs == 0 ? NULL : mig_device_of(device, &m, &p);
+    if (r != NULL) {
+        char text[NVML_DEVICE_NAME_V2_BUFFER_SIZE];
+        snprintf(text, sizeof text, "%.60s MIG %s", N.cfg.gpus[r->dev].name, p->name);
+        return copy_string(name, length, text);
+    }
     REQUIRE_GPU(device, idx);
     return copy_string(name, length, gpu->name);
 }
 
 HAMI_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
+    struct fake_mig_gpu m;
+    const struct fake_gi_profile *p = NULL;
+    const struct mig_ref *r = N.refs == 0 ? NULL : mig_device_of(device, &m, &p);
+    if (r != NULL) {
+        if (memory == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+        mig_device_memory(r, p, &memory->total, &memory->used);
+        memory->free = memory->total - memory->used;
+        return NVML_SUCCESS;
+    }
     REQUIRE_GPU(device, idx);
     if (memory == NULL) return NVML_ERROR_INVALID_ARGUMENT;
     uint64_t used = fake_state_used(N.st, idx);
@@ -184,6 +243,17 @@ HAMI_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory
 }
 
 HAMI_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory) {
+    struct fake_mig_gpu m;
+    const struct fake_gi_profile *p = NULL;
+    const struct mig_ref *r = N.refs == 0 ? NULL : mig_device_of(device, &m, &p);
+    if (r != NULL) {
+        if (memory == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+        if (memory->version != nvmlMemory_v2) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+        mig_device_memory(r, p, &memory->total, &memory->used);
+        memory->reserved = 0;
+        memory->free = memory->total - memory->used;
+        return NVML_SUCCESS;
+    }
     REQUIRE_GPU(device, idx);
     if (memory == NULL) return NVML_ERROR_INVALID_ARGUMENT;
     if (memory->version != nvmlMemory_v2) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
@@ -251,30 +321,48 @@ HAMI_EXPORT nvmlReturn_t nvmlDeviceGetMemoryAffinity(nvmlDevice_t device, unsign
     return NVML_SUCCESS;
 }
 
+/* A GPU in MIG mode has no GPU-wide utilization (real NVML answers NOT_SUPPORTED). */
+static int mig_enabled(const struct fake_gpu *gpu) {
+    if (fake_mig_model_of(gpu) == NULL) return 0;
+    struct fake_mig_gpu m;
+    fake_mig_snapshot(N.st, gpu->slot, &m);
+    return m.current == NVML_DEVICE_MIG_ENABLE;
+}
+
 HAMI_EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *utilization) {
     REQUIRE_GPU(device, idx);
     if (utilization == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    if (mig_enabled(gpu)) return NVML_ERROR_NOT_SUPPORTED;
     utilization->gpu = 0;
     utilization->memory = 0;
     return NVML_SUCCESS;
 }
 
-HAMI_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *count,
-                                                                 nvmlProcessInfo_t *infos) {
-    REQUIRE_GPU(device, idx);
+/* Processes with memory on a slot (gi < 0: the whole GPU, each with the instance it runs on). */
+static nvmlReturn_t running(int slot, int gi, int ci, unsigned int *count, nvmlProcessInfo_t *infos) {
     if (count == NULL) return NVML_ERROR_INVALID_ARGUMENT;
-    unsigned pids[FAKE_MAX_PROCS];
+    unsigned pids[FAKE_MAX_PROCS], gis[FAKE_MAX_PROCS], cis[FAKE_MAX_PROCS];
     uint64_t used[FAKE_MAX_PROCS];
-    unsigned n = fake_state_procs(N.st, idx, FAKE_MAX_PROCS, pids, used);
+    unsigned n = fake_state_procs_at(N.st, slot, gi, ci, FAKE_MAX_PROCS, pids, used, gis, cis);
     if (infos == NULL || *count < n) {
         *count = n;
         return n == 0 ? NVML_SUCCESS : NVML_ERROR_INSUFFICIENT_SIZE;
     }
     for (unsigned i = 0; i < n; i++)
         infos[i] = (nvmlProcessInfo_t){.pid = pids[i] + N.cfg.host_pid_offset, .usedGpuMemory = used[i],
-                                       .gpuInstanceId = 0xFFFFFFFFu, .computeInstanceId = 0xFFFFFFFFu};
+                                       .gpuInstanceId = gis[i], .computeInstanceId = cis[i]};
     *count = n;
     return NVML_SUCCESS;
+}
+
+HAMI_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *count,
+                                                                 nvmlProcessInfo_t *infos) {
+    struct fake_mig_gpu m;
+    const struct fake_gi_profile *p = NULL;
+    const struct mig_ref *r = N.refs == 0 ? NULL : mig_device_of(device, &m, &p);
+    if (r != NULL) return running(N.cfg.gpus[r->dev].slot, r->gi, r->ci, count, infos);
+    REQUIRE_GPU(device, idx);
+    return running(gpu->slot, gpu->gi, gpu->ci, count, infos);
 }
 
 HAMI_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device, unsigned int *count,
@@ -337,8 +425,8 @@ HAMI_EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
                                                          unsigned int *processSamplesCount,
                                                          unsigned long long lastSeenTimeStamp) {
     REQUIRE_GPU(device, idx);
-    (void)gpu;
     if (processSamplesCount == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    if (mig_enabled(gpu)) return NVML_ERROR_NOT_SUPPORTED;
     pthread_mutex_lock(&N.mu);
     take_samples(idx);
     unsigned n = 0;
@@ -359,13 +447,6 @@ HAMI_EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
     *processSamplesCount = n;
     pthread_mutex_unlock(&N.mu);
     return rc;
-}
-
-HAMI_EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *current, unsigned int *pending);
-HAMI_EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *current, unsigned int *pending) {
-    (void)current, (void)pending;
-    REQUIRE_GPU(device, idx);
-    return NVML_ERROR_NOT_SUPPORTED;
 }
 
 HAMI_EXPORT nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int *major, int *minor);
@@ -505,4 +586,482 @@ HAMI_EXPORT nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) {
     REQUIRE_INIT();
     free(set);
     return NVML_SUCCESS;
+}
+
+/* ---- MIG (mig.c keeps the profile tables and the instances in the shared state) */
+
+/* A configured MIG-capable GPU behind a parent handle, its model and MIG state; *rc says why not. */
+static const struct fake_mig_model *mig_parent(nvmlDevice_t device, int *idx, struct fake_mig_gpu *m,
+                                               nvmlReturn_t *rc) {
+    *rc = NVML_SUCCESS;
+    const struct fake_gpu *gpu = N.refs == 0 ? NULL : gpu_of(device, idx);
+    if (N.refs == 0) *rc = NVML_ERROR_UNINITIALIZED;
+    else if (gpu == NULL) *rc = NVML_ERROR_INVALID_ARGUMENT;
+    const struct fake_mig_model *model = gpu == NULL ? NULL : fake_mig_model_of(gpu);
+    if (gpu != NULL && model == NULL) *rc = NVML_ERROR_NOT_SUPPORTED;
+    if (model != NULL) fake_mig_snapshot(N.st, gpu->slot, m);
+    return model;
+}
+
+/* As mig_parent, and MIG mode must be on (instance calls answer NOT_SUPPORTED otherwise). */
+static const struct fake_mig_model *mig_enabled_parent(nvmlDevice_t device, int *idx, struct fake_mig_gpu *m,
+                                                       nvmlReturn_t *rc) {
+    const struct fake_mig_model *model = mig_parent(device, idx, m, rc);
+    if (model != NULL && m->current != NVML_DEVICE_MIG_ENABLE) {
+        *rc = NVML_ERROR_NOT_SUPPORTED;
+        return NULL;
+    }
+    return model;
+}
+
+/* The live instance behind a handle of one of N's arrays (GI: ci < 0), with its parent's state. */
+static const struct mig_ref *live_ref(const struct mig_ref *r, struct fake_mig_gpu *m,
+                                      const struct fake_gi_profile **profile) {
+    if (r == NULL || N.refs == 0 || r->dev >= N.cfg.count) return NULL;
+    const struct fake_mig_model *model = fake_mig_model_of(&N.cfg.gpus[r->dev]);
+    if (model == NULL) return NULL;
+    fake_mig_snapshot(N.st, N.cfg.gpus[r->dev].slot, m);
+    const struct fake_mig_gi *gi = &m->gis[r->gi];
+    if (!gi->live || (r->ci >= 0 && !gi->cis[r->ci].live)) return NULL;
+    if (profile != NULL) *profile = &model->profiles[gi->profile];
+    return r;
+}
+
+#define IN_ARRAY(ptr, array) \
+    ((const char *)(ptr) >= (const char *)(array) && (const char *)(ptr) < (const char *)(array) + sizeof(array))
+
+static const struct mig_ref *gi_of_handle(nvmlGpuInstance_t h, struct fake_mig_gpu *m,
+                                          const struct fake_gi_profile **profile) {
+    return IN_ARRAY(h, N.gis) ? live_ref((const struct mig_ref *)h, m, profile) : NULL;
+}
+
+static const struct mig_ref *ci_of_handle(nvmlComputeInstance_t h, struct fake_mig_gpu *m,
+                                          const struct fake_gi_profile **profile) {
+    return IN_ARRAY(h, N.cis) ? live_ref((const struct mig_ref *)h, m, profile) : NULL;
+}
+
+static const struct mig_ref *mig_device_of(nvmlDevice_t device, struct fake_mig_gpu *m,
+                                           const struct fake_gi_profile **profile) {
+    return IN_ARRAY(device, N.migs) ? live_ref((const struct mig_ref *)device, m, profile) : NULL;
+}
+
+static nvmlReturn_t mig_device_memory(const struct mig_ref *r, const struct fake_gi_profile *p,
+                                      unsigned long long *total, unsigned long long *used) {
+    unsigned pids[FAKE_MAX_PROCS];
+    uint64_t bytes[FAKE_MAX_PROCS];
+    unsigned n = fake_state_procs_at(N.st, N.cfg.gpus[r->dev].slot, r->gi, -1, FAKE_MAX_PROCS, pids, bytes, NULL, NULL);
+    *total = p->memory_mb << 20;
+    *used = 0;
+    for (unsigned i = 0; i < n && i < FAKE_MAX_PROCS; i++) *used += bytes[i];
+    if (*used > *total) *used = *total;
+    return NVML_SUCCESS;
+}
+
+/* Declares idx, m (the GPU's MIG state) and model for a parent handle, or returns lookup's code. */
+#define REQUIRE_MIG_PARENT(device, lookup)                                        \
+    int idx = 0;                                                                  \
+    struct fake_mig_gpu m;                                                        \
+    nvmlReturn_t rc;                                                              \
+    const struct fake_mig_model *model = lookup((device), &idx, &m, &rc);         \
+    if (model == NULL) return rc;                                                 \
+    (void)model
+
+HAMI_EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *currentMode, unsigned int *pendingMode) {
+    REQUIRE_MIG_PARENT(device, mig_parent);
+    if (currentMode == NULL || pendingMode == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    *currentMode = m.current;
+    *pendingMode = m.pending;
+    return NVML_SUCCESS;
+}
+
+HAMI_EXPORT nvmlReturn_t nvmlDeviceSetMigMode(nvmlDevice_t device, unsigned int mode, nvmlReturn_t *activationStatus) {
+    REQUIRE_MIG_PARENT(device, mig_parent);
+    if (activationStatus == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    int activation = NVML_SUCCESS;
+    rc = (nvmlReturn_t)fake_mig_set_mode(N.st, N.cfg.gpus[idx].slot, mode, &activation);
+    *activationStatus = (nvmlReturn_t)activation;
+    return rc;
+}
+
+static void fill_profile_name(char *out, size_t len, const struct fake_gi_profile *p) {
+    snprintf(out, len, "MIG %s", p->name);
+}
+
+HAMI_EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfo(nvmlDevice_t device, unsigned int profile,
+                                                             nvmlGpuInstanceProfileInfo_t *info) {
+    REQUIRE_MIG_PARENT(device, mig_parent);
+    if (info == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    const struct fake_gi_profile *p = fake_mig_profile_by_index(model, profile);
+    if (p == NULL) return profile < 0x12 ? NVML_ERROR_NOT_SUPPORTED : NVML_ERROR_INVALID_ARGUMENT;
+    *info = (nvmlGpuInstanceProfileInfo_t){.id = p->id, .isP2pSupported = 0, .sliceCount = p->slices,
+                                           .instanceCount = p->instances, .multiprocessorCount = p->sms,
+                                           .copyEngineCount = p->copy_engines, .decoderCount = p->decoders,
+                                           .encoderCount = p->encoders, .jpegCount = p->jpegs, .ofaCount = p->ofas,
+                                           .memorySizeMB = p->memory_mb};
+    return NVML_SUCCESS;
+}
+
+/* _v2 and _v3 have the same size; the version word tells them apart. */
+HAMI_EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfoV(nvmlDevice_t device, unsigned int profile,
+                                                              nvmlGpuInstanceProfileInfo_v2_t *info) {
+    nvmlGpuInstanceProfileInfo_t v1;
+    if (info != NULL && info->version != nvmlGpuInstanceProfileInfo_v2 &&
+        info->version != nvmlGpuInstanceProfileInfo_v3)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    nvmlReturn_t rc = nvmlDeviceGetGpuInstanceProfileInfo(device, profile, info == NULL ? NULL : &v1);
+    if (rc != NVML_SUCCESS) return rc;
+    int idx = 0;
+    struct fake_mig_gpu m;
+    const struct fake_gi_profile *p = fake_mig_profile_by_index(mig_parent(device, &idx, &m, &rc), profile);
+    if (info->version == nvmlGpuInstanceProfileInfo_v3) {
+        nvmlGpuInstanceProfileInfo_v3_t *v3 = (nvmlGpuInstanceProfileInfo_v3_t *)(void *)info;
+        *v3 = (nvmlGpuInstanceProfileInfo_v3_t){
+            .version = nvmlGpuInstanceProfileInfo_v3, .id = v1.id, .sliceCount = v1.sliceCount,
+            .instanceCount = v1.instanceCount, .multiprocessorCount = v1.multiprocessorCount,
+            .copyEngineCount = v1.copyEngineCount, .decoderCount = v1.decoderCount, .encoderCount = v1.encoderCount,
+            .jpegCount = v1.jpegCount, .ofaCount = v1.ofaCount, .memorySizeMB = v1.memorySizeMB};
+        fill_profile_name(v3->name, sizeof v3->name, p);
+        return NVML_SUCCESS;
+    }
+    *info = (nvmlGpuInstanceProfileInfo_v2_t){
+        .version = nvmlGpuInstanceProfileInfo_v2, .id = v1.id, .isP2pSupported = v1.isP2pSupported,
+        .sliceCount = v1.sliceCount, .instanceCount = v1.instanceCount, .multiprocessorCount = v1.multiprocessorCount,
+        .copyEngineCount = v1.copyEngineCount, .decoderCount = v1.decoderCount, .encoderCount = v1.encoderCount,
+        .jpegCount = v1.jpegCount, .ofaCount = v1.ofaCount, .memorySizeMB = v1.memorySizeMB};
+    fill_profile_name(info->name, sizeof info->name, p);
+    return NVML_SUCCESS;
+}
+
+HAMI_EXPORT nvmlReturn_t nvmlDeviceGetGpuInstancePossiblePlacements_v2(nvmlDevice_t device, unsigned int profileId,
+                                                                       nvmlGpuInstancePlacement_t *placements,
+                                                                       unsigned int *count) {
+    REQUIRE_MIG_PARENT(device, mig_parent);
+    const struct fake_gi_profile *p = fake_mig_profile_by_id(model, profileId);
+    if (p == NULL || count == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    if (placements == NULL) {
+        *count = p->nstarts;
+        return NVML_SUCCESS;
+    }
+    if (*count < p->nstarts) {
+        *count = p->nstarts;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    for (unsigned i = 0; i < p->nstarts; i++) placements[i] = (nvmlGpuInstancePlacement_t){p->starts[i], p->size};
+    *count = p->nstarts;
+    return NVML_SUCCESS;
+}
+
+HAMI_EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceRemainingCapacity(nvmlDevice_t device, unsigned int profileId,
+                                                                   unsigned int *count) {
+    REQUIRE_MIG_PARENT(device, mig_enabled_parent);
+    const struct fake_gi_profile *p = fake_mig_profile_by_id(model, profileId);
+    if (p == NULL || count == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    *count = fake_mig_gi_capacity(&m, model, p);
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t create_gi(nvmlDevice_t device, unsigned int profileId, int start, nvmlGpuInstance_t *gpuInstance) {
+    REQUIRE_MIG_PARENT(device, mig_parent);
+    if (gpuInstance == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned id = 0;
+    rc = (nvmlReturn_t)fake_mig_create_gi(N.st, N.cfg.gpus[idx].slot, &N.cfg.gpus[idx], profileId, start, &id);
+    if (rc == NVML_SUCCESS) *gpuInstance = (nvmlGpuInstance_t)&N.gis[idx][id];
+    return rc;
+}
+
+HAMI_EXPORT nvmlReturn_t nvmlDeviceCreateGpuInstance(nvmlDevice_t device, unsigned int profileId,
+                                                     nvmlGpuInstance_t *gpuInstance) {
+    return create_gi(device, profileId, -1, gpuInstance);
+}
+
+HAMI_EXPORT nvmlReturn_t nvmlDeviceCreateGpuInstanceWithPlacement(nvmlDevice_t device, unsigned int profileId,
+                                                                  const nvmlGpuInstancePlacement_t *placement,
+                                                                  nvmlGpuInstance_t *gpuInstance) {
+    if (placement == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    int idx = 0;
+    struct fake_mig_gpu m;
+    nvmlReturn_t rc;
+    const struct fake_gi_profile *p = fake_mig_profile_by_id(mig_parent(device, &idx, &m, &rc), profileId);
+    if (p != NULL && placement->size != p->size) return NVML_ERROR_INVALID_ARGUMENT;
+    return create_gi(device, profileId, placement->start > 7 ? 99 : (int)placement->start, gpuInstance);
+}
+
+HAMI_EXPORT nvmlReturn_t nvmlGpuInstanceDestroy(nvmlGpuInstance_t gpuInstance) {
+    REQUIRE_INIT();
+    struct fake_mig_gpu m;
+    const struct mig_ref *r = gi_of_handle(gpuInstance, &m, NULL);
+    if (r == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    return (nvmlReturn_t)fake_mig_destroy_gi(N.st, N.cfg.gpus[r->dev].slot, (unsigned)r->gi);
+}
+
+HAMI_EXPORT nvmlReturn_t nvmlDeviceGetGpuInstances(nvmlDevice_t device, unsigned int profileId,
+                                                   nvmlGpuInstance_t *gpuInstances, unsigned int *count) {
+    REQUIRE_MIG_PARENT(device, mig_enabled_parent);
+    const struct fake_gi_profile *p = fake_mig_profile_by_id(model, profileId);
+    if (p == NULL || count == NULL || gpuInstances == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned n = 0;
+    for (int g = 0; g < FAKE_MAX_GIS; g++) {
+        if (m.gis[g].live && &model->profiles[m.gis[g].profile] == p) gpuInstances[n++] = (nvmlGpuInstance_t)&N.gis[idx][g];
+    }
+    *count = n;
+    return NVML_SUCCESS;
+}
+
+HAMI_EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceById(nvmlDevice_t device, unsigned int id,
+                                                      nvmlGpuInstance_t *gpuInstance) {
+    REQUIRE_MIG_PARENT(device, mig_enabled_parent);
+    if (gpuInstance == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    if (id >= FAKE_MAX_GIS || !m.gis[id].live) return NVML_ERROR_NOT_FOUND;
+    *gpuInstance = (nvmlGpuInstance_t)&N.gis[idx][id];
+    return NVML_SUCCESS;
+}
+
+HAMI_EXPORT nvmlReturn_t nvmlGpuInstanceGetInfo(nvmlGpuInstance_t gpuInstance, nvmlGpuInstanceInfo_t *info) {
+    REQUIRE_INIT();
+    struct fake_mig_gpu m;
+    const struct fake_gi_profile *p = NULL;
+    const struct mig_ref *r = gi_of_handle(gpuInstance, &m, &p);
+    if (r == NULL || info == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    *info = (nvmlGpuInstanceInfo_t){.device = (nvmlDevice_t)&N.devs[r->dev], .id = (unsigned)r->gi,
+                                    .profileId = p->id,
+                                    .placement = {m.gis[r->gi].start, m.gis[r->gi].size}};
+    return NVML_SUCCESS;
+}
+
+/* The compute-instance profile `profile` of a GI: its slices and SMs; NOT_SUPPORTED when it does not fit. */
+static nvmlReturn_t ci_profile(nvmlGpuInstance_t gpuInstance, unsigned profile, unsigned engProfile,
+                               nvmlComputeInstanceProfileInfo_t *info, char *name, size_t len) {
+    REQUIRE_INIT();
+    struct fake_mig_gpu m;
+    const struct fake_gi_profile *p = NULL;
+    const struct mig_ref *r = gi_of_handle(gpuInstance, &m, &p);
+    if (r == NULL || info == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    if (engProfile != NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED) return NVML_ERROR_NOT_SUPPORTED;
+    unsigned slices = fake_mig_ci_slices(p->slices, profile);
+    if (slices == 0) return NVML_ERROR_NOT_SUPPORTED;
+    *info = (nvmlComputeInstanceProfileInfo_t){.id = profile, .sliceCount = slices,
+                                               .instanceCount = p->slices / slices,
+                                               .multiprocessorCount = p->sms / p->slices * slices,
+                                               .sharedCopyEngineCount = p->copy_engines,
+                                               .sharedDecoderCount = p->decoders, .sharedEncoderCount = p->encoders,
+                                               .sharedJpegCount = p->jpegs, .sharedOfaCount = p->ofas};
+    if (slices == p->slices) snprintf(name, len, "MIG %s", p->name);
+    else snprintf(name, len, "MIG %uc.%s", slices, p->name);
+    return NVML_SUCCESS;
+}
+
+HAMI_EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfo(nvmlGpuInstance_t gpuInstance,
+                                                                      unsigned int profile, unsigned int engProfile,
+                                                                      nvmlComputeInstanceProfileInfo_t *info) {
+    char name[NVML_DEVICE_NAME_V2_BUFFER_SIZE];
+    return ci_profile(gpuInstance, profile, engProfile, info, name, sizeof name);
+}
+
+HAMI_EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfoV(nvmlGpuInstance_t gpuInstance,
+                                                                       unsigned int profile, unsigned int engProfile,
+                                                                       nvmlComputeInstanceProfileInfo_v2_t *info) {
+    if (info == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    if (info->version != nvmlComputeInstanceProfileInfo_v2 && info->version != nvmlComputeInstanceProfileInfo_v3)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    nvmlComputeInstanceProfileInfo_t v1;
+    char name[NVML_DEVICE_NAME_V2_BUFFER_SIZE];
+    nvmlReturn_t rc = ci_profile(gpuInstance, profile, engProfile, &v1, name, sizeof name);
+    if (rc != NVML_SUCCESS) return rc;
+    unsigned version = info->version;
+    if (version == nvmlComputeInstanceProfileInfo_v3) ((nvmlComputeInstanceProfileInfo_v3_t *)(void *)info)->capabilities = 0;
+    info->version = version;
+    info->id = v1.id;
+    info->sliceCount = v1.sliceCount;
+    info->instanceCount = v1.instanceCount;
+    info->multiprocessorCount = v1.multiprocessorCount;
+    info->sharedCopyEngineCount = v1.sharedCopyEngineCount;
+    info->sharedDecoderCount = v1.sharedDecoderCount;
+    info->sharedEncoderCount = v1.sharedEncoderCount;
+    info->sharedJpegCount = v1.sharedJpegCount;
+    info->sharedOfaCount = v1.sharedOfaCount;
+    snprintf(info->name, sizeof info->name, "%s", name);
+    return NVML_SUCCESS;
+}
+
+HAMI_EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceRemainingCapacity(nvmlGpuInstance_t gpuInstance,
+                                                                            unsigned int profileId,
+                                                                            unsigned int *count) {
+    REQUIRE_INIT();
+    struct fake_mig_gpu m;
+    const struct fake_gi_profile *p = NULL;
+    const struct mig_ref *r = gi_of_handle(gpuInstance, &m, &p);
+    if (r == NULL || count == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    if (fake_mig_ci_slices(p->slices, profileId) == 0) return NVML_ERROR_NOT_SUPPORTED;
+    *count = fake_mig_ci_capacity(&m.gis[r->gi], p->slices, profileId);
+    return NVML_SUCCESS;
+}
+
+HAMI_EXPORT nvmlReturn_t nvmlGpuInstanceCreateComputeInstance(nvmlGpuInstance_t gpuInstance, unsigned int profileId,
+                                                              nvmlComputeInstance_t *computeInstance) {
+    REQUIRE_INIT();
+    struct fake_mig_gpu m;
+    const struct mig_ref *r = gi_of_handle(gpuInstance, &m, NULL);
+    if (r == NULL || computeInstance == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned id = 0;
+    nvmlReturn_t rc =
+        (nvmlReturn_t)fake_mig_create_ci(N.st, N.cfg.gpus[r->dev].slot, (unsigned)r->gi, profileId, &id);
+    if (rc == NVML_SUCCESS) *computeInstance = (nvmlComputeInstance_t)&N.cis[r->dev][r->gi][id];
+    return rc;
+}
+
+HAMI_EXPORT nvmlReturn_t nvmlComputeInstanceDestroy(nvmlComputeInstance_t computeInstance) {
+    REQUIRE_INIT();
+    struct fake_mig_gpu m;
+    const struct mig_ref *r = ci_of_handle(computeInstance, &m, NULL);
+    if (r == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    return (nvmlReturn_t)fake_mig_destroy_ci(N.st, N.cfg.gpus[r->dev].slot, (unsigned)r->gi, (unsigned)r->ci);
+}
+
+HAMI_EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstances(nvmlGpuInstance_t gpuInstance, unsigned int profileId,
+                                                            nvmlComputeInstance_t *computeInstances,
+                                                            unsigned int *count) {
+    REQUIRE_INIT();
+    struct fake_mig_gpu m;
+    const struct fake_gi_profile *p = NULL;
+    const struct mig_ref *r = gi_of_handle(gpuInstance, &m, &p);
+    if (r == NULL || count == NULL || computeInstances == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    if (fake_mig_ci_slices(p->slices, profileId) == 0) return NVML_ERROR_NOT_SUPPORTED;
+    unsigned n = 0;
+    for (int c = 0; c < FAKE_MAX_CIS; c++) {
+        const struct fake_mig_ci *ci = &m.gis[r->gi].cis[c];
+        if (ci->live && ci->profile == profileId)
+            computeInstances[n++] = (nvmlComputeInstance_t)&N.cis[r->dev][r->gi][c];
+    }
+    *count = n;
+    return NVML_SUCCESS;
+}
+
+HAMI_EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceById(nvmlGpuInstance_t gpuInstance, unsigned int id,
+                                                               nvmlComputeInstance_t *computeInstance) {
+    REQUIRE_INIT();
+    struct fake_mig_gpu m;
+    const struct mig_ref *r = gi_of_handle(gpuInstance, &m, NULL);
+    if (r == NULL || computeInstance == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    if (id >= FAKE_MAX_CIS || !m.gis[r->gi].cis[id].live) return NVML_ERROR_NOT_FOUND;
+    *computeInstance = (nvmlComputeInstance_t)&N.cis[r->dev][r->gi][id];
+    return NVML_SUCCESS;
+}
+
+HAMI_EXPORT nvmlReturn_t nvmlComputeInstanceGetInfo_v2(nvmlComputeInstance_t computeInstance,
+                                                       nvmlComputeInstanceInfo_t *info) {
+    REQUIRE_INIT();
+    struct fake_mig_gpu m;
+    const struct mig_ref *r = ci_of_handle(computeInstance, &m, NULL);
+    if (r == NULL || info == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    const struct fake_mig_ci *ci = &m.gis[r->gi].cis[r->ci];
+    *info = (nvmlComputeInstanceInfo_t){.device = (nvmlDevice_t)&N.devs[r->dev],
+                                        .gpuInstance = (nvmlGpuInstance_t)&N.gis[r->dev][r->gi],
+                                        .id = (unsigned)r->ci, .profileId = ci->profile,
+                                        .placement = {ci->start, ci->size}};
+    return NVML_SUCCESS;
+}
+
+HAMI_EXPORT nvmlReturn_t nvmlComputeInstanceGetInfo(nvmlComputeInstance_t computeInstance,
+                                                    nvmlComputeInstanceInfo_t *info) {
+    return nvmlComputeInstanceGetInfo_v2(computeInstance, info);
+}
+
+/* ---- MIG devices: one per compute instance, in (GPU instance id, compute instance id) order */
+
+HAMI_EXPORT nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t device, unsigned int *isMigDevice) {
+    REQUIRE_INIT();
+    struct fake_mig_gpu m;
+    if (isMigDevice == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    if (mig_device_of(device, &m, NULL) != NULL) {
+        *isMigDevice = 1;
+        return NVML_SUCCESS;
+    }
+    if (gpu_of(device, NULL) == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    *isMigDevice = 0;
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t mig_ids(nvmlDevice_t device, unsigned int *id, int compute) {
+    REQUIRE_INIT();
+    struct fake_mig_gpu m;
+    const struct mig_ref *r = mig_device_of(device, &m, NULL);
+    if (id == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    if (r == NULL) return gpu_of(device, NULL) != NULL ? NVML_ERROR_NOT_SUPPORTED : NVML_ERROR_INVALID_ARGUMENT;
+    *id = (unsigned)(compute ? r->ci : r->gi);
+    return NVML_SUCCESS;
+}
+
+HAMI_EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t device, unsigned int *id) {
+    return mig_ids(device, id, 0);
+}
+
+HAMI_EXPORT nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t device, unsigned int *id) {
+    return mig_ids(device, id, 1);
+}
+
+#define MAX_MIG_DEVICES 7
+
+/* Zero when the GPU has no MIG or has it off, as real NVML answers. */
+HAMI_EXPORT nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int *count) {
+    REQUIRE_GPU(device, idx);
+    if (count == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    *count = mig_enabled(gpu) ? MAX_MIG_DEVICES : 0;
+    return NVML_SUCCESS;
+}
+
+HAMI_EXPORT nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsigned int index,
+                                                             nvmlDevice_t *migDevice) {
+    REQUIRE_MIG_PARENT(device, mig_enabled_parent);
+    if (migDevice == NULL || index >= MAX_MIG_DEVICES) return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned n = 0;
+    for (int g = 0; g < FAKE_MAX_GIS; g++) {
+        for (int c = 0; m.gis[g].live && c < FAKE_MAX_CIS; c++) {
+            if (m.gis[g].cis[c].live && n++ == index) {
+                *migDevice = (nvmlDevice_t)&N.migs[idx][g][c];
+                return NVML_SUCCESS;
+            }
+        }
+    }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+HAMI_EXPORT nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t migDevice, nvmlDevice_t *device) {
+    REQUIRE_INIT();
+    struct fake_mig_gpu m;
+    const struct mig_ref *r = mig_device_of(migDevice, &m, NULL);
+    if (r == NULL || device == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    *device = (nvmlDevice_t)&N.devs[r->dev];
+    return NVML_SUCCESS;
+}
+
+/* A MIG device: its compute instance's SMs and slices, its GPU instance's engines and memory; a
+ * whole GPU: its largest profile's (or, without MIG, 108 SMs and no slices). */
+HAMI_EXPORT nvmlReturn_t nvmlDeviceGetAttributes_v2(nvmlDevice_t device, nvmlDeviceAttributes_t *attributes) {
+    REQUIRE_INIT();
+    struct fake_mig_gpu m;
+    const struct fake_gi_profile *p = NULL;
+    const struct mig_ref *r = mig_device_of(device, &m, &p);
+    if (attributes == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    if (r != NULL) {
+        const struct fake_mig_ci *ci = &m.gis[r->gi].cis[r->ci];
+        *attributes = (nvmlDeviceAttributes_t){.multiprocessorCount = p->sms / p->slices * ci->size,
+                                               .sharedCopyEngineCount = p->copy_engines,
+                                               .sharedDecoderCount = p->decoders,
+                                               .sharedEncoderCount = p->encoders, .sharedJpegCount = p->jpegs,
+                                               .sharedOfaCount = p->ofas, .gpuInstanceSliceCount = p->slices,
+                                               .computeInstanceSliceCount = ci->size, .memorySizeMB = p->memory_mb};
+        return NVML_SUCCESS;
+    }
+    REQUIRE_GPU(device, idx);
+    const struct fake_gi_profile *whole = fake_mig_profile_by_index(fake_mig_model_of(gpu), NVML_GPU_INSTANCE_PROFILE_7_SLICE);
+    *attributes = (nvmlDeviceAttributes_t){.multiprocessorCount = whole != NULL ? whole->sms : 108,
+                                           .sharedCopyEngineCount = whole != NULL ? whole->copy_engines : 7,
+                                           .gpuInstanceSliceCount = whole != NULL ? 7 : 0,
+                                           .computeInstanceSliceCount = whole != NULL ? 7 : 0,
+                                           .memorySizeMB = gpu->memory >> 20};
+    return NVML_SUCCESS;
+}
+
+HAMI_EXPORT nvmlReturn_t nvmlDeviceGetAttributes(nvmlDevice_t device, nvmlDeviceAttributes_t *attributes) {
+    return nvmlDeviceGetAttributes_v2(device, attributes);
 }

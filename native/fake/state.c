@@ -17,12 +17,16 @@
 
 #include "fake.h"
 
-#define STATE_MAGIC 0x46414b47u /* bumped when the layout changes */
+#define STATE_MAGIC 0x46414b48u /* bumped when the layout changes */
 
 static int own = -1;
 static const struct fake_config *conf; /* maps a device index to its slot in the state */
 
 static int slot(int dev) { return conf != NULL && dev >= 0 && dev < conf->count ? conf->gpus[dev].slot : dev; }
+
+/* The GPU instance a configured device is (a resolved `uuid=MIG-...` line), -1 for a whole GPU. */
+static int gi_of(int dev) { return conf != NULL && dev >= 0 && dev < conf->count ? conf->gpus[dev].gi : -1; }
+static int ci_of(int dev) { return conf != NULL && dev >= 0 && dev < conf->count ? conf->gpus[dev].ci : -1; }
 
 static uint64_t start_time(pid_t pid, int *gone) {
     char path[64], buf[1024];
@@ -169,6 +173,7 @@ struct fake_state *fake_state_attach(const struct fake_config *cfg, int claim) {
         pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
         pthread_mutex_init(&st->mu, &attr);
         pthread_mutexattr_destroy(&attr);
+        fake_mig_apply_config(st, cfg);
         st->magic = STATE_MAGIC;
     }
     flock(fd, LOCK_UN);
@@ -196,25 +201,38 @@ struct fake_state *fake_state_attach(const struct fake_config *cfg, int claim) {
 }
 
 int fake_state_charge(struct fake_state *st, int dev, uint64_t bytes, uint64_t physical) {
+    int gi = gi_of(dev), ci = ci_of(dev);
     dev = slot(dev);
     if (own < 0) return -1;
     lock(st);
     uint64_t used = 0;
     for (int i = 0; i < FAKE_MAX_PROCS; i++) {
-        if (st->procs[i].used[dev] != 0 && (i == own || alive(st, i))) used += st->procs[i].used[dev];
+        uint64_t held = gi < 0 ? st->procs[i].used[dev] : st->procs[i].gi_used[dev][gi];
+        if (held != 0 && (i == own || alive(st, i))) used += held;
     }
     int rc = (bytes > physical || used > physical - bytes) ? -1 : 0;
-    if (rc == 0) st->procs[own].used[dev] += bytes;
+    if (rc == 0) {
+        st->procs[own].used[dev] += bytes;
+        if (gi >= 0) {
+            st->procs[own].gi_used[dev][gi] += bytes;
+            st->procs[own].gi_ci[dev][gi] = (uint8_t)ci;
+        }
+    }
     unlock(st);
     return rc;
 }
 
 void fake_state_uncharge(struct fake_state *st, int dev, uint64_t bytes) {
+    int gi = gi_of(dev);
     dev = slot(dev);
     if (own < 0) return;
     lock(st);
     uint64_t *used = &st->procs[own].used[dev];
     *used = *used > bytes ? *used - bytes : 0;
+    if (gi >= 0) {
+        used = &st->procs[own].gi_used[dev][gi];
+        *used = *used > bytes ? *used - bytes : 0;
+    }
     unlock(st);
 }
 
@@ -227,31 +245,74 @@ void fake_state_leave(struct fake_state *st) {
 }
 
 uint64_t fake_state_used(struct fake_state *st, int dev) {
+    int gi = gi_of(dev);
     dev = slot(dev);
     uint64_t used = 0;
     lock(st);
     for (int i = 0; i < FAKE_MAX_PROCS; i++) {
-        if (st->procs[i].used[dev] != 0 && alive(st, i)) used += st->procs[i].used[dev];
+        uint64_t held = gi < 0 ? st->procs[i].used[dev] : st->procs[i].gi_used[dev][gi];
+        if (held != 0 && alive(st, i)) used += held;
     }
     unlock(st);
     return used;
 }
 
-unsigned fake_state_procs(struct fake_state *st, int dev, unsigned max, unsigned *pids, uint64_t *used) {
-    dev = slot(dev);
+/* The bytes entry i holds on the slot, its GPU instance in *gi and compute instance in *ci (~0u
+ * when on the whole GPU); want_gi/want_ci < 0 match any. */
+static uint64_t held_at(const struct fake_state *st, int i, int slot_, int want_gi, int want_ci, unsigned *gi,
+                        unsigned *ci) {
+    *gi = *ci = ~0u;
+    if (want_gi < 0) {
+        for (int g = 0; g < FAKE_MAX_GIS; g++) {
+            if (st->procs[i].gi_used[slot_][g] != 0) {
+                *gi = (unsigned)g;
+                *ci = st->procs[i].gi_ci[slot_][g];
+            }
+        }
+        return st->procs[i].used[slot_];
+    }
+    uint64_t held = st->procs[i].gi_used[slot_][want_gi];
+    if (held == 0 || (want_ci >= 0 && st->procs[i].gi_ci[slot_][want_gi] != (uint8_t)want_ci)) return 0;
+    *gi = (unsigned)want_gi;
+    *ci = st->procs[i].gi_ci[slot_][want_gi];
+    return held;
+}
+
+unsigned fake_state_procs_at(struct fake_state *st, int slot_, int want_gi, int want_ci, unsigned max, unsigned *pids,
+                             uint64_t *used, unsigned *gis, unsigned *cis) {
     unsigned n = 0;
+    if (slot_ < 0 || slot_ >= FAKE_MAX_GPUS || want_gi >= FAKE_MAX_GIS) return 0;
     lock(st);
     for (int i = 0; i < FAKE_MAX_PROCS; i++) {
         pid_t seen_as = 0;
-        if (st->procs[i].used[dev] == 0 || !alive_as(st, i, &seen_as)) continue;
+        unsigned gi = 0, ci = 0;
+        uint64_t held = held_at(st, i, slot_, want_gi, want_ci, &gi, &ci);
+        if (held == 0 || !alive_as(st, i, &seen_as)) continue;
         if (n < max) {
             pids[n] = (unsigned)seen_as;
-            used[n] = st->procs[i].used[dev];
+            used[n] = held;
+            if (gis != NULL) gis[n] = gi;
+            if (cis != NULL) cis[n] = ci;
         }
         n++;
     }
     unlock(st);
     return n;
+}
+
+unsigned fake_state_procs(struct fake_state *st, int dev, unsigned max, unsigned *pids, uint64_t *used) {
+    return fake_state_procs_at(st, slot(dev), gi_of(dev), -1, max, pids, used, NULL, NULL);
+}
+
+void fake_state_lock(struct fake_state *st) { lock(st); }
+void fake_state_unlock(struct fake_state *st) { unlock(st); }
+
+int fake_state_busy_locked(struct fake_state *st, int slot_, int want_gi, int want_ci) {
+    for (int i = 0; i < FAKE_MAX_PROCS; i++) {
+        unsigned gi = 0, ci = 0;
+        if (held_at(st, i, slot_, want_gi, want_ci, &gi, &ci) != 0 && alive(st, i)) return 1;
+    }
+    return 0;
 }
 
 uint64_t fake_now_ns(void) {

@@ -391,11 +391,19 @@ static struct hami_region *region(void) {
 
 /* ---- device indexes */
 
+/* CUDA gives a device's UUID as 16 bytes, which say nothing of whether it is a GPU or a MIG
+ * device; NVML names it GPU-<hex> or MIG-<hex>. Both name the same device when the hex agrees. */
+static int same_device(const char *a, const char *b) {
+    int prefixed = (strncmp(a, "GPU-", 4) == 0 || strncmp(a, "MIG-", 4) == 0) &&
+                   (strncmp(b, "GPU-", 4) == 0 || strncmp(b, "MIG-", 4) == 0);
+    return prefixed ? strncmp(a + 4, b + 4, HAMI_UUID_LEN - 4) == 0 : strncmp(a, b, HAMI_UUID_LEN) == 0;
+}
+
 static int index_of_uuid(const char *uuid) {
     struct hami_region *r = region();
     uint64_t n = r->device_num > HAMI_MAX_DEVICES ? HAMI_MAX_DEVICES : r->device_num;
     for (uint64_t i = 0; i < n; i++) {
-        if (strncmp(r->uuids[i], uuid, HAMI_UUID_LEN) == 0) return (int)i;
+        if (same_device(r->uuids[i], uuid)) return (int)i;
     }
     return -1;
 }
