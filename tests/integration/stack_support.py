@@ -397,11 +397,12 @@ async def gpu_node(
     topology: Topology | None = None,
     extra_agents: Callable[[DevicePluginAgent], Sequence[Any]] = lambda _plugin: (),
     nvidia: Mapping[str, Any] | None = None,
+    node_config: Mapping[str, Any] | None = None,
     real_runtime: bool = False,
 ) -> AsyncIterator[tuple[KubeletNode, DevicePluginAgent]]:
     """A GPU node ``<namespace>-gpu`` labelled ``gpu-test=<namespace>``: the real kubelet over the
     fake runtime, the device plugin process over ``gpus`` linked by ``topology`` (with ``nvidia``
-    over its own hook and CDI directories)
+    over its own hook and CDI directories, and ``node_config`` as the node's ``nodeConfigs`` entry)
     (and ``extra_agents(plugin)``, the monitor), Ready with its GPUs advertised. Its tracing follows
     this process's OTEL_* variables. With ``real_runtime``, over containerd and runc instead: its
     pods' containers really run."""
@@ -413,6 +414,7 @@ async def gpu_node(
         gpus=gpus,
         topology=topology,
         nvidia=nvidia,
+        node_config=node_config,
         native_build=NATIVE_BUILD,
         labels={"gpu-test": namespace},
         real_runtime=real_runtime,
@@ -435,13 +437,14 @@ async def running_gpu_stack(
     topology: Topology | None = None,
     real_runtime: bool = False,
     nvidia: Mapping[str, Any] | None = None,
+    node_config: Mapping[str, Any] | None = None,
     monitor_args: Sequence[str] | None = None,
     config: Config | None = None,
 ) -> AsyncIterator[GpuStack]:
     """The webhook and one extender in this process (deciding by ``config``, the defaults when
     None), the hami-scheduler using it, and one GPU node (``gpu_node`` over ``gpus`` linked by
-    ``topology``, its plugin's ``nvidia`` settings; with the monitor when ``monitor_args`` are
-    given; over containerd with ``real_runtime``). On exit the cluster must hold the GPU
+    ``topology``, its plugin's ``nvidia`` settings and ``node_config``; with the monitor when
+    ``monitor_args`` are given; over containerd with ``real_runtime``). On exit the cluster must hold the GPU
     invariant."""
     # On real containers GPU pods get the node's NVIDIA runtime as the chart's webhook gives it.
     settings = None
@@ -468,6 +471,7 @@ async def running_gpu_stack(
                     gpus=gpus,
                     topology=topology,
                     nvidia=nvidia,
+                    node_config=node_config,
                     real_runtime=real_runtime,
                     extra_agents=monitor,
                 ) as (node, plugin):

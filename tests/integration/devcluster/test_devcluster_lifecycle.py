@@ -189,6 +189,13 @@ def _check_examples(table: str) -> None:
     )
     assert (low % 2, high) == (0, low + 1), table
     assert alone not in (low, high), table
+    # MIG: the dynamic pod in a 2g.10gb instance made for it on the first slices of an A100 40GB,
+    # the static one in the H100's whole 3g.40gb instance made beforehand.
+    dynamic, static = _line(table, "hami-examples/mig-dynamic"), _line(table, "hami-examples/mig-static")
+    assert dynamic.split()[1:3] == ["Running", "hamipy-gpu-5"], table
+    assert "A100-SXM4-40GB MIG 2g.10gb@0" in dynamic, table
+    assert static.split()[1:3] == ["Running", "hamipy-gpu-6"], table
+    assert "3g.40gb" in static, table
     # The quota admits one of the two 6 GiB pods; the other waits, naming the quota.
     first, second = _row(table, "hami-team-a/quota-first"), _row(table, "hami-team-a/quota-second")
     assert first[1] == "Running"

@@ -18,7 +18,8 @@ async def runtime_stack(
     hami_scheduler: Callable[..., Any],
 ) -> AsyncIterator[RuntimeStack]:
     gpus, nvidia = request.module.GPUS, getattr(request.module, "NVIDIA", None)
+    node_config = getattr(request.module, "NODE_CONFIG", None)
     async with running_runtime_stack(
-        devcluster, kube_client, namespace, hami_scheduler, gpus=gpus, nvidia=nvidia
+        devcluster, kube_client, namespace, hami_scheduler, gpus=gpus, nvidia=nvidia, node_config=node_config
     ) as stack:
         yield stack

@@ -161,8 +161,10 @@ async def running_runtime_stack(
     *,
     gpus: Sequence[FakeGpu],
     nvidia: Mapping[str, Any] | None = None,
+    node_config: Mapping[str, Any] | None = None,
 ) -> AsyncIterator[RuntimeStack]:
-    """The stack of ``running_gpu_stack`` on containerd, its plugin's ``nvidia`` settings given."""
+    """The stack of ``running_gpu_stack`` on containerd, its plugin's ``nvidia`` settings and
+    ``node_config`` (the node's ``nodeConfigs`` entry) given."""
     async with running_gpu_stack(
         devcluster,
         api,
@@ -170,6 +172,7 @@ async def running_runtime_stack(
         hami_scheduler,
         gpus=gpus,
         nvidia=nvidia,
+        node_config=node_config,
         real_runtime=True,
         monitor_args=(),
     ) as stack:

@@ -37,6 +37,14 @@ def test_a_container_sees_only_its_gpus_in_its_order_each_on_the_hosts_slot() ->
     assert "slot=1" in container_config(HOST, "1")
 
 
+def test_a_mig_instance_is_listed_by_its_uuid_for_the_driver_to_find_in_the_nodes_state() -> None:
+    lines = container_config(HOST, "MIG-4f3a0000-0000-4000-8000-000000000001,GPU-b").splitlines()
+    assert lines[2:] == [
+        "gpu uuid=MIG-4f3a0000-0000-4000-8000-000000000001",
+        'gpu uuid=GPU-b name="NVIDIA A100" memory=40g slot=1',
+    ]
+
+
 def test_an_unknown_gpu_is_refused() -> None:
     with pytest.raises(SystemExit, match="GPU-z"):
         container_config(HOST, "GPU-z")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import shutil
 import subprocess
 import tempfile
@@ -145,13 +146,18 @@ class ChartStack:
         self.socket_root = Path(tempfile.mkdtemp(prefix="hamipy-chart-", dir="/tmp"))
         self._archives: tuple[Path, ...] = ()
         self._dns_image = ""
+        self.node_configs: list[dict[str, str]] = []
+        """The nodes' ``nodeConfigs`` entries (MIG nodes'), kept in every install's values."""
 
     @property
     def chart(self) -> Path:
         return self.root / CHART_DIR
 
     def values(self, *extra: str) -> list[str]:
-        return [*dev_values(otlp_endpoint=self.otlp_endpoint), *extra]
+        nodes = (
+            ["--set-json", f"config.nodeConfigs={json.dumps(self.node_configs)}"] if self.node_configs else []
+        )
+        return [*dev_values(otlp_endpoint=self.otlp_endpoint), *nodes, *extra]
 
     async def prepare_images(self) -> None:
         """Build (when stale) every image the nodes run: the pause and workload images, the four
@@ -199,7 +205,10 @@ class ChartStack:
         ``values`` (helm arguments) after the dev values."""
         await self.prepare_images()
         for i, model in enumerate(gpu_models):
-            await self.add_gpu_node(f"hamipy-gpu-{i}", model.gpus(i), model.topology)
+            name = f"hamipy-gpu-{i}"
+            await self.add_gpu_node(name, model.gpus(i), model.topology)
+            if model.node_config:
+                self.node_configs.append({"name": name, **model.node_config})
         await cluster_dns.ensure_cluster_dns(
             self.api, cluster_ip=self.cluster.network.dns_ip, image=self._dns_image
         )

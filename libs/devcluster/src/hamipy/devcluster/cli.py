@@ -54,7 +54,7 @@ DAEMON_LOG = "devcluster.log"
 TRACES_FILE = "traces.jsonl"
 CLUSTER_DIR = "cluster"
 DEFAULT_NODES = 0
-DEFAULT_GPU_NODES = 5
+DEFAULT_GPU_NODES = 7
 # First `up` on a machine may also wait for etcd/apiserver to settle on a loaded box.
 UP_TIMEOUT_S = 240.0
 # The daemon's graceful stop (nodes, schedulers, apiserver, etcd) takes ~2 s; this is headroom.

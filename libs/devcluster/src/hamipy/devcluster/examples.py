@@ -30,6 +30,7 @@ from hamipy.kube.client import RawKube
 from hamipy.kube.errors import Conflict, KubeError
 from hamipy.kube.resources import pod_path
 from hamipy.protocol import ProtocolError, decode_node_devices, decode_pod_devices, keys
+from hamipy.protocol.mig_allocations import decode_mig_allocations
 
 __all__ = ["apply_examples", "format_table", "gpu_rows", "pod_rows", "wait_settled"]
 
@@ -181,16 +182,13 @@ async def pod_rows(api: Any, pods: Sequence[tuple[str, str]]) -> list[list[str]]
         unschedulable = [c for c in pod.status.conditions or [] if c.reason == "Unschedulable"]
         why = (unschedulable[0].message or "").split(". ")[0] if unschedulable else ""
         devices = [d for slot in _allocated(annotations) for d in slot]
+        profiles = _mig_profiles(annotations)
         rows.append(
             [
                 f"{namespace}/{name}",
                 status,
                 pod.spec.node_name or "-",
-                ", ".join(
-                    f"{gpus[d.uuid].index}:{_short_type(gpus[d.uuid].type)}" if d.uuid in gpus else d.uuid
-                    for d in devices
-                )
-                or "-",
+                ", ".join(_device_label(gpus, d.uuid, profiles) for d in devices) or "-",
                 ", ".join(f"{d.usedmem} MiB" for d in devices) or "-",
                 ", ".join(f"{d.usedcores}%" for d in devices) or "-",
                 why,
@@ -221,6 +219,28 @@ async def _gone_row(core: Any, namespace: str, name: str) -> list[str]:
     status = "Preempted" if preempted else "Deleted"
     why = preempted[-1].split(": ")[0] if preempted else ""
     return [f"{namespace}/{name}", status, "-", "-", "-", "-", why]
+
+
+def _device_label(gpus: dict[str, _Gpu], uuid: str, profiles: dict[str, str]) -> str:
+    """``<index>:<type>`` of a GPU a pod holds, with the MIG instance made for the pod on it
+    (``0:A100-SXM4-40GB MIG 2g.10gb@0``); the UUID of one that no node registers."""
+    gpu = gpus.get(uuid)
+    if gpu is None:
+        return uuid
+    label = f"{gpu.index}:{_short_type(gpu.type)}"
+    return f"{label} MIG {profiles[uuid]}" if uuid in profiles else label
+
+
+def _mig_profiles(annotations: dict[str, str]) -> dict[str, str]:
+    """GPU UUID -> ``<profile>@<first slice>`` of the pod's dynamic MIG instances."""
+    value = annotations.get(keys.MIG_ALLOCATIONS)
+    if not value:
+        return {}
+    try:
+        records = decode_mig_allocations(value)
+    except ProtocolError:
+        return {}
+    return {r.gpu_uuid: f"{r.profile}@{r.placement.start}" for r in records}
 
 
 def _allocated(annotations: dict[str, str]) -> list[list[Any]]:

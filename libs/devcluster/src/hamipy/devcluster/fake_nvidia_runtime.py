@@ -33,6 +33,7 @@ STATE_IN_CONTAINER: Final = "/etc/hamipy-fake-gpu/gpus.state"
 LIB_DIR_IN_CONTAINER: Final = "/usr/lib/x86_64-linux-gnu"
 DRIVER_LIBS: Final = ("libcuda.so.1", "libnvidia-ml.so.1")
 NO_DEVICES: Final = ("", "void", "none")
+MIG_PREFIX: Final = "MIG-"
 
 
 def gpu_lines(host_config: str) -> tuple[list[str], list[tuple[str, str]]]:
@@ -50,21 +51,22 @@ def gpu_lines(host_config: str) -> tuple[list[str], list[tuple[str, str]]]:
 
 
 def container_config(host_config: str, visible: str) -> str:
-    """The driver configuration of a container given ``visible`` (``all``, or GPU UUIDs or host
-    indices, comma-separated, in the order the container numbers them)."""
+    """The driver configuration of a container given ``visible`` (``all``, or GPU UUIDs, MIG
+    instance UUIDs or host indices, comma-separated, in the order the container numbers them)."""
     settings, gpus = gpu_lines(host_config)
     if visible.strip() == "all":
-        chosen = list(range(len(gpus)))
-    else:
-        chosen = []
-        for want in (w.strip() for w in visible.split(",") if w.strip()):
-            index = (
-                int(want) if want.isdigit() else next((i for i, (u, _) in enumerate(gpus) if u == want), -1)
-            )
-            if not 0 <= index < len(gpus):
-                raise SystemExit(f"fake nvidia runtime: {VISIBLE_DEVICES} names unknown GPU {want!r}")
-            chosen.append(index)
-    return driver_settings(settings) + "".join(gpu_with_slot(gpus[i][1], i) for i in chosen)
+        return driver_settings(settings) + "".join(gpu_with_slot(line, i) for i, (_, line) in enumerate(gpus))
+    chosen = []
+    for want in (w.strip() for w in visible.split(",") if w.strip()):
+        if want.startswith(MIG_PREFIX):
+            # A MIG instance: the driver finds its GPU and memory in the node's state.
+            chosen.append(f"gpu uuid={want}\n")
+            continue
+        index = int(want) if want.isdigit() else next((i for i, (u, _) in enumerate(gpus) if u == want), -1)
+        if not 0 <= index < len(gpus):
+            raise SystemExit(f"fake nvidia runtime: {VISIBLE_DEVICES} names unknown GPU {want!r}")
+        chosen.append(gpu_with_slot(gpus[index][1], index))
+    return driver_settings(settings) + "".join(chosen)
 
 
 def driver_settings(settings: Sequence[str]) -> str:

@@ -31,6 +31,7 @@ __all__ = [
     "DevicePluginAgent",
     "FakeGpu",
     "GpuNodeModel",
+    "MigSetup",
     "MonitorAgent",
     "Topology",
     "fake_gpu_config",
@@ -54,9 +55,16 @@ class FakeGpu:
     numa: int = 0
     pci: str = ""
     healthy: bool = True
+    mig_instances: str = ""
+    """MIG instances the driver starts with (``3g.40gb@4,1g.10gb@0``: profile and first slice); a
+    GPU given some starts in MIG mode."""
 
 
 Topology = Literal["hgx8", "pcie-pairs8", "none"]
+MigSetup = Literal["dynamic", "single", "mixed"]
+"""How a node's device plugin serves MIG (docs/device-plugin.md#mig): ``dynamic`` makes an instance
+for each pod (the node's ``operatingmode: mig``); ``single`` and ``mixed`` serve instances made
+beforehand (its ``migstrategy``)."""
 """A preset of the fake driver's NVLinks and P2P levels (docs/isolation.md): GPUs 2k and 2k+1 of
 ``pcie-pairs8`` are NVLink-bridged pairs, every GPU of ``hgx8`` is on the NVSwitches."""
 
@@ -70,6 +78,7 @@ def fake_gpu_config(gpus: Sequence[FakeGpu], topology: Topology | None = None) -
         lines.append(
             f'gpu uuid={gpu.uuid} name="{gpu.name}" memory={gpu.memory_mib}m numa={gpu.numa} pci={pci} '
             f"healthy={'true' if gpu.healthy else 'false'}"
+            + (f" mig=on mig_instances={gpu.mig_instances}" if gpu.mig_instances else "")
         )
     return "\n".join(lines) + "\n"
 
@@ -83,6 +92,16 @@ class GpuNodeModel:
     memory_mib: int
     numa_nodes: int = 1
     topology: Topology | None = None
+    mig: MigSetup | None = None
+    mig_instances: tuple[str, ...] = ()
+    """Per GPU, by index, the MIG instances it starts with (``FakeGpu.mig_instances``)."""
+
+    @property
+    def node_config(self) -> dict[str, str]:
+        """The node's ``nodeConfigs`` entry (its name left out) for the device plugin."""
+        if self.mig == "dynamic":
+            return {"operatingmode": "mig"}
+        return {"migstrategy": self.mig} if self.mig else {}
 
     def gpus(self, node_index: int) -> list[FakeGpu]:
         per_numa = max(1, self.count // self.numa_nodes)
@@ -92,6 +111,7 @@ class GpuNodeModel:
                 name=self.gpu_name,
                 memory_mib=self.memory_mib,
                 numa=min(i // per_numa, self.numa_nodes - 1),
+                mig_instances=self.mig_instances[i] if i < len(self.mig_instances) else "",
             )
             for i in range(self.count)
         ]
@@ -110,6 +130,7 @@ class DevicePluginAgent:
         plugin_dir: Path,
         pod_resources_socket: Path,
         nvidia: Mapping[str, Any] | None = None,
+        node_config: Mapping[str, Any] | None = None,
         topology: Topology | None = None,
         register_interval_s: float = 30.0,
         env: Mapping[str, str] | None = None,
@@ -127,6 +148,8 @@ class DevicePluginAgent:
         self.cdi_spec_dir = workdir / "cdi"
         own = {"hookPath": str(self.hook_path), "cdiSpecDir": str(self.cdi_spec_dir)}
         self.nvidia = {**own, **(nvidia or {})}
+        self.node_config = dict(node_config or {})
+        """This node's ``nodeConfigs`` entry, its name left out (``operatingmode``, ``migstrategy``)."""
         self.register_interval_s = register_interval_s
         self.extra_env = dict(env or {})
         self.metrics_port: int | None = None
@@ -142,19 +165,22 @@ class DevicePluginAgent:
         """The plugin's configuration (its ``nvidia`` section), written at ``start``."""
         return self.workdir / "hami-py.yaml"
 
-    def _write_files(self) -> Path:
+    def _write_files(self, node: str) -> Path:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.hook_path.mkdir(exist_ok=True)
         self.gpu_config_path.parent.mkdir(exist_ok=True)
         self.gpu_config_path.write_text(fake_gpu_config(self.gpus, self.topology))
-        self.config_path.write_text(yaml.safe_dump({"nvidia": dict(self.nvidia)}))
+        config: dict[str, Any] = {"nvidia": dict(self.nvidia)}
+        if self.node_config:
+            config["nodeConfigs"] = [{"name": node, **self.node_config}]
+        self.config_path.write_text(yaml.safe_dump(config))
         return self.config_path
 
     async def start(self, node: NamedNode) -> None:
         fake = self.native_build / "fake"
         if not (fake / "libnvidia-ml.so.1").is_file():
             raise FileNotFoundError(f"{fake}/libnvidia-ml.so.1 is missing: run `make native` first")
-        config = await asyncio.to_thread(self._write_files)
+        config = await asyncio.to_thread(self._write_files, node.name)
         kubeconfig = self.kubeconfig if self.credentials is None else await self.credentials(node.name)
         self.metrics_port = free_port()
         env = self.node_env()
@@ -317,6 +343,7 @@ def gpu_node_agents(
     kubeconfig: Path,
     native_build: Path,
     nvidia: Mapping[str, Any] | None = None,
+    node_config: Mapping[str, Any] | None = None,
     topology: Topology | None = None,
     record_dir: Path | None = None,
     plugin_dir: Path | None = None,
@@ -341,6 +368,7 @@ def gpu_node_agents(
         plugin_dir=plugin_dir,
         pod_resources_socket=standin.pod_resources_socket,
         nvidia=nvidia,
+        node_config=node_config,
         topology=topology,
         env=env,
         credentials=credentials,

@@ -83,6 +83,16 @@ GPU_NODE_MODELS: Final = (
     # The fake driver's 8-GPU presets: every GPU on the NVSwitches, and NVLink-bridged pairs.
     GpuNodeModel("NVIDIA H100 80GB HBM3", count=8, memory_mib=81559, numa_nodes=2, topology="hgx8"),
     GpuNodeModel("NVIDIA A100 80GB PCIe", count=8, memory_mib=81920, numa_nodes=2, topology="pcie-pairs8"),
+    # MIG: instances made for each pod that asks, and instances made beforehand (the first GPU's)
+    # beside a GPU shared as usual.
+    GpuNodeModel("NVIDIA A100-SXM4-40GB", count=2, memory_mib=40960, mig="dynamic"),
+    GpuNodeModel(
+        "NVIDIA H100 80GB HBM3",
+        count=2,
+        memory_mib=81559,
+        mig="mixed",
+        mig_instances=("3g.40gb@4,2g.20gb@0",),
+    ),
 )
 
 
@@ -136,7 +146,9 @@ class LocalStack:
         await self.start_webhook()
         hook_paths = [DEFAULT_HOOK_PATH]
         for i, model in enumerate(models):
-            plugin = await self.add_gpu_node(f"hamipy-gpu-{i}", model.gpus(i), model.topology)
+            plugin = await self.add_gpu_node(
+                f"hamipy-gpu-{i}", model.gpus(i), model.topology, node_config=model.node_config
+            )
             hook_paths.append(str(plugin.hook_path))
         await self.install_admission_policies(hook_paths)
 
@@ -325,10 +337,16 @@ class LocalStack:
         )
 
     async def add_gpu_node(
-        self, name: str, gpus: Sequence[FakeGpu], topology: Topology | None = None
+        self,
+        name: str,
+        gpus: Sequence[FakeGpu],
+        topology: Topology | None = None,
+        *,
+        node_config: Mapping[str, Any] | None = None,
     ) -> DevicePluginAgent:
-        """A GPU node with its device plugin and monitor (over ``gpus`` linked by ``topology``): on
-        the real kubelet where it can run."""
+        """A GPU node with its device plugin and monitor (over ``gpus`` linked by ``topology``, its
+        plugin given ``node_config`` as the node's ``nodeConfigs`` entry): on the real kubelet where
+        it can run."""
 
         def plugin_identity(node: str) -> Any:
             return self.identities.kubeconfig("device-plugin", bound_node=node)
@@ -342,6 +360,7 @@ class LocalStack:
                 workdir=self.socket_root / name,
                 gpus=gpus,
                 topology=topology,
+                node_config=node_config,
                 native_build=self.native_build,
                 labels=GPU_NODE_LABELS,
                 env=self.env,
@@ -362,6 +381,7 @@ class LocalStack:
                 workdir=self.workdir / name,
                 gpus=gpus,
                 topology=topology,
+                node_config=node_config,
                 kubeconfig=Path(self.cluster.access.kubeconfig),
                 native_build=self.native_build,
                 record_dir=self.workdir / name / "allocations",
