@@ -166,17 +166,16 @@ def test_the_instances_of_all_containers_of_a_pod_are_kept_apart() -> None:
 
 @pytest.mark.parametrize(
     ("mode", "expected"),
-    [("mig", "M"), ("hami-core", "S"), (None, None)],
-    ids=["mig-pod", "shared-pod", "either"],
+    [("mig", "M"), ("hami-core", "S"), (None, "S")],
+    ids=["mig-pod", "shared-pod", "unasked-is-shared"],
 )
-def test_vgpu_mode_keeps_mig_and_shared_pods_apart(mode: str | None, expected: str | None) -> None:
+def test_vgpu_mode_keeps_mig_and_shared_pods_apart(mode: str | None, expected: str) -> None:
     model = model_with(gpu_node("n", [mig_gpu("M", 0), gpu("S", 1)]))
     annotations = {keys.VGPU_MODE: mode} if mode else {}
     for _ in range(3):
         devices = fit(model, gpu_pod("p", container(gpu=1, gpumem=1000), annotations=annotations)).devices
         assert devices is not None
-        if expected is not None:
-            assert devices[0][0].uuid == expected
+        assert devices[0][0].uuid == expected
 
 
 def test_a_mig_pod_on_shared_gpus_only_is_a_type_mismatch_and_back() -> None:
@@ -185,6 +184,7 @@ def test_a_mig_pod_on_shared_gpus_only_is_a_type_mismatch_and_back() -> None:
     mig = model_with(gpu_node("n", [mig_gpu()]))
     hami = gpu_pod("p", container(gpu=1, gpumem=1000), annotations={keys.VGPU_MODE: "hami-core"})
     assert fit(mig, hami).why().text() == "1/1 CardTypeMismatch"
+    assert fit(mig, gpu_pod("q", container(gpu=1, gpumem=1000))).why().text() == "1/1 CardTypeMismatch"
 
 
 # -- pre-made instances ---------------------------------------------------------------------------

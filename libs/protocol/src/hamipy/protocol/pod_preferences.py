@@ -222,5 +222,12 @@ def uuid_allowed(prefs: PodPreferences, uuid: str) -> bool:
 
 
 def mode_allowed(prefs: PodPreferences, device_mode: str) -> bool:
-    """Whether a device registered in ``device_mode`` passes ``nvidia.com/vgpu-mode``."""
-    return prefs.vgpu_mode is None or prefs.vgpu_mode == device_mode
+    """Whether a device registered in ``device_mode`` passes ``nvidia.com/vgpu-mode``.
+
+    A MIG device (an instance made beforehand, or a GPU carved per pod) goes only to a pod that
+    asks for MIG. Upstream gives it to a pod that names no mode too; but such a pod asked for a
+    slice held to its memory and cores ask, and an instance is neither: a 1g instance has a
+    seventh of the SMs whatever ``gpucores`` says, and the profile's memory, not the ask."""
+    if prefs.vgpu_mode is None:
+        return device_mode != "mig"
+    return prefs.vgpu_mode == device_mode
