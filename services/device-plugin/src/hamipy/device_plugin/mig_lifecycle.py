@@ -1,5 +1,5 @@
 """The lifecycle of dynamic MIG instances on a ``mig`` node: made at Allocate, destroyed after the
-pod, adopted after a restart (docs/device-plugin.md#dynamic-mig).
+pod, adopted after a restart (docs/device-plugin.md#dynamic-mig-lifecycle).
 
 - ``sync``: the first time (and until it succeeds), HAMi's startup: the GPUs in use are those an
   active pod's record names and those a process runs on; every other GPU is reset (MIG mode on, all
