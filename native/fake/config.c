@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <sys/stat.h>
 
 #include "fake.h"
@@ -358,6 +359,9 @@ int fake_config_load(struct fake_config *cfg) {
     cfg->p2p_level = -1;
     memset(cfg->p2p, 0xff, sizeof cfg->p2p); /* -1: the default level */
     const char *path = getenv("HAMIPY_FAKE_GPU_CONFIG");
+    /* A container's installed configuration: a process `kubectl exec` starts gets the container's
+     * environment as the runtime was asked for it, without what the dev cluster's runtime added. */
+    if ((path == NULL || *path == '\0') && access(FAKE_INSTALLED_CONFIG, R_OK) == 0) path = FAKE_INSTALLED_CONFIG;
     if (path == NULL || *path == '\0') {
         cfg->count = 1;
         default_gpu(&cfg->gpus[0], 0);

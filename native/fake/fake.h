@@ -1,7 +1,9 @@
 /* The fake driver's shared pieces: its configuration file and the cross-process state file.
  *
  * Configuration (HAMIPY_FAKE_GPU_CONFIG names the file, or a directory whose files, names starting
- * with '.' left out, are read in byte order of their names as one file; without it, one 16 GiB GPU):
+ * with '.' left out, are read in byte order of their names as one file; without it,
+ * FAKE_INSTALLED_CONFIG if it exists, where the dev cluster's runtime installs a GPU container's,
+ * so that a process `kubectl exec` starts sees the container's GPUs; else one 16 GiB GPU):
  *
  *   # comment
  *   driver_version = 550.54.15        # nvmlSystemGetDriverVersion
@@ -66,6 +68,7 @@
 #include <pthread.h>
 #include <stdint.h>
 
+#define FAKE_INSTALLED_CONFIG "/etc/hamipy-fake-gpu/gpus.conf"
 #define FAKE_MAX_GPUS 16
 #define FAKE_MAX_PROCS 256
 #define FAKE_MAX_NVLINKS 18 /* NVML_NVLINK_MAX_LINKS */

@@ -78,13 +78,15 @@ async def held_to_its_instance(
 
 
 async def instances_become(stack: GpuStack, want: set[str | None], what: str) -> list[MigInstance]:
-    async def settled() -> list[MigInstance] | None:
-        found = await mig_instances(stack.plugin)
-        return found if {i["uuid"] for i in found} == want else None
+    """The node's live MIG devices once their UUIDs are ``want``."""
 
-    found = await wait_for(settled, timeout=GONE_TIMEOUT_S, interval=0.5, what=what)
-    assert found is not None
-    return found
+    async def settled() -> tuple[list[MigInstance]] | None:
+        found = await mig_instances(stack.plugin)
+        return (found,) if {i["uuid"] for i in found} == want else None  # truthy even when empty
+
+    done = await wait_for(settled, timeout=GONE_TIMEOUT_S, interval=0.5, what=what)
+    assert done is not None
+    return done[0]
 
 
 async def test_mig_pods_run_in_instances_made_for_them_and_deleting_one_destroys_its_instance(
@@ -163,7 +165,7 @@ async def test_a_killed_device_plugin_keeps_the_live_instance_and_destroys_what_
     status = pod["status"]["containerStatuses"][0]
     assert (pod["status"]["phase"], status["restartCount"]) == ("Running", 0)
     again = await runtime_stack.exec("kept", "gpu-workload", "--exit", "--chunk-mib", "256")
-    assert f"MIG {kept.profile}" in again
+    assert f"MIG {kept.profile}" in again, again
 
     # And still destroys it when the pod goes.
     await stack.core.delete_namespaced_pod("kept", stack.namespace, grace_period_seconds=0)

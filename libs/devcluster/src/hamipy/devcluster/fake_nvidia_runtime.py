@@ -29,6 +29,9 @@ VISIBLE_DEVICES: Final = "NVIDIA_VISIBLE_DEVICES"
 CONFIG_ENV: Final = "HAMIPY_FAKE_GPU_CONFIG"
 """Where the fake driver finds its configuration (``native/fake/fake.h``): a file, or a directory."""
 CONFIG_IN_CONTAINER: Final = "/etc/hamipy-fake-gpu/gpus.conf"
+"""Where the driver also looks without ``CONFIG_ENV`` (``FAKE_INSTALLED_CONFIG``): a process that
+``kubectl exec`` starts gets the container's environment as the kubelet asked for it, without the
+variable added here."""
 STATE_IN_CONTAINER: Final = "/etc/hamipy-fake-gpu/gpus.state"
 LIB_DIR_IN_CONTAINER: Final = "/usr/lib/x86_64-linux-gnu"
 DRIVER_LIBS: Final = ("libcuda.so.1", "libnvidia-ml.so.1")
