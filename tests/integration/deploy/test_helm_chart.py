@@ -169,6 +169,25 @@ def test_the_cdi_strategy_mounts_the_hosts_spec_directory_where_the_config_says(
         assert _cdi_mounts(rendered["defaults"], key) == []
 
 
+def test_only_mig_management_gives_the_device_plugin_the_rights_to_change_mig(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    """Making and destroying MIG instances takes CAP_SYS_ADMIN and the MIG capability devices; a
+    plugin that serves slices or static instances gets neither."""
+
+    def rights(docs: list[dict[str, Any]]) -> tuple[list[str], dict[str, str]]:
+        found = container(docs, "devicePlugin")
+        env = {e["name"]: e.get("value", "") for e in found["env"] if e["name"].startswith("NVIDIA_MIG_")}
+        return found["securityContext"]["capabilities"]["add"], env
+
+    assert rights(rendered["defaults"]) == (["CHOWN", "DAC_OVERRIDE", "FOWNER"], {})
+    mig = render("hami-system", "--set", "devicePlugin.migManagement=true")
+    assert rights(mig) == (
+        ["CHOWN", "DAC_OVERRIDE", "FOWNER", "SYS_ADMIN"],
+        {"NVIDIA_MIG_CONFIG_DEVICES": "all", "NVIDIA_MIG_MONITOR_DEVICES": "all"},
+    )
+
+
 def test_webhook_configuration_is_the_one_the_webhook_builds(
     rendered: dict[str, list[dict[str, Any]]],
 ) -> None:
