@@ -77,8 +77,8 @@ def test_static_instances_register_one_exclusive_device_each(strategy: str) -> N
     assert [
         (d.id, d.index, d.count, d.devmem, d.devcore, d.type, d.numa, d.mode, d.mig_profiles) for d in devices
     ] == [
-        (MIG_A, 2, 1, 40192, 43, "NVIDIA A100-SXM4-80GB", 1, "mig", ()),
-        (MIG_B, 2, 1, 9984, 15, "NVIDIA A100-SXM4-80GB", 1, "mig", ()),
+        (MIG_A, 2, 1, 40192, 43, "NVIDIA A100-SXM4-80GB MIG 3g.40gb", 1, "mig", ()),
+        (MIG_B, 2, 1, 9984, 15, "NVIDIA A100-SXM4-80GB MIG 1g.10gb", 1, "mig", ()),
     ]
     ids = [d.id for d in kubelet_devices([SPLIT], settings)]
     assert ids == [f"{MIG_A}-0", f"{MIG_B}-0"]

@@ -183,7 +183,9 @@ def _entries(gpu: Gpu, settings: NodeSettings, healthy: bool) -> list[DeviceInfo
                 count=1,
                 devmem=mig.memory_mib,
                 devcore=mig.core,
-                type=kind,
+                # NVML's name of the instance (``<GPU> MIG 3g.40gb``): a type selector naming the
+                # model still matches, and one naming the profile picks it.
+                type=device_type(f"{gpu.name} MIG {mig.profile}"),
                 numa=gpu.numa,
                 mode=MODE_MIG,
                 health=healthy,
