@@ -263,12 +263,15 @@ async def gpu_rows(api: Any) -> list[list[str]]:
     for pod in (await core.list_pod_for_all_namespaces(_request_timeout=API_TIMEOUT_S)).items:
         if pod.status.phase in ("Succeeded", "Failed") or pod.metadata.deletion_timestamp:
             continue
-        for slot in _allocated(pod.metadata.annotations or {}):
+        annotations = pod.metadata.annotations or {}
+        profiles = _mig_profiles(annotations)
+        for slot in _allocated(annotations):
             for d in slot:
                 if d.uuid in used:
-                    used[d.uuid].append(
-                        (f"{pod.metadata.namespace}/{pod.metadata.name}", d.usedmem, d.usedcores)
-                    )
+                    holder = f"{pod.metadata.namespace}/{pod.metadata.name}"
+                    if d.uuid in profiles:  # the MIG instance made for it on this GPU
+                        holder += f" ({profiles[d.uuid]})"
+                    used[d.uuid].append((holder, d.usedmem, d.usedcores))
     rows = []
     for uuid, gpu in sorted(gpus.items(), key=lambda item: (item[1].node, item[1].index)):
         holders = used[uuid]
