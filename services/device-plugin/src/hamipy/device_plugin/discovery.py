@@ -31,7 +31,13 @@ import pynvml
 
 from hamipy.device_plugin.devices import Gpu, MigDevice
 from hamipy.device_plugin.errors import NvmlError
-from hamipy.device_plugin.mig_manager import GI_PROFILES, mig_devices, possible_placements, slice_prefix
+from hamipy.device_plugin.mig_manager import (
+    GI_PROFILES,
+    mig_devices,
+    nvml_session,
+    possible_placements,
+    slice_prefix,
+)
 from hamipy.protocol.devices import MigPlacement, MigProfile
 from hamipy.protocol.node_scores import NVLINK_MAX_LINKS, GpuLinks, NodeScores, node_scores
 
@@ -120,19 +126,8 @@ def _mig_instances(handle: Any) -> tuple[MigDevice, ...]:
     return tuple(out)
 
 
-class Nvml:
+class Nvml(nvml_session):
     """An initialised NVML (``with Nvml() as nvml``); every method translates NVML errors."""
-
-    def __enter__(self) -> Nvml:
-        try:
-            pynvml.nvmlInit()
-        except pynvml.NVMLError as exc:
-            raise NvmlError(f"NVML could not be initialised: {exc}") from exc
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        with contextlib.suppress(pynvml.NVMLError):
-            pynvml.nvmlShutdown()
 
     def gpus(self, allowed: AllowedProfiles | None = None) -> list[Gpu]:
         """Every GPU, in NVML index order; with ``allowed`` (a ``mig`` node) each GPU's allowed

@@ -25,7 +25,7 @@ import ctypes
 import dataclasses
 import threading
 from collections.abc import Collection, Iterator, Sequence
-from typing import Any, Final
+from typing import Any, Final, Self
 
 import pynvml
 
@@ -106,11 +106,12 @@ class Reconciled:
 class nvml_session:
     """NVML initialised for the block (pynvml counts nested sessions)."""
 
-    def __enter__(self) -> None:
+    def __enter__(self) -> Self:
         try:
             pynvml.nvmlInit()
         except pynvml.NVMLError as exc:
             raise NvmlError(f"NVML could not be initialised: {exc}") from exc
+        return self
 
     def __exit__(self, *exc: object) -> None:
         with contextlib.suppress(pynvml.NVMLError):
