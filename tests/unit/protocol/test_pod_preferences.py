@@ -168,7 +168,14 @@ def test_numa_bind_refuses_other_values(value: str) -> None:
         ("mig", "mig", True),
         ("mps", "mps", True),
     ],
-    ids=["no-annotation-on-mig", "no-annotation-on-core", "core-on-core", "core-on-mig", "mig-on-mig", "mps-on-mps"],
+    ids=[
+        "no-annotation-on-mig",
+        "no-annotation-on-core",
+        "core-on-core",
+        "core-on-mig",
+        "mig-on-mig",
+        "mps-on-mps",
+    ],
 )
 def test_mode_allowed(annotation: str | None, device_mode: str, allowed: bool) -> None:
     annotations = {} if annotation is None else {keys.VGPU_MODE: annotation}
