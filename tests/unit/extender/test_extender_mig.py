@@ -15,6 +15,7 @@ from hamipy.extender.fitting import fit_pod
 from hamipy.extender.invariant import check_cluster
 from hamipy.extender.mig_placement import overlaps
 from hamipy.extender.model import ClusterModel, NodeName, PodUid
+from hamipy.extender.preemption import plan_node, preemptor_of
 from hamipy.protocol import keys
 from hamipy.protocol.config import Config
 from hamipy.protocol.devices import ContainerDevice, DeviceInfo, MigPlacement, MigProfile
@@ -261,6 +262,31 @@ def test_the_device_plugins_runtime_fields_change_nothing_held() -> None:
     )
     model.apply_pod("MODIFIED", p)
     assert model.nodes[NodeName("n")].gpus[0].mig_taken == [made.placement]
+
+
+# -- preemption -----------------------------------------------------------------------------------
+
+
+def test_preemption_frees_the_placements_of_the_pods_it_evicts() -> None:
+    """Three low-priority 2g.10gb instances (slices 0-1, 2-3, 4-5) leave neither the memory nor a
+    placement for a 3g.20gb: evicting the one on 4-5 frees both (3g fills from the top), so it
+    alone is the victim, and the preemptor's plan is that placement."""
+    low = [
+        bound_mig_pod(name, "n", "M", NAMED["2g.10gb"], start)
+        for name, start in (("a", 0), ("b", 2), ("c", 4))
+    ]
+    model = model_with(gpu_node("n", [mig_gpu()], ours=True), pods=tuple(low))
+    urgent = mig_pod("urgent", 16000)
+    urgent["spec"]["priority"] = 1000
+    assert fit(model, urgent).why().text() == "1/1 CardInsufficientMemory"
+    preemptor = preemptor_of(PodUid(urgent["metadata"]["uid"]), urgent, build_ask(urgent, CONFIG))
+    assert preemptor is not None
+    plan = plan_node(model, model.nodes[NodeName("n")], preemptor)
+    assert plan is not None
+    assert [v.name for v in plan.victims] == ["c"]
+    assert model.mig_plan(NodeName("n"), plan.devices) is None  # not before the victim is gone
+    ((device,),) = plan.devices
+    assert (device.uuid, device.usedmem) == ("M", NAMED["3g.20gb"].memory_mb)
 
 
 # -- bind -----------------------------------------------------------------------------------------

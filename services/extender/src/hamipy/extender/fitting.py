@@ -50,15 +50,16 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Final
 
-from hamipy.extender.mig_placement import select_candidate
+from hamipy.extender.mig_placement import select_candidate, still_taken
 from hamipy.extender.model import Gpu, NodeState
 from hamipy.extender.scoring import GpuRule, Policy, gpu_order
 from hamipy.extender.topology import PairScores, pick_gpus
 from hamipy.protocol import keys
 from hamipy.protocol.devices import ContainerDevice, MigPlacement, PodDevices
+from hamipy.protocol.mig_allocations import MigAllocation
 from hamipy.protocol.pod_preferences import (
     PodPreferences,
     ScoringWeights,
@@ -344,10 +345,12 @@ def fit_pod(
     empty: bool = False,
     preferred: PodDevices | None = None,
     held: Sequence[Sequence[int]] | None = None,
+    freed: Iterable[MigAllocation] = (),
 ) -> Fit:
     """Fit every container of the pod on ``node``'s GPUs as they are used now (``empty``: as if
     nothing were allocated, to tell "never fits" from "not now"; ``held``: as if each GPU, in
-    ``node.gpus`` order, held these (slots, MiB, cores), to ask "what if these pods were gone").
+    ``node.gpus`` order, held these (slots, MiB, cores), and ``freed``'s MIG instances were gone, to
+    ask "what if these pods were gone").
     ``preferred`` (an earlier decision) is tried first, GPU by GPU, so a re-check keeps it where it
     still fits."""
     gpus = node.gpus
@@ -358,10 +361,15 @@ def fit_pod(
     else:
         base = [[0, 0, 0] if empty else [g.used_slots, g.used_mem, g.used_cores] for g in gpus]
     # A MIG GPU's instances, by placement: none when the node is taken as empty; its pods' else,
-    # kept even with ``held`` (what pods would free their instances is not known there).
+    # less ``freed``'s.
     mig: _MigTaken = {}
     if node.has_mig:
-        mig = {i: [] if empty else list(g.mig_taken) for i, g in enumerate(gpus) if g.mig_profiles}
+        freed = tuple(freed)
+        mig = {
+            i: [] if empty else still_taken(g.uuid, g.mig_taken, freed)
+            for i, g in enumerate(gpus)
+            if g.mig_profiles
+        }
     reasons: Counter[str] = Counter()
     devices: PodDevices = []
     running = [list(u) for u in base]  # with the sidecars started so far, then the app containers

@@ -36,6 +36,7 @@ __all__ = [
     "plan_allocations",
     "select_candidate",
     "select_placement",
+    "still_taken",
 ]
 
 MigGpu = tuple[Sequence[MigProfile], Sequence[MigPlacement]]
@@ -45,6 +46,18 @@ MigGpu = tuple[Sequence[MigProfile], Sequence[MigPlacement]]
 def overlaps(a: MigPlacement, b: MigPlacement) -> bool:
     """Whether two placements share a slice (half-open ranges)."""
     return a.start < b.start + b.size and b.start < a.start + a.size
+
+
+def still_taken(
+    gpu_uuid: str, taken: Sequence[MigPlacement], freed: Iterable[MigAllocation]
+) -> list[MigPlacement]:
+    """The placements ``taken`` on GPU ``gpu_uuid`` less those ``freed`` holds there (one each:
+    two pods never hold one placement, but a model in flux may count one twice)."""
+    left = list(taken)
+    for allocation in freed:
+        if allocation.gpu_uuid == gpu_uuid and allocation.placement in left:
+            left.remove(allocation.placement)
+    return left
 
 
 def by_size(profiles: Iterable[MigProfile]) -> tuple[MigProfile, ...]:

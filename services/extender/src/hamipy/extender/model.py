@@ -76,7 +76,7 @@ from typing import Any, Final, Literal
 
 from hamipy.extender.disruption_budgets import DisruptionBudgets
 from hamipy.extender.gpu_claims import ZERO_MEMORY, ClaimChange, GpuClaims, refusal_text
-from hamipy.extender.mig_placement import MigGpu, by_size, plan_allocations
+from hamipy.extender.mig_placement import MigGpu, by_size, plan_allocations, still_taken
 from hamipy.extender.node_order import NodeOrder
 from hamipy.extender.quota import Quotas
 from hamipy.protocol import keys
@@ -1144,16 +1144,12 @@ class ClusterModel:
 def mig_gpus(state: NodeState, exclude: Contribution | None = None) -> dict[str, MigGpu]:
     """``state``'s dynamic MIG GPUs as ``plan_allocations`` takes them: profiles and the
     placements taken, less those of ``exclude``."""
-    own = [a for a in exclude.mig if exclude.node == state.name] if exclude is not None else []
-    gpus: dict[str, MigGpu] = {}
-    for gpu in state.gpus:
-        if gpu.mig_profiles:
-            taken = list(gpu.mig_taken)
-            for allocation in own:
-                if allocation.gpu_uuid == gpu.uuid and allocation.placement in taken:
-                    taken.remove(allocation.placement)
-            gpus[gpu.uuid] = (gpu.mig_profiles, taken)
-    return gpus
+    own = exclude.mig if exclude is not None and exclude.node == state.name else ()
+    return {
+        gpu.uuid: (gpu.mig_profiles, still_taken(gpu.uuid, gpu.mig_taken, own))
+        for gpu in state.gpus
+        if gpu.mig_profiles
+    }
 
 
 def now_epoch() -> float:

@@ -45,6 +45,7 @@ from hamipy.extender.model import (
     pod_usage,
 )
 from hamipy.protocol.devices import PodDevices
+from hamipy.protocol.mig_allocations import MigAllocation
 
 __all__ = [
     "PREEMPTING",
@@ -142,6 +143,7 @@ def plan_node(
     (by kube-scheduler, for its own resources), evicted whatever this plan finds."""
     index = {g.uuid: i for i, g in enumerate(state.gpus)}
     held = [[g.used_slots, g.used_mem, g.used_cores] for g in state.gpus]
+    freed: list[MigAllocation] = []  # the MIG instances of the pods taken away
 
     def remove(c: Contribution, sign: int) -> None:
         for uuid, usage in c.usage.items():
@@ -149,6 +151,11 @@ def plan_node(
             if i is not None:
                 for k in range(3):
                     held[i][k] -= sign * usage[k]
+        for allocation in c.mig:
+            if sign > 0:
+                freed.append(allocation)
+            else:
+                freed.remove(allocation)
 
     required = set(required)
     candidates: list[Contribution] = []
@@ -179,7 +186,7 @@ def plan_node(
             own[1] += cores
 
     def fits() -> PodDevices | None:
-        fit = fit_pod(state, preemptor.ask, held=held)
+        fit = fit_pod(state, preemptor.ask, held=held, freed=freed)
         if fit.devices is None:
             return None
         asked = charge_of(pod_usage(fit.devices, preemptor.ask.n_init, preemptor.ask.sidecars))
