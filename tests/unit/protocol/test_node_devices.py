@@ -61,6 +61,7 @@ def test_public_api_is_complete() -> None:
         "device_type",
         "encode_mig_placement",
         "encode_node_devices",
+        "fold_keys",
         "go_json",
         "go_string",
         "parse_json",

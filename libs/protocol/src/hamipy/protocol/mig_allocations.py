@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Final
 
 from hamipy.protocol import keys
 from hamipy.protocol.devices import MigPlacement
@@ -34,6 +34,7 @@ from hamipy.protocol.node_devices import (
     check_value,
     decode_mig_placement,
     encode_mig_placement,
+    fold_keys,
     go_string,
     parse_json,
 )
@@ -149,11 +150,7 @@ def encode_mig_allocations(allocations: Sequence[MigAllocation]) -> str:
 def _decode_one(at: str, obj: object) -> MigAllocation:
     if type(obj) is not dict:
         raise ProtocolError(at, obj, "expected a JSON object")
-    fields: dict[str, Any] = {}
-    for key, val in obj.items():
-        name = key if key in _KNOWN else _FOLDED.get(key.lower())
-        if name is not None:
-            fields[name] = val
+    fields = fold_keys(obj, _KNOWN, _FOLDED)
     for name in ("containerIndex", "deviceIndex", "gpuUUID", "profile", "placement"):
         if name not in fields:
             raise ProtocolError(f"{at}.{name}", obj, f"{name} missing")

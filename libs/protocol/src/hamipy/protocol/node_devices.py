@@ -79,6 +79,7 @@ __all__ = [
     "device_type",
     "encode_mig_placement",
     "encode_node_devices",
+    "fold_keys",
     "go_json",
     "go_string",
     "parse_json",
@@ -309,7 +310,7 @@ def _decode_json_exact(value: str) -> list[DeviceInfo]:
         if type(obj) is not dict:
             raise ProtocolError(f"{_KEY}[{i}]", obj, "expected a JSON object")
         if not known(obj):
-            obj = _fold_keys(obj)
+            obj = fold_keys(obj)
         get = obj.get
         id_ = get("id", "")
         index = get("index", 0)
@@ -363,7 +364,7 @@ def _decode_json_exact(value: str) -> list[DeviceInfo]:
     return devices
 
 
-def _fold_keys(
+def fold_keys(
     obj: dict[str, Any], known: frozenset[str] = _KNOWN, folded_names: dict[str, str] = _FOLDED
 ) -> dict[str, Any]:
     """Go's json.Unmarshal matching: exact key, else case-insensitive; later keys win; unknown ignored."""
@@ -392,7 +393,7 @@ def _decode_profiles(field: str, raw: object) -> tuple[MigProfile, ...]:
         at = f"{field}[{j}]"
         if type(obj) is not dict:
             raise ProtocolError(at, obj, "expected a JSON object")
-        obj = _fold_keys(obj, _PROFILE_KEYS, _PROFILE_FOLDED)
+        obj = fold_keys(obj, _PROFILE_KEYS, _PROFILE_FOLDED)
         name = obj.get("name", "")
         if type(name) is not str:
             raise ProtocolError(f"{at}.name", name, "expected a JSON string")
@@ -414,7 +415,7 @@ def decode_mig_placement(field: str, obj: object) -> MigPlacement:
     """A ``{"start":..,"size":..}`` object (Go's ``MigPlacement``), strictly: uint32 each, size >= 1."""
     if type(obj) is not dict:
         raise ProtocolError(field, obj, "expected a JSON object")
-    obj = _fold_keys(obj, _PLACEMENT_KEYS, _PLACEMENT_FOLDED)
+    obj = fold_keys(obj, _PLACEMENT_KEYS, _PLACEMENT_FOLDED)
     start, size = obj.get("start", 0), obj.get("size", 0)
     check_go_int(f"{field}.start", start, _UINT32_MAX)
     check_go_int(f"{field}.size", size, _UINT32_MAX)

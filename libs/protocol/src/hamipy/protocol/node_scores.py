@@ -24,13 +24,12 @@ each ordered pair (a, b):
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from hamipy.protocol import keys
 from hamipy.protocol.errors import ProtocolError
-from hamipy.protocol.node_devices import MAX_VALUE_BYTES, go_json
+from hamipy.protocol.node_devices import check_value, go_json, parse_json
 
 __all__ = [
     "ASYMMETRIC_MESSAGE",
@@ -165,12 +164,8 @@ def encode_node_scores(scores: Mapping[str, Mapping[str, int]]) -> str:
 def decode_node_scores(value: str, *, node: str) -> NodeScores:
     """Read ``hami.io/node-nvidia-score`` of ``node`` (ours or HAMi's plugin's)."""
     where = f"node {node}: {_KEY}"
-    if len(value) > MAX_VALUE_BYTES:
-        raise ProtocolError(where, value, f"value longer than {MAX_VALUE_BYTES} bytes")
-    try:
-        raw = json.loads(value)
-    except (json.JSONDecodeError, RecursionError) as exc:
-        raise ProtocolError(where, value, f"not valid JSON: {exc}") from exc
+    check_value(where, value)
+    raw = parse_json(where, value)
     if raw is None:  # Go reads null as no entries
         return {}
     if type(raw) is not list:
