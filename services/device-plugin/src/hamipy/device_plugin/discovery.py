@@ -35,6 +35,7 @@ from hamipy.device_plugin.mig_manager import (
     GI_PROFILES,
     mig_devices,
     nvml_session,
+    nvml_text,
     possible_placements,
     slice_prefix,
 )
@@ -50,10 +51,6 @@ _LINK_SKIPPED: Final = (pynvml.NVMLError_NotSupported, pynvml.NVMLError_InvalidA
 
 AllowedProfiles = Callable[[str], Sequence[str]]
 """The MIG profile names a GPU model (its NVML name) may publish (the node's allow-list)."""
-
-
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def _mig_enabled(handle: Any) -> bool:
@@ -80,11 +77,10 @@ def _share(sm: int, full: int) -> int:
     return math.ceil(sm * 100 / full) if full else 0
 
 
-def _mig_profiles(handle: Any, names: Sequence[str]) -> tuple[tuple[MigProfile, ...], int]:
-    """The allowed profiles as NVML reports them, and the most instances any of them allows
-    (HAMi's ``discoverMigProfiles``). A profile whose slice prefix is unknown, or whose info or
-    placements NVML does not give, is left out."""
-    full = _full_sm(handle)
+def _mig_profiles(handle: Any, names: Sequence[str], full: int) -> tuple[tuple[MigProfile, ...], int]:
+    """The allowed profiles as NVML reports them (SM shares of ``full``, the whole GPU's SMs), and
+    the most instances any of them allows (HAMi's ``discoverMigProfiles``). A profile whose slice
+    prefix is unknown, or whose info or placements NVML does not give, is left out."""
     profiles = []
     capacity = 0
     for name in names:
@@ -109,15 +105,14 @@ def _mig_profiles(handle: Any, names: Sequence[str]) -> tuple[tuple[MigProfile, 
     return tuple(profiles), capacity
 
 
-def _mig_instances(handle: Any) -> tuple[MigDevice, ...]:
-    """The MIG devices that exist on a MIG-enabled GPU."""
-    full = _full_sm(handle)
+def _mig_instances(handle: Any, full: int) -> tuple[MigDevice, ...]:
+    """The MIG devices that exist on a MIG-enabled GPU (SM shares of ``full``)."""
     out = []
     for device in mig_devices(handle):
-        name = _text(pynvml.nvmlDeviceGetName(device))
+        name = nvml_text(pynvml.nvmlDeviceGetName(device))
         out.append(
             MigDevice(
-                uuid=_text(pynvml.nvmlDeviceGetUUID(device)),
+                uuid=nvml_text(pynvml.nvmlDeviceGetUUID(device)),
                 profile=name.rpartition(" MIG ")[2],
                 memory_mib=int(pynvml.nvmlDeviceGetMemoryInfo(device).total) // _MIB,
                 core=_share(int(pynvml.nvmlDeviceGetAttributes(device).multiprocessorCount), full),
@@ -140,9 +135,10 @@ class Nvml(nvml_session):
     @staticmethod
     def _gpu(index: int, allowed: AllowedProfiles | None) -> Gpu:
         handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-        name = _text(pynvml.nvmlDeviceGetName(handle))
+        name = nvml_text(pynvml.nvmlDeviceGetName(handle))
         enabled = _mig_enabled(handle)
-        profiles, capacity = _mig_profiles(handle, allowed(name)) if allowed is not None else ((), 0)
+        full = _full_sm(handle) if enabled or allowed is not None else 0
+        profiles, capacity = _mig_profiles(handle, allowed(name), full) if allowed is not None else ((), 0)
         try:
             numa = int(pynvml.nvmlDeviceGetNumaNodeId(handle))
         except pynvml.NVMLError:
@@ -150,15 +146,15 @@ class Nvml(nvml_session):
         memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
         return Gpu(
             index=index,
-            uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
+            uuid=nvml_text(pynvml.nvmlDeviceGetUUID(handle)),
             name=name,
             memory_mib=int(memory.total) // _MIB,
             numa=max(numa, 0),
-            pci_bus_id=_text(pynvml.nvmlDeviceGetPciInfo(handle).busId),
+            pci_bus_id=nvml_text(pynvml.nvmlDeviceGetPciInfo(handle).busId),
             mig_enabled=enabled,
             mig_profiles=profiles,
             mig_capacity=capacity,
-            mig_devices=_mig_instances(handle) if enabled else (),
+            mig_devices=_mig_instances(handle, full) if enabled else (),
         )
 
     def topology(self, uuids: Sequence[str]) -> tuple[list[GpuLinks], dict[tuple[str, str], int]]:
@@ -187,11 +183,11 @@ def _links(uuid: str, handle: object) -> GpuLinks:
         except _LINK_SKIPPED:
             continue
         with contextlib.suppress(*_LINK_SKIPPED):
-            remote.append(_text(pynvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link).busId))
+            remote.append(nvml_text(pynvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link).busId))
         with contextlib.suppress(*_LINK_SKIPPED):
             kind = pynvml.nvmlDeviceGetNvLinkRemoteDeviceType(handle, link)
             switches += kind == pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH
-    bus = _text(pynvml.nvmlDeviceGetPciInfo(handle).busId)
+    bus = nvml_text(pynvml.nvmlDeviceGetPciInfo(handle).busId)
     return GpuLinks(uuid=uuid, bus_id=bus, remote_bus_ids=tuple(remote), switch_links=switches)
 
 
@@ -281,7 +277,7 @@ class HealthWatch:
                             yield uuid, f"NVML event wait failed: {exc}"
             if data is not None and data.eventType == pynvml.nvmlEventTypeXidCriticalError:
                 xid = int(data.eventData)
-                uuid = _text(pynvml.nvmlDeviceGetUUID(data.device))
+                uuid = nvml_text(pynvml.nvmlDeviceGetUUID(data.device))
                 if xid not in APPLICATION_XIDS and uuid not in sick:
                     sick.add(uuid)
                     yield uuid, f"XID {xid} critical error"

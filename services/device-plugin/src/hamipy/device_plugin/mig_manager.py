@@ -40,6 +40,7 @@ __all__ = [
     "MigManager",
     "Reconciled",
     "nvml_session",
+    "nvml_text",
     "slice_prefix",
 ]
 
@@ -118,7 +119,8 @@ class nvml_session:
             pynvml.nvmlShutdown()
 
 
-def _text(value: str | bytes) -> str:
+def nvml_text(value: str | bytes) -> str:
+    """A string NVML returned (pynvml gives bytes or str by version)."""
     return value.decode() if isinstance(value, bytes) else value
 
 
@@ -193,7 +195,7 @@ def mig_devices(handle: Any) -> Iterator[Any]:
 def _mig_uuid(handle: Any, gpu_instance_id: int) -> str:
     for device in mig_devices(handle):
         if int(pynvml.nvmlDeviceGetGpuInstanceId(device)) == gpu_instance_id:
-            return _text(pynvml.nvmlDeviceGetUUID(device))
+            return nvml_text(pynvml.nvmlDeviceGetUUID(device))
     raise MigError(f"no MIG device of GPU instance {gpu_instance_id}")
 
 

@@ -192,6 +192,7 @@ class DevicePlugin:
             self.config.nvidia.resource_count_name,
             timeout_s=self.settings.grpc_timeout_s,
         )
+        registered = inventory.register_devices()
         allocator = Allocator(
             api=self.kube,
             pods=self.pods,
@@ -202,8 +203,8 @@ class DevicePlugin:
             rules=ServeRules(
                 scheduler_name=self.config.scheduler_name,
                 names=self.config.nvidia.resource_names,
-                devmem={d.id: d.devmem for d in inventory.register_devices()},
-                mig_profiles={d.id: d.mig_profiles for d in inventory.register_devices() if d.mig_profiles},
+                devmem={d.id: d.devmem for d in registered},
+                mig_profiles={d.id: d.mig_profiles for d in registered if d.mig_profiles},
             ),
             device_ids=lambda: [d.id for d in inventory.kubelet_devices()],
             mig=mig,
