@@ -67,8 +67,9 @@ static CUresult ready(void) { return F.initialized ? F.init_rc : CUDA_ERROR_NOT_
 static int valid_dev(CUdevice dev) { return dev >= 0 && dev < F.cfg.count; }
 
 /* CUDA_VISIBLE_DEVICES, as the real driver reads it: indexes, GPU UUIDs and MIG UUIDs, in the
- * listed order, up to the first entry that names no device. A MIG UUID is looked up in the
- * shared state (fake_mig_resolve) like a configuration's `uuid=MIG-...` line. */
+ * listed order, up to the first index or GPU UUID that names no device. A MIG UUID is looked up
+ * in the shared state (fake_mig_resolve) like a configuration's `uuid=MIG-...` line: one that
+ * names no instance is left out there, and the entries after it are kept. */
 static void apply_visible_devices(void) {
     const char *env = getenv("CUDA_VISIBLE_DEVICES");
     if (env == NULL) return;
